@@ -1,0 +1,35 @@
+"""One small exception hierarchy. Every message names the problem and the fix."""
+
+from __future__ import annotations
+
+
+class SitelensError(Exception):
+    """Base class of every error sitelens raises on bad input."""
+
+
+class ModelError(SitelensError, ValueError):
+    """Unknown model name, missing model package, or a model sitelens cannot adapt."""
+
+
+class TaskError(SitelensError, ValueError):
+    """Unknown task, malformed task file, bad items, or too few items for the request."""
+
+
+class PromptTooLongError(SitelensError, ValueError):
+    """A prompt does not fit the model's context."""
+
+
+class TokenizationError(SitelensError, ValueError):
+    """An answer tokenizes to nothing."""
+
+
+class AdapterError(SitelensError, ValueError):
+    """An adapter that does not match the model/template, or a corrupted adapter file."""
+
+
+class FitError(SitelensError, RuntimeError):
+    """Fitting failed (e.g. a non-finite loss)."""
+
+
+class OutputError(SitelensError, OSError):
+    """An output location that cannot be written."""

@@ -1,0 +1,227 @@
+"""Evaluation: greedy generation under an intervention, first-token and exact-match scoring.
+
+Methods: ``zero-shot``, ``icl`` (k-shot, demonstrations from train) and ``site`` (zero-shot prompt,
+adapter injected once at the last prompt token during prefill). Results are per-item DataFrames.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from sitelens.injection import HeadMix, apply_hooks
+from sitelens.models import Encoded, encode, new_kv_cache, token_ids
+from sitelens.tasks import (
+    DEFAULT_TEMPLATE,
+    Example,
+    Task,
+    Template,
+    answer_token_ids,
+    few_shot_prompts,
+    zero_shot_prompt,
+)
+
+
+def _hooks_for(model, intervention, seq_len: int) -> list:
+    if intervention is None:
+        return []
+    if isinstance(intervention, HeadMix):
+        pinned = HeadMix(intervention.weights, intervention.targets, intervention.positions, seq_len)
+        return pinned.hooks(model)
+    return intervention(model, seq_len)  # a callable (model, seq_len) -> hooks
+
+
+def last_logits(
+    model, enc: Encoded, intervention=None
+) -> Float[Tensor, "batch d_vocab"]:
+    """Logits at the last prompt position, under an optional intervention."""
+    with torch.no_grad(), apply_hooks(model, _hooks_for(model, intervention, enc.tokens.shape[1])):
+        logits = model(enc.tokens, attention_mask=enc.attention_mask)  # [batch, pos, d_vocab]
+    return logits[:, -1].float()
+
+
+def greedy_generate(
+    model,
+    enc: Encoded,
+    *,
+    intervention=None,
+    max_new_tokens: int = 16,
+    stop_at_newline: bool = True,
+) -> tuple[Int[Tensor, "batch new"], Float[Tensor, "batch d_vocab"]]:
+    """Greedy decoding with TransformerLens's KV cache.
+
+    The intervention's hooks are active during the prefill forward pass only (and are pinned to the
+    prompt length, so they could not re-inject even if left on). Returns the generated token ids and
+    the first-step logits (the next-token distribution at the answer position).
+    """
+    batch = enc.tokens.shape[0]
+    cache = new_kv_cache(model, batch)
+    nl_ids = _newline_ids(model) if stop_at_newline else set()
+    eos = model.tokenizer.eos_token_id
+    out: list[Tensor] = []
+    done = torch.zeros(batch, dtype=torch.bool)
+    with torch.no_grad():
+        with apply_hooks(model, _hooks_for(model, intervention, enc.tokens.shape[1])):
+            logits = model(enc.tokens, attention_mask=enc.attention_mask, past_kv_cache=cache)
+        first_logits = logits[:, -1].float()  # [batch, d_vocab]
+        step_logits = first_logits
+        ones = torch.ones(batch, 1, dtype=enc.attention_mask.dtype, device=enc.tokens.device)
+        for step in range(max_new_tokens):
+            nxt = step_logits.argmax(-1)  # [batch]
+            out.append(nxt.cpu())
+            done |= torch.tensor([int(t) in nl_ids or int(t) == eos for t in nxt.tolist()])
+            if bool(done.all()) or step == max_new_tokens - 1:
+                break
+            logits = model(nxt[:, None], attention_mask=ones, past_kv_cache=cache)
+            step_logits = logits[:, -1].float()
+    return torch.stack(out, dim=1), first_logits
+
+
+def _newline_ids(model) -> set[int]:
+    cached = getattr(model, "_sitelens_newline_ids", None)
+    if cached is not None:
+        return cached
+    ids = set()
+    vocab = model.tokenizer.convert_ids_to_tokens(list(range(len(model.tokenizer))))
+    for i, tok in enumerate(vocab):
+        if tok is None:
+            continue
+        text = model.tokenizer.convert_tokens_to_string([tok])
+        if "\n" in text:
+            ids.add(i)
+    model._sitelens_newline_ids = ids
+    return ids
+
+
+# ----------------------------------------------------------------------------------------------
+# scoring
+
+
+def exact_match(prediction: str, target: str, *, case_sensitive: bool = False) -> bool:
+    """The reference's criterion: the first generated line (stripped), lowercased unless the task
+    is case-sensitive, counts if it starts with the target."""
+    line = prediction.strip().split("\n")[0].strip()
+    target = target.strip()
+    if not case_sensitive:
+        line, target = line.lower(), target.lower()
+    return line.startswith(target)
+
+
+def run_method(
+    model,
+    task: Task,
+    items: Sequence[Example],
+    method: str,
+    *,
+    prompts: list[str],
+    intervention=None,
+    batch_size: int = 16,
+    template: Template = DEFAULT_TEMPLATE,
+    max_new_tokens: int | None = None,
+) -> pd.DataFrame:
+    """Generate for each prompt and score it. One row per item."""
+    answers = answer_token_ids(model, [ex.output for ex in items], template)
+    n_tok = [len(token_ids(model, template.answer_prefix + ex.output)) for ex in items]
+    order = sorted(range(len(items)), key=lambda i: len(prompts[i]))
+    rows: dict[int, dict] = {}
+    t0 = time.perf_counter()
+    for s in range(0, len(order), batch_size):
+        idx = order[s : s + batch_size]
+        enc = encode(model, [prompts[i] for i in idx])
+        limit = max_new_tokens or min(32, max(n_tok[i] for i in idx) + 2)
+        gen, first = greedy_generate(model, enc, intervention=intervention, max_new_tokens=limit)
+        top = first.argmax(-1)
+        for j, i in enumerate(idx):
+            text = model.tokenizer.decode(gen[j].tolist(), skip_special_tokens=True)
+            rows[i] = {
+                "task": task.name,
+                "method": method,
+                "input": items[i].input,
+                "target": items[i].output,
+                "prediction": text.strip().split("\n")[0].strip(),
+                "first_token_correct": bool(int(top[j]) == answers[i]),
+                "correct": exact_match(text, items[i].output, case_sensitive=task.case_sensitive),
+            }
+    seconds = time.perf_counter() - t0
+    df = pd.DataFrame([rows[i] for i in range(len(items))])
+    df["seconds_per_item"] = seconds / max(1, len(items))
+    return df
+
+
+METHODS = ("zero-shot", "icl", "site")
+
+
+def evaluate(
+    model,
+    task: Task,
+    *,
+    methods: Sequence[str] = METHODS,
+    adapter=None,
+    split: str = "test",
+    limit: int | None = None,
+    n_shots: int = 10,
+    seed: int = 0,
+    batch_size: int = 16,
+    template: Template | None = None,
+    interventions: dict | None = None,
+) -> pd.DataFrame:
+    """Evaluate methods on a split. ``interventions`` maps extra method names to interventions
+    applied on zero-shot prompts (a :class:`HeadMix` or a ``(model, seq_len) -> hooks`` callable).
+    Returns the per-item DataFrame (columns: task, method, input, target, prediction,
+    first_token_correct, correct, seconds_per_item)."""
+    template = template or (adapter.template if adapter is not None else DEFAULT_TEMPLATE)
+    items = task.split(split)[:limit] if limit else task.split(split)
+    zs = [zero_shot_prompt(ex.input, template) for ex in items]
+    frames = []
+    extra = dict(interventions or {})
+    for method in methods:
+        if method == "zero-shot":
+            prompts, inter = zs, None
+        elif method == "icl":
+            prompts = few_shot_prompts(task, list(items), n_shots, seed=seed, template=template)
+            inter = None
+        elif method == "site":
+            if adapter is None:
+                raise ValueError("method 'site' needs an adapter (fit one with fit_site).")
+            adapter.check_model(model, template)
+            prompts, inter = zs, adapter.mix()
+        elif method in extra:
+            prompts, inter = zs, extra[method]
+        else:
+            raise ValueError(
+                f"Unknown method {method!r}; use zero-shot, icl, site"
+                + (", " + ", ".join(extra) if extra else "")
+            )
+        frames.append(
+            run_method(model, task, items, method, prompts=prompts, intervention=inter,
+                       batch_size=batch_size, template=template)
+        )
+    return pd.concat(frames, ignore_index=True)
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (task,) method: first_token_acc, exact_match, n, seconds_per_item."""
+    keys = [k for k in ("model", "task", "method") if k in df.columns]
+    g = df.groupby(keys, sort=False)
+    return g.agg(
+        first_token_acc=("first_token_correct", "mean"),
+        exact_match=("correct", "mean"),
+        n=("correct", "size"),
+        seconds_per_item=("seconds_per_item", "first"),
+    ).reset_index()
+
+
+def first_token_accuracy(model, prompts: list[str], answers: list[int], intervention=None,
+                         batch_size: int = 32) -> float:
+    """Fraction of prompts whose argmax next token is the answer's first token (no generation)."""
+    hits = 0
+    for s in range(0, len(prompts), batch_size):
+        enc = encode(model, prompts[s : s + batch_size])
+        top = last_logits(model, enc, intervention).argmax(-1).cpu()
+        hits += int((top == torch.tensor(answers[s : s + batch_size])).sum())
+    return hits / max(1, len(prompts))

@@ -1,0 +1,495 @@
+"""Plots (plotly). Every function returns a ``plotly.graph_objects.Figure`` and never shows it.
+
+- :func:`alpha_heatmap`: one α map (layer × head, hover ``L{l}H{h}: value``).
+- :func:`alpha_facets`: α maps of several tasks on one shared colour scale.
+- :func:`effect_vs_alpha`: per-head causal-effect map beside the α map.
+- :func:`patching_curves`: intra-task accuracy vs k for top / bottom / random heads, with CIs.
+- :func:`matrix_heatmap`: task × task matrices (inter-task accuracy, α similarity), tasks ordered by
+  hierarchical clustering (:func:`cluster_order`).
+- :func:`dntp_scatter`: dNTP vs accuracy per method (baselines).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from jaxtyping import Float
+from plotly.subplots import make_subplots
+from torch import Tensor
+
+from sitelens.patching import spearman, transfer_matrix
+
+COLORS = {
+    "top": "#d62728",
+    "bottom": "#1f77b4",
+    "random": "#7f7f7f",
+    "full_minus_top": "#d62728",
+    "full_minus_bottom": "#1f77b4",
+    "zero_shot": "#2ca02c",
+    "site": "#9467bd",
+}
+LABELS = {
+    "top": "top-k by α",
+    "bottom": "bottom-k by α",
+    "random": "random k (mean of seeds)",
+    "full_minus_top": "SITE α without top-k",
+    "full_minus_bottom": "SITE α without bottom-k",
+    "zero_shot": "zero-shot",
+    "site": "SITE (full α)",
+}
+
+
+def _np2d(x) -> np.ndarray:
+    if isinstance(x, Tensor):
+        x = x.detach().float().cpu().numpy()
+    a = np.asarray(x, dtype=float)
+    if a.ndim != 2:
+        raise ValueError(f"Expected a [n_layers, n_heads] map, got shape {a.shape}.")
+    return a
+
+
+def _head_hover(a: np.ndarray, fmt: str) -> list[list[str]]:
+    n_layers, n_heads = a.shape
+    return [[f"L{layer}H{h}: {a[layer, h]:{fmt}}" for h in range(n_heads)]
+            for layer in range(n_layers)]
+
+
+def _head_heatmap(
+    a: np.ndarray, *, name: str, fmt: str, colorscale, zmin=None, zmax=None, zmid=None,
+    coloraxis: str | None = None, colorbar: dict | None = None,
+) -> go.Heatmap:
+    kw = dict(
+        z=a,
+        x=list(range(a.shape[1])),
+        y=list(range(a.shape[0])),
+        text=_head_hover(a, fmt),
+        hovertemplate="%{text}<extra>" + name + "</extra>",
+        name=name,
+    )
+    if coloraxis:
+        kw["coloraxis"] = coloraxis
+    else:
+        kw.update(colorscale=colorscale, zmin=zmin, zmax=zmax, zmid=zmid)
+        if colorbar:
+            kw["colorbar"] = colorbar
+    return go.Heatmap(**kw)
+
+
+def alpha_heatmap(
+    alpha: Float[Tensor, "n_layers n_heads"],
+    title: str | None = None,
+    *,
+    colorscale: str = "Viridis",
+    zmin: float | None = 0.0,
+    zmax: float | None = 1.0,
+    value_name: str = "α",
+    fmt: str = ".3f",
+) -> go.Figure:
+    """Heatmap of a ``[n_layers, n_heads]`` map (x = head, y = layer, layer 0 at the top);
+    hover ``L{l}H{h}: value``. ``zmin``/``zmax`` default to α's range [0, 1]; pass ``None`` to
+    fit the data."""
+    a = _np2d(alpha)
+    fig = go.Figure(
+        _head_heatmap(a, name=value_name, fmt=fmt, colorscale=colorscale, zmin=zmin, zmax=zmax,
+                      colorbar={"title": {"text": value_name}})
+    )
+    fig.update_layout(
+        title=title or f"{value_name} per head",
+        xaxis_title="head",
+        yaxis_title="layer",
+        template="plotly_white",
+        width=max(360, 60 + 28 * a.shape[1] + 120),
+        height=max(300, 100 + 18 * a.shape[0]),
+    )
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def alpha_facets(
+    alphas: Mapping[str, Float[Tensor, "n_layers n_heads"]],
+    *,
+    title: str | None = None,
+    cols: int = 4,
+    colorscale: str = "Viridis",
+    zmin: float | None = None,
+    zmax: float | None = None,
+    value_name: str = "α",
+    fmt: str = ".3f",
+) -> go.Figure:
+    """One α map per task (a panel each), all on one shared colour scale (one colour bar).
+    ``zmin``/``zmax`` default to the range over all maps."""
+    names = list(alphas)
+    if not names:
+        raise ValueError("alpha_facets needs at least one α map.")
+    maps = [_np2d(alphas[n]) for n in names]
+    lo = min(float(np.nanmin(m)) for m in maps) if zmin is None else zmin
+    hi = max(float(np.nanmax(m)) for m in maps) if zmax is None else zmax
+    cols = max(1, min(cols, len(names)))
+    rows = math.ceil(len(names) / cols)
+    fig = make_subplots(
+        rows=rows, cols=cols, subplot_titles=names, horizontal_spacing=0.04,
+        vertical_spacing=min(0.12, 0.3 / rows),
+    )
+    for i, (n, m) in enumerate(zip(names, maps, strict=True)):
+        fig.add_trace(
+            _head_heatmap(m, name=n, fmt=fmt, colorscale=colorscale, coloraxis="coloraxis"),
+            row=i // cols + 1, col=i % cols + 1,
+        )
+    fig.update_layout(
+        title=title or f"{value_name} per head across tasks (one colour scale)",
+        coloraxis={"colorscale": colorscale, "cmin": lo, "cmax": hi,
+                   "colorbar": {"title": {"text": value_name}}},
+        template="plotly_white",
+        width=max(500, 260 * cols + 100),
+        height=max(320, 240 * rows + 80),
+    )
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def effect_vs_alpha(
+    effects: Float[Tensor, "n_layers n_heads"],
+    alpha: Float[Tensor, "n_layers n_heads"],
+    *,
+    title: str | None = None,
+    effect_name: str = "causal effect",
+) -> go.Figure:
+    """The per-head causal-effect map (diverging scale centred at 0) beside the α map; the title
+    reports their Spearman ρ."""
+    e, a = _np2d(effects), _np2d(alpha)
+    if e.shape != a.shape:
+        raise ValueError(f"effects {e.shape} and alpha {a.shape} must have the same shape.")
+    rho = spearman(e, a)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(effect_name, "α"), horizontal_spacing=0.14)
+    bound = float(np.nanmax(np.abs(e))) or 1.0
+    fig.add_trace(
+        _head_heatmap(e, name=effect_name, fmt=".4f", colorscale="RdBu_r", zmin=-bound,
+                      zmax=bound, zmid=0.0, colorbar={"x": 0.43, "title": {"text": "Δp"}}),
+        row=1, col=1,
+    )
+    fig.add_trace(
+        _head_heatmap(a, name="α", fmt=".3f", colorscale="Viridis", zmin=0.0, zmax=1.0,
+                      colorbar={"x": 1.0, "title": {"text": "α"}}),
+        row=1, col=2,
+    )
+    fig.update_layout(
+        title=(title or "Per-head causal effect vs α") + f" (Spearman ρ = {rho:.2f})",
+        template="plotly_white",
+        width=max(700, 2 * (60 + 28 * a.shape[1]) + 260),
+        height=max(320, 100 + 18 * a.shape[0]),
+    )
+    fig.update_xaxes(title_text="head")
+    fig.update_yaxes(title_text="layer", autorange="reversed")
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# patching curves
+
+
+def _band(x, lo, hi, color: str, group: str) -> go.Scatter:
+    return go.Scatter(
+        x=list(x) + list(x)[::-1],
+        y=list(hi) + list(lo)[::-1],
+        fill="toself",
+        fillcolor=color,
+        opacity=0.18,
+        line={"width": 0},
+        hoverinfo="skip",
+        showlegend=False,
+        legendgroup=group,
+        name=f"{group} CI",
+    )
+
+
+def _curve_frame(df: pd.DataFrame, selection: str, y: str) -> pd.DataFrame:
+    sub = df[df["selection"] == selection]
+    if sub.empty:
+        return sub
+    if selection == "random":
+        # mean over seeds; band = envelope of the seeds' CIs (item and seed variability)
+        g = sub.groupby("k", sort=True)
+        lo_col = "ci_low" if y == "accuracy" else y
+        hi_col = "ci_high" if y == "accuracy" else y
+        return pd.DataFrame(
+            {"k": g[y].mean().index, y: g[y].mean().values,
+             "ci_low": g[lo_col].min().values, "ci_high": g[hi_col].max().values,
+             "n_seeds": g[y].size().values}
+        )
+    return sub.sort_values("k")
+
+
+def patching_curves(
+    df: pd.DataFrame,
+    title: str | None = None,
+    *,
+    task: str | None = None,
+    y: str = "accuracy",
+    log_x: bool = True,
+) -> go.Figure:
+    """Intra-task patching curves from :func:`sitelens.patching.intra_task`: ``y`` (default
+    first-token accuracy) vs k for top / bottom / random heads (random: mean over seeds, band =
+    envelope of the seeds' CIs), with bootstrap-CI bands. If the reverse direction is present, a
+    second panel shows the SITE α with the top-k / bottom-k heads removed. ``zero_shot`` and
+    ``site`` reference rows become dashed horizontal lines. Several tasks give one row of panels
+    per task (or pick one with ``task``)."""
+    if task is not None:
+        df = df[df["task"] == task]
+    if df.empty:
+        raise ValueError("patching_curves: no rows to plot.")
+    tasks = list(dict.fromkeys(df["task"])) if "task" in df.columns else [""]
+    has_rev = df["selection"].isin(["full_minus_top", "full_minus_bottom"]).any()
+    ncols = 2 if has_rev else 1
+    titles = []
+    for t in tasks:
+        titles.append(f"{t}: inject into k heads (α = 1)" if t else "inject into k heads (α = 1)")
+        if has_rev:
+            titles.append(f"{t}: SITE α with k heads off" if t else "SITE α with k heads off")
+    fig = make_subplots(rows=len(tasks), cols=ncols, subplot_titles=titles, shared_yaxes=True,
+                        vertical_spacing=min(0.12, 0.3 / len(tasks)))
+    panels = [("top", "bottom", "random")] + ([("full_minus_top", "full_minus_bottom")]
+                                              if has_rev else [])
+    shown: set[str] = set()
+    use_ci = y == "accuracy"
+    for r, t in enumerate(tasks, start=1):
+        sub = df[df["task"] == t] if t else df
+        for c, sels in enumerate(panels, start=1):
+            for sel in sels:
+                cf = _curve_frame(sub, sel, y)
+                if cf.empty:
+                    continue
+                color = COLORS[sel]
+                if use_ci or sel == "random":
+                    fig.add_trace(_band(cf["k"], cf["ci_low"], cf["ci_high"], color, sel),
+                                  row=r, col=c)
+                hover = (
+                    "k=%{x}<br>" + y + "=%{y:.3f}"
+                    + ("<br>CI [%{customdata[0]:.3f}, %{customdata[1]:.3f}]" if use_ci else "")
+                    + "<extra>" + LABELS[sel] + "</extra>"
+                )
+                fig.add_trace(
+                    go.Scatter(
+                        x=cf["k"], y=cf[y], mode="lines+markers", name=LABELS[sel],
+                        line={"color": color, "dash": "dot" if sel.startswith("full") else None},
+                        customdata=np.stack([cf["ci_low"], cf["ci_high"]], axis=1),
+                        hovertemplate=hover, legendgroup=sel, showlegend=sel not in shown,
+                    ),
+                    row=r, col=c,
+                )
+                shown.add(sel)
+            for ref in ("zero_shot", "site"):
+                ref_rows = sub[sub["selection"] == ref]
+                if not ref_rows.empty:
+                    v = float(ref_rows[y].iloc[0])
+                    fig.add_hline(
+                        y=v, line={"color": COLORS[ref], "dash": "dash", "width": 1},
+                        annotation_text=f"{LABELS[ref]} {v:.2f}", annotation_position="top left",
+                        row=r, col=c,
+                    )
+    fig.update_xaxes(title_text="k (heads)", type="log" if log_x else "linear")
+    if log_x:
+        ks = sorted({int(k) for k in df["k"] if int(k) > 0})
+        fig.update_xaxes(tickvals=ks, ticktext=[str(k) for k in ks])
+    fig.update_yaxes(title_text=y.replace("_", " "), col=1)
+    fig.update_layout(
+        title=title or "Intra-task activation patching",
+        template="plotly_white",
+        width=520 * ncols + 120,
+        height=360 * len(tasks) + 80,
+    )
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# task × task matrices
+
+
+def _upgma_order(D: np.ndarray) -> list[int]:
+    """Leaf order of average-linkage (UPGMA) agglomerative clustering of a distance matrix
+    (deterministic: the closest pair merges first, ties by index; each merge puts the two
+    sub-orders so that their closest ends meet)."""
+    n = D.shape[0]
+    clusters: dict[int, list[int]] = {i: [i] for i in range(n)}
+    dist = {(i, j): float(D[i, j]) for i in range(n) for j in range(i + 1, n)}
+    nxt = n
+    while len(clusters) > 1:
+        (a, b), _ = min(dist.items(), key=lambda kv: (kv[1], kv[0]))
+        la, lb = clusters.pop(a), clusters.pop(b)
+        # orient the two leaf lists so that the most similar ends are adjacent
+        best = min(
+            ((D[x[-1], y[0]], x, y) for x in (la, la[::-1]) for y in (lb, lb[::-1])),
+            key=lambda t: t[0],
+        )
+        merged = list(best[1]) + list(best[2])
+        new = {}
+        for c in clusters:
+            da = dist.pop((min(a, c), max(a, c)))
+            db = dist.pop((min(b, c), max(b, c)))
+            new[(c, nxt)] = (len(la) * da + len(lb) * db) / (len(la) + len(lb))
+        dist.pop((min(a, b), max(a, b)))
+        dist.update(new)
+        clusters[nxt] = merged
+        nxt += 1
+    return next(iter(clusters.values()))
+
+
+def cluster_order(matrix: pd.DataFrame) -> list[str]:
+    """Order the tasks of a square task × task matrix by average-linkage hierarchical clustering
+    of their profiles (each task's row and column concatenated; Euclidean distance). Uses scipy
+    (optimal leaf ordering) when it is installed, else a numpy UPGMA."""
+    names = list(matrix.index)
+    if len(names) <= 2:
+        return names
+    M = matrix.loc[names, names].to_numpy(dtype=float)
+    M = np.where(np.isfinite(M), M, np.nanmean(M) if np.isfinite(M).any() else 0.0)
+    feats = np.concatenate([M, M.T], axis=1)  # [T, 2T]
+    D = np.sqrt(((feats[:, None, :] - feats[None, :, :]) ** 2).sum(-1))  # [T, T]
+    try:
+        from scipy.cluster.hierarchy import leaves_list, linkage
+        from scipy.spatial.distance import squareform
+
+        Z = linkage(squareform(D, checks=False), method="average", optimal_ordering=True)
+        idx = [int(i) for i in leaves_list(Z)]
+    except ImportError:
+        idx = _upgma_order(D)
+    return [names[i] for i in idx]
+
+
+def matrix_heatmap(
+    df: pd.DataFrame,
+    title: str | None = None,
+    order: Sequence[str] | None = None,
+    *,
+    cluster: bool = True,
+    mode: str = "alpha",
+    value: str = "accuracy",
+    value_name: str | None = None,
+    colorscale: str = "Viridis",
+    zmin: float | None = None,
+    zmax: float | None = None,
+    row_title: str | None = None,
+    col_title: str | None = None,
+    annotate: bool | None = None,
+) -> go.Figure:
+    """A task × task heatmap: a square DataFrame (e.g. an α-similarity matrix from
+    :func:`sitelens.patching.alpha_similarity`) or the long output of
+    :func:`sitelens.patching.inter_task` (pivoted for ``mode``: rows = source task A whose heads,
+    columns = target task B whose embedding and test split).
+
+    Tasks are shown in ``order``, else (``cluster``) in :func:`cluster_order`, else as given; the
+    order used is stored in ``fig.layout.meta["order"]``. Cells are annotated with their value when
+    there are at most 16 tasks (``annotate``)."""
+    long = {"source_task", "target_task"} <= set(df.columns)
+    if long:
+        M = transfer_matrix(df, mode=mode, value=value)
+        row_title = row_title or "source task (heads / α from)"
+        col_title = col_title or "target task (embedding, test split)"
+        value_name = value_name or value.replace("_", " ")
+    else:
+        M = df
+        row_title = row_title or "task"
+        col_title = col_title or "task"
+        value_name = value_name or "similarity"
+    if list(M.index) != list(M.columns):
+        common = [n for n in M.index if n in M.columns]
+        M = M.loc[common, common]
+    if order is not None:
+        names = list(order)
+        missing = [n for n in names if n not in M.index]
+        if missing:
+            raise ValueError(f"order names tasks not in the matrix: {', '.join(missing)}.")
+    elif cluster:
+        names = cluster_order(M)
+    else:
+        names = list(M.index)
+    Z = M.loc[names, names].to_numpy(dtype=float)  # [T, T]
+    sep = " → " if long else " vs "
+    text = [[f"{r}{sep}{c}: {Z[i, j]:.3f}" for j, c in enumerate(names)]
+            for i, r in enumerate(names)]
+    annotate = len(names) <= 16 if annotate is None else annotate
+    hm = go.Heatmap(
+        z=Z, x=names, y=names, text=text, hovertemplate="%{text}<extra></extra>",
+        colorscale=colorscale, zmin=zmin, zmax=zmax, colorbar={"title": {"text": value_name}},
+    )
+    if annotate:
+        hm.update(texttemplate="%{z:.2f}", textfont={"size": 9})
+    fig = go.Figure(hm)
+    fig.update_layout(
+        title=title or value_name,
+        xaxis_title=col_title,
+        yaxis_title=row_title,
+        template="plotly_white",
+        width=max(480, 160 + 34 * len(names)),
+        height=max(420, 140 + 34 * len(names)),
+        meta={"order": names},
+    )
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(tickangle=-45)
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# baselines
+
+
+def dntp_scatter(
+    df: pd.DataFrame,
+    title: str | None = None,
+    *,
+    x: str = "dntp",
+    y: str = "accuracy",
+    color: str = "method",
+    hover: Sequence[str] = ("model", "task"),
+    log_x: bool = False,
+) -> go.Figure:
+    """Scatter of dNTP (KL(P_icl ‖ P_method) at the answer position) vs accuracy, one colour per
+    method, one point per row (e.g. per model × task × method); the title reports Spearman's ρ
+    over all points."""
+    for col in (x, y, color):
+        if col not in df.columns:
+            raise ValueError(f"dntp_scatter needs a {col!r} column; columns: {list(df.columns)}.")
+    hover = [h for h in hover if h in df.columns]
+    fig = go.Figure()
+    for i, (name, sub) in enumerate(df.groupby(color, sort=False)):
+        lines = [
+            "<br>".join(f"{h}={sub[h].iloc[j]}" for h in hover) for j in range(len(sub))
+        ]
+        fig.add_trace(
+            go.Scatter(
+                x=sub[x], y=sub[y], mode="markers", name=str(name), text=lines,
+                marker={"size": 8, "opacity": 0.8,
+                        "color": _palette(i)},
+                hovertemplate="%{text}<br>" + x + "=%{x:.3f}<br>" + y + "=%{y:.3f}"
+                + "<extra>" + str(name) + "</extra>",
+            )
+        )
+    ok = df[[x, y]].dropna()
+    rho = spearman(ok[x].to_numpy(), ok[y].to_numpy()) if len(ok) > 2 else float("nan")
+    fig.update_layout(
+        title=(title or f"{y.replace('_', ' ')} vs dNTP") + f" (Spearman ρ = {rho:.2f})",
+        xaxis_title="dNTP = KL(P_icl ‖ P_method)" if x == "dntp" else x,
+        yaxis_title=y.replace("_", " "),
+        template="plotly_white",
+        width=720,
+        height=480,
+    )
+    if log_x:
+        fig.update_xaxes(type="log")
+    return fig
+
+
+def _palette(i: int) -> str:
+    import plotly.colors
+
+    pal = plotly.colors.qualitative.Plotly
+    return pal[i % len(pal)]
+
+
+__all__ = [
+    "alpha_heatmap", "alpha_facets", "effect_vs_alpha", "patching_curves", "cluster_order",
+    "matrix_heatmap", "dntp_scatter",
+]

@@ -1,0 +1,392 @@
+"""SITE — soft head selection for injecting ICL-derived task embeddings — in one file.
+
+1. :func:`task_embedding`: t[l, h] = mean over few-shot prompts of ``blocks.{l}.attn.hook_z`` at the
+   last prompt token.                                              -> [n_layers, n_heads, d_head]
+2. :func:`fit_alpha`: α = sigmoid(a), the model frozen; at the last token of zero-shot prompts
+   z ← (1 − α)·z + α·t; Adam on the cross-entropy of the first answer token; the α with the best
+   validation loss is kept.                                        -> [n_layers, n_heads]
+3. :func:`site_mix` / :class:`SiteAdapter`: inject once at the last prompt token during prefill
+   (generation lives in :mod:`sitelens.evaluate`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from sitelens.errors import AdapterError, FitError, OutputError
+from sitelens.injection import HeadMix, apply_hooks
+from sitelens.models import (
+    encode,
+    fingerprint,
+    last_token_forward,
+    model_name,
+    prefix_cache,
+    select_cache,
+    z_hook_name,
+)
+from sitelens.tasks import (
+    DEFAULT_TEMPLATE,
+    Example,
+    Task,
+    Template,
+    answer_token_ids,
+    embedding_prompts,
+    zero_shot_prompt,
+)
+
+# ----------------------------------------------------------------------------------------------
+# stage 1: task embedding
+
+
+def last_token_z(
+    model, prompts: list[str], *, batch_size: int = 8, reduce: str = "mean"
+) -> Float[Tensor, "... n_layers n_heads d_head"]:
+    """``hook_z`` of every layer at the last prompt token. Captures only that position of that
+    hook and stops before the unembedding. ``reduce="mean"`` averages over prompts; ``"none"``
+    returns ``[n_prompts, n_layers, n_heads, d_head]``."""
+    cfg = model.cfg
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # less padding per batch
+    out = torch.empty(len(prompts), cfg.n_layers, cfg.n_heads, cfg.d_head)  # [n, L, H, d_head]
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        enc = encode(model, [prompts[i] for i in idx])
+        buf: dict[int, Tensor] = {}
+
+        def grab(z, hook, layer=None, buf=buf):
+            buf[layer] = z[:, -1].detach().float().cpu()  # [batch, n_heads, d_head]
+
+        hooks = [
+            (z_hook_name(model, layer), lambda z, hook, layer=layer: grab(z, hook, layer))
+            for layer in range(cfg.n_layers)
+        ]
+        with torch.no_grad(), apply_hooks(model, hooks):
+            model(enc.tokens, attention_mask=enc.attention_mask, stop_at_layer=cfg.n_layers)
+        out[idx] = torch.stack([buf[layer] for layer in range(cfg.n_layers)], dim=1)
+    return out.mean(0) if reduce == "mean" else out
+
+
+def task_embedding(
+    model,
+    task: Task,
+    *,
+    n_prompts: int = 50,
+    n_shots: int = 10,
+    batch_size: int = 8,
+    seed: int = 0,
+    template: Template = DEFAULT_TEMPLATE,
+) -> Float[Tensor, "n_layers n_heads d_head"]:
+    """Stage 1: the mean last-token ``hook_z`` over ``n_prompts`` ``n_shots``-shot prompts built
+    from the train split."""
+    prompts = embedding_prompts(task, n_prompts, n_shots, seed=seed, template=template)
+    return last_token_z(model, prompts, batch_size=batch_size)  # [n_layers, n_heads, d_head]
+
+
+# ----------------------------------------------------------------------------------------------
+# stage 2: soft head selection
+
+
+def site_mix(alpha, embedding, seq_len: int | None = None) -> HeadMix:
+    """The SITE intervention: α-weighted mix toward the task embedding at the last prompt token."""
+    return HeadMix(weights=alpha, targets=embedding, positions=(-1,), seq_len=seq_len)
+
+
+def first_token_loss(
+    model,
+    cache,
+    last_tokens: Int[Tensor, "batch 1"],
+    answer_ids: Int[Tensor, " batch"],
+    mix: HeadMix | None,
+) -> Tensor:
+    """Mean cross-entropy of the first answer token, running only the last prompt token on top of a
+    frozen prefix KV cache (the mix acts at that token, so the prefix is unaffected)."""
+    hooks = mix.hooks(model) if mix is not None else []
+    with apply_hooks(model, hooks):
+        logits = last_token_forward(model, cache, last_tokens)  # [batch, 1, d_vocab]
+    return F.cross_entropy(logits[:, -1].float(), answer_ids)
+
+
+@dataclass
+class FitConfig:
+    """Stage-2 hyperparameters. The reference: a = 0, lr 0.2, 400 steps of batch 1. The default
+    here spends the same 400 training examples in batches (``n_examples / batch_size`` steps)."""
+
+    lr: float = 0.2
+    init: float = 0.0
+    n_examples: int = 400
+    batch_size: int = 8
+    sparsity: float = 0.0  # λ in loss + λ·mean(α); 0 = the paper's method
+    eval_every: int = 10  # steps between validation-loss checks (and at the end)
+    n_valid: int = 64  # validation items used for model selection
+    seed: int = 0
+
+    @property
+    def steps(self) -> int:
+        return max(1, math.ceil(self.n_examples / self.batch_size))
+
+
+@dataclass
+class FitResult:
+    alpha: Float[Tensor, "n_layers n_heads"]
+    logits: Float[Tensor, "n_layers n_heads"]
+    history: list[dict] = field(default_factory=list)
+    best_step: int = 0
+    seconds: float = 0.0
+
+
+def _batches(items: list, cfg: FitConfig):
+    rng = random.Random(cfg.seed)
+    pool: list[Example] = []
+    for _ in range(cfg.steps):
+        batch = []
+        while len(batch) < cfg.batch_size:
+            if not pool:
+                pool = list(items)
+                rng.shuffle(pool)
+            batch.append(pool.pop())
+        yield batch
+
+
+def fit_alpha(
+    model,
+    task: Task,
+    embedding: Float[Tensor, "n_layers n_heads d_head"],
+    config: FitConfig | None = None,
+    *,
+    template: Template = DEFAULT_TEMPLATE,
+    progress: bool = False,
+) -> FitResult:
+    """Stage 2: learn α = sigmoid(a) with the model frozen (only ``a`` gets gradients)."""
+    cfg = config or FitConfig()
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    a = torch.full((L, H), cfg.init, requires_grad=True)  # [n_layers, n_heads]
+    opt = torch.optim.Adam([a], lr=cfg.lr)
+    target = embedding.to(model.cfg.device)  # [n_layers, n_heads, d_head]
+
+    def prepare(items: list[Example]):
+        enc = encode(model, [zero_shot_prompt(ex.input, template) for ex in items])
+        cache, last = prefix_cache(model, enc)  # frozen prefix KV; last: [n, 1]
+        ans = torch.tensor(answer_token_ids(model, [ex.output for ex in items], template))
+        return cache, last, ans.to(model.cfg.device)
+
+    valid = (task.valid or task.train)[: cfg.n_valid]
+    v_cache, v_last, v_ans = prepare(valid)
+    batches = list(_batches(list(range(len(task.train))), cfg))  # [steps][batch_size] indices
+    used = sorted({i for b in batches for i in b})
+    t_cache, t_last, t_ans = prepare([task.train[i] for i in used])
+    row = {i: r for r, i in enumerate(used)}
+
+    def valid_loss(logits_a: Tensor) -> float:
+        with torch.no_grad():
+            mix = site_mix(torch.sigmoid(logits_a).to(model.cfg.device), target)
+            return first_token_loss(model, v_cache, v_last, v_ans, mix).item()
+
+    best = (valid_loss(a.detach()), a.detach().clone(), 0)
+    history = [{"step": 0, "train_loss": float("nan"), "valid_loss": best[0]}]
+    bar = tqdm(total=cfg.steps, desc=f"fit α [{task.name}]", disable=not progress, leave=False)
+    for step, batch in enumerate(batches, start=1):
+        rows = torch.tensor([row[i] for i in batch])
+        alpha = torch.sigmoid(a)  # [n_layers, n_heads]
+        loss = first_token_loss(
+            model, select_cache(t_cache, rows), t_last[rows], t_ans[rows], site_mix(alpha, target)
+        )
+        total = loss + cfg.sparsity * alpha.mean()
+        if not torch.isfinite(total):
+            raise FitError(
+                f"Non-finite loss at step {step} while fitting α on {task.name!r}. Lower the "
+                "learning rate (lr), check the model dtype (float32 is safest), or the embedding."
+            )
+        opt.zero_grad()
+        total.backward()
+        opt.step()
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        rec = {"step": step, "train_loss": loss.item(), "valid_loss": float("nan")}
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            vl = valid_loss(a.detach())
+            rec["valid_loss"] = vl
+            if vl < best[0]:
+                best = (vl, a.detach().clone(), step)
+        history.append(rec)
+    bar.close()
+    _, best_a, best_step = best
+    return FitResult(
+        alpha=torch.sigmoid(best_a),
+        logits=best_a,
+        history=history,
+        best_step=best_step,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# the adapter artifact
+
+
+def _versions() -> dict:
+    out = {}
+    for pkg in ("sitelens", "transformer-lens", "torch", "transformers"):
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+@dataclass
+class SiteAdapter:
+    """A fitted SITE adapter: α [n_layers, n_heads], task embedding [n_layers, n_heads, d_head],
+    and metadata (model name and weight fingerprint, task, template, hyperparameters, versions)."""
+
+    alpha: Float[Tensor, "n_layers n_heads"]
+    embedding: Float[Tensor, "n_layers n_heads d_head"]
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def template(self) -> Template:
+        return Template(**self.meta.get("template", DEFAULT_TEMPLATE.to_dict()))
+
+    def mix(self, seq_len: int | None = None) -> HeadMix:
+        return site_mix(self.alpha, self.embedding, seq_len)
+
+    def top_heads(self, k: int = 10) -> list[tuple[int, int, float]]:
+        """The ``k`` heads with the largest α as ``(layer, head, alpha)``."""
+        flat = self.alpha.flatten()
+        idx = torch.argsort(flat, descending=True, stable=True)[:k]
+        H = self.alpha.shape[1]
+        return [(int(i) // H, int(i) % H, float(flat[i])) for i in idx]
+
+    def check_model(self, model, template: Template | None = None) -> None:
+        """Raise :class:`AdapterError` unless this adapter was fitted on ``model`` (and template)."""
+        L, H, d = self.embedding.shape
+        c = model.cfg
+        if (L, H, d) != (c.n_layers, c.n_heads, c.d_head):
+            raise AdapterError(
+                f"Adapter shape [n_layers={L}, n_heads={H}, d_head={d}] does not match the model "
+                f"{model_name(model)!r} [{c.n_layers}, {c.n_heads}, {c.d_head}]: the adapter was "
+                f"fitted on {self.meta.get('model')!r}. Load that model or refit the adapter."
+            )
+        fp = self.meta.get("fingerprint")
+        if fp and fp != fingerprint(model):
+            raise AdapterError(
+                f"Adapter was fitted on {self.meta.get('model')!r} (weights {fp}) but the model is "
+                f"{model_name(model)!r} (weights {fingerprint(model)}). Load the matching model or "
+                "refit the adapter."
+            )
+        if template is not None and template.to_dict() != self.meta.get("template"):
+            raise AdapterError(
+                f"Adapter was fitted with template {self.meta.get('template')!r} but "
+                f"{template.to_dict()!r} was given. Use the adapter's template or refit."
+            )
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``adapter.safetensors`` + ``adapter.json`` (with a SHA-256 of the tensors),
+        each atomically (temp file + rename)."""
+        from safetensors.torch import save as st_save
+
+        path = Path(path)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            blob = st_save({"alpha": self.alpha.contiguous().cpu(),
+                            "embedding": self.embedding.contiguous().cpu()})
+            meta = dict(self.meta, sha256=hashlib.sha256(blob).hexdigest())
+            _atomic_write(path / "adapter.safetensors", blob)
+            _atomic_write(path / "adapter.json", json.dumps(meta, indent=1).encode())
+        except PermissionError as e:
+            raise OutputError(
+                f"Cannot write the adapter to {path}: {e.strerror}. Choose a writable --out "
+                "directory."
+            ) from e
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> SiteAdapter:
+        from safetensors.torch import load as st_load
+
+        path = Path(path)
+        fj, fs = path / "adapter.json", path / "adapter.safetensors"
+        if not fj.exists() or not fs.exists():
+            raise AdapterError(
+                f"{path} is not an adapter directory: it needs adapter.json and "
+                "adapter.safetensors (written by `sitelens fit --out DIR` or SiteAdapter.save)."
+            )
+        try:
+            meta = json.loads(fj.read_text())
+        except json.JSONDecodeError as e:
+            raise AdapterError(f"{fj} is corrupted ({e.msg}); refit the adapter.") from e
+        blob = fs.read_bytes()
+        if meta.get("sha256") and hashlib.sha256(blob).hexdigest() != meta["sha256"]:
+            raise AdapterError(
+                f"{fs} does not match the checksum in adapter.json (truncated or corrupted); "
+                "refit the adapter."
+            )
+        try:
+            tensors = st_load(blob)
+        except Exception as e:  # safetensors raises its own error types
+            raise AdapterError(f"{fs} cannot be read ({e}); refit the adapter.") from e
+        return cls(alpha=tensors["alpha"], embedding=tensors["embedding"], meta=meta)
+
+
+def _atomic_write(target: Path, data: bytes) -> None:
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
+
+
+# ----------------------------------------------------------------------------------------------
+# one call: both stages
+
+
+def fit_site(
+    model,
+    task: Task,
+    *,
+    n_prompts: int = 50,
+    n_shots: int = 10,
+    config: FitConfig | None = None,
+    template: Template = DEFAULT_TEMPLATE,
+    batch_size: int = 8,
+    progress: bool = False,
+) -> SiteAdapter:
+    """Stage 1 + stage 2 → a :class:`SiteAdapter` (timings in ``meta``)."""
+    cfg = config or FitConfig()
+    t0 = time.perf_counter()
+    emb = task_embedding(
+        model, task, n_prompts=n_prompts, n_shots=n_shots, batch_size=batch_size,
+        seed=cfg.seed, template=template,
+    )  # [n_layers, n_heads, d_head]
+    t1 = time.perf_counter()
+    res = fit_alpha(model, task, emb, cfg, template=template, progress=progress)
+    meta = {
+        "model": model_name(model),
+        "fingerprint": fingerprint(model),
+        "task": task.name,
+        "template": template.to_dict(),
+        "hyperparameters": dict(asdict(cfg), n_prompts=n_prompts, n_shots=n_shots),
+        "versions": _versions(),
+        "stage1_seconds": t1 - t0,
+        "stage2_seconds": res.seconds,
+        "best_step": res.best_step,
+        "final_valid_loss": min(h["valid_loss"] for h in res.history if h["valid_loss"] == h["valid_loss"]),
+    }
+    return SiteAdapter(alpha=res.alpha, embedding=emb, meta=meta)

@@ -1,0 +1,287 @@
+"""Tasks: input/output pairs in seeded train/valid/test splits, prompt building, answer tokens.
+
+A task comes from the built-in suite (``sitelens/data/tasks/*.json``), from an FV-layout directory
+``TASK/{train,valid,test}.json``, or from one JSON file of pairs (split with a seed).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import random
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from sitelens.errors import TaskError, TokenizationError
+
+SPLIT_FRACTIONS = (0.7, 0.1, 0.2)  # train, valid, test (the FV splits are about 70/9/21)
+CASE_SENSITIVE_MARKERS = ("capitalize", "lowercase", "uppercase")
+
+
+@dataclass(frozen=True)
+class Example:
+    input: str
+    output: str
+
+
+@dataclass(frozen=True)
+class Template:
+    """Prompt template. The reference: ``"Q: {x}\\nA: {y}\\n\\n"`` per shot, ending ``"Q: {x}\\nA:"``;
+    answers are scored with a leading space (``answer_prefix``)."""
+
+    shot: str = "Q: {x}\nA: {y}\n\n"
+    query: str = "Q: {x}\nA:"
+    answer_prefix: str = " "
+
+    def __post_init__(self):
+        for part, need in ((self.shot, ("{x}", "{y}")), (self.query, ("{x}",))):
+            for n in need:
+                if n not in part:
+                    raise TaskError(f"Template part {part!r} must contain {n}.")
+
+    def to_dict(self) -> dict:
+        return {"shot": self.shot, "query": self.query, "answer_prefix": self.answer_prefix}
+
+    def format_shot(self, ex: Example) -> str:
+        return self.shot.replace("{x}", ex.input).replace("{y}", ex.output)
+
+    def format_query(self, x: str) -> str:
+        return self.query.replace("{x}", x)
+
+
+DEFAULT_TEMPLATE = Template()
+
+
+@dataclass
+class Task:
+    """A named task with train/valid/test lists of :class:`Example`."""
+
+    name: str
+    train: list[Example]
+    valid: list[Example]
+    test: list[Example]
+    source: str = ""
+    case_sensitive: bool = field(default=False)
+
+    def __post_init__(self):
+        if not self.case_sensitive:
+            self.case_sensitive = any(m in self.name.lower() for m in CASE_SENSITIVE_MARKERS)
+
+    def split(self, name: str) -> list[Example]:
+        if name not in ("train", "valid", "test"):
+            raise TaskError(f"Unknown split {name!r}; use 'train', 'valid' or 'test'.")
+        return getattr(self, name)
+
+    def __repr__(self) -> str:
+        return (
+            f"Task({self.name!r}, train={len(self.train)}, valid={len(self.valid)}, "
+            f"test={len(self.test)})"
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# loading
+
+
+def builtin_tasks() -> list[str]:
+    """Names of the built-in task suite."""
+    root = resources.files("sitelens") / "data" / "tasks"
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".json"))
+
+
+def _parse_items(raw, where: str, *, dedupe: bool) -> list[Example]:
+    if not isinstance(raw, list):
+        raise TaskError(f"{where}: expected a JSON list of {{'input': ..., 'output': ...}} objects.")
+    out: list[Example] = []
+    seen: set[tuple[str, str]] = set()
+    dups: list[tuple[str, str]] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or "input" not in item or "output" not in item:
+            raise TaskError(
+                f"{where}: item {i} must be an object with 'input' and 'output' keys, got {item!r}."
+            )
+        vals = []
+        for key in ("input", "output"):
+            v = item[key]
+            if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+                raise TaskError(
+                    f"{where}: item {i} has a non-string {key!r} ({v!r}); use strings "
+                    "(numbers are converted to strings)."
+                )
+            v = str(v)
+            if not v.strip():
+                raise TaskError(f"{where}: item {i} has an empty {key!r}.")
+            vals.append(v)
+        pair = (vals[0], vals[1])
+        if pair in seen:
+            dups.append(pair)
+            continue
+        seen.add(pair)
+        out.append(Example(*pair))
+    if dups and not dedupe:
+        raise TaskError(
+            f"{where}: {len(dups)} duplicate item(s), first {dups[0]!r}. Remove them, or pass "
+            "dedupe=True (CLI: --dedupe) to keep the first of each."
+        )
+    if not out:
+        raise TaskError(f"{where}: the task has no items.")
+    return out
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise TaskError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); fix the file.") from e
+
+
+def split_examples(
+    items: list[Example], *, seed: int = 0, fractions=SPLIT_FRACTIONS
+) -> tuple[list[Example], list[Example], list[Example]]:
+    """Seeded shuffle and split into train/valid/test (each non-empty when ≥ 3 items)."""
+    if len(items) < 3:
+        raise TaskError(f"A task needs at least 3 items to split, got {len(items)}.")
+    items = list(items)
+    random.Random(seed).shuffle(items)
+    n = len(items)
+    n_valid = max(1, round(n * fractions[1]))
+    n_test = max(1, round(n * fractions[2]))
+    n_train = n - n_valid - n_test
+    return items[:n_train], items[n_train : n_train + n_valid], items[n_train + n_valid :]
+
+
+def task_from_pairs(
+    name: str, pairs, *, seed: int = 0, dedupe: bool = False, source: str = "pairs"
+) -> Task:
+    """A task from a list of ``{"input", "output"}`` dicts or ``(input, output)`` tuples."""
+    raw = [p if isinstance(p, dict) else {"input": p[0], "output": p[1]} for p in pairs]
+    items = _parse_items(raw, name, dedupe=dedupe)
+    train, valid, test = split_examples(items, seed=seed)
+    return Task(name, train, valid, test, source=source)
+
+
+def load_task(spec: str | Path, *, seed: int = 0, dedupe: bool = False) -> Task:
+    """Load a task from a built-in name, an FV-layout directory, or a JSON file of pairs.
+
+    Built-in tasks and single files are split 70/10/20 with ``seed``; FV-layout directories keep
+    their own splits. Numbers are converted to strings; duplicates raise unless ``dedupe``.
+    """
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        splits = {}
+        for s in ("train", "valid", "test"):
+            f = path / f"{s}.json"
+            if not f.exists():
+                raise TaskError(
+                    f"{path} is not an FV-layout task directory: missing {s}.json (expected "
+                    "train.json, valid.json, test.json)."
+                )
+            splits[s] = _parse_items(_read_json(f), str(f), dedupe=dedupe)
+        return Task(path.name, splits["train"], splits["valid"], splits["test"], source=str(path))
+    if path.suffix == ".json" and path.is_file():
+        items = _parse_items(_read_json(path), str(path), dedupe=dedupe)
+        train, valid, test = split_examples(items, seed=seed)
+        return Task(path.stem, train, valid, test, source=str(path))
+    name = str(spec)
+    names = builtin_tasks()
+    if name in names:
+        f = resources.files("sitelens") / "data" / "tasks" / f"{name}.json"
+        items = _parse_items(json.loads(f.read_text(encoding="utf-8")), name, dedupe=dedupe)
+        train, valid, test = split_examples(items, seed=seed)
+        return Task(name, train, valid, test, source="builtin")
+    close = difflib.get_close_matches(name.replace("-", "_"), names, n=4, cutoff=0.5)
+    raise TaskError(
+        f"Unknown task {name!r}: not a built-in task, an FV-layout directory or a .json file."
+        + (f" Did you mean: {', '.join(close)}?" if close else "")
+        + f" Built-in tasks: {', '.join(names)}."
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# prompts
+
+
+def zero_shot_prompt(x: str, template: Template = DEFAULT_TEMPLATE) -> str:
+    return template.format_query(x)
+
+
+def sample_demos(
+    pool: list[Example], k: int, rng: random.Random, *, exclude: str | None = None
+) -> list[Example]:
+    """``k`` demonstrations from ``pool`` without replacement, never with input ``exclude``."""
+    candidates = [ex for ex in pool if ex.input != exclude] if exclude is not None else pool
+    if k > len(candidates):
+        raise TaskError(
+            f"Asked for {k} demonstrations but only {len(candidates)} training items are "
+            "available; use fewer shots (n_shots) or a task with more training items."
+        )
+    return rng.sample(candidates, k)
+
+
+def few_shot_prompt(
+    demos: list[Example], x: str, template: Template = DEFAULT_TEMPLATE
+) -> str:
+    return "".join(template.format_shot(d) for d in demos) + template.format_query(x)
+
+
+def few_shot_prompts(
+    task: Task,
+    queries: list[Example],
+    n_shots: int,
+    *,
+    seed: int = 0,
+    template: Template = DEFAULT_TEMPLATE,
+    shuffle_labels: bool = False,
+) -> list[str]:
+    """One k-shot prompt per query, demonstrations from ``task.train`` only, never the query.
+
+    ``shuffle_labels`` permutes the demonstration outputs (corrupted prompts for causal effects).
+    """
+    rng = random.Random(seed)
+    perm_rng = random.Random(seed + 1_000_003)  # separate stream: same demos as the clean prompts
+    prompts = []
+    for q in queries:
+        demos = sample_demos(task.train, n_shots, rng, exclude=q.input)
+        if shuffle_labels and len(demos) > 1:
+            outs = [d.output for d in demos]
+            perm = list(range(len(outs)))
+            while perm == list(range(len(outs))):
+                perm_rng.shuffle(perm)
+            demos = [Example(d.input, outs[j]) for d, j in zip(demos, perm, strict=True)]
+        prompts.append(few_shot_prompt(demos, q.input, template))
+    return prompts
+
+
+def embedding_prompts(
+    task: Task,
+    n_prompts: int = 50,
+    n_shots: int = 10,
+    *,
+    seed: int = 0,
+    template: Template = DEFAULT_TEMPLATE,
+) -> list[str]:
+    """``n_prompts`` few-shot prompts whose queries and demonstrations come from ``task.train``
+    (the query is never among its own demonstrations)."""
+    if len(task.train) < n_shots + 1:
+        raise TaskError(
+            f"Task {task.name!r} has {len(task.train)} training items; {n_shots}-shot prompts need "
+            f"at least {n_shots + 1}. Use fewer shots."
+        )
+    rng = random.Random(seed)
+    queries = [task.train[rng.randrange(len(task.train))] for _ in range(n_prompts)]
+    return few_shot_prompts(task, queries, n_shots, seed=seed + 1, template=template)
+
+
+def answer_token_id(model, output: str, template: Template = DEFAULT_TEMPLATE) -> int:
+    """The first token of the answer as the model sees it (with the leading space)."""
+    ids = model.tokenizer(template.answer_prefix + output, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise TokenizationError(
+            f"The answer {output!r} tokenizes to nothing; give a non-empty answer."
+        )
+    return ids[0]
+
+
+def answer_token_ids(model, outputs: list[str], template: Template = DEFAULT_TEMPLATE) -> list[int]:
+    return [answer_token_id(model, o, template) for o in outputs]

@@ -1,0 +1,109 @@
+"""Integration tests on the bundled real models (no network). CI runs them."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sitelens import FitConfig, encode, fit_site, load_task
+from sitelens.evaluate import first_token_accuracy
+from sitelens.models import load_hf_reference
+from sitelens.tasks import answer_token_ids, zero_shot_prompt
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = ["Q: hot\nA:", "The capital of France is", "Q: big\nA: small\n\nQ: fast\nA:"]
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma-3-270m"])
+def test_logprobs_match_huggingface(name, request):
+    model = request.getfixturevalue("smollm2" if name.startswith("smol") else "gemma")
+    hf, _ = load_hf_reference(name)
+    enc = encode(model, PROMPTS)
+    with torch.no_grad():
+        ours = model(enc.tokens, attention_mask=enc.attention_mask).log_softmax(-1)
+        ref = hf(enc.tokens, attention_mask=enc.attention_mask).logits.log_softmax(-1)
+    keep = enc.attention_mask.bool()
+    assert (ours - ref)[keep].abs().max().item() <= 1e-3
+    del hf
+
+
+@pytest.mark.parametrize("fixture", ["smollm2", "gemma"])
+def test_left_padded_batch_equals_single_prompts(fixture, request):
+    model = request.getfixturevalue(fixture)
+    enc = encode(model, PROMPTS)
+    with torch.no_grad():
+        batched = model(enc.tokens, attention_mask=enc.attention_mask)[:, -1].log_softmax(-1)
+        for i, p in enumerate(PROMPTS):
+            e = encode(model, [p])
+            single = model(e.tokens, attention_mask=e.attention_mask)[0, -1].log_softmax(-1)
+            assert (batched[i] - single).abs().max().item() <= 1e-3
+
+
+def test_bos_conventions(smollm2, gemma):
+    s = encode(smollm2, ["Q: hot\nA:"]).tokens[0].tolist()
+    assert s[0] != smollm2.tokenizer.bos_token_id  # SmolLM2: no <|im_start|> prepended
+    assert smollm2.tokenizer.decode(s) == "Q: hot\nA:"
+    g = encode(gemma, ["Q: hot\nA:"]).tokens[0].tolist()
+    assert g[0] == gemma.tokenizer.bos_token_id  # Gemma: <bos> prepended
+    assert gemma.tokenizer.decode(g[1:]) == "Q: hot\nA:"
+
+
+def test_second_load_uses_the_weight_cache(smollm2):
+    from sitelens.models import _weights_key, cache_dir, load_model
+
+    target = cache_dir() / "models" / f"smollm2-135m-instruct-{_weights_key('smollm2-135m-instruct', 2048)}"
+    assert (target / "weights.safetensors").exists()
+    again = load_model("smollm2-135m-instruct")
+    enc = encode(again, PROMPTS[:1])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            again(enc.tokens, attention_mask=enc.attention_mask),
+            smollm2(enc.tokens, attention_mask=enc.attention_mask),
+        )
+
+
+def test_site_beats_zero_shot_on_smollm2(smollm2):
+    task = load_task("country_capital")
+    adapter = fit_site(
+        smollm2, task, n_prompts=16, n_shots=5,
+        config=FitConfig(n_examples=96, batch_size=8, eval_every=4),
+    )
+    items = task.test
+    prompts = [zero_shot_prompt(ex.input) for ex in items]
+    answers = answer_token_ids(smollm2, [ex.output for ex in items])
+    zs = first_token_accuracy(smollm2, prompts, answers)
+    site = first_token_accuracy(smollm2, prompts, answers, adapter.mix())
+    assert site > zs + 0.1, (zs, site)
+
+
+def test_cli_fit_and_eval_json(tmp_path):
+    out = tmp_path / "ad"
+    base = [sys.executable, "-m", "sitelens.cli"]
+    r = subprocess.run(
+        base + ["fit", "--task", "antonym", "--out", str(out), "--n-prompts", "8", "--n-shots", "4",
+                "--n-examples", "32"],
+        capture_output=True, text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    assert (out / "adapter.json").exists()
+    r = subprocess.run(
+        base + ["eval", "--task", "antonym", "--adapter", str(out), "--limit", "6", "--n-shots", "3",
+                "--json"],
+        capture_output=True, text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    obj = json.loads(r.stdout)
+    assert set(obj) == {"zero-shot", "icl", "site"}
+    assert obj["site"]["n"] == 6 and 0 <= obj["site"]["exact_match"] <= 1
+
+
+def test_cli_errors_are_clean(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "sitelens.cli", "eval", "--task", "antonymm", "--methods", "zero-shot"],
+        capture_output=True, text=True,
+    )
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr and "antonym" in r.stderr

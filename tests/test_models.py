@@ -1,0 +1,87 @@
+import pytest
+import torch
+
+from sitelens import ModelError, PromptTooLongError, encode, load_model, tiny_model, z_hook_name
+from sitelens.models import fingerprint, last_token_forward, prefix_cache, select_cache
+
+
+def test_unknown_model_lists_available_names():
+    with pytest.raises(ModelError) as e:
+        load_model("smollm2-135m-instuct")
+    msg = str(e.value)
+    assert "smollm2-135m-instruct" in msg and "gemma-3-270m" in msg
+
+
+def test_tiny_model_shapes_and_gqa():
+    m = tiny_model(n_layers=3, n_heads=4, d_head=8, n_key_value_heads=1)
+    assert m.cfg.n_layers == 3 and m.cfg.n_heads == 4 and m.cfg.n_key_value_heads == 1
+    enc = encode(m, ["Q: a\nA:"])
+    seen = {}
+
+    def grab(z, hook):
+        seen["z"] = z.shape
+
+    m.run_with_hooks(
+        enc.tokens, attention_mask=enc.attention_mask, fwd_hooks=[(z_hook_name(m, 1), grab)]
+    )
+    assert seen["z"] == (1, enc.tokens.shape[1], 4, 8)  # query heads, d_head from cfg
+
+
+def test_encode_left_pads_and_prepends_bos(tiny):
+    enc = encode(tiny, ["ab", "abcd"])
+    bos = tiny.tokenizer.bos_token_id
+    pad = tiny.tokenizer.pad_token_id
+    assert enc.tokens.shape == (2, 5)
+    assert enc.tokens[0, :3].tolist() == [pad, pad, bos]
+    assert enc.attention_mask[0].tolist() == [0, 0, 1, 1, 1]
+    assert enc.tokens[1, 0].item() == bos
+    assert tiny.tokenizer.decode(enc.tokens[0, 3:]) == "ab"
+
+
+def test_prompt_too_long_is_a_clear_error(tiny):
+    with pytest.raises(PromptTooLongError, match="n_ctx"):
+        encode(tiny, ["x" * (tiny.cfg.n_ctx + 5)])
+
+
+def test_batched_equals_unbatched(tiny):
+    prompts = ["Q: hot\nA:", "Q: a much longer prompt here\nA:", "Q: x\nA:"]
+    enc = encode(tiny, prompts)
+    with torch.no_grad():
+        batched = tiny(enc.tokens, attention_mask=enc.attention_mask)[:, -1]
+        for i, p in enumerate(prompts):
+            e = encode(tiny, [p])
+            single = tiny(e.tokens, attention_mask=e.attention_mask)[0, -1]
+            torch.testing.assert_close(batched[i], single, atol=1e-5, rtol=1e-5)
+
+
+def test_prefix_cache_matches_full_forward(tiny):
+    prompts = ["Q: hot\nA:", "Q: a longer prompt\nA:", "Q: x\nA:"]
+    enc = encode(tiny, prompts)
+    cache, last = prefix_cache(tiny, enc, batch_size=2)
+    with torch.no_grad():
+        full = tiny(enc.tokens, attention_mask=enc.attention_mask)[:, -1]
+        fast = last_token_forward(tiny, cache, last)[:, -1]
+        sub = last_token_forward(tiny, select_cache(cache, [2, 0]), last[[2, 0]])[:, -1]
+    torch.testing.assert_close(fast, full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(sub, full[[2, 0]], atol=1e-5, rtol=1e-5)
+
+
+def test_fingerprint_distinguishes_models():
+    a, b = tiny_model(seed=0), tiny_model(seed=1)
+    assert fingerprint(a) == fingerprint(tiny_model(seed=0))
+    assert fingerprint(a) != fingerprint(b)
+
+
+def test_fast_layout_keeps_values(tiny_mha):
+    for name, p in tiny_mha.named_parameters():
+        if name.endswith(("W_in", "W_U")):
+            assert p.T.is_contiguous()
+    m2 = tiny_model(seed=0)
+    # a plain contiguous copy gives the same logits
+    enc = encode(m2, ["Q: hi\nA:"])
+    with torch.no_grad():
+        ref = m2(enc.tokens, attention_mask=enc.attention_mask)
+        for p in m2.parameters():
+            p.data = p.data.contiguous()
+        again = m2(enc.tokens, attention_mask=enc.attention_mask)
+    torch.testing.assert_close(ref, again, atol=1e-5, rtol=1e-5)

@@ -1,0 +1,195 @@
+import pytest
+import torch
+
+from sitelens import (
+    AdapterError,
+    FitConfig,
+    HeadMix,
+    SiteAdapter,
+    apply_hooks,
+    encode,
+    fit_alpha,
+    fit_site,
+    head_mask,
+    load_task,
+    task_embedding,
+    tiny_model,
+    z_hook_name,
+)
+from sitelens.evaluate import greedy_generate, last_logits
+from sitelens.site import last_token_z
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_task("antonym")
+
+
+def _z_at_last(model, prompts, mix=None):
+    enc = encode(model, prompts)
+    zs = {}
+
+    def grab(z, hook):
+        zs[hook.name] = z[:, -1].clone()
+
+    hooks = (mix.hooks(model) if mix else []) + [
+        (z_hook_name(model, layer), grab) for layer in range(model.cfg.n_layers)
+    ]
+    with torch.no_grad(), apply_hooks(model, hooks):
+        logits = model(enc.tokens, attention_mask=enc.attention_mask)
+    return logits, zs
+
+
+def test_alpha_zero_is_bit_identical(tiny):
+    L, H, d = tiny.cfg.n_layers, tiny.cfg.n_heads, tiny.cfg.d_head
+    prompts = ["Q: hot\nA:", "Q: longer one\nA:"]
+    enc = encode(tiny, prompts)
+    mix = HeadMix(torch.zeros(L, H), torch.randn(L, H, d))
+    base = last_logits(tiny, enc)
+    mixed = last_logits(tiny, enc, mix)
+    assert torch.equal(base, mixed)
+    # also with gradients on alpha (all layers hooked, nothing skipped)
+    a = torch.full((L, H), -torch.inf, requires_grad=True)
+    with apply_hooks(tiny, HeadMix(torch.sigmoid(a), torch.randn(L, H, d)).hooks(tiny)):
+        lg = tiny(enc.tokens, attention_mask=enc.attention_mask)[:, -1]
+    assert torch.equal(lg.detach(), base)
+
+
+def test_alpha_one_replaces_exactly_one_head(tiny):
+    L, H, d = tiny.cfg.n_layers, tiny.cfg.n_heads, tiny.cfg.d_head
+    t = torch.randn(L, H, d)
+    mix = HeadMix(head_mask([(1, 2)], L, H), t)
+    _, clean = _z_at_last(tiny, ["Q: hot\nA:"])
+    _, patched = _z_at_last(tiny, ["Q: hot\nA:"], mix)
+    z1 = patched[z_hook_name(tiny, 1)]
+    assert torch.equal(z1[0, 2], t[1, 2])
+    other = [h for h in range(H) if h != 2]
+    assert torch.equal(z1[0, other], clean[z_hook_name(tiny, 1)][0, other])
+    assert torch.equal(patched[z_hook_name(tiny, 0)], clean[z_hook_name(tiny, 0)])
+
+
+def test_per_row_weights_patch_different_heads(tiny_mha):
+    L, H, d = tiny_mha.cfg.n_layers, tiny_mha.cfg.n_heads, tiny_mha.cfg.d_head
+    t = torch.randn(L, H, d)
+    w = torch.stack([head_mask([(0, 1)], L, H), head_mask([(1, 3)], L, H)])  # [2, L, H]
+    prompts = ["Q: hot\nA:", "Q: hot\nA:"]
+    both = last_logits(tiny_mha, encode(tiny_mha, prompts), HeadMix(w, t))
+    for row in range(2):
+        single = last_logits(tiny_mha, encode(tiny_mha, prompts[:1]), HeadMix(w[row], t))
+        torch.testing.assert_close(both[row], single[0], atol=1e-5, rtol=1e-5)
+
+
+def test_task_embedding_shape_and_batch_invariance(tiny, task):
+    emb = task_embedding(tiny, task, n_prompts=6, n_shots=3, batch_size=4)
+    assert emb.shape == (tiny.cfg.n_layers, tiny.cfg.n_heads, tiny.cfg.d_head)
+    emb1 = task_embedding(tiny, task, n_prompts=6, n_shots=3, batch_size=1)
+    torch.testing.assert_close(emb, emb1, atol=1e-5, rtol=1e-5)
+
+
+def test_last_token_z_matches_run_with_cache(tiny_mha, task):
+    from sitelens.tasks import embedding_prompts
+
+    prompts = embedding_prompts(task, 3, 2)
+    zs = last_token_z(tiny_mha, prompts, reduce="none", batch_size=2)
+    for i, p in enumerate(prompts):
+        enc = encode(tiny_mha, [p])
+        _, cache = tiny_mha.run_with_cache(enc.tokens, attention_mask=enc.attention_mask)
+        for layer in range(tiny_mha.cfg.n_layers):
+            torch.testing.assert_close(
+                zs[i, layer], cache[z_hook_name(tiny_mha, layer)][0, -1], atol=1e-5, rtol=1e-5
+            )
+
+
+def test_only_a_receives_gradients(tiny_mha, task):
+    emb = task_embedding(tiny_mha, task, n_prompts=4, n_shots=2)
+    before = {n: p.clone() for n, p in tiny_mha.named_parameters()}
+    res = fit_alpha(tiny_mha, task, emb, FitConfig(n_examples=8, batch_size=4, eval_every=1))
+    assert all(not p.requires_grad for p in tiny_mha.parameters())
+    for n, p in tiny_mha.named_parameters():
+        assert torch.equal(p, before[n]), n
+    assert res.alpha.shape == (tiny_mha.cfg.n_layers, tiny_mha.cfg.n_heads)
+    assert not torch.allclose(res.logits, torch.zeros_like(res.logits))  # a moved
+    assert len(res.history) == 3
+
+
+def test_fit_is_deterministic(tiny_mha, task):
+    cfg = FitConfig(n_examples=12, batch_size=4, eval_every=1, seed=3)
+    a = fit_site(tiny_mha, task, n_prompts=4, n_shots=2, config=cfg)
+    b = fit_site(tiny_mha, task, n_prompts=4, n_shots=2, config=cfg)
+    assert torch.equal(a.alpha, b.alpha) and torch.equal(a.embedding, b.embedding)
+
+
+def test_inject_once_generation_equals_manual_prefill(tiny):
+    L, H, d = tiny.cfg.n_layers, tiny.cfg.n_heads, tiny.cfg.d_head
+    torch.manual_seed(0)
+    mix = HeadMix(torch.rand(L, H), torch.randn(L, H, d) * 3)
+    enc = encode(tiny, ["Q: hot\nA:", "Q: much longer\nA:"])
+    gen, first = greedy_generate(tiny, enc, intervention=mix, max_new_tokens=6, stop_at_newline=False)
+    # manual: injected forward pass on the prompt, then plain greedy decoding without any hook,
+    # recomputing the whole sequence each step (no KV cache)
+    tokens, mask = enc.tokens, enc.attention_mask
+    with torch.no_grad():
+        with apply_hooks(tiny, mix.hooks(tiny)):
+            lg = tiny(tokens, attention_mask=mask)[:, -1]
+        torch.testing.assert_close(first, lg, atol=1e-5, rtol=1e-5)
+        # the prompt's injected KV must be kept: rebuild it by replaying with the mix pinned to
+        # the prompt length, then continue without re-injecting
+        from sitelens.models import new_kv_cache
+
+        cache = new_kv_cache(tiny, 2)
+        with apply_hooks(tiny, mix.hooks(tiny)):
+            lg = tiny(tokens, attention_mask=mask, past_kv_cache=cache)[:, -1]
+        manual = []
+        for _ in range(6):
+            nxt = lg.argmax(-1)
+            manual.append(nxt)
+            lg = tiny(nxt[:, None], attention_mask=torch.ones(2, 1, dtype=mask.dtype),
+                      past_kv_cache=cache)[:, -1]
+    assert torch.equal(gen, torch.stack(manual, 1))
+
+
+def test_pinned_hook_does_not_fire_on_decode_steps(tiny_mha):
+    L, H, d = tiny_mha.cfg.n_layers, tiny_mha.cfg.n_heads, tiny_mha.cfg.d_head
+    mix = HeadMix(torch.ones(L, H), torch.randn(L, H, d), seq_len=7)
+    z = torch.randn(2, 1, H, d)
+    assert mix.hook_fn(0)(z) is z  # one position != prompt length: untouched
+    z7 = torch.randn(2, 7, H, d)
+    assert not torch.equal(mix.hook_fn(0)(z7), z7)
+
+
+def test_generation_with_cache_equals_without(tiny_mha):
+    enc = encode(tiny_mha, ["Q: abc\nA:", "Q: a\nA:"])
+    gen, _ = greedy_generate(tiny_mha, enc, max_new_tokens=5, stop_at_newline=False)
+    tokens, mask = enc.tokens, enc.attention_mask
+    with torch.no_grad():
+        for step in range(5):
+            nxt = tiny_mha(tokens, attention_mask=mask)[:, -1].argmax(-1)
+            assert torch.equal(nxt, gen[:, step])
+            tokens = torch.cat([tokens, nxt[:, None]], 1)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+
+
+def test_adapter_round_trip_and_mismatch(tmp_path, tiny_mha, task):
+    ad = fit_site(tiny_mha, task, n_prompts=4, n_shots=2,
+                  config=FitConfig(n_examples=8, batch_size=4, eval_every=2))
+    ad.save(tmp_path / "ad")
+    back = SiteAdapter.load(tmp_path / "ad")
+    assert torch.equal(back.alpha, ad.alpha) and torch.equal(back.embedding, ad.embedding)
+    assert back.meta["task"] == "antonym" and back.meta["model"] == ad.meta["model"]
+    back.check_model(tiny_mha)
+    with pytest.raises(AdapterError, match="weights"):
+        back.check_model(tiny_model(seed=5))
+    with pytest.raises(AdapterError, match="does not match"):
+        back.check_model(tiny_model(n_layers=3))
+
+
+def test_corrupted_adapter_file_is_detected(tmp_path, tiny_mha, task):
+    ad = fit_site(tiny_mha, task, n_prompts=4, n_shots=2,
+                  config=FitConfig(n_examples=4, batch_size=4, eval_every=1))
+    ad.save(tmp_path / "ad")
+    f = tmp_path / "ad" / "adapter.safetensors"
+    f.write_bytes(f.read_bytes()[:-10])
+    with pytest.raises(AdapterError, match="checksum"):
+        SiteAdapter.load(tmp_path / "ad")
+    with pytest.raises(AdapterError, match="not an adapter directory"):
+        SiteAdapter.load(tmp_path / "nothing")
