@@ -55,19 +55,22 @@ def greedy_generate(
 ) -> tuple[Int[Tensor, "batch new"], Float[Tensor, "batch d_vocab"]]:
     """Greedy decoding with TransformerLens's KV cache.
 
-    The intervention's hooks are active during the prefill forward pass only (and are pinned to the
-    prompt length, so they could not re-inject even if left on). Returns the generated token ids and
-    the first-step logits (the next-token distribution at the answer position).
+    A :class:`HeadMix` is pinned to the prompt length, so it injects once in the prefill and never on
+    a KV-cached decode step. Returns the generated token ids and the first-step logits (the
+    next-token distribution at the answer position).
     """
     batch = enc.tokens.shape[0]
     cache = new_kv_cache(model, batch)
-    nl_ids = _newline_ids(model) if stop_at_newline else set()
+    nl_ids = newline_ids(model) if stop_at_newline else set()
     eos = model.tokenizer.eos_token_id
     out: list[Tensor] = []
     done = torch.zeros(batch, dtype=torch.bool)
-    with torch.no_grad():
-        with apply_hooks(model, _hooks_for(model, intervention, enc.tokens.shape[1])):
-            logits = model(enc.tokens, attention_mask=enc.attention_mask, past_kv_cache=cache)
+    hooks = _hooks_for(model, intervention, enc.tokens.shape[1])
+    # Hooks stay on for the decode steps: prefill-only interventions (HeadMix, last-token
+    # injections) are pinned to the prompt length and skip them; every-position methods (LoRA,
+    # (IA)3, I2CL) must act on them.
+    with torch.no_grad(), apply_hooks(model, hooks):
+        logits = model(enc.tokens, attention_mask=enc.attention_mask, past_kv_cache=cache)
         first_logits = logits[:, -1].float()  # [batch, d_vocab]
         step_logits = first_logits
         ones = torch.ones(batch, 1, dtype=enc.attention_mask.dtype, device=enc.tokens.device)
@@ -82,7 +85,7 @@ def greedy_generate(
     return torch.stack(out, dim=1), first_logits
 
 
-def _newline_ids(model) -> set[int]:
+def newline_ids(model) -> set[int]:
     cached = getattr(model, "_sitelens_newline_ids", None)
     if cached is not None:
         return cached
@@ -180,7 +183,9 @@ def evaluate(
     frames = []
     extra = dict(interventions or {})
     for method in methods:
-        if method == "zero-shot":
+        if method in extra:  # caller-supplied interventions win over built-in names
+            prompts, inter = zs, extra[method]
+        elif method == "zero-shot":
             prompts, inter = zs, None
         elif method == "icl":
             prompts = few_shot_prompts(task, list(items), n_shots, seed=seed, template=template)
@@ -190,8 +195,6 @@ def evaluate(
                 raise ValueError("method 'site' needs an adapter (fit one with fit_site).")
             adapter.check_model(model, template)
             prompts, inter = zs, adapter.mix()
-        elif method in extra:
-            prompts, inter = zs, extra[method]
         else:
             raise ValueError(
                 f"Unknown method {method!r}; use zero-shot, icl, site"

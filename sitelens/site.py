@@ -147,7 +147,7 @@ class FitResult:
     seconds: float = 0.0
 
 
-def _batches(items: list, cfg: FitConfig):
+def training_batches(items: list, cfg: FitConfig):
     rng = random.Random(cfg.seed)
     pool: list[Example] = []
     for _ in range(cfg.steps):
@@ -186,7 +186,7 @@ def fit_alpha(
 
     valid = (task.valid or task.train)[: cfg.n_valid]
     v_cache, v_last, v_ans = prepare(valid)
-    batches = list(_batches(list(range(len(task.train))), cfg))  # [steps][batch_size] indices
+    batches = list(training_batches(list(range(len(task.train))), cfg))  # [steps][batch_size] indices
     used = sorted({i for b in batches for i in b})
     t_cache, t_last, t_ans = prepare([task.train[i] for i in used])
     row = {i: r for r, i in enumerate(used)}

@@ -1,0 +1,75 @@
+"""Baselines for SITE behind one interface: ``Method.fit(model, task, *, seed=0) -> Fitted``.
+
+========== ======================================= ============ ===================================
+name       what                                    scope        trainable parameters
+========== ======================================= ============ ===================================
+zero-shot  the query alone                         none         0
+icl        k-shot prompt (``prompt_fn``)           none         0
+site       α-mix toward the task embedding         prefill      n_layers · n_heads
+fv         Σ top-10 causal heads' mean out → resid prefill      0 (d_model stored)
+tv         mean few-shot state replaces layer ℓ    prefill      0 (d_model stored)
+ltv        ridge W*: h ← h + W* h, final block     prefill      d_model²
+mtv        REINFORCE binary head mask, mean z      prefill      n_layers · n_heads
+i2cl       λ, β per layer × {attn, mlp}            all          4 · n_layers
+lora       rank-r q/v updates                      all          n_layers · r · (2 d_model + …)
+ia3        rescale k, v, MLP activations           all          n_layers · (2 n_kv d_head + d_mlp)
+========== ======================================= ============ ===================================
+
+``prefill``: the hooks act at the last prompt token on the forward pass that sees the whole prompt,
+never on KV-cached decode steps. ``all``: every position of every forward pass, decode steps
+included (see :mod:`sitelens.baselines.base`).
+"""
+
+from __future__ import annotations
+
+from sitelens.baselines.base import Fitted, HookIntervention, Method
+from sitelens.baselines.fv import FV, function_vector, head_causal_effects_fallback
+from sitelens.baselines.i2cl import I2CL
+from sitelens.baselines.ia3 import IA3
+from sitelens.baselines.icl import ICL
+from sitelens.baselines.lora import LoRA
+from sitelens.baselines.ltv import LTV, ridge_closed_form
+from sitelens.baselines.mtv import MTV
+from sitelens.baselines.site import SITE
+from sitelens.baselines.tv import TV
+from sitelens.baselines.zero_shot import ZeroShot
+
+METHODS: dict[str, type[Method]] = {
+    "zero-shot": ZeroShot,
+    "icl": ICL,
+    "site": SITE,
+    "fv": FV,
+    "tv": TV,
+    "ltv": LTV,
+    "mtv": MTV,
+    "i2cl": I2CL,
+    "lora": LoRA,
+    "ia3": IA3,
+}
+
+
+def available_methods() -> list[str]:
+    return list(METHODS)
+
+
+def get_method(method: str | Method, /, **kwargs) -> Method:
+    """A method instance by registry name (``get_method("lora", rank=4, name="lora-r4")``);
+    instances pass through."""
+    if isinstance(method, Method):
+        if kwargs:
+            raise ValueError("keyword arguments are only accepted with a method name")
+        return method
+    try:
+        cls = METHODS[method]
+    except KeyError:
+        raise ValueError(
+            f"Unknown method {method!r}; available: {', '.join(METHODS)}."
+        ) from None
+    return cls(**kwargs)
+
+
+__all__ = [
+    "FV", "I2CL", "IA3", "ICL", "LTV", "METHODS", "MTV", "SITE", "TV", "Fitted",
+    "HookIntervention", "LoRA", "Method", "ZeroShot", "available_methods", "function_vector",
+    "get_method", "head_causal_effects_fallback", "ridge_closed_form",
+]

@@ -1,0 +1,185 @@
+"""Function vectors (Todd et al.): the summed mean outputs of the top causal heads, added to the
+residual stream at the last prompt token.
+
+1. mean z: ``hook_z`` at the last token averaged over few-shot prompts (SITE's task embedding).
+2. causal effects ``[n_layers, n_heads]``: :func:`sitelens.patching.head_causal_effects` when that
+   module exists, else :func:`head_causal_effects_fallback`, or precomputed (``FV(effects=...)``).
+3. FV = Σ over the top ``k`` heads of ``mean_z[l, h] @ W_O[l, h]``                   -> [d_model]
+4. intervention: ``blocks.{ℓ}.hook_resid_pre`` (or ``resid_post``) += FV at the last prompt token,
+   prefill only; ℓ has the best validation first-token accuracy.
+
+Trainable parameters: 0 (a mean, k head choices and a layer); ``d_model`` stored numbers.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from sitelens.baselines.base import (
+    Fitted,
+    HookIntervention,
+    Method,
+    last_add_hook,
+    resid_hook_name,
+    select_layer,
+    valid_items,
+)
+from sitelens.injection import HeadMix, apply_hooks
+from sitelens.models import encode, last_token_forward, prefix_cache, select_cache
+from sitelens.site import task_embedding
+from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template, answer_token_ids, few_shot_prompts
+
+
+def head_causal_effects_fallback(
+    model,
+    task: Task,
+    mean_z: Float[Tensor, "n_layers n_heads d_head"],
+    *,
+    n_prompts: int = 16,
+    n_shots: int = 10,
+    seed: int = 0,
+    template: Template = DEFAULT_TEMPLATE,
+    batch_size: int = 64,
+) -> Float[Tensor, "n_layers n_heads"]:
+    """The average indirect effect of each head: on ``n_prompts`` corrupted few-shot prompts
+    (shuffled demonstration labels, queries from train), ``P(answer | z[l, h] ← mean_z[l, h] at the
+    last token) − P(answer | corrupted)``. One row per (prompt, head) pair, ``batch_size`` rows per
+    last-token forward pass over a frozen prefix cache."""
+    cfg = model.cfg
+    L, H = cfg.n_layers, cfg.n_heads
+    rng = random.Random(seed)
+    queries = [task.train[rng.randrange(len(task.train))] for _ in range(n_prompts)]
+    prompts = few_shot_prompts(
+        task, queries, n_shots, seed=seed + 1, template=template, shuffle_labels=True
+    )
+    enc = encode(model, prompts)
+    ans = torch.tensor(answer_token_ids(model, [q.output for q in queries], template))
+    target = mean_z.to(cfg.device)  # [n_layers, n_heads, d_head]
+    with torch.no_grad():
+        cache, last = prefix_cache(model, enc)
+        base = last_token_forward(model, cache, last)[:, -1].float().softmax(-1)  # [n, d_vocab]
+        p0 = base[torch.arange(len(ans)), ans]  # [n]
+        pairs = [(i, j) for i in range(len(prompts)) for j in range(L * H)]
+        effects = torch.zeros(L * H, dtype=torch.float64)  # [n_layers * n_heads]
+        for s in range(0, len(pairs), batch_size):
+            chunk = pairs[s : s + batch_size]
+            rows = torch.tensor([i for i, _ in chunk])
+            heads = torch.tensor([j for _, j in chunk])
+            w = torch.zeros(len(chunk), L * H, device=cfg.device)  # [rows, L*H]
+            w[torch.arange(len(chunk)), heads] = 1.0
+            mix = HeadMix(w.view(len(chunk), L, H), target)
+            with apply_hooks(model, mix.hooks(model)):
+                out = last_token_forward(model, select_cache(cache, rows), last[rows])
+            p = out[:, -1].float().softmax(-1)[torch.arange(len(chunk)), ans[rows]]  # [rows]
+            effects.index_add_(0, heads, (p - p0[rows]).double().cpu())
+    return (effects / len(prompts)).float().view(L, H)
+
+
+def _causal_effects(model, task, mean_z, *, n_prompts, n_shots, seed, template):
+    """``sitelens.patching.head_causal_effects`` if present (given our mean z, prompt count,
+    seed, shots and template where it takes them; its own defaults otherwise), else the fallback
+    above."""
+    try:
+        from sitelens.patching import head_causal_effects
+    except ImportError:
+        head_causal_effects = None
+    if head_causal_effects is None:
+        return head_causal_effects_fallback(
+            model, task, mean_z, n_prompts=n_prompts, n_shots=n_shots, seed=seed,
+            template=template,
+        ), "fallback"
+    accepted = inspect.signature(head_causal_effects).parameters
+    wanted = {"seed": seed, "n_shots": n_shots, "template": template, "n_prompts": n_prompts,
+              "embedding": mean_z}
+    kw = {k: v for k, v in wanted.items() if k in accepted}
+    out = head_causal_effects(model, task, **kw)
+    return torch.as_tensor(out, dtype=torch.float32).cpu(), "sitelens.patching"
+
+
+def function_vector(
+    model,
+    mean_z: Float[Tensor, "n_layers n_heads d_head"],
+    heads: Sequence[tuple[int, int]],
+) -> Float[Tensor, " d_model"]:
+    """Σ over ``heads`` of ``mean_z[l, h] @ W_O[l, h]``."""
+    W_O = model.W_O.detach()  # [n_layers, n_heads, d_head, d_model]
+    z = mean_z.to(W_O.device, W_O.dtype)
+    vec = torch.zeros(model.cfg.d_model, dtype=W_O.dtype, device=W_O.device)  # [d_model]
+    for layer, head in heads:
+        vec = vec + z[layer, head] @ W_O[layer, head]  # [d_model]
+    return vec
+
+
+def fv_intervention(vector: Tensor, layer: int, point: str = "resid_pre") -> HookIntervention:
+    """Add ``vector`` to ``blocks.{layer}.hook_{point}`` at the last prompt token (prefill)."""
+    name = resid_hook_name(layer, point)
+    return HookIntervention(lambda model, seq_len: [(name, last_add_hook(vector, seq_len))])
+
+
+@dataclass(kw_only=True)
+class FV(Method):
+    name: str = "fv"
+    k: int = 10  # heads summed into the vector
+    n_prompts: int = 50  # clean few-shot prompts for the mean z
+    n_shots: int = 10
+    n_effect_prompts: int = 16  # corrupted prompts for the fallback causal-effect routine
+    effects: Tensor | None = None  # precomputed [n_layers, n_heads] causal effects
+    layers: Sequence[int] | None = None  # candidate layers (None: all)
+    point: str = "resid_pre"
+    n_valid: int = 64
+
+    def fit(
+        self,
+        model,
+        task: Task,
+        *,
+        seed: int = 0,
+        template: Template = DEFAULT_TEMPLATE,
+        progress: bool = False,
+    ) -> Fitted:
+        t0 = time.perf_counter()
+        cfg = model.cfg
+        mean_z = task_embedding(
+            model, task, n_prompts=self.n_prompts, n_shots=self.n_shots, seed=seed,
+            template=template,
+        )  # [n_layers, n_heads, d_head]
+        if self.effects is not None:
+            effects, source = torch.as_tensor(self.effects).float().cpu(), "given"
+        else:
+            effects, source = _causal_effects(
+                model, task, mean_z, n_prompts=self.n_effect_prompts, n_shots=self.n_shots,
+                seed=seed, template=template,
+            )
+        if tuple(effects.shape) != (cfg.n_layers, cfg.n_heads):
+            raise ValueError(
+                f"causal effects must be [n_layers, n_heads] = [{cfg.n_layers}, {cfg.n_heads}], "
+                f"got {list(effects.shape)}"
+            )
+        k = min(self.k, effects.numel())
+        top = torch.argsort(effects.flatten(), descending=True, stable=True)[:k]
+        heads = [(int(i) // cfg.n_heads, int(i) % cfg.n_heads) for i in top]
+        vector = function_vector(model, mean_z, heads)  # [d_model]
+        layers = list(self.layers) if self.layers is not None else list(range(cfg.n_layers))
+        layer, table = select_layer(
+            model, valid_items(task, self.n_valid),
+            lambda lay: fv_intervention(vector, lay, self.point)(model, None),
+            layers, template=template,
+        )
+        return Fitted(
+            self.name,
+            intervention=fv_intervention(vector, layer, self.point),
+            n_params=0,
+            fit_seconds=time.perf_counter() - t0,
+            state={"vector": vector, "layer": layer, "heads": heads, "effects": effects,
+                   "mean_z": mean_z},
+            meta={"stored_numbers": cfg.d_model, "effects_source": source,
+                  "layer_table": table, "point": self.point},
+        )

@@ -1,0 +1,92 @@
+"""(IA)3 (Liu et al.): learned rescaling of keys, values and MLP activations, as hooks.
+
+``hook_k ← k ⊙ l_k[l]``, ``hook_v ← v ⊙ l_v[l]`` (``[n_kv_heads, d_head]`` per layer, before the
+rotary embedding, as on ``k_proj``/``v_proj`` outputs) and ``mlp.hook_post ← a ⊙ l_ff[l]``
+(``[d_mlp]``), all initialised to one (the model unchanged), at every position of every forward
+pass (decode steps included). Trained with SITE's loss on the same train batches, best validation
+loss kept.
+
+Trainable parameters: ``n_layers · (2 · n_kv_heads · d_head + d_mlp)``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from sitelens.baselines.base import (
+    Fitted,
+    Hook,
+    HookIntervention,
+    Method,
+    count_params,
+    train_hook_params,
+)
+from sitelens.baselines.lora import heads_of
+from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
+
+
+def init_ia3(model) -> dict[str, Tensor]:
+    """``{"k": [L, n_kv, d_head], "v": [L, n_kv, d_head], "ff": [L, d_mlp]}``, all ones."""
+    c = model.cfg
+    return {
+        "k": torch.ones(c.n_layers, heads_of(model, "k"), c.d_head),
+        "v": torch.ones(c.n_layers, heads_of(model, "v"), c.d_head),
+        "ff": torch.ones(c.n_layers, c.d_mlp),
+    }
+
+
+def ia3_hooks(model, params: dict[str, Tensor]) -> list[Hook]:
+    """Hooks rescaling k, v and the MLP activations at every position (no prefill guard)."""
+    hooks = []
+    for layer in range(model.cfg.n_layers):
+        for key, name in (("k", f"blocks.{layer}.attn.hook_k"),
+                          ("v", f"blocks.{layer}.attn.hook_v"),
+                          ("ff", f"blocks.{layer}.mlp.hook_post")):
+
+            def fn(x, hook=None, key=key, layer=layer):
+                return x * params[key][layer].to(x.device, x.dtype)  # broadcast over batch, pos
+
+            hooks.append((name, fn))
+    return hooks
+
+
+@dataclass(kw_only=True)
+class IA3(Method):
+    name: str = "ia3"
+    lr: float = 0.01
+    n_examples: int = 400
+    batch_size: int = 8
+    eval_every: int = 10
+    n_valid: int = 64
+
+    def fit(
+        self,
+        model,
+        task: Task,
+        *,
+        seed: int = 0,
+        template: Template = DEFAULT_TEMPLATE,
+        progress: bool = False,
+    ) -> Fitted:
+        t0 = time.perf_counter()
+        if model.cfg.d_mlp is None or model.cfg.attn_only:
+            raise ValueError("(IA)3 needs a model with MLP blocks.")
+        params = init_ia3(model)
+        res = train_hook_params(
+            model, task, params, lambda p: ia3_hooks(model, p), lr=self.lr,
+            n_examples=self.n_examples, batch_size=self.batch_size, eval_every=self.eval_every,
+            n_valid=self.n_valid, seed=seed, template=template, progress=progress, desc="fit ia3",
+        )
+        best = res.params
+        return Fitted(
+            self.name,
+            intervention=HookIntervention(lambda m, seq_len: ia3_hooks(m, best), scope="all"),
+            n_params=count_params(best),
+            fit_seconds=time.perf_counter() - t0,
+            state={"params": best, "history": res.history, "best_step": res.best_step},
+            meta={"stored_numbers": count_params(best)},
+        )

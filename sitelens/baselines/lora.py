@@ -1,0 +1,132 @@
+"""LoRA on the attention projections, as hooks (the model's weights are never touched).
+
+For each layer and target t ∈ {q, k, v}: ``t ← t + s · (x A_t) B_t`` with ``x`` the attention input
+(``blocks.{l}.ln1.hook_normalized``, or ``hook_resid_pre`` for a model without ln1),
+``A_t: [d_model, r]`` (Kaiming-uniform), ``B_t: [r, n_heads_t · d_head]`` (zeros) and
+``s = alpha / r``. The low-rank term acts at every position of every forward pass (decode steps
+included; the keys/values it changes are what the KV cache stores). Trained with SITE's loss on the
+same train batches, best validation loss kept.
+
+Trainable parameters: ``n_layers · Σ_t r · (d_model + n_heads_t · d_head)`` (``n_heads_t`` is
+``n_key_value_heads`` for k and v on grouped-query models).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from sitelens.baselines.base import (
+    Fitted,
+    Hook,
+    HookIntervention,
+    Method,
+    count_params,
+    train_hook_params,
+)
+from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
+
+TARGETS = ("q", "k", "v")
+
+
+def heads_of(model, target: str) -> int:
+    """Heads seen by ``hook_{target}``: ``n_heads`` for q, ``n_key_value_heads`` for k/v (GQA)."""
+    c = model.cfg
+    if target == "q" or c.n_key_value_heads is None or c.ungroup_grouped_query_attention:
+        return c.n_heads
+    return c.n_key_value_heads
+
+
+def input_hook_name(model, layer: int) -> str:
+    name = f"blocks.{layer}.ln1.hook_normalized"
+    return name if name in model.hook_dict else f"blocks.{layer}.hook_resid_pre"
+
+
+def init_lora(
+    model, rank: int = 8, targets: Sequence[str] = ("q", "v"), seed: int = 0
+) -> dict[str, Tensor]:
+    """``{"A_{t}": [n_layers, d_model, r], "B_{t}": [n_layers, r, n_heads_t·d_head]}`` with A
+    Kaiming-uniform (as PEFT) and B zero: the update starts at exactly zero."""
+    c = model.cfg
+    gen = torch.Generator().manual_seed(seed)
+    bound = 1.0 / math.sqrt(c.d_model)  # kaiming_uniform(a=√5) on a [r, d_model] weight
+    params = {}
+    for t in targets:
+        if t not in TARGETS:
+            raise ValueError(f"LoRA targets must be among {TARGETS}, got {t!r}")
+        n_out = heads_of(model, t) * c.d_head
+        params[f"A_{t}"] = (torch.rand(c.n_layers, c.d_model, rank, generator=gen) * 2 - 1) * bound
+        params[f"B_{t}"] = torch.zeros(c.n_layers, rank, n_out)
+    return params
+
+
+def lora_hooks(model, params: dict[str, Tensor], scaling: float) -> list[Hook]:
+    """Hooks adding the low-rank terms at every position (no prefill guard)."""
+    targets = [k[2:] for k in params if k.startswith("A_")]
+    hooks = []
+    for layer in range(model.cfg.n_layers):
+        store: dict[str, Tensor] = {}
+
+        def grab(x, hook=None, store=store):
+            store["x"] = x  # [batch, pos, d_model]
+            return x
+
+        hooks.append((input_hook_name(model, layer), grab))
+        for t in targets:
+
+            def add(y, hook=None, store=store, t=t, layer=layer):
+                A = params[f"A_{t}"][layer].to(y.device, y.dtype)  # [d_model, r]
+                B = params[f"B_{t}"][layer].to(y.device, y.dtype)  # [r, n_heads_t * d_head]
+                delta = (store["x"].to(y.dtype) @ A) @ B  # [batch, pos, n_heads_t * d_head]
+                return y + scaling * delta.view(y.shape)  # [batch, pos, n_heads_t, d_head]
+
+            hooks.append((f"blocks.{layer}.attn.hook_{t}", add))
+    return hooks
+
+
+@dataclass(kw_only=True)
+class LoRA(Method):
+    name: str = "lora"
+    rank: int = 8
+    alpha: float = 16.0
+    targets: tuple[str, ...] = ("q", "v")
+    lr: float = 5e-3
+    n_examples: int = 400
+    batch_size: int = 8
+    eval_every: int = 10
+    n_valid: int = 64
+
+    def fit(
+        self,
+        model,
+        task: Task,
+        *,
+        seed: int = 0,
+        template: Template = DEFAULT_TEMPLATE,
+        progress: bool = False,
+    ) -> Fitted:
+        t0 = time.perf_counter()
+        scaling = self.alpha / self.rank
+        params = init_lora(model, self.rank, self.targets, seed)
+        res = train_hook_params(
+            model, task, params, lambda p: lora_hooks(model, p, scaling), lr=self.lr,
+            n_examples=self.n_examples, batch_size=self.batch_size, eval_every=self.eval_every,
+            n_valid=self.n_valid, seed=seed, template=template, progress=progress, desc="fit lora",
+        )
+        best = res.params
+        return Fitted(
+            self.name,
+            intervention=HookIntervention(lambda m, seq_len: lora_hooks(m, best, scaling),
+                                          scope="all"),
+            n_params=count_params(best),
+            fit_seconds=time.perf_counter() - t0,
+            state={"params": best, "scaling": scaling, "history": res.history,
+                   "best_step": res.best_step},
+            meta={"rank": self.rank, "targets": list(self.targets),
+                  "stored_numbers": count_params(best)},
+        )

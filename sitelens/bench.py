@@ -1,0 +1,390 @@
+"""``sitelens bench``: models × tasks × methods → one tidy results table, written incrementally.
+
+Every finished (model, task, method, seed) cell is appended to the CSV at once, atomically (the
+file is rewritten to a temporary sibling and renamed over the old one), so a killed run loses at
+most the cell in progress; a rerun with the same ``out_csv`` skips the cells already there.
+
+Per cell: the method is fitted on the task's train/valid splits, then the first ``limit`` test
+items are answered greedily from the method's prompts (zero-shot unless the method has a
+``prompt_fn``) with its hooks in place for the whole generation (prefill-scoped hooks skip the
+decode steps by themselves; every-position hooks act on them). Columns: see :data:`COLUMNS`.
+dNTP is against the ``n_shots``-shot ICL distribution of the same queries (same demonstrations as
+the ``icl`` method with the same seed, so its dNTP is exactly 0).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from sitelens.baselines import Fitted, Method, get_method
+from sitelens.errors import OutputError, SitelensError
+from sitelens.evaluate import exact_match, greedy_generate
+from sitelens.metrics import bootstrap_ci, correlation, dntp_per_item
+from sitelens.models import Encoded, encode, load_model, model_name, token_ids
+from sitelens.tasks import (
+    DEFAULT_TEMPLATE,
+    Example,
+    Task,
+    Template,
+    answer_token_ids,
+    few_shot_prompts,
+    load_task,
+)
+
+COLUMNS = [
+    "model", "task", "method", "seed", "n", "first_token_acc", "exact_match", "dntp",
+    "trainable_params", "fit_seconds", "seconds_per_item", "error",
+]
+KEY = ("model", "task", "method", "seed")
+
+
+# ----------------------------------------------------------------------------------------------
+# the results file
+
+
+def read_results(out_csv: str | Path) -> pd.DataFrame:
+    """The results table so far (empty, with :data:`COLUMNS`, when the file does not exist)."""
+    path = Path(out_csv)
+    if not path.exists() or path.stat().st_size == 0:
+        return pd.DataFrame(columns=COLUMNS)
+    _check_header(path, path.read_bytes())
+    df = pd.read_csv(path, dtype={"model": str, "task": str, "method": str, "error": str},
+                     keep_default_na=False, na_values=[""])  # a task named "nan" stays a name
+    df["error"] = df["error"].fillna("")
+    return df
+
+
+def _check_header(path: Path, content: bytes) -> None:
+    header = content.split(b"\n", 1)[0].decode().strip().split(",")
+    if header != COLUMNS:
+        raise OutputError(
+            f"{path} has columns {header}, not the bench columns {COLUMNS}. Use another "
+            "out_csv or move the old file away."
+        )
+
+
+def _cell(value):
+    """CSV text of a value: NaN as an empty field (read back as NaN)."""
+    if isinstance(value, float) and math.isnan(value):
+        return ""
+    return value
+
+
+def _done_keys(df: pd.DataFrame) -> set[tuple]:
+    return {(str(r.model), str(r.task), str(r.method), int(r.seed)) for r in df.itertuples()}
+
+
+def append_row(out_csv: str | Path, row: dict) -> None:
+    """Append one row atomically: old content + the row go to a temp file renamed over
+    ``out_csv`` (a kill leaves either the old or the new file, never a torn line)."""
+    path = Path(out_csv)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        old = path.read_bytes() if path.exists() else b""
+        if old:
+            _check_header(path, old)
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+        if not old:
+            writer.writeheader()
+        writer.writerow({k: _cell(row.get(k, "")) for k in COLUMNS})
+        if old and not old.endswith(b"\n"):
+            old += b"\n"
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        with open(tmp, "wb") as f:
+            f.write(old + buf.getvalue().encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except PermissionError as e:
+        raise OutputError(
+            f"Cannot write the results to {path}: {e.strerror}. Choose a writable out_csv."
+        ) from e
+
+
+# ----------------------------------------------------------------------------------------------
+# generation with the hooks in place for every step
+
+
+def generate(
+    model,
+    enc: Encoded,
+    hooks: list,
+    *,
+    max_new_tokens: int = 16,
+    stop_at_newline: bool = True,
+) -> tuple[Int[Tensor, "batch new"], Float[Tensor, "batch d_vocab"]]:
+    """Greedy KV-cached decoding with ``hooks`` active on the prefill AND every decode step.
+
+    Prefill-scoped hooks (pinned to the prompt length) leave decode steps alone by themselves;
+    every-position hooks (LoRA, (IA)3, I2CL) keep acting, as a weight change would. Returns the
+    generated ids and the first-step logits (the answer-position distribution)."""
+    return greedy_generate(
+        model, enc, intervention=lambda _model, _seq_len: hooks,
+        max_new_tokens=max_new_tokens, stop_at_newline=stop_at_newline,
+    )
+
+
+def _batches_by_length(prompts: Sequence[str], batch_size: int) -> list[list[int]]:
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+
+
+def reference_logits(
+    model, task: Task, items: Sequence[Example], *, n_shots: int = 10, seed: int = 0,
+    template: Template = DEFAULT_TEMPLATE, batch_size: int = 16,
+) -> Float[Tensor, "n d_vocab"]:
+    """P_icl as logits: the ``n_shots``-shot ICL next-token logits at the answer position (CPU,
+    float32), computed on the same code path and batches as :func:`score_fitted` (so the ``icl``
+    method's dNTP is exactly 0)."""
+    prompts = few_shot_prompts(task, list(items), n_shots, seed=seed, template=template)
+    out: list[Tensor | None] = [None] * len(items)
+    for idx in _batches_by_length(prompts, batch_size):
+        enc = encode(model, [prompts[i] for i in idx])
+        _, first = generate(model, enc, [], max_new_tokens=1)
+        first = first.cpu()  # [batch, d_vocab]
+        for j, i in enumerate(idx):
+            out[i] = first[j]
+    return torch.stack(out)
+
+
+def score_fitted(
+    model,
+    task: Task,
+    items: Sequence[Example],
+    fitted: Fitted,
+    *,
+    reference: Tensor | None = None,
+    template: Template = DEFAULT_TEMPLATE,
+    batch_size: int = 16,
+) -> dict:
+    """First-token accuracy, exact match, dNTP (if ``reference`` ICL logits are given) and seconds
+    per item of a fitted method on ``items``, plus per-item ``dntp_items`` and ``correct``."""
+    prompts = fitted.prompts(items, template)
+    answers = answer_token_ids(model, [ex.output for ex in items], template)
+    n_tok = [len(token_ids(model, template.answer_prefix + ex.output)) for ex in items]
+    first_ok = np.zeros(len(items), dtype=bool)
+    correct = np.zeros(len(items), dtype=bool)
+    kl = np.full(len(items), np.nan)
+    t0 = time.perf_counter()
+    for idx in _batches_by_length(prompts, batch_size):
+        enc = encode(model, [prompts[i] for i in idx])
+        hooks = fitted.hooks(model, enc.tokens.shape[1])
+        limit = min(32, max(n_tok[i] for i in idx) + 2)
+        gen, first = generate(model, enc, hooks, max_new_tokens=limit)
+        top = first.argmax(-1).cpu()  # [batch]
+        if reference is not None:
+            kl[idx] = dntp_per_item(reference[idx], first.cpu()).numpy()
+        for j, i in enumerate(idx):
+            text = model.tokenizer.decode(gen[j].tolist(), skip_special_tokens=True)
+            first_ok[i] = int(top[j]) == answers[i]
+            correct[i] = exact_match(text, items[i].output, case_sensitive=task.case_sensitive)
+    seconds = time.perf_counter() - t0
+    return {
+        "n": len(items),
+        "first_token_acc": float(first_ok.mean()),
+        "exact_match": float(correct.mean()),
+        "dntp": float(kl.mean()) if reference is not None else float("nan"),
+        "seconds_per_item": seconds / max(1, len(items)),
+        "dntp_items": kl,
+        "correct": correct,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# the bench
+
+
+def _task_of(spec) -> Task:
+    return spec if isinstance(spec, Task) else load_task(spec)
+
+
+def run_bench(
+    models: Sequence,
+    tasks: Sequence,
+    methods: Sequence[str | Method],
+    out_csv: str | Path,
+    *,
+    limit: int | None = 100,
+    seed: int = 0,
+    n_shots: int = 10,
+    batch_size: int = 16,
+    template: Template = DEFAULT_TEMPLATE,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """Fit and score every (model, task, method) cell not yet in ``out_csv``; return the table.
+
+    models: names for :func:`sitelens.models.load_model` (loaded only if a cell needs them) or
+    loaded models. tasks: specs for :func:`sitelens.tasks.load_task` or :class:`Task` objects.
+    methods: names (``sitelens.baselines.available_methods()``) or :class:`Method` instances
+    (their ``name`` is the cell key). ``limit``: test items per task. A method that raises a
+    :class:`SitelensError` (e.g. too few training items for its demonstrations) gets a row with
+    the message in ``error`` and NaN metrics; other exceptions stop the run (finished cells stay).
+    """
+    methods = [get_method(m) for m in methods]
+    names = [m.name for m in methods]
+    if len(set(names)) != len(names):
+        raise ValueError(f"method names must be unique (they key the cells), got {names}")
+    task_list = [_task_of(t) for t in tasks]
+    done = _done_keys(read_results(out_csv))
+    todo = []
+    for spec in models:
+        mname = spec if isinstance(spec, str) else model_name(spec)
+        for task in task_list:
+            pending = [m for m in methods if (mname, task.name, m.name, seed) not in done]
+            if pending:
+                todo.append((spec, mname, task, pending))
+    bar = tqdm(total=sum(len(p) for *_, p in todo), desc="bench", disable=not progress)
+    loaded: dict[str, object] = {}
+    for spec, mname, task, pending in todo:
+        if isinstance(spec, str):
+            if spec not in loaded:
+                loaded.clear()  # one model in memory at a time
+                loaded[spec] = load_model(spec)
+            model = loaded[spec]
+        else:
+            model = spec
+        items = task.test[:limit] if limit else task.test
+        ref_error = ""
+        try:
+            reference = reference_logits(model, task, items, n_shots=n_shots, seed=seed,
+                                            template=template, batch_size=batch_size)
+        except SitelensError as e:
+            reference, ref_error = None, f"dntp: {e}"
+        for method in pending:
+            row = {"model": mname, "task": task.name, "method": method.name, "seed": seed,
+                   "n": len(items)}
+            t0 = time.perf_counter()
+            try:
+                fitted = method.fit(model, task, seed=seed, template=template)
+                fit_seconds = time.perf_counter() - t0
+                res = score_fitted(model, task, items, fitted, reference=reference,
+                                   template=template, batch_size=batch_size)
+                row.update({k: res[k] for k in ("first_token_acc", "exact_match", "dntp",
+                                                 "seconds_per_item")})
+                row.update(trainable_params=fitted.n_params, fit_seconds=fit_seconds,
+                           error=ref_error)
+            except SitelensError as e:
+                nan = float("nan")
+                row.update(first_token_acc=nan, exact_match=nan, dntp=nan, trainable_params=nan,
+                           fit_seconds=time.perf_counter() - t0, seconds_per_item=nan,
+                           error=f"{type(e).__name__}: {e}")
+            append_row(out_csv, row)
+            bar.update(1)
+    bar.close()
+    return read_results(out_csv)
+
+
+# ----------------------------------------------------------------------------------------------
+# summaries
+
+
+def summary_table(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Per (model, method), means over tasks: first_token_acc, exact_match (with a bootstrap 95%
+    CI over tasks), dntp, trainable_params, fit_seconds, seconds_per_item, n_tasks."""
+    rows = []
+    ok = df[pd.to_numeric(df["exact_match"], errors="coerce").notna()]  # failed cells left out
+    for (model, method), g in ok.groupby(["model", "method"], sort=False):
+        lo, hi = bootstrap_ci(g["exact_match"].to_numpy(float), n_boot=n_boot, seed=seed)
+        rows.append({
+            "model": model,
+            "method": method,
+            "n_tasks": len(g),
+            "first_token_acc": g["first_token_acc"].mean(),
+            "exact_match": g["exact_match"].mean(),
+            "exact_match_lo": lo,
+            "exact_match_hi": hi,
+            "dntp": g["dntp"].mean(),
+            "trainable_params": g["trainable_params"].median(),
+            "fit_seconds": g["fit_seconds"].mean(),
+            "seconds_per_item": g["seconds_per_item"].mean(),
+        })
+    return pd.DataFrame(rows)
+
+
+def dntp_accuracy_correlation(
+    df: pd.DataFrame, *, accuracy: str = "exact_match", exclude: Sequence[str] = ("icl",)
+) -> dict:
+    """Pearson and Spearman correlation of dNTP and accuracy across (task, method) cells, per
+    model (``exclude``: the reference method, whose dNTP is 0 by construction)."""
+    out = {}
+    for model, g in df[~df["method"].isin(exclude)].groupby("model", sort=False):
+        out[model] = {
+            "pearson": correlation(g["dntp"], g[accuracy], "pearson"),
+            "spearman": correlation(g["dntp"], g[accuracy], "spearman"),
+            "n_cells": int((np.isfinite(g["dntp"].to_numpy(float))
+                            & np.isfinite(g[accuracy].to_numpy(float))).sum()),
+        }
+    return out
+
+
+def _fmt(x, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{x:.{digits}f}"
+
+
+def _fmt_int(x) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{int(round(x)):,}"
+
+
+def summary_markdown(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> str:
+    """One markdown section per model: a row per method (means over tasks) and the dNTP–accuracy
+    correlation across cells."""
+    table = summary_table(df, n_boot=n_boot, seed=seed)
+    corr = dntp_accuracy_correlation(df)
+    parts = []
+    for model, g in table.groupby("model", sort=False):
+        lines = [
+            f"## {model}",
+            "",
+            "| method | tasks | first-token acc | exact match (95% CI over tasks) | dNTP | "
+            "trainable params | fit s | s / item |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in g.itertuples():
+            lines.append(
+                f"| {r.method} | {r.n_tasks} | {_fmt(r.first_token_acc)} | "
+                f"{_fmt(r.exact_match)} ({_fmt(r.exact_match_lo)}–{_fmt(r.exact_match_hi)}) | "
+                f"{_fmt(r.dntp)} | {_fmt_int(r.trainable_params)} | {_fmt(r.fit_seconds, 1)} | "
+                f"{_fmt(r.seconds_per_item, 3)} |"
+            )
+        c = corr.get(model)
+        if c is not None:
+            lines += ["", f"dNTP vs exact match across {c['n_cells']} (task, method) cells "
+                          f"(ICL excluded): Pearson r = {_fmt(c['pearson'], 2)}, "
+                          f"Spearman ρ = {_fmt(c['spearman'], 2)}."]
+        failed = df[(df["model"] == model) & df["error"].fillna("").str.len().gt(0)
+                    & ~df["error"].fillna("").str.startswith("dntp:")]
+        if len(failed):
+            lines += ["", f"{len(failed)} cell(s) failed: "
+                      + "; ".join(f"{r.task}/{r.method}" for r in failed.itertuples()) + "."]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def dntp_accuracy_figure(df: pd.DataFrame, *, accuracy: str = "exact_match"):
+    """A plotly scatter of dNTP (x) vs accuracy (y), one point per (task, method) cell, coloured
+    by method, one facet per model."""
+    import plotly.express as px
+
+    data = df[np.isfinite(df["dntp"].astype(float))]
+    fig = px.scatter(data, x="dntp", y=accuracy, color="method", facet_col="model",
+                     hover_data=["task"], labels={"dntp": "dNTP = KL(P_icl ‖ P_method)"})
+    fig.update_layout(title="dNTP vs accuracy")
+    return fig

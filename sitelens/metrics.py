@@ -1,0 +1,92 @@
+"""Metrics: dNTP (the distribution-alignment criterion of the LTV work), accuracy, bootstrap CIs
+and correlations.
+
+dNTP = KL(P_icl ‖ P_method) of the next-token distribution at the answer position (the position
+after the prompt), over the full vocabulary, averaged over queries; P_icl is the k-shot (10-shot)
+ICL distribution of the same query.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+
+def dntp_per_item(
+    p_icl_logits: Float[Tensor, "n d_vocab"], p_method_logits: Float[Tensor, "n d_vocab"]
+) -> Float[Tensor, " n"]:
+    """``KL(P_icl ‖ P_method)`` per query, from logits or log-probabilities (either is
+    normalised with ``log_softmax``), computed in float64."""
+    a = torch.as_tensor(p_icl_logits)
+    b = torch.as_tensor(p_method_logits)
+    if a.shape != b.shape or a.dim() != 2:
+        raise ValueError(
+            f"dNTP needs two [n, d_vocab] tensors of the same shape, got {list(a.shape)} and "
+            f"{list(b.shape)}"
+        )
+    log_p = torch.log_softmax(a.double(), dim=-1)  # [n, d_vocab]
+    log_q = torch.log_softmax(b.double(), dim=-1)  # [n, d_vocab]
+    return (log_p.exp() * (log_p - log_q)).sum(-1)  # [n]
+
+
+def dntp(
+    p_icl_logits: Float[Tensor, "n d_vocab"], p_method_logits: Float[Tensor, "n d_vocab"]
+) -> float:
+    """Mean over queries of ``KL(P_icl ‖ P_method)`` (nats)."""
+    return float(dntp_per_item(p_icl_logits, p_method_logits).mean())
+
+
+def accuracy(predictions, targets=None) -> float:
+    """Mean of ``predictions == targets``; with one argument, the mean of booleans (e.g. a
+    ``correct`` column). NaN for no items."""
+    pred = np.asarray(torch.as_tensor(predictions).cpu() if isinstance(predictions, Tensor)
+                      else predictions)
+    if targets is not None:
+        tgt = np.asarray(torch.as_tensor(targets).cpu() if isinstance(targets, Tensor)
+                         else targets)
+        if pred.shape != tgt.shape:
+            raise ValueError(f"predictions {pred.shape} and targets {tgt.shape} differ in shape")
+        pred = pred == tgt
+    if pred.size == 0:
+        return float("nan")
+    return float(np.mean(pred.astype(float)))
+
+
+def bootstrap_ci(
+    values: Sequence[float], n_boot: int = 1000, seed: int = 0, *, level: float = 0.95
+) -> tuple[float, float]:
+    """Percentile bootstrap confidence interval of the mean (``level`` two-sided). NaNs are
+    dropped; ``(nan, nan)`` when nothing is left."""
+    x = np.asarray(values, dtype=float)
+    x = x[~np.isnan(x)]
+    if x.size == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1)  # [n_boot]
+    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def correlation(x: Sequence[float], y: Sequence[float], method: str = "pearson") -> float:
+    """Pearson or Spearman correlation over the pairs where both are finite; NaN with fewer than
+    3 pairs or no variance."""
+    a = np.asarray(x, dtype=float)
+    b = np.asarray(y, dtype=float)
+    ok = np.isfinite(a) & np.isfinite(b)
+    a, b = a[ok], b[ok]
+    if a.size < 3:
+        return float("nan")
+    if method == "spearman":
+        import pandas as pd
+
+        a = pd.Series(a).rank().to_numpy()
+        b = pd.Series(b).rank().to_numpy()
+    elif method != "pearson":
+        raise ValueError(f"method must be 'pearson' or 'spearman', got {method!r}")
+    if a.std() == 0 or b.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(a, b)[0, 1])

@@ -1,0 +1,310 @@
+"""Each baseline's defining property, on a tiny random model (seconds in total)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from sitelens.baselines import (
+    FV,
+    I2CL,
+    IA3,
+    ICL,
+    LTV,
+    MTV,
+    SITE,
+    TV,
+    Fitted,
+    HookIntervention,
+    LoRA,
+    ZeroShot,
+    available_methods,
+    function_vector,
+    get_method,
+    head_causal_effects_fallback,
+    ridge_closed_form,
+)
+from sitelens.baselines.base import sample_items
+from sitelens.baselines.i2cl import i2cl_hooks, init_i2cl
+from sitelens.baselines.ia3 import ia3_hooks, init_ia3
+from sitelens.baselines.lora import init_lora, lora_hooks
+from sitelens.evaluate import evaluate
+from sitelens.injection import HeadMix, apply_hooks, head_mask
+from sitelens.models import encode, tiny_model
+from sitelens.site import FitConfig, task_embedding
+from sitelens.tasks import (
+    DEFAULT_TEMPLATE,
+    answer_token_ids,
+    few_shot_prompts,
+    task_from_pairs,
+    zero_shot_prompt,
+)
+
+N_KV = 2  # grouped-query tiny model: 4 query heads, 2 key/value heads
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return tiny_model(n_key_value_heads=N_KV)
+
+
+@pytest.fixture(scope="module")
+def task():
+    rng = random.Random(0)
+    words = list(dict.fromkeys("".join(rng.choice("abcdefgh") for _ in range(3))
+                               for _ in range(80)))
+    return task_from_pairs("reverse", [(w, w[::-1]) for w in words])
+
+
+def _state(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _assert_model_untouched(model, before):
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    for k in before:
+        assert torch.equal(before[k], after[k]), k
+    assert not any(p.requires_grad for p in model.parameters())
+
+
+def _logits(model, prompts, hooks=()):
+    enc = encode(model, prompts)
+    with torch.no_grad(), apply_hooks(model, list(hooks)):
+        return model(enc.tokens, attention_mask=enc.attention_mask)  # [batch, pos, d_vocab]
+
+
+def _capture(model, prompts, names, hooks=()):
+    """Values of ``names`` after ``hooks`` acted (capture hooks are registered last)."""
+    enc = encode(model, prompts)
+    got = {}
+
+    def grab(x, hook):
+        got[hook.name] = x.detach().clone()
+
+    with torch.no_grad(), apply_hooks(model, list(hooks) + [(n, grab) for n in names]):
+        model(enc.tokens, attention_mask=enc.attention_mask)
+    return got, enc
+
+
+PROMPTS = [zero_shot_prompt("abc"), zero_shot_prompt("hgfed")]
+
+
+# ----------------------------------------------------------------------------------------------
+# interface
+
+
+def test_registry_and_names():
+    assert available_methods() == ["zero-shot", "icl", "site", "fv", "tv", "ltv", "mtv", "i2cl",
+                                   "lora", "ia3"]
+    assert get_method("lora", rank=4, name="lora-r4").name == "lora-r4"
+    m = TV()
+    assert get_method(m) is m
+    with pytest.raises(ValueError, match="Unknown method"):
+        get_method("nope")
+
+
+def test_zero_shot_and_icl(model, task):
+    zs = ZeroShot().fit(model, task)
+    assert zs.intervention is None and zs.n_params == 0 and zs.scope == "none"
+    items = task.test[:3]
+    assert zs.prompts(items) == [zero_shot_prompt(ex.input) for ex in items]
+    icl = ICL(n_shots=2).fit(model, task, seed=3)
+    assert icl.intervention is None and icl.n_params == 0
+    assert icl.prompts(items) == few_shot_prompts(task, list(items), 2, seed=3)
+
+
+def test_site_wrapper(model, task):
+    f = SITE(n_prompts=4, n_shots=2, config=FitConfig(n_examples=16, n_valid=8)).fit(model, task)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    assert isinstance(f.intervention, HeadMix) and f.scope == "prefill"
+    assert f.n_params == L * H and f.fit_seconds > 0
+
+
+# ----------------------------------------------------------------------------------------------
+# LTV
+
+
+def test_ltv_w_is_the_ridge_closed_form(model, task):
+    lam = 5.0
+    f = LTV(n_queries=12, n_shots=2, lam=lam).fit(model, task, seed=1)
+    L, d = model.cfg.n_layers, model.cfg.d_model
+    name = f"blocks.{L - 1}.hook_resid_post"
+    assert f.state["layer"] == L - 1 and f.n_params == d * d
+    # X and Y are the last-token states of zero-shot and few-shot prompts of the same queries
+    queries = sample_items(task.train, 12, 1)
+    zs = [zero_shot_prompt(q.input) for q in queries]
+    icl = few_shot_prompts(task, queries, 2, seed=2)
+    hz, _ = _capture(model, zs, [name])
+    hi, _ = _capture(model, icl, [name])
+    X = hz[name][:, -1]
+    torch.testing.assert_close(f.state["X"], X, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(f.state["Y"], hi[name][:, -1] - X, atol=1e-5, rtol=1e-5)
+    # W solves min ‖X Wᵀ − Y‖² + λ‖W‖²: least squares on the augmented system [X; √λ I]
+    Xa = np.vstack([f.state["X"].double().numpy(), np.sqrt(lam) * np.eye(d)])
+    Ya = np.vstack([f.state["Y"].double().numpy(), np.zeros((d, d))])
+    Wt, *_ = np.linalg.lstsq(Xa, Ya, rcond=None)
+    np.testing.assert_allclose(f.state["W"].double().numpy(), Wt.T, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(
+        ridge_closed_form(f.state["X"], f.state["Y"], lam).numpy(), Wt.T, atol=1e-4, rtol=1e-4
+    )
+
+
+def test_ltv_adds_w_h_at_the_last_token_only(model, task):
+    f = LTV(n_queries=12, n_shots=2).fit(model, task)
+    L = model.cfg.n_layers
+    name = f"blocks.{L - 1}.hook_resid_post"
+    base, enc = _capture(model, PROMPTS, [name])
+    seq = enc.tokens.shape[1]
+    got, _ = _capture(model, PROMPTS, [name], f.intervention(model, seq))
+    h = base[name][:, -1]
+    torch.testing.assert_close(got[name][:, -1], h + h @ f.state["W"].T)
+    assert torch.equal(got[name][:, :-1], base[name][:, :-1])
+    # decode steps (a different length) are left alone
+    got2, _ = _capture(model, PROMPTS, [name], f.intervention(model, seq + 1))
+    assert torch.equal(got2[name], base[name])
+
+
+# ----------------------------------------------------------------------------------------------
+# FV
+
+
+def test_fv_adds_exactly_the_summed_head_outputs(model, task):
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    effects = torch.randn(L, H, generator=torch.Generator().manual_seed(0))
+    f = FV(k=3, n_prompts=4, n_shots=2, effects=effects, n_valid=8).fit(model, task)
+    top = torch.argsort(effects.flatten(), descending=True)[:3]
+    assert f.state["heads"] == [(int(i) // H, int(i) % H) for i in top]
+    mean_z = task_embedding(model, task, n_prompts=4, n_shots=2)
+    expected = sum(mean_z[lay, h] @ model.W_O[lay, h] for lay, h in f.state["heads"])
+    torch.testing.assert_close(f.state["vector"], expected)
+    torch.testing.assert_close(function_vector(model, mean_z, f.state["heads"]), expected)
+    assert f.n_params == 0 and f.scope == "prefill"
+    name = f"blocks.{f.state['layer']}.hook_resid_pre"
+    base, enc = _capture(model, PROMPTS, [name])
+    got, _ = _capture(model, PROMPTS, [name], f.intervention(model, enc.tokens.shape[1]))
+    torch.testing.assert_close(got[name][:, -1] - base[name][:, -1],
+                               expected.expand(len(PROMPTS), -1))
+    assert torch.equal(got[name][:, :-1], base[name][:, :-1])
+
+
+def test_fv_fallback_causal_effects_match_single_head_patching(model, task):
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    mean_z = task_embedding(model, task, n_prompts=4, n_shots=2)
+    eff = head_causal_effects_fallback(model, task, mean_z, n_prompts=2, n_shots=2, seed=5,
+                                       batch_size=5)
+    assert eff.shape == (L, H) and torch.isfinite(eff).all()
+    rng = random.Random(5)
+    queries = [task.train[rng.randrange(len(task.train))] for _ in range(2)]
+    prompts = few_shot_prompts(task, queries, 2, seed=6, shuffle_labels=True)
+    ans = torch.tensor(answer_token_ids(model, [q.output for q in queries]))
+    p0 = _logits(model, prompts)[:, -1].softmax(-1)[torch.arange(2), ans]
+    for layer, head in [(0, 1), (L - 1, H - 1)]:
+        mix = HeadMix(head_mask([(layer, head)], L, H), mean_z)
+        p = _logits(model, prompts, mix.hooks(model))[:, -1].softmax(-1)[torch.arange(2), ans]
+        assert abs(float((p - p0).mean()) - float(eff[layer, head])) < 1e-5
+
+
+# ----------------------------------------------------------------------------------------------
+# TV
+
+
+def test_tv_replaces_exactly_one_state(model, task):
+    f = TV(n_prompts=4, n_shots=2, n_valid=8).fit(model, task)
+    L = model.cfg.n_layers
+    layer = f.state["layer"]
+    names = [f"blocks.{i}.hook_resid_pre" for i in range(L)]
+    base, enc = _capture(model, PROMPTS, names)
+    got, _ = _capture(model, PROMPTS, names, f.intervention(model, enc.tokens.shape[1]))
+    target = names[layer]
+    assert torch.equal(got[target][:, -1], f.state["vector"].expand(len(PROMPTS), -1))
+    assert torch.equal(got[target][:, :-1], base[target][:, :-1])
+    for i in range(layer):
+        assert torch.equal(got[names[i]], base[names[i]])
+    assert f.n_params == 0 and f.scope == "prefill"
+
+
+# ----------------------------------------------------------------------------------------------
+# trained methods: only their own parameters
+
+
+def test_mtv_trains_only_its_policy(model, task):
+    before = _state(model)
+    f = MTV(n_prompts=4, n_shots=2, steps=6, eval_every=2, n_valid=8).fit(model, task)
+    _assert_model_untouched(model, before)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    assert f.n_params == L * H
+    assert isinstance(f.intervention, HeadMix)
+    w = f.intervention.weights
+    assert set(w.unique().tolist()) <= {0.0, 1.0}
+    assert not torch.equal(f.state["theta"], torch.zeros(L, H))  # the policy moved
+
+
+def test_i2cl_trains_only_its_scalars(model, task):
+    before = _state(model)
+    f = I2CL(n_demos=4, n_examples=16, eval_every=1, n_valid=8, lr=0.05).fit(model, task)
+    _assert_model_untouched(model, before)
+    L = model.cfg.n_layers
+    assert f.n_params == 4 * L and f.scope == "all"
+    assert set(f.state["params"]) == {"lam", "beta"}
+    # identity coefficients leave the model unchanged
+    ident = init_i2cl(model, lam_init=0.0, beta_init=1.0)
+    base = _logits(model, PROMPTS)
+    assert torch.equal(_logits(model, PROMPTS, i2cl_hooks(model, f.state["vectors"], ident)), base)
+    # the injection acts at every position, one-position decode steps included
+    one = _logits(model, ["a"])
+    assert not torch.allclose(one, _logits(model, ["a"], f.intervention(model, 5)))
+
+
+def test_lora_zero_init_is_identity_and_counts_params(model, task):
+    c = model.cfg
+    params = init_lora(model, rank=4, targets=("q", "v"))
+    assert torch.count_nonzero(params["B_q"]) == 0
+    base = _logits(model, PROMPTS)
+    assert torch.equal(_logits(model, PROMPTS, lora_hooks(model, params, 2.0)), base)
+    before = _state(model)
+    f = LoRA(rank=4, n_examples=24, eval_every=1, n_valid=8, lr=0.05).fit(model, task)
+    _assert_model_untouched(model, before)
+    expected = c.n_layers * 4 * ((c.d_model + c.n_heads * c.d_head) + (c.d_model + N_KV * c.d_head))
+    assert f.n_params == expected and f.scope == "all"
+    assert set(f.state["params"]) == {"A_q", "B_q", "A_v", "B_v"}
+    assert torch.count_nonzero(f.state["params"]["B_q"]) > 0  # trained
+    assert f.state["best_step"] > 0
+    assert not torch.allclose(_logits(model, PROMPTS, f.intervention(model, None)), base)
+
+
+def test_ia3_unit_init_is_identity_and_counts_params(model, task):
+    c = model.cfg
+    base = _logits(model, PROMPTS)
+    assert torch.equal(_logits(model, PROMPTS, ia3_hooks(model, init_ia3(model))), base)
+    before = _state(model)
+    f = IA3(n_examples=24, eval_every=1, n_valid=8, lr=0.05).fit(model, task)
+    _assert_model_untouched(model, before)
+    assert f.n_params == c.n_layers * (2 * N_KV * c.d_head + c.d_mlp) and f.scope == "all"
+    assert f.state["params"]["k"].shape == (c.n_layers, N_KV, c.d_head)
+    assert not torch.equal(f.state["params"]["ff"], torch.ones(c.n_layers, c.d_mlp))
+
+
+# ----------------------------------------------------------------------------------------------
+# evaluate() accepts every intervention
+
+
+def test_evaluate_runs_every_baseline(model, task):
+    small = dict(n_prompts=4, n_shots=2, n_valid=8)
+    methods = [
+        SITE(n_prompts=4, n_shots=2, config=FitConfig(n_examples=8, n_valid=8)),
+        FV(k=2, n_effect_prompts=1, **small), TV(**small), LTV(n_queries=8, n_shots=2),
+        MTV(steps=2, **small), I2CL(n_demos=3, n_examples=8, n_valid=8),
+        LoRA(n_examples=8, n_valid=8), IA3(n_examples=8, n_valid=8),
+    ]
+    fitted = {m.name: m.fit(model, task) for m in methods}
+    assert all(isinstance(f, Fitted) for f in fitted.values())
+    assert all(isinstance(f.intervention, (HeadMix, HookIntervention)) for f in fitted.values())
+    inters = {f"{k}-baseline": f.intervention for k, f in fitted.items()}
+    df = evaluate(model, task, methods=list(inters), interventions=inters, limit=3,
+                  template=DEFAULT_TEMPLATE)
+    assert set(df["method"]) == set(inters) and len(df) == 3 * len(inters)

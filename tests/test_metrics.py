@@ -1,0 +1,196 @@
+"""dNTP, bootstrap CIs, accuracy, correlations, and the resumable bench (tiny model)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import sitelens.bench as bench
+from sitelens.baselines import ICL, Fitted, Method, ZeroShot
+from sitelens.errors import OutputError, TaskError
+from sitelens.metrics import accuracy, bootstrap_ci, correlation, dntp, dntp_per_item
+from sitelens.models import model_name, tiny_model
+from sitelens.tasks import DEFAULT_TEMPLATE, task_from_pairs
+
+# ----------------------------------------------------------------------------------------------
+# metrics
+
+
+def test_dntp_of_identical_distributions_is_zero():
+    logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
+    assert dntp(logits, logits) == 0.0
+    assert dntp(logits, logits + 3.0) == pytest.approx(0.0, abs=1e-12)  # softmax shift-invariant
+
+
+def test_dntp_matches_a_manual_kl_in_the_right_direction():
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(4, 30, generator=g) * 2, torch.randn(4, 30, generator=g) * 2
+    p = np.exp(a.double().numpy())
+    p /= p.sum(1, keepdims=True)
+    q = np.exp(b.double().numpy())
+    q /= q.sum(1, keepdims=True)
+    manual = (p * np.log(p / q)).sum(1)  # KL(P_icl ‖ P_method) per query
+    np.testing.assert_allclose(dntp_per_item(a, b).numpy(), manual, rtol=1e-9)
+    assert dntp(a, b) == pytest.approx(manual.mean(), rel=1e-9)
+    reverse = (q * np.log(q / p)).sum(1).mean()
+    assert abs(dntp(a, b) - reverse) > 1e-3  # not KL(P_method ‖ P_icl)
+    # log-probabilities are accepted as well as logits
+    assert dntp(torch.log_softmax(a, -1), b) == pytest.approx(manual.mean(), rel=1e-6)
+    with pytest.raises(ValueError):
+        dntp(a, b[:, :10])
+
+
+def test_accuracy():
+    assert accuracy([True, False, True, True]) == 0.75
+    assert accuracy(torch.tensor([1, 2, 3]), torch.tensor([1, 0, 3])) == pytest.approx(2 / 3)
+    assert np.isnan(accuracy([]))
+
+
+def test_bootstrap_ci():
+    assert bootstrap_ci([0.5] * 10, n_boot=200, seed=0) == (0.5, 0.5)
+    x = np.random.default_rng(0).normal(size=200)
+    lo, hi = bootstrap_ci(x, n_boot=500, seed=3)
+    assert lo < x.mean() < hi
+    assert (lo, hi) == bootstrap_ci(x, n_boot=500, seed=3)  # seeded
+    lo2, hi2 = bootstrap_ci(x[:20], n_boot=500, seed=3)
+    assert hi2 - lo2 > hi - lo  # fewer values, wider interval
+    assert all(np.isnan(bootstrap_ci([float("nan")])))
+
+
+def test_correlation():
+    x = np.arange(10.0)
+    assert correlation(x, -2 * x + 1) == pytest.approx(-1.0)
+    assert correlation(x, np.exp(x), "spearman") == pytest.approx(1.0)
+    assert np.isnan(correlation([1, 2], [3, 4]))
+    assert np.isnan(correlation(x, np.ones(10)))
+
+
+# ----------------------------------------------------------------------------------------------
+# bench
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(n_key_value_heads=2)
+
+
+def _task(name, fn, seed):
+    rng = random.Random(seed)
+    words = list(dict.fromkeys("".join(rng.choice("abcdefgh") for _ in range(3))
+                               for _ in range(60)))
+    return task_from_pairs(name, [(w, fn(w)) for w in words])
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return [_task("reverse", lambda w: w[::-1], 0), _task("upper", str.upper, 1)]
+
+
+@dataclass(kw_only=True)
+class CountingICL(ICL):
+    calls: list = field(default_factory=list)
+
+    def fit(self, model, task, **kw):
+        self.calls.append(task.name)
+        return super().fit(model, task, **kw)
+
+
+@dataclass(kw_only=True)
+class CountingZeroShot(ZeroShot):
+    calls: list = field(default_factory=list)
+
+    def fit(self, model, task, **kw):
+        self.calls.append(task.name)
+        return super().fit(model, task, **kw)
+
+
+@dataclass(kw_only=True)
+class Broken(Method):
+    name: str = "broken"
+    error: type = TaskError
+
+    def fit(self, model, task, *, seed=0, template=DEFAULT_TEMPLATE, progress=False) -> Fitted:
+        raise self.error("this task cannot be fitted")
+
+
+def test_bench_writes_tidy_rows_and_resumes_without_refitting(model, tasks, tmp_path, monkeypatch):
+    out = tmp_path / "res" / "bench.csv"
+    icl, zs = CountingICL(n_shots=2), CountingZeroShot()
+    df = bench.run_bench([model], tasks, [zs, icl, "tv"], out, limit=3, n_shots=2)
+    assert list(df.columns) == bench.COLUMNS
+    assert len(df) == 6 and not df["error"].str.len().any()
+    assert set(df["model"]) == {model_name(model)}
+    assert (df["n"] == 3).all()
+    assert (df.loc[df.method == "icl", "dntp"] == 0).all()  # ICL is the reference
+    assert (df.loc[df.method != "icl", "dntp"] > 0).all()
+    assert (df.loc[df.method == "tv", "trainable_params"] == 0).all()
+    assert icl.calls == zs.calls == ["reverse", "upper"]
+
+    # a second call does no fitting (and computes no reference) and leaves the file as it was
+    text = out.read_text()
+    refs = []
+    monkeypatch.setattr(bench, "reference_logits", lambda *a, **k: refs.append(1))
+    df2 = bench.run_bench([model], tasks, [zs, icl, "tv"], out, limit=3, n_shots=2)
+    assert icl.calls == zs.calls == ["reverse", "upper"] and refs == []
+    assert out.read_text() == text and len(df2) == 6
+    monkeypatch.undo()
+
+    # a lost cell is redone, alone
+    lines = text.splitlines(keepends=True)
+    keep = [ln for ln in lines if not ln.startswith(f"{model_name(model)},upper,icl,")]
+    out.write_text("".join(keep))
+    df3 = bench.run_bench([model], tasks, [zs, icl, "tv"], out, limit=3, n_shots=2)
+    assert icl.calls == ["reverse", "upper", "upper"] and zs.calls == ["reverse", "upper"]
+    assert len(df3) == 6
+
+    md = bench.summary_markdown(df3)
+    assert f"## {model_name(model)}" in md
+    for m in ("zero-shot", "icl", "tv"):
+        assert f"| {m} |" in md
+    assert "Pearson" in md
+
+
+def test_bench_keeps_finished_cells_when_a_run_dies(model, tasks, tmp_path):
+    out = tmp_path / "bench.csv"
+    zs = CountingZeroShot()
+    with pytest.raises(RuntimeError):
+        bench.run_bench([model], tasks, [zs, Broken(error=RuntimeError)], out, limit=2, n_shots=2)
+    df = bench.read_results(out)
+    assert list(df["method"]) == ["zero-shot"]  # the cell before the crash is kept
+    # a SitelensError is recorded as a failed cell instead of stopping the run
+    df = bench.run_bench([model], tasks, [zs, Broken()], out, limit=2, n_shots=2)
+    assert zs.calls == ["reverse", "upper"]  # the kept cell is not redone
+    broken = df[df.method == "broken"]
+    assert len(broken) == 2 and broken["error"].str.contains("TaskError").all()
+    assert broken["exact_match"].isna().all()
+    assert "failed" in bench.summary_markdown(df)
+
+
+def test_bench_refuses_a_foreign_csv(model, tasks, tmp_path):
+    out = tmp_path / "other.csv"
+    out.write_text("a,b\n1,2\n")
+    with pytest.raises(OutputError):
+        bench.run_bench([model], tasks[:1], ["zero-shot"], out, limit=2, n_shots=2)
+    with pytest.raises(ValueError, match="unique"):
+        bench.run_bench([model], tasks[:1], ["zero-shot", ZeroShot()], tmp_path / "x.csv")
+
+
+def test_summary_table_and_figure():
+    df = pd.DataFrame({
+        "model": ["m"] * 4, "task": ["a", "a", "b", "b"], "method": ["icl", "fv"] * 2,
+        "seed": [0] * 4, "n": [3] * 4, "first_token_acc": [1.0, 0.5, 0.5, 0.0],
+        "exact_match": [1.0, 0.5, 0.5, 0.0], "dntp": [0.0, 1.0, 0.0, 2.0],
+        "trainable_params": [0, 0, 0, 0], "fit_seconds": [0.1] * 4,
+        "seconds_per_item": [0.01] * 4, "error": [""] * 4,
+    })
+    t = bench.summary_table(df)
+    fv = t[t.method == "fv"].iloc[0]
+    assert fv.exact_match == 0.25 and fv.dntp == 1.5 and fv.n_tasks == 2
+    assert fv.exact_match_lo <= fv.exact_match <= fv.exact_match_hi
+    fig = bench.dntp_accuracy_figure(df)
+    assert len(fig.data) == 2
