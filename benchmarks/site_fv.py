@@ -105,24 +105,26 @@ def run(args) -> None:
             continue
         task = load_task(fv / name, dedupe=True)
         t0 = time.perf_counter()
-        with PeakRSS() as mem:
-            adapter = fit_site(model, task, config=FitConfig(seed=args.seed))
-        fit_info = {
-            "stage1_seconds": round(adapter.meta["stage1_seconds"], 2),
-            "stage2_seconds": round(adapter.meta["stage2_seconds"], 2),
-            "fit_peak_rss_mb": round(mem.peak / 2**20),
-            "best_step": adapter.meta["best_step"],
-        }
-        df = evaluate(model, task, adapter=adapter, limit=args.limit, seed=args.seed)
         rows = []
-        for r in summarize(df).itertuples():
-            rows.append({
-                "model": args.model, "task": name, "method": r.method,
-                "first_token_acc": round(r.first_token_acc, 4), "exact_match": round(r.exact_match, 4),
-                "n": r.n, "seconds_per_item": round(r.seconds_per_item, 4),
-                **(fit_info if r.method == "site" else {}),
-            })
-        if "site-ref" in want:
+        if not all((args.model, name, m) in done for m in ("zero-shot", "icl", "site")):
+            with PeakRSS() as mem:
+                adapter = fit_site(model, task, config=FitConfig(seed=args.seed))
+            fit_info = {
+                "stage1_seconds": round(adapter.meta["stage1_seconds"], 2),
+                "stage2_seconds": round(adapter.meta["stage2_seconds"], 2),
+                "fit_peak_rss_mb": round(mem.peak / 2**20),
+                "best_step": adapter.meta["best_step"],
+            }
+            df = evaluate(model, task, adapter=adapter, limit=args.limit, seed=args.seed)
+            for r in summarize(df).itertuples():
+                rows.append({
+                    "model": args.model, "task": name, "method": r.method,
+                    "first_token_acc": round(r.first_token_acc, 4),
+                    "exact_match": round(r.exact_match, 4),
+                    "n": r.n, "seconds_per_item": round(r.seconds_per_item, 4),
+                    **(fit_info if r.method == "site" else {}),
+                })
+        if "site-ref" in want and (args.model, name, "site-ref") not in done:
             with PeakRSS() as mem:
                 ref = fit_site(
                     model, task,

@@ -1,6 +1,9 @@
 """sitelens: SITE (soft head selection for ICL-derived task embeddings) on TransformerLens,
 with mechanistic checks of the learned head weights."""
 
+from sitelens import baselines, metrics, patching, plotting  # noqa: E402  (submodules)
+from sitelens.baselines import available_methods, get_method
+from sitelens.bench import run_bench, summary_markdown
 from sitelens.errors import (
     AdapterError,
     FitError,
@@ -13,6 +16,7 @@ from sitelens.errors import (
 )
 from sitelens.evaluate import evaluate, exact_match, greedy_generate, last_logits, summarize
 from sitelens.injection import HeadMix, apply_hooks, head_mask
+from sitelens.metrics import dntp
 from sitelens.models import (
     DEFAULT_MODEL,
     available_models,
@@ -21,6 +25,14 @@ from sitelens.models import (
     load_model,
     tiny_model,
     z_hook_name,
+)
+from sitelens.patching import (
+    alpha_similarity,
+    effect_alpha_correlation,
+    head_causal_effects,
+    inter_task,
+    intra_task,
+    transfer_similarity_correlation,
 )
 from sitelens.site import FitConfig, SiteAdapter, fit_alpha, fit_site, task_embedding
 from sitelens.tasks import (
@@ -48,4 +60,7 @@ __all__ = [
     "FitConfig", "SiteAdapter", "fit_alpha", "fit_site", "task_embedding",
     "DEFAULT_TEMPLATE", "Example", "Task", "Template", "answer_token_id", "builtin_tasks",
     "few_shot_prompts", "load_task", "task_from_pairs", "zero_shot_prompt",
+    "baselines", "metrics", "patching", "plotting", "available_methods", "get_method", "run_bench",
+    "summary_markdown", "dntp", "alpha_similarity", "effect_alpha_correlation", "head_causal_effects",
+    "inter_task", "intra_task", "transfer_similarity_correlation",
 ]

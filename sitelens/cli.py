@@ -51,6 +51,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--items", help="also write per-item results to this CSV")
 
+    p = sub.add_parser("bench", help="models × tasks × methods → one resumable results table")
+    p.add_argument("--models", default="smollm2-135m-instruct", help="comma-separated model names")
+    p.add_argument("--tasks", default="", help="comma-separated task specs (names, dirs, files)")
+    p.add_argument("--tasks-dir", help="every FV-layout task directory under DIR")
+    p.add_argument("--abstractive", action="store_true", help="with --tasks-dir: abstractive tasks only")
+    p.add_argument("--methods", default="zero-shot,icl,site,fv,tv,ltv,mtv,i2cl,lora,ia3")
+    p.add_argument("--out", required=True, help="results CSV (appended cell by cell; resumes)")
+    p.add_argument("--limit", type=int, default=100, help="test items per task")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None)
+
     p = sub.add_parser("demo", help="fit SITE on a built-in task, compare zero-shot / ICL / SITE")
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--task", default="antonym")
@@ -154,6 +165,45 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def _bench_tasks(args) -> list:
+    from sitelens.errors import TaskError
+    from sitelens.tasks import load_task
+
+    specs = [t for t in args.tasks.split(",") if t]
+    if args.tasks_dir:
+        root = Path(args.tasks_dir)
+        if not root.is_dir():
+            raise TaskError(f"--tasks-dir {root} is not a directory.")
+        names = sorted(p.name for p in root.iterdir() if (p / "train.json").exists())
+        if args.abstractive:
+            from sitelens.bench import FV_EXTRACTIVE
+
+            names = [n for n in names if n not in FV_EXTRACTIVE]
+        specs += [str(root / n) for n in names]
+    if not specs:
+        raise TaskError("Give --tasks NAME[,NAME...] or --tasks-dir DIR.")
+    return [load_task(s, seed=args.seed, dedupe=True) for s in specs]
+
+
+def cmd_bench(args) -> int:
+    from sitelens.bench import dntp_accuracy_figure, run_bench, summary_markdown
+
+    out = Path(args.out)
+    _check_writable(out.parent)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    df = run_bench(
+        [m for m in args.models.split(",") if m], _bench_tasks(args),
+        [m for m in args.methods.split(",") if m], out, limit=args.limit, seed=args.seed,
+        progress=True,
+    )
+    md = summary_markdown(df)
+    out.with_suffix(".md").write_text(md)
+    fig = dntp_accuracy_figure(df)
+    fig.write_html(out.with_suffix(".dntp.html"), include_plotlyjs="cdn")
+    print(md)
+    return 0
+
+
 def cmd_demo(args) -> int:
     from sitelens.evaluate import evaluate, summarize
 
@@ -175,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         _setup(args)
-        return {"fit": cmd_fit, "eval": cmd_eval, "demo": cmd_demo}[args.cmd](args)
+        commands = {"fit": cmd_fit, "eval": cmd_eval, "bench": cmd_bench, "demo": cmd_demo}
+        return commands[args.cmd](args)
     except SitelensError as e:
         print(f"sitelens: error: {e}", file=sys.stderr)
         return 2
