@@ -100,7 +100,8 @@ def run(args) -> None:
         names = [n for n in names if n in args.tasks.split(",")]
     names = [n for n in REFERENCE_SAMPLE if n in names] + [n for n in names if n not in REFERENCE_SAMPLE]
     for name in names:
-        want = ["zero-shot", "icl", "site"] + (["site-ref"] if name in REFERENCE_SAMPLE and args.reference else [])
+        with_ref = name in REFERENCE_SAMPLE and args.reference
+        want = ["zero-shot", "icl", "site"] + (["site-ref"] if with_ref else [])
         if all((args.model, name, m) in done for m in want):
             continue
         task = load_task(fv / name, dedupe=True)
@@ -167,7 +168,8 @@ def summarize_all() -> str:
             if m in means.index:
                 r = means.loc[m]
                 lines.append(
-                    f"| {m} | {100 * r.exact_match:.1f} | {100 * r.first_token_acc:.1f} | {r.seconds_per_item:.3f} |"
+                    f"| {m} | {100 * r.exact_match:.1f} | {100 * r.first_token_acc:.1f} "
+                    f"| {r.seconds_per_item:.3f} |"
                 )
         site = df[df.method == "site"]
         zs = df[df.method == "zero-shot"].set_index("task").seconds_per_item
@@ -178,7 +180,8 @@ def summarize_all() -> str:
             "",
             f"- stage 1 + stage 2 per task: median {fit.median():.1f} s (stage 1 median "
             f"{site.stage1_seconds.median():.1f} s, stage 2 median {site.stage2_seconds.median():.1f} s); "
-            f"peak RSS of a fit: median {site.fit_peak_rss_mb.median():.0f} MB, max {site.fit_peak_rss_mb.max():.0f} MB.",
+            f"peak RSS of a fit: median {site.fit_peak_rss_mb.median():.0f} MB, "
+            f"max {site.fit_peak_rss_mb.max():.0f} MB.",
             f"- SITE s/item ÷ zero-shot s/item: median {(st / zs).median():.2f}; "
             f"ICL s/item ÷ SITE s/item: median {(icl / st).median():.2f}.",
         ]
@@ -187,12 +190,14 @@ def summarize_all() -> str:
             sub = df[df.task.isin(ref.task)]
             m = sub.groupby("method").exact_match.mean()
             rfit = (ref.stage1_seconds + ref.stage2_seconds).median()
-            sfit = (sub[sub.method == "site"].stage1_seconds + sub[sub.method == "site"].stage2_seconds).median()
+            s_rows = sub[sub.method == "site"]
+            sfit = (s_rows.stage1_seconds + s_rows.stage2_seconds).median()
             lines.append(
                 f"- reference schedule (400 × batch 1) on {len(ref)} tasks: EM {100 * m['site-ref']:.1f} vs "
                 f"batched default {100 * m['site']:.1f}; fit median {rfit:.1f} s vs {sfit:.1f} s."
             )
-        lines += ["", "| task | zero-shot EM | ICL EM | SITE EM | SITE-ref EM | zero-shot FT | ICL FT | SITE FT |",
+        lines += ["", "| task | zero-shot EM | ICL EM | SITE EM | SITE-ref EM | zero-shot FT | ICL FT "
+                  "| SITE FT |",
                   "|---|---|---|---|---|---|---|---|"]
         for task, r in piv.iterrows():
             def g(kind, m, r=r):
