@@ -109,9 +109,11 @@ def append_row(out_csv: str | Path, row: dict) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except PermissionError as e:
+    except OutputError:
+        raise
+    except OSError as e:  # no permission, a file where a directory should be, disk full, ...
         raise OutputError(
-            f"Cannot write the results to {path}: {e.strerror}. Choose a writable out_csv."
+            f"Cannot write the results to {path}: {e.strerror or e}. Choose a writable out_csv."
         ) from e
 
 

@@ -15,7 +15,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from sitelens.injection import HeadMix, apply_hooks
-from sitelens.models import Encoded, encode, new_kv_cache, token_ids
+from sitelens.models import Encoded, encode, kv_forward, new_kv_cache, token_ids
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,
     Example,
@@ -53,7 +53,7 @@ def greedy_generate(
     max_new_tokens: int = 16,
     stop_at_newline: bool = True,
 ) -> tuple[Int[Tensor, "batch new"], Float[Tensor, "batch d_vocab"]]:
-    """Greedy decoding with TransformerLens's KV cache.
+    """Greedy decoding with a KV cache (:func:`sitelens.models.kv_forward`; full passes on a bridge).
 
     A :class:`HeadMix` is pinned to the prompt length, so it injects once in the prefill and never on
     a KV-cached decode step. Returns the generated token ids and the first-step logits (the
@@ -70,7 +70,7 @@ def greedy_generate(
     # injections) are pinned to the prompt length and skip them; every-position methods (LoRA,
     # (IA)3, I2CL) must act on them.
     with torch.no_grad(), apply_hooks(model, hooks):
-        logits = model(enc.tokens, attention_mask=enc.attention_mask, past_kv_cache=cache)
+        logits = kv_forward(model, enc.tokens, enc.attention_mask, cache)  # [batch, pos, d_vocab]
         first_logits = logits[:, -1].float()  # [batch, d_vocab]
         step_logits = first_logits
         ones = torch.ones(batch, 1, dtype=enc.attention_mask.dtype, device=enc.tokens.device)
@@ -80,7 +80,7 @@ def greedy_generate(
             done |= torch.tensor([int(t) in nl_ids or int(t) == eos for t in nxt.tolist()])
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
-            logits = model(nxt[:, None], attention_mask=ones, past_kv_cache=cache)
+            logits = kv_forward(model, nxt[:, None], ones, cache)  # [batch, 1, d_vocab]
             step_logits = logits[:, -1].float()
     return torch.stack(out, dim=1), first_logits
 

@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from sitelens.models import z_hook_name
+from sitelens.models import check_z_shape, wrap_hook, z_hook_name
 
 
 @dataclass
@@ -51,6 +51,7 @@ class HeadMix:
 
     def hook_fn(self, layer: int):
         def fn(z: Float[Tensor, "batch pos n_heads d_head"], hook=None):
+            check_z_shape(z, self.targets.shape[-2], self.targets.shape[-1], getattr(hook, "name", None))
             if self.seq_len is not None and z.shape[1] != self.seq_len:
                 return z  # a KV-cached decode step: leave it alone
             w = self.weights[..., layer, :].to(z.dtype)  # [(batch,) n_heads]
@@ -70,8 +71,11 @@ class HeadMix:
 
 @contextmanager
 def apply_hooks(model, hooks: list):
-    """Run the model with ``(hook_name, fn)`` forward hooks, removed on exit (even on errors)."""
-    with model.hooks(fwd_hooks=list(hooks)):
+    """Run the model with ``(hook_name, fn)`` forward hooks, removed on exit (even on errors).
+
+    On a TransformerBridge each ``fn`` is wrapped (:func:`sitelens.models.wrap_hook`) so that it sees
+    the positions a KV-cached pass would show it."""
+    with model.hooks(fwd_hooks=[(name, wrap_hook(model, fn)) for name, fn in hooks]):
         yield model
 
 

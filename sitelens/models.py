@@ -1,8 +1,26 @@
 """Model loading: bundled offline models, TransformerLens names, local HF dirs, tiny test models.
 
 This is the only module that knows TransformerLens model classes. Everything else talks to a model
-through :func:`z_hook_name`, :func:`encode` and the standard ``model(tokens, attention_mask=...)``
-call.
+through :func:`z_hook_name`, :func:`encode`, the KV-cache helpers below and the standard
+``model(tokens, attention_mask=...)`` call.
+
+Backends (``backend=`` of :func:`load_model` / :func:`tiny_model`; default: ``$SITELENS_BACKEND``,
+else ``"hooked"`` where TransformerLens still has ``HookedTransformer`` (3.x), else ``"bridge"``):
+
+- ``"hooked"``: a ``HookedTransformer`` (TransformerLens 3.9).
+- ``"bridge"``: a ``TransformerBridge`` around the Hugging Face model (TransformerLens 3.9 and 4.x),
+  raw HF numerics; ``enable_compatibility_mode()`` is never called implicitly. The per-head
+  ``z`` hook is resolved by :func:`z_hook_name` and checked at run time
+  (``[batch, pos, n_heads, d_head]``); :func:`self_check` verifies on load that it fires and
+  changes the logits. The bridge has no TransformerLens KV cache that sitelens can drive (and the
+  HF cache it forwards is not updated by TL 3.9's attention bridge under transformers 5.x), so
+  :func:`prefix_cache` / :func:`kv_forward` fall back to full forward passes over the cached
+  tokens; hooks added with :func:`sitelens.injection.apply_hooks` see exactly the positions they
+  would see with a KV cache (the prompt, then one position per decode step; never the frozen
+  prefix), so every intervention gives the same result on both backends.
+
+Reserved names for tests and subprocesses: ``"tiny-random"`` and ``"tiny-random-gqa"`` (2 key/value
+heads) load :func:`tiny_model` (seed 0) on the chosen backend, offline, in well under a second.
 
 BOS convention (decided per model, stored in ``model.cfg.default_prepend_bos`` and honoured by
 :func:`encode`):
@@ -23,18 +41,23 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import dataclass
+import weakref
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from sitelens.errors import ModelError, PromptTooLongError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 BUNDLED_MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
+TINY_MODELS = {"tiny-random": {}, "tiny-random-gqa": {"n_key_value_heads": 2}}
+BACKENDS = ("hooked", "bridge")
 CACHE_FORMAT = 1
 DEFAULT_N_CTX = 2048
 
@@ -77,35 +100,102 @@ def _atomic_dir_write(target: Path, write_fn) -> None:
 
 def available_models() -> list[str]:
     """Bundled model names (loadable offline). Any TransformerLens official name or a local HF
-    directory is accepted too."""
+    directory is accepted too, and the reserved test names in :data:`TINY_MODELS`."""
     return list(BUNDLED_MODELS)
+
+
+def has_hooked_transformer() -> bool:
+    """Whether the installed TransformerLens still has ``HookedTransformer`` (3.x; gone in 4.0)."""
+    try:
+        from transformer_lens import HookedTransformer  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def default_backend() -> str:
+    """``$SITELENS_BACKEND`` if set, else ``"hooked"`` on TransformerLens 3.x, else ``"bridge"``."""
+    env = os.environ.get("SITELENS_BACKEND", "").strip().lower()
+    if env:
+        if env not in BACKENDS:
+            raise ModelError(
+                f"SITELENS_BACKEND={env!r} is not a backend; use one of {', '.join(BACKENDS)}."
+            )
+        return env
+    return "hooked" if has_hooked_transformer() else "bridge"
+
+
+def resolve_backend(backend: str | None) -> str:
+    backend = default_backend() if backend is None else backend
+    if backend not in BACKENDS:
+        raise ModelError(f"Unknown backend {backend!r}; use one of {', '.join(BACKENDS)}.")
+    if backend == "hooked" and not has_hooked_transformer():
+        import importlib.metadata as md
+
+        raise ModelError(
+            "backend='hooked' needs HookedTransformer, which TransformerLens "
+            f"{md.version('transformer-lens')} no longer has. Use backend='bridge' (or "
+            "SITELENS_BACKEND=bridge), or install 'transformer-lens>=3.9,<4'."
+        )
+    return backend
+
+
+def is_bridge(model) -> bool:
+    """Whether ``model`` is a TransformerLens ``TransformerBridge`` (else a ``HookedTransformer``)."""
+    for cls in type(model).__mro__:
+        if cls.__name__ == "TransformerBridge" and cls.__module__.startswith("transformer_lens"):
+            return True
+    return False
+
+
+def _official_names() -> list[str]:
+    try:
+        from transformer_lens.supported_models import OFFICIAL_MODEL_NAMES
+    except ImportError:  # older layouts
+        try:
+            from transformer_lens.loading_from_pretrained import OFFICIAL_MODEL_NAMES
+        except ImportError:
+            return []
+    return list(OFFICIAL_MODEL_NAMES)
 
 
 def load_model(
     name: str = DEFAULT_MODEL,
     *,
+    backend: str | None = None,
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
     n_ctx: int = DEFAULT_N_CTX,
     use_cache: bool = True,
 ):
-    """Load a ready ``HookedTransformer`` (eval mode, grads off, tokenizer with left padding).
+    """Load a ready model (eval mode, grads off, tokenizer with left padding).
 
     ``name`` is a bundled model (``"smollm2-135m-instruct"``, ``"gemma-3-270m"``), a TransformerLens
-    official model name (needs its weights locally or a network), or a local Hugging Face directory.
-    Processed weights of bundled models are cached under :func:`cache_dir` (atomic writes).
+    official model name (needs its weights locally or a network), a local Hugging Face directory,
+    or a reserved tiny test model (``"tiny-random"``, ``"tiny-random-gqa"``: :func:`tiny_model`,
+    seed 0). ``backend``: ``"hooked"`` (``HookedTransformer``) or ``"bridge"``
+    (``TransformerBridge``); default :func:`default_backend`. Processed weights of bundled models
+    are cached under :func:`cache_dir` (atomic writes; hooked backend).
     """
+    backend = resolve_backend(backend)
     dtype = _resolve_dtype(dtype)
-    if name in BUNDLED_MODELS:
-        model = _load_bundled(name, n_ctx=n_ctx, use_cache=use_cache)
+    if name in TINY_MODELS:
+        model = tiny_model(backend=backend, **TINY_MODELS[name])
+        model.cfg.model_name = name
+        if device is None and dtype is None:
+            return model
+    elif name in BUNDLED_MODELS:
+        if backend == "bridge":
+            model = _load_bundled_bridge(name, n_ctx=n_ctx)
+        else:
+            model = _load_bundled(name, n_ctx=n_ctx, use_cache=use_cache)
     elif Path(name).expanduser().is_dir():
-        model = _load_hf_dir(Path(name).expanduser(), n_ctx=n_ctx)
+        model = _load_hf_dir(Path(name).expanduser(), n_ctx=n_ctx, backend=backend)
     else:
-        from transformer_lens.loading_from_pretrained import OFFICIAL_MODEL_NAMES
-
-        if name not in OFFICIAL_MODEL_NAMES:
+        official = _official_names()
+        if name not in official:
             close = difflib.get_close_matches(
-                name, list(BUNDLED_MODELS) + list(OFFICIAL_MODEL_NAMES), n=5, cutoff=0.4
+                name, list(BUNDLED_MODELS) + list(TINY_MODELS) + official, n=5, cutoff=0.4
             )
             raise ModelError(
                 f"Unknown model {name!r}. Bundled (offline) models: {', '.join(BUNDLED_MODELS)}."
@@ -113,10 +203,16 @@ def load_model(
                 + " You may also pass a TransformerLens official model name or a local Hugging"
                 " Face directory."
             )
-        from transformer_lens import HookedTransformer
+        if backend == "bridge":
+            from transformer_lens.model_bridge import TransformerBridge
 
-        model = HookedTransformer.from_pretrained(name, n_ctx=n_ctx, default_padding_side="left")
-        model.cfg.model_name = name
+            model = TransformerBridge.boot_transformers(name, n_ctx=n_ctx)
+            model.cfg.model_name = name
+        else:
+            from transformer_lens import HookedTransformer
+
+            model = HookedTransformer.from_pretrained(name, n_ctx=n_ctx, default_padding_side="left")
+            model.cfg.model_name = name
     return _finalize(model, device=device, dtype=dtype)
 
 
@@ -137,15 +233,32 @@ def _finalize(model, *, device=None, dtype=None):
         model.cfg.dtype = dtype
     if device is not None:
         model = model.to(device)
+        if is_bridge(model):
+            model.cfg.device = str(device)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    fast_layout(model)
+    if not is_bridge(model):
+        fast_layout(model)
     if model.tokenizer is not None:
         model.tokenizer.padding_side = "left"
         if model.tokenizer.pad_token_id is None:
             model.tokenizer.pad_token = model.tokenizer.eos_token
+    self_check(model)
     return model
+
+
+def prepare_bridge(bridge, *, prepend_bos: bool | None = None, name: str | None = None):
+    """Make a ``TransformerBridge`` you built yourself (e.g. ``TransformerBridge.boot_transformers``)
+    ready for sitelens: eval mode, grads off, left padding, BOS convention, :func:`self_check`.
+    It never calls ``enable_compatibility_mode()`` (sitelens works on raw HF numerics)."""
+    if not is_bridge(bridge):
+        raise ModelError(f"prepare_bridge expects a TransformerBridge, got {type(bridge).__name__}.")
+    if prepend_bos is not None:
+        bridge.cfg.default_prepend_bos = prepend_bos
+    if name is not None:
+        bridge.cfg.model_name = name
+    return _finalize(bridge)
 
 
 def fast_layout(model) -> None:
@@ -354,27 +467,74 @@ def _from_llama_hf(hf, tokenizer, *, n_ctx: int, prepend_bos: bool):
     return model
 
 
-def _load_hf_dir(path: Path, *, n_ctx: int):
+def _bridge_from_hf(hf, tokenizer, *, name: str, prepend_bos: bool, n_ctx: int | None = None):
+    """Wrap a loaded Hugging Face causal LM in a ``TransformerBridge`` offline (no hub call).
+
+    The tokenizer is attached as is (TransformerLens's ``setup_tokenizer`` would reload it by name);
+    sitelens tokenizes with :func:`encode` and never lets the tokenizer add special tokens."""
+    from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+
+    arch = (getattr(hf.config, "architectures", None) or [type(hf).__name__])[0]
+    if hasattr(hf, "set_attn_implementation"):
+        try:
+            hf.set_attn_implementation("eager")  # the bridge's hooks need the eager path
+        except (ValueError, ImportError):
+            pass
+    try:
+        bridge = build_bridge_from_module(
+            hf, arch, hf_config=hf.config, tokenizer=None, model_name=name
+        )
+    except (ValueError, KeyError, NotImplementedError) as e:
+        raise ModelError(
+            f"TransformerBridge cannot wrap {name!r} (architecture {arch}): {e}. Use "
+            "backend='hooked' on TransformerLens 3.9."
+        ) from e
+    bridge.tokenizer = tokenizer  # first assignment: attached without a reload
+    bridge.cfg.default_prepend_bos = prepend_bos
+    bridge.cfg.tokenizer_prepends_bos = False
+    bridge.cfg.model_name = name
+    if n_ctx is not None:
+        bridge.cfg.n_ctx = min(int(n_ctx), int(bridge.cfg.n_ctx or n_ctx))
+    return bridge
+
+
+def _load_bundled_bridge(name: str, *, n_ctx: int):
+    """A bundled model on the bridge backend: the GGUF file dequantized by transformers, wrapped
+    in a ``TransformerBridge`` (no weight cache; raw HF numerics, no folded LayerNorm)."""
+    hf, tokenizer = _hf_load(_gguf_path(name))
+    if name == "gemma-3-270m":
+        hf.config.architectures = ["Gemma3ForCausalLM"]
+    return _bridge_from_hf(
+        hf, tokenizer, name=name, prepend_bos=name != "smollm2-135m-instruct", n_ctx=n_ctx
+    )
+
+
+def _load_hf_dir(path: Path, *, n_ctx: int, backend: str = "hooked"):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     hf_cfg = AutoConfig.from_pretrained(str(path))
     arch = (getattr(hf_cfg, "architectures", None) or ["?"])[0]
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    if backend == "bridge":
+        return _bridge_from_hf(
+            hf, tokenizer, name=path.name, prepend_bos=tokenizer.bos_token is not None, n_ctx=n_ctx
+        )
     if arch == "LlamaForCausalLM":
         return _from_llama_hf(hf, tokenizer, n_ctx=n_ctx, prepend_bos=tokenizer.bos_token is not None)
     from transformer_lens import HookedTransformer
-    from transformer_lens.loading_from_pretrained import OFFICIAL_MODEL_NAMES
 
+    official = _official_names()
     guess = getattr(hf_cfg, "_name_or_path", "")
-    if guess in OFFICIAL_MODEL_NAMES:
+    if guess in official:
         return HookedTransformer.from_pretrained(
             guess, hf_model=hf, tokenizer=tokenizer, n_ctx=n_ctx, default_padding_side="left"
         )
     raise ModelError(
         f"Cannot map the Hugging Face directory {str(path)!r} (architecture {arch}) to a "
         "TransformerLens architecture. Llama-architecture directories load directly; for others, "
-        "set `_name_or_path` in its config.json to the TransformerLens official model name."
+        "set `_name_or_path` in its config.json to the TransformerLens official model name, or use "
+        "backend='bridge'."
     )
 
 
@@ -414,11 +574,21 @@ def tiny_model(
     n_ctx: int = 256,
     seed: int = 0,
     positional: str = "rotary",
+    backend: str | None = None,
 ):
-    """A tiny randomly initialised ``HookedTransformer`` with :func:`tiny_tokenizer`.
+    """A tiny randomly initialised model with :func:`tiny_tokenizer`, built in code (no files, no
+    network): a ``HookedTransformer`` (``backend="hooked"``) or a ``TransformerBridge`` around a
+    tiny Hugging Face ``LlamaForCausalLM`` (``backend="bridge"``, rotary only). Default backend:
+    :func:`default_backend`.
 
     ``n_key_value_heads`` < ``n_heads`` gives a grouped-query (GQA) variant; 1 gives MQA.
     """
+    backend = resolve_backend(backend)
+    if backend == "bridge":
+        return _tiny_bridge(
+            n_layers=n_layers, n_heads=n_heads, d_head=d_head, n_key_value_heads=n_key_value_heads,
+            d_mlp=d_mlp, n_ctx=n_ctx, seed=seed, positional=positional,
+        )
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     tokenizer = tiny_tokenizer()
@@ -447,14 +617,148 @@ def tiny_model(
     return _finalize(model)
 
 
+def _tiny_bridge(*, n_layers, n_heads, d_head, n_key_value_heads, d_mlp, n_ctx, seed, positional):
+    if positional != "rotary":
+        raise ModelError(
+            f"The tiny bridge model is a Llama (rotary positions); positional={positional!r} "
+            "needs backend='hooked'."
+        )
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = tiny_tokenizer()
+    d_model = n_heads * d_head
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=d_model,
+        intermediate_size=d_mlp,
+        num_hidden_layers=n_layers,
+        num_attention_heads=n_heads,
+        num_key_value_heads=n_key_value_heads or n_heads,
+        head_dim=d_head,
+        max_position_embeddings=n_ctx,
+        hidden_act="silu",
+        initializer_range=0.8 / d_model**0.5,  # the HookedTransformer tiny model's scale
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    cfg._attn_implementation = "eager"
+    with torch.random.fork_rng(devices=[]):  # seeded, and the caller's RNG is left alone
+        torch.manual_seed(seed)
+        hf = LlamaForCausalLM(cfg).to(torch.float32).eval()
+    name = f"tiny-{n_layers}l{n_heads}h{n_key_value_heads or n_heads}kv-s{seed}-bridge"
+    bridge = _bridge_from_hf(hf, tokenizer, name=name, prepend_bos=True, n_ctx=n_ctx)
+    return _finalize(bridge)
+
+
 # ----------------------------------------------------------------------------------------------
 # helpers used by the rest of the library
 
 
+_Z_HOOKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # bridge -> {layer: name}
+# Candidate names of the per-head attention output before the output projection, on a bridge:
+# TL 3.9 and 4.x alias ``attn.hook_z`` to ``attn.o.hook_in`` (the o_proj input, reshaped to heads).
+_BRIDGE_Z_CANDIDATES = ("blocks.{layer}.attn.hook_z", "blocks.{layer}.attn.o.hook_in")
+
+
 def z_hook_name(model, layer: int) -> str:
-    """The per-head attention output hook of ``layer``: ``blocks.{layer}.attn.hook_z``
-    ([batch, pos, n_heads, d_head], query heads even for GQA/MQA models)."""
-    return f"blocks.{layer}.attn.hook_z"
+    """The per-head attention output hook of ``layer`` ([batch, pos, n_heads, d_head], query heads
+    even for GQA/MQA models): ``blocks.{layer}.attn.hook_z`` on a ``HookedTransformer``; on a
+    ``TransformerBridge``, the canonical name of the hook point behind that alias
+    (``blocks.{layer}.attn.o.hook_in`` in TL 3.9/4.x), so that ``hook.name`` inside a hook
+    function equals the returned name. Shapes are checked at run time (:func:`check_z_shape`)."""
+    if not is_bridge(model):
+        return f"blocks.{layer}.attn.hook_z"
+    names = _Z_HOOKS.setdefault(model, {})
+    if layer not in names:
+        if not 0 <= layer < model.cfg.n_layers:
+            raise ModelError(f"Layer {layer} out of range: the model has {model.cfg.n_layers} layers.")
+        hook_dict = model.hook_dict
+        for pattern in _BRIDGE_Z_CANDIDATES:
+            cand = pattern.format(layer=layer)
+            if cand in hook_dict:
+                names[layer] = getattr(hook_dict[cand], "name", None) or cand
+                break
+        else:
+            attn = sorted(n for n in hook_dict if n.startswith(f"blocks.{layer}.attn."))
+            raise ModelError(
+                f"No per-head z hook found in layer {layer} of this TransformerBridge (looked for "
+                f"{', '.join(p.format(layer=layer) for p in _BRIDGE_Z_CANDIDATES)}; the attention "
+                f"hooks are: {', '.join(attn) or 'none'}). sitelens needs the attention output per "
+                "head before the output projection; this architecture is not supported yet."
+            )
+    return names[layer]
+
+
+def canonical_hook_name(model, name: str) -> str:
+    """The name a hook function sees as ``hook.name`` for the hook point ``name``.
+
+    On a HookedTransformer that is ``name``. A TransformerBridge accepts the HookedTransformer
+    names (``blocks.{l}.hook_resid_pre``, ``hook_attn_out``, ``attn.hook_z``, ...) as aliases of its
+    own hook points (``blocks.{l}.hook_in``, ``attn.hook_out``, ``attn.o.hook_in``, ...), and a hook
+    function registered under an alias sees the canonical name: code that keys captured values
+    by ``hook.name`` must look them up under this name."""
+    if not is_bridge(model):
+        return name
+    point = model.hook_dict.get(name)
+    if point is None:
+        raise ModelError(f"This TransformerBridge has no hook point {name!r}.")
+    return getattr(point, "name", None) or name
+
+
+def check_z_shape(z: Tensor, n_heads: int, d_head: int, hook_name: str | None = None) -> None:
+    """Raise :class:`ModelError` unless ``z`` is ``[batch, pos, n_heads, d_head]``."""
+    if z.dim() != 4 or tuple(z.shape[2:]) != (n_heads, d_head):
+        raise ModelError(
+            f"The z hook {hook_name or '?'} gave activations of shape {list(z.shape)}, but sitelens "
+            f"needs [batch, pos, n_heads={n_heads}, d_head={d_head}]. This model/TransformerLens "
+            "version exposes a different per-head layout; use backend='hooked' (TransformerLens "
+            "3.9) or report the architecture."
+        )
+
+
+def self_check(model, layers: list[int] | None = None) -> dict:
+    """Check that the z hook of every layer fires on a forward pass with activations
+    ``[batch, pos, n_heads, d_head]``, and that changing it changes the logits (first and last
+    layer). Raises :class:`ModelError` naming the hook; returns ``{"hooks": [...], "shape": ...}``."""
+    c = model.cfg
+    layers = list(range(c.n_layers)) if layers is None else list(layers)
+    names = [z_hook_name(model, layer) for layer in layers]
+    tok = model.tokenizer
+    if tok is None:
+        raise ModelError("The model has no tokenizer; sitelens needs one (model.tokenizer).")
+    enc = encode(model, ["Q: a\nA:"])
+    seen: dict[str, tuple] = {}
+
+    def grab(z, hook):
+        seen[hook.name] = tuple(z.shape)
+        check_z_shape(z, c.n_heads, c.d_head, hook.name)
+
+    with torch.no_grad():
+        with model.hooks(fwd_hooks=[(n, grab) for n in names]):
+            base = model(enc.tokens, attention_mask=enc.attention_mask)  # [1, pos, d_vocab]
+        missing = [n for n in names if n not in seen]
+        if missing:
+            raise ModelError(
+                f"The z hook(s) {', '.join(missing)} did not fire on a forward pass: interventions "
+                "on them would silently do nothing. This model/TransformerLens version is not "
+                "supported by sitelens."
+            )
+        for name in dict.fromkeys([names[0], names[-1]]):
+
+            def bump(z, hook):
+                return z + 1.0  # [batch, pos, n_heads, d_head]
+
+            with model.hooks(fwd_hooks=[(name, bump)]):
+                out = model(enc.tokens, attention_mask=enc.attention_mask)
+            if torch.equal(out, base):
+                raise ModelError(
+                    f"Changing the z hook {name} did not change the logits: the hook's return value "
+                    "is ignored by this model/TransformerLens version, so interventions would "
+                    "silently do nothing."
+                )
+    return {"hooks": names, "shape": seen[names[0]]}
 
 
 def model_name(model) -> str:
@@ -466,13 +770,18 @@ def fingerprint(model) -> str:
     h = hashlib.sha256()
     c = model.cfg
     h.update(f"{c.n_layers}|{c.n_heads}|{c.d_head}|{c.d_model}|{c.d_vocab}".encode())
-    sd = model.state_dict()
-    for key in ("embed.W_E", "blocks.0.attn.W_Q", f"blocks.{c.n_layers - 1}.attn.W_O", "unembed.W_U"):
-        if key in sd:
-            t = sd[key].detach().float().flatten()
-            steps = min(4096, t.numel())
-            idx = torch.arange(steps) * (t.numel() - 1) // max(1, steps - 1)
-            h.update(t[idx].cpu().numpy().round(5).tobytes())
+    if is_bridge(model):  # HF parameter names: first, middle and last tensors
+        params = list(model.original_model.named_parameters())
+        tensors = [params[i][1] for i in sorted({0, len(params) // 2, len(params) - 1})]
+    else:
+        sd = model.state_dict()
+        keys = ("embed.W_E", "blocks.0.attn.W_Q", f"blocks.{c.n_layers - 1}.attn.W_O", "unembed.W_U")
+        tensors = [sd[k] for k in keys if k in sd]
+    for t in tensors:
+        t = t.detach().float().flatten()
+        steps = min(4096, t.numel())
+        idx = torch.arange(steps) * (t.numel() - 1) // max(1, steps - 1)
+        h.update(t[idx].cpu().numpy().round(5).tobytes())
     return h.hexdigest()[:16]
 
 
@@ -533,22 +842,115 @@ def timed_load(name: str = DEFAULT_MODEL, **kw):
 
 # ----------------------------------------------------------------------------------------------
 # KV caches (TransformerLens classes stay in this module)
+#
+# HookedTransformer: TransformerLens's own KV cache. TransformerBridge: a RecomputeCache (the tokens
+# seen so far; every call is a full forward pass) plus a per-model "segment view" that makes hooks
+# added through sitelens.injection.apply_hooks see exactly what they would see with a KV cache.
+
+_SEGMENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> [(start, end, act)]
+
+
+@dataclass
+class RecomputeCache:
+    """The bridge's stand-in for a KV cache: the tokens and attention mask seen so far and the
+    lengths of the forward calls that added them (``segments``: ``(start, end)``). ``frozen``: a
+    prefix that later calls read but never extend (like a frozen TL cache); hooks never see it."""
+
+    tokens: Int[Tensor, "batch pos"]
+    attention_mask: Int[Tensor, "batch pos"]
+    segments: list[tuple[int, int]] = field(default_factory=list)
+    frozen: bool = False
+
+    def select(self, idx) -> RecomputeCache:
+        idx = torch.as_tensor(idx, dtype=torch.long, device=self.tokens.device)
+        return RecomputeCache(self.tokens[idx], self.attention_mask[idx], list(self.segments),
+                              self.frozen)
+
+
+@contextmanager
+def _segment_view(model, segments: list[tuple[int, int, bool]]):
+    _SEGMENTS[model] = segments
+    try:
+        yield
+    finally:
+        _SEGMENTS.pop(model, None)
+
+
+def wrap_hook(model, fn: Callable) -> Callable:
+    """``fn`` as it must be registered on ``model`` (used by :func:`sitelens.injection.apply_hooks`).
+
+    On a HookedTransformer it is ``fn`` itself. On a TransformerBridge, during a
+    :func:`kv_forward` / :func:`last_token_forward` full pass, ``fn`` is called once per segment
+    of positions (axis 1) that a KV-cached pass would have run separately (the prompt, then each
+    decode step), and never on a frozen prefix; outside those passes it is called as usual."""
+    if not is_bridge(model):
+        return fn
+
+    def viewed(x, hook=None):
+        segs = _SEGMENTS.get(model)
+        if segs is None or not isinstance(x, Tensor) or x.dim() < 2 or x.shape[1] != segs[-1][1]:
+            return fn(x, hook=hook)
+        parts = []
+        for start, end, active in segs:
+            part = x[:, start:end]
+            if active:
+                out = fn(part, hook=hook)
+                part = part if out is None else out
+            parts.append(part)
+        return torch.cat(parts, dim=1)
+
+    return viewed
 
 
 def new_kv_cache(model, batch_size: int):
-    """An empty TransformerLens KV cache for ``batch_size`` rows."""
+    """An empty KV cache for ``batch_size`` rows (TransformerLens's, or a :class:`RecomputeCache`
+    on a bridge). Run the model on it with :func:`kv_forward`."""
+    if is_bridge(model):
+        dev = model.cfg.device
+        empty = torch.zeros(batch_size, 0, dtype=torch.long, device=dev)
+        return RecomputeCache(empty, empty.clone())
     from transformer_lens import TransformerLensKeyValueCache
 
     return TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, batch_size)
+
+
+def kv_forward(
+    model,
+    tokens: Int[Tensor, "batch new"],
+    attention_mask: Int[Tensor, "batch new"],
+    cache,
+) -> Float[Tensor, "batch new d_vocab"]:
+    """Logits of ``tokens`` given (and appended to, unless frozen) ``cache``. ``attention_mask``
+    covers the new tokens only (the cache remembers the earlier mask)."""
+    if not is_bridge(model):
+        return model(tokens, attention_mask=attention_mask, past_kv_cache=cache)
+    n_old, n_new = cache.tokens.shape[1], tokens.shape[1]
+    full_tokens = torch.cat([cache.tokens, tokens], dim=1)  # [batch, old + new]
+    full_mask = torch.cat([cache.attention_mask, attention_mask.to(cache.attention_mask)], dim=1)
+    if cache.frozen:
+        segs = ([(0, n_old, False)] if n_old else []) + [(n_old, n_old + n_new, True)]
+    else:
+        segs = [(s, e, True) for s, e in cache.segments] + [(n_old, n_old + n_new, True)]
+    with _segment_view(model, segs):
+        logits = model(full_tokens, attention_mask=full_mask)  # [batch, old + new, d_vocab]
+    if not cache.frozen:
+        cache.tokens, cache.attention_mask = full_tokens, full_mask
+        cache.segments = [(s, e) for s, e, _ in segs]
+    return logits[:, n_old:]
 
 
 def prefix_cache(model, enc: Encoded, *, batch_size: int = 64):
     """A frozen KV cache of every position but the last of a left-padded batch.
 
     An intervention at the last prompt token cannot change earlier positions (causal attention),
-    so the prefix is computed once without gradients and only the last token is re-run per step.
-    Returns ``(cache, last_tokens [batch, 1])``.
+    so the prefix is computed once without gradients and only the last token is re-run per step
+    (on a bridge: a frozen :class:`RecomputeCache`; each call is a full pass whose hooks see only
+    the last token). Returns ``(cache, last_tokens [batch, 1])``.
     """
+    if is_bridge(model):
+        cache = RecomputeCache(enc.tokens[:, :-1], enc.attention_mask[:, :-1],
+                               [(0, enc.tokens.shape[1] - 1)], frozen=True)
+        return cache, enc.tokens[:, -1:]
     from transformer_lens import TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
 
     parts = []
@@ -576,6 +978,8 @@ def prefix_cache(model, enc: Encoded, *, batch_size: int = 64):
 
 def select_cache(cache, idx):
     """Rows ``idx`` of a KV cache, as a new frozen cache (the original is untouched)."""
+    if isinstance(cache, RecomputeCache):
+        return cache.select(idx)
     from transformer_lens import TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
 
     idx = torch.as_tensor(idx, dtype=torch.long)
@@ -588,5 +992,4 @@ def select_cache(cache, idx):
 
 def last_token_forward(model, cache, last_tokens: Int[Tensor, "batch 1"]):
     """Logits ``[batch, 1, d_vocab]`` of the last prompt token given a frozen prefix cache."""
-    ones = torch.ones_like(last_tokens)
-    return model(last_tokens, attention_mask=ones, past_kv_cache=cache)
+    return kv_forward(model, last_tokens, torch.ones_like(last_tokens), cache)

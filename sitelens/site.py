@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from sitelens.errors import AdapterError, FitError, OutputError
 from sitelens.injection import HeadMix, apply_hooks
 from sitelens.models import (
+    check_z_shape,
     encode,
     fingerprint,
     last_token_forward,
@@ -67,6 +68,7 @@ def last_token_z(
         buf: dict[int, Tensor] = {}
 
         def grab(z, hook, layer=None, buf=buf):
+            check_z_shape(z, cfg.n_heads, cfg.d_head, hook.name)
             buf[layer] = z[:, -1].detach().float().cpu()  # [batch, n_heads, d_head]
 
         hooks = [
@@ -133,6 +135,16 @@ class FitConfig:
     n_valid: int = 64  # validation items used for model selection
     seed: int = 0
 
+    def __post_init__(self):
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise FitError(f"FitConfig.lr must be a positive finite number, got {self.lr!r}.")
+        if not math.isfinite(self.init) or not math.isfinite(self.sparsity):
+            raise FitError(
+                f"FitConfig.init and .sparsity must be finite, got {self.init!r}, {self.sparsity!r}."
+            )
+        if self.n_examples < 1 or self.batch_size < 1 or self.eval_every < 1:
+            raise FitError("FitConfig.n_examples, .batch_size and .eval_every must be at least 1.")
+
     @property
     def steps(self) -> int:
         return max(1, math.ceil(self.n_examples / self.batch_size))
@@ -176,6 +188,12 @@ def fit_alpha(
     L, H = model.cfg.n_layers, model.cfg.n_heads
     a = torch.full((L, H), cfg.init, requires_grad=True)  # [n_layers, n_heads]
     opt = torch.optim.Adam([a], lr=cfg.lr)
+    if not torch.isfinite(embedding).all():
+        bad = int((~torch.isfinite(embedding)).sum())
+        raise FitError(
+            f"The task embedding of {task.name!r} has {bad} non-finite value(s) (inf/nan), so the "
+            "loss would be non-finite. Recompute it in float32 (task_embedding) or refit."
+        )
     target = embedding.to(model.cfg.device)  # [n_layers, n_heads, d_head]
 
     def prepare(items: list[Example]):
@@ -214,6 +232,11 @@ def fit_alpha(
         opt.zero_grad()
         total.backward()
         opt.step()
+        if not torch.isfinite(a).all():
+            raise FitError(
+                f"α's logits became non-finite at step {step} while fitting {task.name!r}. Lower "
+                "the learning rate (lr)."
+            )
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
         rec = {"step": step, "train_loss": loss.item(), "valid_loss": float("nan")}
@@ -298,59 +321,100 @@ class SiteAdapter:
 
     def save(self, path: str | Path) -> Path:
         """Write ``adapter.safetensors`` + ``adapter.json`` (with a SHA-256 of the tensors),
-        each atomically (temp file + rename)."""
+        each atomically (temp file + rename). An unwritable ``path`` raises :class:`OutputError`."""
         from safetensors.torch import save as st_save
 
         path = Path(path)
+        ensure_writable_dir(path)
         try:
-            path.mkdir(parents=True, exist_ok=True)
             blob = st_save({"alpha": self.alpha.contiguous().cpu(),
                             "embedding": self.embedding.contiguous().cpu()})
             meta = dict(self.meta, sha256=hashlib.sha256(blob).hexdigest())
             _atomic_write(path / "adapter.safetensors", blob)
             _atomic_write(path / "adapter.json", json.dumps(meta, indent=1).encode())
-        except PermissionError as e:
+        except OSError as e:
             raise OutputError(
-                f"Cannot write the adapter to {path}: {e.strerror}. Choose a writable --out "
+                f"Cannot write the adapter to {path}: {e.strerror or e}. Choose a writable --out "
                 "directory."
             ) from e
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> SiteAdapter:
+        """Read an adapter directory; a missing, truncated or corrupted file raises
+        :class:`AdapterError` (the tensors are checked against the SHA-256 in adapter.json)."""
         from safetensors.torch import load as st_load
 
         path = Path(path)
         fj, fs = path / "adapter.json", path / "adapter.safetensors"
-        if not fj.exists() or not fs.exists():
+        if not fj.is_file() or not fs.is_file():
             raise AdapterError(
                 f"{path} is not an adapter directory: it needs adapter.json and "
                 "adapter.safetensors (written by `sitelens fit --out DIR` or SiteAdapter.save)."
             )
         try:
-            meta = json.loads(fj.read_text())
-        except json.JSONDecodeError as e:
-            raise AdapterError(f"{fj} is corrupted ({e.msg}); refit the adapter.") from e
+            meta = json.loads(fj.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            why = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8 text"
+            raise AdapterError(f"{fj} is corrupted ({why}); refit the adapter.") from e
+        if not isinstance(meta, dict) or not isinstance(meta.get("sha256"), str):
+            raise AdapterError(
+                f"{fj} is corrupted (no adapter metadata with a sha256 checksum); refit the adapter."
+            )
         blob = fs.read_bytes()
-        if meta.get("sha256") and hashlib.sha256(blob).hexdigest() != meta["sha256"]:
+        if hashlib.sha256(blob).hexdigest() != meta["sha256"]:
             raise AdapterError(
                 f"{fs} does not match the checksum in adapter.json (truncated or corrupted); "
                 "refit the adapter."
             )
         try:
             tensors = st_load(blob)
+            alpha, embedding = tensors["alpha"], tensors["embedding"]
         except Exception as e:  # safetensors raises its own error types
             raise AdapterError(f"{fs} cannot be read ({e}); refit the adapter.") from e
-        return cls(alpha=tensors["alpha"], embedding=tensors["embedding"], meta=meta)
+        if alpha.dim() != 2 or embedding.dim() != 3 or tuple(alpha.shape) != tuple(embedding.shape[:2]):
+            raise AdapterError(
+                f"{fs} holds alpha {list(alpha.shape)} and embedding {list(embedding.shape)}, not "
+                "[n_layers, n_heads] and [n_layers, n_heads, d_head]; refit the adapter."
+            )
+        return cls(alpha=alpha, embedding=embedding, meta=meta)
+
+
+def ensure_writable_dir(path: str | Path) -> Path:
+    """Create ``path`` (and parents) if needed and check that files can be written in it; raise
+    :class:`OutputError` naming the problem otherwise (a file in the way, no permission, ...)."""
+    path = Path(path)
+    blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise OutputError(
+            f"Cannot write to {path}: {blocker} is a file, not a directory. Choose another "
+            "output directory (--out)."
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".sitelens-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise OutputError(
+            f"Cannot write to {path}: {e.strerror or e}. Choose a writable output directory (--out)."
+        ) from e
+    return path
 
 
 def _atomic_write(target: Path, data: bytes) -> None:
+    """Write ``data`` to a temp sibling, fsync, rename over ``target``: a crash leaves the old file
+    or the new one, never a half-written one (and no temp file on an error)."""
     tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 # ----------------------------------------------------------------------------------------------

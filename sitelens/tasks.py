@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import random
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -44,10 +45,15 @@ class Template:
         return {"shot": self.shot, "query": self.query, "answer_prefix": self.answer_prefix}
 
     def format_shot(self, ex: Example) -> str:
-        return self.shot.replace("{x}", ex.input).replace("{y}", ex.output)
+        return _fill(self.shot, ex.input, ex.output)
 
     def format_query(self, x: str) -> str:
         return self.query.replace("{x}", x)
+
+
+def _fill(part: str, x: str, y: str) -> str:
+    """``{x}``/``{y}`` filled in one pass: braces inside the input or output stay literal."""
+    return re.sub(r"\{x\}|\{y\}", lambda m: x if m.group(0) == "{x}" else y, part)
 
 
 DEFAULT_TEMPLATE = Template()
@@ -131,7 +137,16 @@ def _parse_items(raw, where: str, *, dedupe: bool) -> list[Example]:
 
 def _read_json(path: Path):
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise TaskError(f"{path}: not UTF-8 text; save the task file as UTF-8 JSON.") from e
+    if not text.strip():
+        raise TaskError(
+            f"{path} is empty; a task file holds a JSON list of {{'input': ..., 'output': ...}} "
+            "objects."
+        )
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise TaskError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); fix the file.") from e
 

@@ -1,5 +1,6 @@
 import pytest
 import torch
+from conftest import needs_hooked
 
 from sitelens import ModelError, PromptTooLongError, encode, load_model, tiny_model, z_hook_name
 from sitelens.models import fingerprint, last_token_forward, prefix_cache, select_cache
@@ -73,6 +74,8 @@ def test_fingerprint_distinguishes_models():
 
 
 def test_fast_layout_keeps_values(tiny_mha):
+    needs_hooked(tiny_mha, "fast_layout re-strides HookedTransformer weights (W_in, W_U, ...); "
+                 "a bridge keeps the Hugging Face layout")
     for name, p in tiny_mha.named_parameters():
         if name.endswith(("W_in", "W_U")):
             assert p.T.is_contiguous()

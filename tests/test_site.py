@@ -125,26 +125,31 @@ def test_inject_once_generation_equals_manual_prefill(tiny):
     mix = HeadMix(torch.rand(L, H), torch.randn(L, H, d) * 3)
     enc = encode(tiny, ["Q: hot\nA:", "Q: much longer\nA:"])
     gen, first = greedy_generate(tiny, enc, intervention=mix, max_new_tokens=6, stop_at_newline=False)
-    # manual: injected forward pass on the prompt, then plain greedy decoding without any hook,
-    # recomputing the whole sequence each step (no KV cache)
+    # manual, independent of any KV cache: recompute the whole sequence each step, with the mix
+    # applied at the last PROMPT position on every pass (the injected prompt state is kept, and
+    # generated positions are never injected). Raw model.hooks: no sitelens hook wrapping.
     tokens, mask = enc.tokens, enc.attention_mask
-    with torch.no_grad():
-        with apply_hooks(tiny, mix.hooks(tiny)):
-            lg = tiny(tokens, attention_mask=mask)[:, -1]
-        torch.testing.assert_close(first, lg, atol=1e-5, rtol=1e-5)
-        # the prompt's injected KV must be kept: rebuild it by replaying with the mix pinned to
-        # the prompt length, then continue without re-injecting
-        from sitelens.models import new_kv_cache
+    S = tokens.shape[1]
 
-        cache = new_kv_cache(tiny, 2)
-        with apply_hooks(tiny, mix.hooks(tiny)):
-            lg = tiny(tokens, attention_mask=mask, past_kv_cache=cache)[:, -1]
-        manual = []
+    def at_prompt(layer):
+        f = mix.hook_fn(layer)
+
+        def fn(z, hook):
+            return torch.cat([f(z[:, :S], hook), z[:, S:]], dim=1)
+
+        return fn
+
+    hooks = [(z_hook_name(tiny, layer), at_prompt(layer)) for layer in range(L)]
+    manual = []
+    with torch.no_grad(), tiny.hooks(fwd_hooks=hooks):
+        lg = tiny(tokens, attention_mask=mask)[:, -1]
+        torch.testing.assert_close(first, lg, atol=1e-5, rtol=1e-5)
         for _ in range(6):
             nxt = lg.argmax(-1)
             manual.append(nxt)
-            lg = tiny(nxt[:, None], attention_mask=torch.ones(2, 1, dtype=mask.dtype),
-                      past_kv_cache=cache)[:, -1]
+            tokens = torch.cat([tokens, nxt[:, None]], 1)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+            lg = tiny(tokens, attention_mask=mask)[:, -1]
     assert torch.equal(gen, torch.stack(manual, 1))
 
 

@@ -1,0 +1,215 @@
+"""The two backends: z-hook resolution, the runtime shape check, the self-check, no implicit
+compatibility mode, the reserved tiny names, and HookedTransformer == TransformerBridge on the same
+weights."""
+
+import copy
+
+import pytest
+import torch
+
+from sitelens import HeadMix, ModelError, encode, load_model, tiny_model, z_hook_name
+from sitelens.evaluate import greedy_generate, last_logits
+from sitelens.injection import apply_hooks
+from sitelens.models import (
+    has_hooked_transformer,
+    is_bridge,
+    kv_forward,
+    new_kv_cache,
+    resolve_backend,
+    self_check,
+    tiny_tokenizer,
+)
+from sitelens.site import last_token_z
+
+
+def test_z_hook_fires_with_its_own_name_and_shape(tiny):
+    enc = encode(tiny, ["Q: a\nA:"])
+    seen = {}
+
+    def grab(z, hook):
+        seen[hook.name] = tuple(z.shape)
+
+    names = [z_hook_name(tiny, layer) for layer in range(tiny.cfg.n_layers)]
+    with torch.no_grad(), apply_hooks(tiny, [(n, grab) for n in names]):
+        tiny(enc.tokens, attention_mask=enc.attention_mask)
+    assert list(seen) == names  # hook.name inside the hook is the resolved name
+    assert set(seen.values()) == {(1, enc.tokens.shape[1], tiny.cfg.n_heads, tiny.cfg.d_head)}
+    if is_bridge(tiny):
+        assert names[0] == "blocks.0.attn.o.hook_in"
+    else:
+        assert names[0] == "blocks.0.attn.hook_z"
+
+
+def test_canonical_hook_names(tiny_mha):
+    from sitelens.models import canonical_hook_name
+
+    enc = encode(tiny_mha, ["Q: a\nA:"])
+    seen = []
+    with torch.no_grad(), apply_hooks(tiny_mha, [("blocks.1.hook_resid_pre",
+                                                  lambda x, hook: seen.append(hook.name))]):
+        tiny_mha(enc.tokens, attention_mask=enc.attention_mask)
+    assert seen == [canonical_hook_name(tiny_mha, "blocks.1.hook_resid_pre")]
+    assert canonical_hook_name(tiny_mha, "blocks.0.attn.hook_z") == z_hook_name(tiny_mha, 0)
+    if is_bridge(tiny_mha):
+        with pytest.raises(ModelError, match="no hook point 'blocks.0.nope'"):
+            canonical_hook_name(tiny_mha, "blocks.0.nope")
+
+
+def test_z_hook_of_a_missing_layer(tiny_mha):
+    if not is_bridge(tiny_mha):
+        pytest.skip("HookedTransformer names are fixed strings")
+    with pytest.raises(ModelError, match="out of range"):
+        z_hook_name(tiny_mha, 99)
+
+
+def test_runtime_shape_check_names_the_hook(tiny_mha):
+    L, H, d = tiny_mha.cfg.n_layers, tiny_mha.cfg.n_heads, tiny_mha.cfg.d_head
+    mix = HeadMix(torch.ones(L, H), torch.zeros(L, H, d))
+    flat = torch.randn(2, 5, H * d)  # a [batch, pos, d_model] activation, as a flat o_proj input
+
+    class Hook:
+        name = "blocks.0.attn.o.hook_in"
+
+    with pytest.raises(ModelError) as e:
+        mix.hook_fn(0)(flat, hook=Hook())
+    msg = str(e.value)
+    assert "blocks.0.attn.o.hook_in" in msg and "[2, 5, 32]" in msg
+    assert f"[batch, pos, n_heads={H}, d_head={d}]" in msg
+
+
+def test_resolver_falls_back_and_reports_unknown_layouts(monkeypatch):
+    import sitelens.models as M
+
+    bridge = tiny_model(backend="bridge")
+    monkeypatch.setattr(M, "_BRIDGE_Z_CANDIDATES", ("blocks.{layer}.attn.nothing_here",))
+    M._Z_HOOKS.pop(bridge, None)
+    with pytest.raises(ModelError, match=r"No per-head z hook found in layer 0 .*blocks.0.attn.hook_z"):
+        z_hook_name(bridge, 0)
+    # a hook that exists but never fires on a forward pass
+    monkeypatch.setattr(M, "_BRIDGE_Z_CANDIDATES", ("blocks.{layer}.attn.hook_hidden_states",))
+    M._Z_HOOKS.pop(bridge, None)
+    with pytest.raises(ModelError, match="did not fire"):
+        self_check(bridge)
+    # a hook that fires with another layout
+    monkeypatch.setattr(M, "_BRIDGE_Z_CANDIDATES", ("blocks.{layer}.attn.o.hook_out",))
+    M._Z_HOOKS.pop(bridge, None)
+    with pytest.raises(ModelError, match=r"o.hook_out gave activations of shape \[1, \d+, 32\]"):
+        self_check(bridge)
+    M._Z_HOOKS.pop(bridge, None)
+
+
+def test_self_check_detects_a_hook_whose_return_is_ignored(backend, monkeypatch):
+    model = tiny_model(backend=backend)
+    assert self_check(model)["shape"][2:] == (4, 8)
+    real = model.hooks
+
+    def ignoring(fwd_hooks=(), **kw):  # a backend that runs hooks but drops what they return
+        return real(fwd_hooks=[(n, lambda z, hook, f=f: (f(z, hook), None)[1]) for n, f in fwd_hooks],
+                    **kw)
+
+    monkeypatch.setattr(model, "hooks", ignoring)
+    with pytest.raises(ModelError, match="did not change the logits"):
+        self_check(model)
+
+
+def test_bridge_never_enables_compatibility_mode(monkeypatch):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    def forbidden(self, *a, **k):
+        raise AssertionError("enable_compatibility_mode() was called")
+
+    monkeypatch.setattr(TransformerBridge, "enable_compatibility_mode", forbidden)
+    from sitelens import FitConfig, evaluate, fit_site, load_task
+
+    model = tiny_model(backend="bridge")
+    task = load_task("antonym")
+    ad = fit_site(model, task, n_prompts=2, n_shots=2, config=FitConfig(n_examples=4, batch_size=4))
+    evaluate(model, task, adapter=ad, limit=2, n_shots=2)
+    assert model.compatibility_mode is False
+
+
+def test_reserved_tiny_names(backend):
+    m = load_model("tiny-random", backend=backend)
+    g = load_model("tiny-random-gqa", backend=backend)
+    assert is_bridge(m) == (backend == "bridge")
+    assert m.cfg.model_name == "tiny-random" and g.cfg.model_name == "tiny-random-gqa"
+    assert g.cfg.n_key_value_heads == 2 and m.cfg.n_heads == 4
+
+
+def test_hooked_backend_needs_tl3(monkeypatch):
+    import sitelens.models as M
+
+    monkeypatch.setattr(M, "has_hooked_transformer", lambda: False)
+    with pytest.raises(ModelError, match=r"backend='hooked' needs HookedTransformer.*backend='bridge'"):
+        resolve_backend("hooked")
+    monkeypatch.delenv("SITELENS_BACKEND", raising=False)
+    assert resolve_backend(None) == "bridge"
+    monkeypatch.setenv("SITELENS_BACKEND", "nope")
+    with pytest.raises(ModelError, match="SITELENS_BACKEND='nope' is not a backend"):
+        resolve_backend(None)
+
+
+def test_bridge_cache_stand_in_matches_full_passes(tiny):
+    """kv_forward on a fresh cache, then one more token, equals one full pass."""
+    enc = encode(tiny, ["Q: ab\nA:", "Q: a longer one\nA:"])
+    cache = new_kv_cache(tiny, 2)
+    with torch.no_grad():
+        first = kv_forward(tiny, enc.tokens, enc.attention_mask, cache)[:, -1]
+        nxt = first.argmax(-1)[:, None]
+        second = kv_forward(tiny, nxt, torch.ones_like(nxt), cache)[:, -1]
+        full = tiny(torch.cat([enc.tokens, nxt], 1),
+                    attention_mask=torch.cat([enc.attention_mask, torch.ones_like(nxt)], 1))
+    torch.testing.assert_close(first, full[:, -2], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(second, full[:, -1], atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# the same weights on both backends
+
+
+@pytest.fixture(scope="module")
+def twins():
+    """One tiny random HF Llama as a HookedTransformer and as a TransformerBridge."""
+    if not has_hooked_transformer():
+        pytest.skip("HookedTransformer only: TransformerLens 4.x removed it")
+    from transformer_lens import HookedTransformer
+    from transformer_lens.pretrained.weight_conversions import convert_llama_weights
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from sitelens.models import _bridge_from_hf, _finalize, llama_config_from_hf
+
+    tok = tiny_tokenizer()
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                      max_position_embeddings=256, initializer_range=0.15, tie_word_embeddings=False,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(11)
+    hf = LlamaForCausalLM(cfg).eval()
+    # as sitelens.models._from_llama_hf does for SmolLM2, with the tokenizer attached directly
+    ht_cfg = llama_config_from_hf(hf.config, n_ctx=256, prepend_bos=True)
+    hooked = HookedTransformer(ht_cfg, tokenizer=None)
+    hooked.load_and_process_state_dict(convert_llama_weights(copy.deepcopy(hf), ht_cfg), fold_ln=True,
+                                       center_writing_weights=False, center_unembed=False)
+    hooked.tokenizer = tok
+    hooked = _finalize(hooked)
+    bridge = _finalize(_bridge_from_hf(hf, tiny_tokenizer(), name="twin", prepend_bos=True, n_ctx=256))
+    return hooked, bridge
+
+
+def test_backends_agree_on_the_same_weights(twins):
+    hooked, bridge = twins
+    prompts = ["Q: hot\nA:", "Q: a longer prompt\nA:", "Q: x\nA:"]
+    enc = encode(hooked, prompts)
+    assert torch.equal(enc.tokens, encode(bridge, prompts).tokens)
+    torch.testing.assert_close(last_logits(bridge, enc), last_logits(hooked, enc), atol=1e-4, rtol=1e-4)
+    zh = last_token_z(hooked, prompts, reduce="none")
+    zb = last_token_z(bridge, prompts, reduce="none")
+    torch.testing.assert_close(zb, zh, atol=1e-5, rtol=1e-4)
+    torch.manual_seed(0)
+    mix = HeadMix(torch.rand(2, 4), torch.randn(2, 4, 8) * 3)
+    torch.testing.assert_close(last_logits(bridge, enc, mix), last_logits(hooked, enc, mix),
+                               atol=1e-4, rtol=1e-4)
+    gh, _ = greedy_generate(hooked, enc, intervention=mix, max_new_tokens=5, stop_at_newline=False)
+    gb, _ = greedy_generate(bridge, enc, intervention=mix, max_new_tokens=5, stop_at_newline=False)
+    assert torch.equal(gb, gh)
