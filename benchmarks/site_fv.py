@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import threading
 import time
@@ -98,7 +99,14 @@ def run(args) -> None:
         names = [n for n in names if n not in EXTRACTIVE]
     if args.tasks:
         names = [n for n in names if n in args.tasks.split(",")]
-    names = [n for n in REFERENCE_SAMPLE if n in names] + [n for n in names if n not in REFERENCE_SAMPLE]
+    # the reference sample first, then short-prompt tasks before long-prompt ones (ag_news,
+    # commonsense_qa, squad_val), so that an interrupted run has covered the most tasks
+    def prompt_chars(n: str) -> float:
+        items = json.loads((fv / n / "valid.json").read_text())
+        return sum(len(str(x["input"])) + len(str(x["output"])) for x in items) / max(1, len(items))
+
+    rest = sorted((n for n in names if n not in REFERENCE_SAMPLE), key=prompt_chars)
+    names = [n for n in REFERENCE_SAMPLE if n in names] + rest
     for name in names:
         with_ref = name in REFERENCE_SAMPLE and args.reference
         want = ["zero-shot", "icl", "site"] + (["site-ref"] if with_ref else [])
@@ -150,10 +158,15 @@ def summarize_all() -> str:
     lines = ["# SITE on the FV benchmark tasks", ""]
     lines += [
         "Made by `python benchmarks/site_fv.py --model MODEL --fv ../shared/datasets/fv --limit 50 "
-        "[--abstractive]` then `python benchmarks/site_fv.py --summarize`, on the 2-core CPU machine "
-        "(torch threads 2). Test split capped at the first 50 items per task. Exact match (EM) and "
-        "first-token accuracy (FT) in %. SITE: default schedule (400 training examples in batches of 8, "
-        "best validation loss kept); `site-ref`: the reference schedule, 400 steps of batch 1.",
+        "--no-reference --threads 1 [--abstractive]`, the reference-schedule rows by the same command "
+        "without `--no-reference` and with `--tasks` the 8-task sample, then "
+        "`python benchmarks/site_fv.py --summarize`; on the 2-core CPU machine while other jobs "
+        "(figures, baselines) shared the cores, so the seconds below are inflated by contention "
+        "(antonym and country-capital ran with 2 threads, the rest with 1). Test split capped at the "
+        "first 50 items per task. Exact match (EM) and first-token accuracy (FT) in %. SITE: default "
+        "schedule (400 training examples in batches of 8, best validation loss kept); `site-ref`: the "
+        "reference schedule, 400 steps of batch 1. The run is resumable: rerunning the command "
+        "continues with the tasks not yet in the CSV.",
         "",
     ]
     for path in sorted(RESULTS.glob("site_fv_*.csv")):
