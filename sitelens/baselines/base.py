@@ -150,6 +150,25 @@ class Method:
 # small shared helpers
 
 
+@dataclass(kw_only=True)
+class TrainedMethod(Method):
+    """A method whose own parameters are trained by :func:`train_hook_params` on SITE's batches
+    (LoRA, (IA)3, I2CL): the shared training hyperparameters and the call that uses them."""
+
+    lr: float = 0.01
+    n_examples: int = 400
+    batch_size: int = 8
+    eval_every: int = 10
+    n_valid: int = 64
+
+    def _train(self, model, task: Task, params, make_hooks, *, seed, template, progress):
+        return train_hook_params(
+            model, task, params, make_hooks, lr=self.lr, n_examples=self.n_examples,
+            batch_size=self.batch_size, eval_every=self.eval_every, n_valid=self.n_valid,
+            seed=seed, template=template, progress=progress, desc=f"fit {self.name}",
+        )
+
+
 def resid_hook_name(layer: int, point: str = "resid_pre") -> str:
     """``blocks.{layer}.hook_resid_pre`` / ``hook_resid_post``."""
     if point not in ("resid_pre", "resid_mid", "resid_post"):

@@ -28,10 +28,9 @@ from sitelens.baselines.base import (
     Fitted,
     Hook,
     HookIntervention,
-    Method,
+    TrainedMethod,
     capture_last,
     count_params,
-    train_hook_params,
 )
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
 
@@ -82,16 +81,12 @@ def i2cl_hooks(model, vectors: Tensor, params: dict[str, Tensor]) -> list[Hook]:
 
 
 @dataclass(kw_only=True)
-class I2CL(Method):
+class I2CL(TrainedMethod):
     name: str = "i2cl"
     n_demos: int = 10
     lam_init: float = 0.1
     beta_init: float = 1.0
     lr: float = 0.01
-    n_examples: int = 400
-    batch_size: int = 8
-    eval_every: int = 10
-    n_valid: int = 64
 
     def fit(
         self,
@@ -106,10 +101,9 @@ class I2CL(Method):
         vectors = context_vectors(model, task, n_demos=self.n_demos, seed=seed,
                                   template=template)  # [2, n_layers, d_model]
         params = init_i2cl(model, self.lam_init, self.beta_init)
-        res = train_hook_params(
-            model, task, params, lambda p: i2cl_hooks(model, vectors, p), lr=self.lr,
-            n_examples=self.n_examples, batch_size=self.batch_size, eval_every=self.eval_every,
-            n_valid=self.n_valid, seed=seed, template=template, progress=progress, desc="fit i2cl",
+        res = self._train(
+            model, task, params, lambda p: i2cl_hooks(model, vectors, p),
+            seed=seed, template=template, progress=progress,
         )
         best = res.params
         return Fitted(

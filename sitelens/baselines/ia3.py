@@ -21,9 +21,8 @@ from sitelens.baselines.base import (
     Fitted,
     Hook,
     HookIntervention,
-    Method,
+    TrainedMethod,
     count_params,
-    train_hook_params,
 )
 from sitelens.baselines.lora import heads_of
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
@@ -55,13 +54,9 @@ def ia3_hooks(model, params: dict[str, Tensor]) -> list[Hook]:
 
 
 @dataclass(kw_only=True)
-class IA3(Method):
+class IA3(TrainedMethod):
     name: str = "ia3"
     lr: float = 0.01
-    n_examples: int = 400
-    batch_size: int = 8
-    eval_every: int = 10
-    n_valid: int = 64
 
     def fit(
         self,
@@ -76,10 +71,9 @@ class IA3(Method):
         if model.cfg.d_mlp is None or model.cfg.attn_only:
             raise ValueError("(IA)3 needs a model with MLP blocks.")
         params = init_ia3(model)
-        res = train_hook_params(
-            model, task, params, lambda p: ia3_hooks(model, p), lr=self.lr,
-            n_examples=self.n_examples, batch_size=self.batch_size, eval_every=self.eval_every,
-            n_valid=self.n_valid, seed=seed, template=template, progress=progress, desc="fit ia3",
+        res = self._train(
+            model, task, params, lambda p: ia3_hooks(model, p),
+            seed=seed, template=template, progress=progress,
         )
         best = res.params
         return Fitted(

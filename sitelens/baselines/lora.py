@@ -25,9 +25,8 @@ from sitelens.baselines.base import (
     Fitted,
     Hook,
     HookIntervention,
-    Method,
+    TrainedMethod,
     count_params,
-    train_hook_params,
 )
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
 
@@ -90,16 +89,12 @@ def lora_hooks(model, params: dict[str, Tensor], scaling: float) -> list[Hook]:
 
 
 @dataclass(kw_only=True)
-class LoRA(Method):
+class LoRA(TrainedMethod):
     name: str = "lora"
     rank: int = 8
     alpha: float = 16.0
     targets: tuple[str, ...] = ("q", "v")
     lr: float = 5e-3
-    n_examples: int = 400
-    batch_size: int = 8
-    eval_every: int = 10
-    n_valid: int = 64
 
     def fit(
         self,
@@ -113,10 +108,9 @@ class LoRA(Method):
         t0 = time.perf_counter()
         scaling = self.alpha / self.rank
         params = init_lora(model, self.rank, self.targets, seed)
-        res = train_hook_params(
-            model, task, params, lambda p: lora_hooks(model, p, scaling), lr=self.lr,
-            n_examples=self.n_examples, batch_size=self.batch_size, eval_every=self.eval_every,
-            n_valid=self.n_valid, seed=seed, template=template, progress=progress, desc="fit lora",
+        res = self._train(
+            model, task, params, lambda p: lora_hooks(model, p, scaling),
+            seed=seed, template=template, progress=progress,
         )
         best = res.params
         return Fitted(
