@@ -882,14 +882,29 @@ def wrap_hook(model, fn: Callable) -> Callable:
     On a HookedTransformer it is ``fn`` itself. On a TransformerBridge, during a
     :func:`kv_forward` / :func:`last_token_forward` full pass, ``fn`` is called once per segment
     of positions (axis 1) that a KV-cached pass would have run separately (the prompt, then each
-    decode step), and never on a frozen prefix; outside those passes it is called as usual."""
+    decode step), and never on a frozen prefix; outside those passes it is called as usual.
+
+    A function marked position-wise (:func:`position_wise`: it acts on each position on its own,
+    the same way at every step) is called once on all positions instead, and the frozen prefix is
+    restored afterwards. Hook functions that share state across hook points (LoRA reads the
+    block input in one hook and adds to ``hook_q`` in another) must be marked so."""
     if not is_bridge(model):
         return fn
+    pointwise = getattr(fn, "sitelens_position_wise", False)
 
     def viewed(x, hook=None):
         segs = _SEGMENTS.get(model)
         if segs is None or not isinstance(x, Tensor) or x.dim() < 2 or x.shape[1] != segs[-1][1]:
             return fn(x, hook=hook)
+        if pointwise:
+            out = fn(x, hook=hook)
+            out = x if out is None else out
+            frozen = [(s, e) for s, e, active in segs if not active]
+            if frozen:
+                out = out.clone()
+                for s, e in frozen:
+                    out[:, s:e] = x[:, s:e]
+            return out
         parts = []
         for start, end, active in segs:
             part = x[:, start:end]
@@ -900,6 +915,14 @@ def wrap_hook(model, fn: Callable) -> Callable:
         return torch.cat(parts, dim=1)
 
     return viewed
+
+
+def position_wise(fn: Callable) -> Callable:
+    """Mark a hook function as acting on each position on its own, identically at every forward
+    step (e.g. LoRA, (IA)3): on a bridge it then sees all positions of a pass at once (see
+    :func:`wrap_hook`). Returns ``fn``."""
+    fn.sitelens_position_wise = True
+    return fn
 
 
 def new_kv_cache(model, batch_size: int):

@@ -35,36 +35,6 @@ def needs_hooked(model, reason: str) -> None:
         pytest.skip(f"HookedTransformer only: {reason}")
 
 
-_BASELINES_REASON = (
-    "sitelens.baselines (TV, LTV, FV, I2CL, LoRA, (IA)3) use HookedTransformer hook names "
-    "(blocks.{l}.hook_resid_pre/post, hook_attn_out, hook_mlp_out) and ln_final/unembed on a "
-    "stop_at_layer residual; not yet ported to TransformerBridge"
-)
-# Tests that build their model with tiny_model() directly (the default backend) and need
-# HookedTransformer internals: skipped, with the reason, when only the bridge runs.
-HOOKED_ONLY = {
-    "tests/test_baselines.py::test_ltv_w_is_the_ridge_closed_form": _BASELINES_REASON,
-    "tests/test_baselines.py::test_ltv_adds_w_h_at_the_last_token_only": _BASELINES_REASON,
-    "tests/test_baselines.py::test_fv_adds_exactly_the_summed_head_outputs": _BASELINES_REASON,
-    "tests/test_baselines.py::test_tv_replaces_exactly_one_state": _BASELINES_REASON,
-    "tests/test_baselines.py::test_i2cl_trains_only_its_scalars": _BASELINES_REASON,
-    "tests/test_baselines.py::test_lora_zero_init_is_identity_and_counts_params": _BASELINES_REASON,
-    "tests/test_baselines.py::test_ia3_unit_init_is_identity_and_counts_params": _BASELINES_REASON,
-    "tests/test_baselines.py::test_evaluate_runs_every_baseline": _BASELINES_REASON,
-    "tests/test_metrics.py::test_bench_writes_tidy_rows_and_resumes_without_refitting":
-        "the bench run includes the 'tv' baseline: " + _BASELINES_REASON,
-}
-
-
-def pytest_collection_modifyitems(config, items):
-    if "hooked" in BACKENDS:  # tiny_model() defaults to a HookedTransformer
-        return
-    for item in items:
-        reason = HOOKED_ONLY.get(item.nodeid.split("[")[0])
-        if reason is not None:
-            item.add_marker(pytest.mark.skip(reason=f"HookedTransformer only: {reason}"))
-
-
 @pytest.fixture(scope="session", params=BACKENDS)
 def backend(request):
     return request.param

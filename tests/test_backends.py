@@ -213,3 +213,48 @@ def test_backends_agree_on_the_same_weights(twins):
     gh, _ = greedy_generate(hooked, enc, intervention=mix, max_new_tokens=5, stop_at_newline=False)
     gb, _ = greedy_generate(bridge, enc, intervention=mix, max_new_tokens=5, stop_at_newline=False)
     assert torch.equal(gb, gh)
+
+
+def _baseline_interventions(model):
+    """One intervention of each hook-based baseline with fixed, non-trivial parameters (the
+    same numbers on both twins: they share n_layers, n_heads, d_head, d_model)."""
+    from sitelens.baselines.base import HookIntervention
+    from sitelens.baselines.fv import fv_intervention
+    from sitelens.baselines.i2cl import i2cl_hooks, init_i2cl
+    from sitelens.baselines.ia3 import ia3_hooks, init_ia3
+    from sitelens.baselines.lora import init_lora, lora_hooks
+    from sitelens.baselines.ltv import ltv_intervention
+    from sitelens.baselines.tv import tv_intervention
+
+    g = torch.Generator().manual_seed(3)
+    L, d = model.cfg.n_layers, model.cfg.d_model
+    lora = {k: torch.randn(v.shape, generator=g) * 0.3 for k, v in init_lora(model, rank=2).items()}
+    ia3 = {k: 1 + torch.randn(v.shape, generator=g) * 0.3 for k, v in init_ia3(model).items()}
+    i2cl = {k: torch.randn(v.shape, generator=g) * 0.3 for k, v in init_i2cl(model).items()}
+    vectors = torch.randn(L, 2, d, generator=g)
+    return {
+        "tv": tv_intervention(torch.randn(d, generator=g) * 2, 1),
+        "fv": fv_intervention(torch.randn(d, generator=g) * 2, 1),
+        "ltv": ltv_intervention(torch.randn(d, d, generator=g) * 0.2, L - 1),
+        "lora": HookIntervention(lambda m, s: lora_hooks(m, lora, 2.0), scope="all"),
+        "ia3": HookIntervention(lambda m, s: ia3_hooks(m, ia3), scope="all"),
+        "i2cl": HookIntervention(lambda m, s: i2cl_hooks(m, vectors, i2cl), scope="all"),
+    }
+
+
+@pytest.mark.parametrize("method", ["tv", "fv", "ltv", "lora", "ia3", "i2cl"])
+def test_baselines_agree_across_backends(twins, method):
+    """Each baseline's hooks (HookedTransformer names) act the same on a TransformerBridge:
+    the same logits at the answer position and the same greedy continuation."""
+    hooked, bridge = twins
+    enc = encode(hooked, ["Q: hot\nA:", "Q: a longer prompt\nA:", "Q: x\nA:"])
+    inter_h = _baseline_interventions(hooked)[method]
+    inter_b = _baseline_interventions(bridge)[method]
+    base = last_logits(hooked, enc)
+    lh = last_logits(hooked, enc, inter_h)
+    assert (lh - base).abs().max() > 1e-3  # the intervention does something
+    torch.testing.assert_close(last_logits(bridge, enc, inter_b), lh, atol=1e-4, rtol=1e-4)
+    gh, fh = greedy_generate(hooked, enc, intervention=inter_h, max_new_tokens=5, stop_at_newline=False)
+    gb, fb = greedy_generate(bridge, enc, intervention=inter_b, max_new_tokens=5, stop_at_newline=False)
+    torch.testing.assert_close(fb, fh, atol=1e-4, rtol=1e-4)
+    assert torch.equal(gb, gh)

@@ -47,9 +47,9 @@ N_KV = 2  # grouped-query tiny model: 4 query heads, 2 key/value heads
 
 
 @pytest.fixture(scope="module")
-def model():
+def model(backend):
     torch.manual_seed(0)
-    return tiny_model(n_key_value_heads=N_KV)
+    return tiny_model(n_key_value_heads=N_KV, backend=backend)
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +83,13 @@ def _capture(model, prompts, names, hooks=()):
     enc = encode(model, prompts)
     got = {}
 
-    def grab(x, hook):
-        got[hook.name] = x.detach().clone()
+    def grabber(name):  # keyed by the requested name (a bridge's hook.name is the canonical one)
+        def grab(x, hook=None):
+            got[name] = x.detach().clone()
 
-    with torch.no_grad(), apply_hooks(model, list(hooks) + [(n, grab) for n in names]):
+        return grab
+
+    with torch.no_grad(), apply_hooks(model, list(hooks) + [(n, grabber(n)) for n in names]):
         model(enc.tokens, attention_mask=enc.attention_mask)
     return got, enc
 

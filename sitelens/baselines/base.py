@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from sitelens.errors import FitError, TaskError
 from sitelens.injection import HeadMix, apply_hooks
-from sitelens.models import Encoded, encode, last_token_forward, prefix_cache
+from sitelens.models import Encoded, encode, is_bridge, last_token_forward, prefix_cache
 from sitelens.site import FitConfig, training_batches
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,
@@ -232,10 +232,15 @@ def capture_last(
         enc = encode(model, [prompts[i] for i in idx])
         buf: dict[str, Tensor] = {}
 
-        def grab(x, hook, buf=buf):
-            buf[hook.name] = x[:, -1].detach().float().cpu()  # [batch, ...]
+        def grabber(name: str, buf=buf) -> Callable:
+            # keyed by the requested name: on a TransformerBridge ``hook.name`` is the canonical
+            # name behind an alias such as ``blocks.{l}.hook_resid_post``
+            def grab(x, hook=None):
+                buf[name] = x[:, -1].detach().float().cpu()  # [batch, ...]
 
-        with torch.no_grad(), apply_hooks(model, [(n, grab) for n in hook_names]):
+            return grab
+
+        with torch.no_grad(), apply_hooks(model, [(n, grabber(n)) for n in hook_names]):
             model(enc.tokens, attention_mask=enc.attention_mask, stop_at_layer=stop)
         for n in hook_names:
             parts[n].append(buf[n])
@@ -306,6 +311,9 @@ def last_position_logits(model, enc: Encoded) -> Float[Tensor, "batch d_vocab"]:
     (same numbers as ``model(...)[:, -1]``, without the ``[batch, pos, d_vocab]`` tensor)."""
     from transformer_lens.utilities.activation_functions import apply_softcap
 
+    if is_bridge(model):  # a bridge's stop_at_layer still unembeds: take the full logits
+        out = model(enc.tokens, attention_mask=enc.attention_mask)  # [batch, pos, d_vocab]
+        return out[:, -1].float()
     resid = model(
         enc.tokens, attention_mask=enc.attention_mask, stop_at_layer=model.cfg.n_layers
     )  # [batch, pos, d_model]

@@ -28,6 +28,7 @@ from sitelens.baselines.base import (
     TrainedMethod,
     count_params,
 )
+from sitelens.models import position_wise
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
 
 TARGETS = ("q", "k", "v")
@@ -36,7 +37,8 @@ TARGETS = ("q", "k", "v")
 def heads_of(model, target: str) -> int:
     """Heads seen by ``hook_{target}``: ``n_heads`` for q, ``n_key_value_heads`` for k/v (GQA)."""
     c = model.cfg
-    if target == "q" or c.n_key_value_heads is None or c.ungroup_grouped_query_attention:
+    ungrouped = getattr(c, "ungroup_grouped_query_attention", False)  # not on a bridge config
+    if target == "q" or c.n_key_value_heads is None or ungrouped:
         return c.n_heads
     return c.n_key_value_heads
 
@@ -71,6 +73,7 @@ def lora_hooks(model, params: dict[str, Tensor], scaling: float) -> list[Hook]:
     for layer in range(model.cfg.n_layers):
         store: dict[str, Tensor] = {}
 
+        @position_wise  # shares ``store`` with the hook_q/k/v hooks below
         def grab(x, hook=None, store=store):
             store["x"] = x  # [batch, pos, d_model]
             return x
@@ -78,6 +81,7 @@ def lora_hooks(model, params: dict[str, Tensor], scaling: float) -> list[Hook]:
         hooks.append((input_hook_name(model, layer), grab))
         for t in targets:
 
+            @position_wise
             def add(y, hook=None, store=store, t=t, layer=layer):
                 A = params[f"A_{t}"][layer].to(y.device, y.dtype)  # [d_model, r]
                 B = params[f"B_{t}"][layer].to(y.device, y.dtype)  # [r, n_heads_t * d_head]
