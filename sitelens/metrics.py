@@ -57,18 +57,28 @@ def accuracy(predictions, targets=None) -> float:
 
 
 def bootstrap_ci(
-    values: Sequence[float], n_boot: int = 1000, seed: int = 0, *, level: float = 0.95
-) -> tuple[float, float]:
-    """Percentile bootstrap confidence interval of the mean (``level`` two-sided). NaNs are
-    dropped; ``(nan, nan)`` when nothing is left."""
+    values, n_boot: int = 1000, seed: int = 0, *, level: float = 0.95
+):
+    """Percentile bootstrap confidence interval of the mean over the last axis (``level``
+    two-sided).
+
+    1-D ``values``: NaNs are dropped and ``(lo, hi)`` are floats (``(nan, nan)`` when nothing is
+    left). ``values`` of shape ``[..., n_items]``: the same seeded resamples of items are used for
+    every leading index (paired across conditions) and ``(lo, hi)`` are arrays of the leading
+    shape. ``n_boot=0`` gives NaNs."""
     x = np.asarray(values, dtype=float)
-    x = x[~np.isnan(x)]
-    if x.size == 0:
-        return float("nan"), float("nan")
+    if x.ndim == 1:
+        x = x[~np.isnan(x)]
+    lead, n = x.shape[:-1], x.shape[-1]
+    if n_boot <= 0 or n == 0:
+        lo = np.full(lead, np.nan)
+        return (float(lo), float(lo)) if x.ndim == 1 else (lo, lo.copy())
     rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1)  # [n_boot]
-    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return float(lo), float(hi)
+    idx = rng.integers(0, n, size=(n_boot, n))  # [n_boot, n_items]
+    means = x[..., idx].mean(-1)  # [..., n_boot]
+    q = (1 - level) / 2
+    lo, hi = np.quantile(means, q, axis=-1), np.quantile(means, 1 - q, axis=-1)
+    return (float(lo), float(hi)) if x.ndim == 1 else (lo, hi)
 
 
 def correlation(x: Sequence[float], y: Sequence[float], method: str = "pearson") -> float:

@@ -35,6 +35,7 @@ from torch import Tensor
 from sitelens.errors import AdapterError, TaskError
 from sitelens.evaluate import evaluate, last_logits
 from sitelens.injection import HeadMix, apply_hooks
+from sitelens.metrics import bootstrap_ci
 from sitelens.models import (
     encode,
     last_token_forward,
@@ -100,25 +101,6 @@ def spearman(x, y) -> float:
     if rx.std() == 0 or ry.std() == 0:
         return float("nan")
     return float(np.corrcoef(rx, ry)[0, 1])
-
-
-def bootstrap_ci(
-    values: np.ndarray, *, n_boot: int = 1000, seed: int = 0, level: float = 0.95
-) -> tuple[np.ndarray, np.ndarray]:
-    """Percentile bootstrap CI of the mean over the last axis (items) of ``values`` [..., n_items].
-
-    The same seeded resamples of items are used for every leading index (paired across
-    conditions). ``n_boot=0`` gives NaNs."""
-    values = np.asarray(values, dtype=float)
-    lead, n = values.shape[:-1], values.shape[-1]
-    if n_boot <= 0 or n == 0:
-        nan = np.full(lead, np.nan)
-        return nan, nan.copy()
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(n_boot, n))  # [n_boot, n_items]
-    means = values[..., idx].mean(-1)  # [..., n_boot]
-    q = (1 - level) / 2
-    return np.quantile(means, q, axis=-1), np.quantile(means, 1 - q, axis=-1)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -161,11 +161,37 @@ class TrainedMethod(Method):
     eval_every: int = 10
     n_valid: int = 64
 
-    def _train(self, model, task: Task, params, make_hooks, *, seed, template, progress):
-        return train_hook_params(
-            model, task, params, make_hooks, lr=self.lr, n_examples=self.n_examples,
-            batch_size=self.batch_size, eval_every=self.eval_every, n_valid=self.n_valid,
-            seed=seed, template=template, progress=progress, desc=f"fit {self.name}",
+    def _fit_hooks(
+        self,
+        model,
+        task: Task,
+        params: dict[str, Tensor],
+        hooks_of: Callable[[Any, dict[str, Tensor]], list[Hook]],
+        *,
+        t0: float,
+        seed: int,
+        template: Template,
+        progress: bool,
+        state: dict | None = None,
+        meta: dict | None = None,
+    ) -> Fitted:
+        """Train ``params`` of the every-position hooks ``hooks_of(model, params)`` and wrap the
+        best ones (lowest validation loss) as a :class:`Fitted` with ``scope="all"``."""
+        res = train_hook_params(
+            model, task, params, lambda p: hooks_of(model, p), lr=self.lr,
+            n_examples=self.n_examples, batch_size=self.batch_size, eval_every=self.eval_every,
+            n_valid=self.n_valid, seed=seed, template=template, progress=progress,
+            desc=f"fit {self.name}",
+        )
+        best = res.params
+        return Fitted(
+            self.name,
+            intervention=HookIntervention(lambda m, seq_len: hooks_of(m, best), scope="all"),
+            n_params=count_params(best),
+            fit_seconds=time.perf_counter() - t0,
+            state={"params": best, "history": res.history, "best_step": res.best_step,
+                   **(state or {})},
+            meta={"stored_numbers": count_params(best), **(meta or {})},
         )
 
 

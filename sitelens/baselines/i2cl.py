@@ -27,10 +27,8 @@ from torch import Tensor
 from sitelens.baselines.base import (
     Fitted,
     Hook,
-    HookIntervention,
     TrainedMethod,
     capture_last,
-    count_params,
 )
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
 
@@ -101,18 +99,8 @@ class I2CL(TrainedMethod):
         vectors = context_vectors(model, task, n_demos=self.n_demos, seed=seed,
                                   template=template)  # [2, n_layers, d_model]
         params = init_i2cl(model, self.lam_init, self.beta_init)
-        res = self._train(
-            model, task, params, lambda p: i2cl_hooks(model, vectors, p),
-            seed=seed, template=template, progress=progress,
-        )
-        best = res.params
-        return Fitted(
-            self.name,
-            intervention=HookIntervention(lambda m, seq_len: i2cl_hooks(m, vectors, best),
-                                          scope="all"),
-            n_params=count_params(best),
-            fit_seconds=time.perf_counter() - t0,
-            state={"params": best, "vectors": vectors, "history": res.history,
-                   "best_step": res.best_step},
+        return self._fit_hooks(
+            model, task, params, lambda m, p: i2cl_hooks(m, vectors, p), t0=t0, seed=seed,
+            template=template, progress=progress, state={"vectors": vectors},
             meta={"stored_numbers": vectors.numel()},
         )

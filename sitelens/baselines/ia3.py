@@ -20,9 +20,7 @@ from torch import Tensor
 from sitelens.baselines.base import (
     Fitted,
     Hook,
-    HookIntervention,
     TrainedMethod,
-    count_params,
 )
 from sitelens.baselines.lora import heads_of
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
@@ -71,16 +69,7 @@ class IA3(TrainedMethod):
         if model.cfg.d_mlp is None or model.cfg.attn_only:
             raise ValueError("(IA)3 needs a model with MLP blocks.")
         params = init_ia3(model)
-        res = self._train(
-            model, task, params, lambda p: ia3_hooks(model, p),
-            seed=seed, template=template, progress=progress,
-        )
-        best = res.params
-        return Fitted(
-            self.name,
-            intervention=HookIntervention(lambda m, seq_len: ia3_hooks(m, best), scope="all"),
-            n_params=count_params(best),
-            fit_seconds=time.perf_counter() - t0,
-            state={"params": best, "history": res.history, "best_step": res.best_step},
-            meta={"stored_numbers": count_params(best)},
+        return self._fit_hooks(
+            model, task, params, ia3_hooks, t0=t0, seed=seed, template=template,
+            progress=progress,
         )

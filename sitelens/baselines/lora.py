@@ -24,9 +24,7 @@ from torch import Tensor
 from sitelens.baselines.base import (
     Fitted,
     Hook,
-    HookIntervention,
     TrainedMethod,
-    count_params,
 )
 from sitelens.models import position_wise
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
@@ -112,19 +110,8 @@ class LoRA(TrainedMethod):
         t0 = time.perf_counter()
         scaling = self.alpha / self.rank
         params = init_lora(model, self.rank, self.targets, seed)
-        res = self._train(
-            model, task, params, lambda p: lora_hooks(model, p, scaling),
-            seed=seed, template=template, progress=progress,
-        )
-        best = res.params
-        return Fitted(
-            self.name,
-            intervention=HookIntervention(lambda m, seq_len: lora_hooks(m, best, scaling),
-                                          scope="all"),
-            n_params=count_params(best),
-            fit_seconds=time.perf_counter() - t0,
-            state={"params": best, "scaling": scaling, "history": res.history,
-                   "best_step": res.best_step},
-            meta={"rank": self.rank, "targets": list(self.targets),
-                  "stored_numbers": count_params(best)},
+        return self._fit_hooks(
+            model, task, params, lambda m, p: lora_hooks(m, p, scaling), t0=t0, seed=seed,
+            template=template, progress=progress, state={"scaling": scaling},
+            meta={"rank": self.rank, "targets": list(self.targets)},
         )
