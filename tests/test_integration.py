@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from sitelens import FitConfig, encode, fit_site, load_task
-from sitelens.evaluate import first_token_accuracy
-from sitelens.models import load_hf_reference
+from sitelens.baselines import TV
+from sitelens.evaluate import first_token_accuracy, last_logits
+from sitelens.models import has_hooked_transformer, is_bridge, load_hf_reference, load_model, self_check
 from sitelens.tasks import answer_token_ids, zero_shot_prompt
 
 pytestmark = pytest.mark.integration
@@ -77,6 +78,33 @@ def test_site_beats_zero_shot_on_smollm2(smollm2):
     zs = first_token_accuracy(smollm2, prompts, answers)
     site = first_token_accuracy(smollm2, prompts, answers, adapter.mix())
     assert site > zs + 0.1, (zs, site)
+
+
+def test_bundled_smollm2_on_the_bridge(request):
+    """SmolLM2 as a TransformerBridge (the only backend on TransformerLens 4.x): the z hook is found
+    and acts, the next-token log-probs agree with the HookedTransformer (on TL 3.9), and SITE and a
+    baseline (TV) fitted on the bridge beat zero-shot. The TL 4 CI job runs this test."""
+    bridge = load_model("smollm2-135m-instruct", backend="bridge")
+    assert is_bridge(bridge)
+    assert self_check(bridge)["shape"][2:] == (9, 64)  # query heads, d_head
+    if has_hooked_transformer():
+        hooked = request.getfixturevalue("smollm2")
+        enc = encode(hooked, PROMPTS)
+        diff = last_logits(bridge, enc).log_softmax(-1) - last_logits(hooked, enc).log_softmax(-1)
+        assert diff.abs().max() < 1e-3
+    task = load_task("country_capital")
+    adapter = fit_site(
+        bridge, task, n_prompts=16, n_shots=5,
+        config=FitConfig(n_examples=96, batch_size=8, eval_every=4),
+    )
+    items = task.test
+    prompts = [zero_shot_prompt(ex.input) for ex in items]
+    answers = answer_token_ids(bridge, [ex.output for ex in items])
+    zs = first_token_accuracy(bridge, prompts, answers)
+    site = first_token_accuracy(bridge, prompts, answers, adapter.mix())
+    assert site > zs + 0.1, (zs, site)
+    tv = TV(n_prompts=16, n_shots=5, n_valid=16).fit(bridge, task)
+    assert first_token_accuracy(bridge, prompts, answers, tv.intervention) > zs
 
 
 def test_cli_fit_and_eval_json(tmp_path):
