@@ -59,8 +59,8 @@ from sitelens.plotting import (
     matrix_heatmap,
     patching_curves,
 )
-from sitelens.site import FitConfig, SiteAdapter, _versions, fit_alpha, task_embedding
-from sitelens.tasks import DEFAULT_TEMPLATE, Task, load_task
+from sitelens.site import FitConfig, SiteAdapter, fit_site, task_embedding
+from sitelens.tasks import Task, load_task
 
 DEFAULT_MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 
@@ -242,7 +242,6 @@ def fit_cell(model, task: Task, lam: float, cfg: FigureConfig, cells: _Cells,
              *, progress: bool = False) -> SiteAdapter:
     """The SITE adapter of (task, λ): loaded from ``runs/adapters/`` if a valid one was saved with
     the same parameters, else fitted (stage 1 shared across λ) and saved."""
-    from sitelens.models import fingerprint, model_name
 
     params = _fit_params(cfg, lam)
     path = cells.dir / "adapters" / f"{_slug(task.name)}_{_lam(lam)}_{_key(params)}"
@@ -258,25 +257,12 @@ def fit_cell(model, task: Task, lam: float, cfg: FigureConfig, cells: _Cells,
     t1 = time.perf_counter()
     fc = FitConfig(lr=cfg.lr, n_examples=cfg.n_examples, batch_size=cfg.batch_size,
                    sparsity=lam, seed=cfg.seed)
-    res = fit_alpha(model, task, emb, fc, progress=progress)
-    valid = [h["valid_loss"] for h in res.history if h["valid_loss"] == h["valid_loss"]]
-    meta = {  # the same fields as sitelens.site.fit_site writes
-        "model": model_name(model),
-        "fingerprint": fingerprint(model),
-        "task": task.name,
-        "template": DEFAULT_TEMPLATE.to_dict(),
-        "hyperparameters": dict(asdict(fc), n_prompts=cfg.n_prompts, n_shots=cfg.n_shots),
-        "versions": _versions(),
-        "stage1_seconds": t1 - t0,
-        "stage2_seconds": res.seconds,
-        "best_step": res.best_step,
-        "final_valid_loss": min(valid),
-    }
-    ad = SiteAdapter(alpha=res.alpha, embedding=emb, meta=meta)
+    ad = fit_site(model, task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, config=fc,
+                  progress=progress, embedding=emb, stage1_seconds=t1 - t0)
     ad.save(path)
     cells.record(f"fit/{task.name}/{_lam(lam)}", time.perf_counter() - t1)  # stage 2 only
     cells.log(f"  fitted {task.name} λ={lam:g} in {time.perf_counter() - t0:.1f}s "
-              f"(best step {res.best_step}, valid loss {min(valid):.3f})")
+              f"(best step {ad.meta['best_step']}, valid loss {ad.meta['final_valid_loss']:.3f})")
     return ad
 
 

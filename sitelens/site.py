@@ -431,15 +431,33 @@ def fit_site(
     template: Template = DEFAULT_TEMPLATE,
     batch_size: int = 8,
     progress: bool = False,
+    embedding: Float[Tensor, "n_layers n_heads d_head"] | None = None,
+    stage1_seconds: float | None = None,
 ) -> SiteAdapter:
-    """Stage 1 + stage 2 → a :class:`SiteAdapter` (timings in ``meta``)."""
+    """Stage 1 + stage 2 → a :class:`SiteAdapter` (timings in ``meta``).
+
+    ``embedding``: a task embedding already computed by :func:`task_embedding` (e.g. shared by
+    fits that differ only in stage 2, such as a sweep over the sparsity λ); stage 1 is then
+    skipped and ``stage1_seconds`` (its cost, if known) is recorded instead."""
     cfg = config or FitConfig()
     t0 = time.perf_counter()
-    emb = task_embedding(
-        model, task, n_prompts=n_prompts, n_shots=n_shots, batch_size=batch_size,
-        seed=cfg.seed, template=template,
-    )  # [n_layers, n_heads, d_head]
+    if embedding is None:
+        emb = task_embedding(
+            model, task, n_prompts=n_prompts, n_shots=n_shots, batch_size=batch_size,
+            seed=cfg.seed, template=template,
+        )  # [n_layers, n_heads, d_head]
+    else:
+        c = model.cfg
+        if tuple(embedding.shape) != (c.n_layers, c.n_heads, c.d_head):
+            raise FitError(
+                f"The task embedding has shape {list(embedding.shape)}, but this model needs "
+                f"[n_layers={c.n_layers}, n_heads={c.n_heads}, d_head={c.d_head}]; compute it "
+                "with sitelens.task_embedding(model, task)."
+            )
+        emb = embedding
     t1 = time.perf_counter()
+    if embedding is not None:
+        t0 = t1 - (stage1_seconds or 0.0)
     res = fit_alpha(model, task, emb, cfg, template=template, progress=progress)
     meta = {
         "model": model_name(model),

@@ -4,6 +4,7 @@ import torch
 from sitelens import (
     AdapterError,
     FitConfig,
+    FitError,
     HeadMix,
     SiteAdapter,
     apply_hooks,
@@ -117,6 +118,19 @@ def test_fit_is_deterministic(tiny_mha, task):
     a = fit_site(tiny_mha, task, n_prompts=4, n_shots=2, config=cfg)
     b = fit_site(tiny_mha, task, n_prompts=4, n_shots=2, config=cfg)
     assert torch.equal(a.alpha, b.alpha) and torch.equal(a.embedding, b.embedding)
+
+
+def test_fit_with_a_precomputed_embedding(tiny_mha, task):
+    cfg = FitConfig(n_examples=12, batch_size=4, eval_every=1, seed=3)
+    a = fit_site(tiny_mha, task, n_prompts=4, n_shots=2, config=cfg)
+    emb = task_embedding(tiny_mha, task, n_prompts=4, n_shots=2, seed=3)
+    b = fit_site(tiny_mha, task, n_prompts=4, n_shots=2, config=cfg, embedding=emb,
+                 stage1_seconds=1.5)
+    assert torch.equal(a.alpha, b.alpha) and b.embedding is emb
+    assert b.meta["stage1_seconds"] == pytest.approx(1.5, abs=0.05)
+    assert b.meta["hyperparameters"] == a.meta["hyperparameters"]
+    with pytest.raises(FitError, match=r"task embedding has shape \[2, 4\]"):
+        fit_site(tiny_mha, task, config=cfg, embedding=emb[:, :, 0])
 
 
 def test_inject_once_generation_equals_manual_prefill(tiny):

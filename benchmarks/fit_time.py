@@ -1,0 +1,111 @@
+"""Seconds of a SITE fit (stage 1 + stage 2, default configuration) on a quiet machine.
+
+The per-task fit times in ``site_fv.md`` were taken while other jobs shared the two cores; this
+script measures the fit alone, on a sample of FV tasks, with ``--threads`` torch threads, and
+records the 1-minute load average before each fit so that a contended row can be told apart.
+
+    python benchmarks/fit_time.py --model smollm2-135m-instruct --fv ../shared/datasets/fv --threads 2
+
+Writes ``results/fit_time_{model}.csv`` (one row per task, appended as it goes; finished tasks are
+skipped on a rerun) and ``results/fit_time.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+# The reference-schedule sample of site_fv.py plus four tasks with longer prompts.
+SAMPLE = [
+    "antonym", "country-capital", "english-french", "present-past", "singular-plural",
+    "capitalize_first_letter", "choose_first_of_3", "person-occupation",
+    "choose_middle_of_5", "color_v_animal_5", "synonym", "sentiment",
+]
+FIELDS = ["model", "task", "threads", "load_avg_1min", "stage1_seconds", "stage2_seconds",
+          "fit_seconds", "wall_seconds"]
+
+
+def run(args) -> Path:
+    from sitelens import FitConfig, fit_site, load_model, load_task
+
+    torch.set_num_threads(args.threads)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"fit_time_{args.model}.csv"
+    done = set(pd.read_csv(out).task) if out.exists() else set()
+    model = load_model(args.model)
+    fv = Path(args.fv)
+    for name in args.tasks.split(",") if args.tasks else SAMPLE:
+        if name in done or not (fv / name / "train.json").exists():
+            continue
+        task = load_task(fv / name, dedupe=True)
+        load = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        adapter = fit_site(model, task, config=FitConfig(seed=0))
+        wall = time.perf_counter() - t0
+        s1, s2 = adapter.meta["stage1_seconds"], adapter.meta["stage2_seconds"]
+        row = {"model": args.model, "task": name, "threads": args.threads,
+               "load_avg_1min": round(load, 2), "stage1_seconds": round(s1, 2),
+               "stage2_seconds": round(s2, 2), "fit_seconds": round(s1 + s2, 2),
+               "wall_seconds": round(wall, 2)}
+        new = not out.exists()
+        with open(out, "a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=FIELDS)
+            if new:
+                w.writeheader()
+            w.writerow(row)
+        print(row, flush=True)
+    return out
+
+
+def summarize() -> str:
+    lines = [
+        "# SITE fit time on a quiet machine",
+        "",
+        "Made by `python benchmarks/fit_time.py --model MODEL --fv ../shared/datasets/fv --threads 2` "
+        "on the 2-core CPU machine with no other job running (the load average before each fit is in "
+        "the CSV). Default configuration: stage 1 = 50 prompts of 10 shots, stage 2 = 400 training "
+        "examples in batches of 8 with validation every 10 steps on 64 items. Target (issue 3): "
+        "stage 1 + stage 2 median ≤ 30 s per task on SmolLM2.",
+        "",
+    ]
+    for path in sorted(RESULTS.glob("fit_time_*.csv")):
+        df = pd.read_csv(path)
+        lines += [f"## {df.model.iloc[0]} ({len(df)} tasks)", "",
+                  f"- stage 1 + stage 2: median {df.fit_seconds.median():.1f} s, "
+                  f"min {df.fit_seconds.min():.1f} s, max {df.fit_seconds.max():.1f} s "
+                  f"(stage 1 median {df.stage1_seconds.median():.1f} s, stage 2 median "
+                  f"{df.stage2_seconds.median():.1f} s).", "",
+                  "| task | threads | load avg | stage 1 s | stage 2 s | fit s |",
+                  "|---|---|---|---|---|---|"]
+        for r in df.itertuples():
+            lines.append(f"| {r.task} | {r.threads} | {r.load_avg_1min:.2f} | {r.stage1_seconds:.1f} "
+                         f"| {r.stage2_seconds:.1f} | {r.fit_seconds:.1f} |")
+        lines.append("")
+    text = "\n".join(lines)
+    (RESULTS / "fit_time.md").write_text(text)
+    return text
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--fv", default=str(HERE.parent.parent / "shared" / "datasets" / "fv"))
+    ap.add_argument("--tasks", default="")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--summarize", action="store_true")
+    args = ap.parse_args()
+    if not args.summarize:
+        run(args)
+    print(summarize())
+
+
+if __name__ == "__main__":
+    main()
