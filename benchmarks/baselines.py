@@ -1,0 +1,143 @@
+"""Summaries of the baselines benchmark (``sitelens bench`` results): markdown + dNTP figure.
+
+The cells themselves come from the resumable CLI, one CSV per model, e.g.
+
+    FV=../shared/datasets/fv
+    sitelens bench --models smollm2-135m-instruct --limit 50 --threads 1 \\
+        --tasks $FV/antonym,$FV/country-capital,... \\
+        --out benchmarks/results/baselines_smollm2-135m-instruct.csv
+
+then ``python benchmarks/baselines.py`` writes, per CSV, ``baselines_{model}.md`` (means over the
+tasks where every method finished, per-task exact match, the target checks) and
+``baselines_{model}.dntp.html`` (+ ``.png`` when kaleido and a Chromium are available).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from sitelens.bench import dntp_accuracy_figure, read_results, summary_markdown
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+EMBEDDING_BASELINES = ["fv", "tv", "ltv", "mtv", "i2cl"]
+PEFT = ["lora", "ia3"]
+ORDER = ["zero-shot", "icl", "site", *EMBEDDING_BASELINES, *PEFT]
+
+
+def complete_tasks(df: pd.DataFrame) -> list[str]:
+    """Tasks where every method of the run has a finished (numeric) exact match."""
+    ok = df[pd.to_numeric(df["exact_match"], errors="coerce").notna()]
+    methods = set(df["method"])
+    return sorted(t for t, g in ok.groupby("task") if set(g["method"]) >= methods)
+
+
+def targets(df: pd.DataFrame) -> list[str]:
+    """The issue's target lines: SITE vs each embedding baseline, SITE beside LoRA and (IA)3."""
+    em = df.groupby("method")["exact_match"].mean()
+    if "site" not in em:
+        return []
+    site = em["site"]
+    lines = []
+    beaten = [m for m in EMBEDDING_BASELINES if m in em and em[m] > site]
+    if beaten:
+        lines.append(f"- SITE ≥ every embedding baseline: **missed**, {', '.join(beaten)} higher "
+                     f"(SITE {100 * site:.1f}; " + ", ".join(f"{m} {100 * em[m]:.1f}" for m in beaten)
+                     + ").")
+    else:
+        rest = [m for m in EMBEDDING_BASELINES if m in em]
+        best = max(rest, key=lambda m: em[m]) if rest else None
+        lines.append(f"- SITE ≥ every embedding baseline: **met** (SITE {100 * site:.1f} vs best "
+                     f"embedding baseline {best} {100 * em[best]:.1f})." if best else "")
+    peft = [f"{m} {100 * em[m]:.1f}" for m in PEFT if m in em]
+    if peft:
+        lines.append(f"- SITE vs PEFT, side by side: SITE {100 * site:.1f}, " + ", ".join(peft)
+                     + " (exact match %).")
+    return [x for x in lines if x]
+
+
+def per_task_table(df: pd.DataFrame) -> list[str]:
+    piv = df.pivot_table(index="task", columns="method", values="exact_match")
+    cols = [m for m in ORDER if m in piv.columns]
+    lines = ["| task | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    for task, r in piv.iterrows():
+        lines.append(f"| {task} | " + " | ".join(
+            "" if pd.isna(r[m]) else f"{100 * r[m]:.0f}" for m in cols) + " |")
+    return lines
+
+
+def summarize(path: Path, command: str, note: str, png: bool = True) -> str:
+    df = read_results(path)
+    model = df["model"].iloc[0]
+    tasks = complete_tasks(df)
+    all_tasks = sorted(df["task"].unique())
+    full = df[df["task"].isin(tasks)]
+    full = full.assign(method=pd.Categorical(full["method"], [m for m in ORDER if m in set(full.method)]
+                                             + sorted(set(full.method) - set(ORDER)), ordered=True))
+    full = full.sort_values(["method", "task"]).assign(method=lambda d: d.method.astype(str))
+    lines = [
+        f"# Baselines on {model}",
+        "",
+        f"Made by `{command}` (resumable; the same command continues it), then "
+        "`python benchmarks/baselines.py`. Test split capped at 50 items. " + note + " Means are over "
+        f"the tasks where every method finished: {', '.join(tasks)} ({len(tasks)} of "
+        f"{len(all_tasks)} started; all rows are in the CSV). Exact match and first-token accuracy "
+        "are fractions; dNTP = KL(P_icl ‖ P_method) of the next-token distribution at the answer "
+        "position over the full vocabulary, mean over test queries (10-shot ICL is P_icl, so its "
+        "dNTP is 0).",
+        "",
+        *targets(full),
+        "",
+        summary_markdown(full).strip(),
+        "",
+        "### Exact match per task (%)",
+        "",
+        *per_task_table(full),
+        "",
+    ]
+    text = "\n".join(lines)
+    stem = path.with_suffix("")
+    Path(f"{stem}.md").write_text(text)
+    fig = dntp_accuracy_figure(full)
+    fig.write_html(f"{stem}.dntp.html", include_plotlyjs="cdn")
+    if png:
+        try:
+            fig.write_image(f"{stem}.dntp.png", width=900, height=500)
+        except Exception as e:  # kaleido/Chromium missing: the html is still written
+            print(f"no png for {model}: {e}")
+    return text
+
+
+COMMANDS = {
+    "smollm2-135m-instruct": (
+        "sitelens bench --models smollm2-135m-instruct --tasks ../shared/datasets/fv/{antonym,"
+        "country-capital,present-past,singular-plural,capitalize_first_letter,choose_first_of_3,"
+        "person-occupation,english-french} --limit 50 --threads 1 --out "
+        "benchmarks/results/baselines_smollm2-135m-instruct.csv"
+    ),
+    "gemma-3-270m": (
+        "sitelens bench --models gemma-3-270m --tasks ../shared/datasets/fv/{antonym,"
+        "country-capital,present-past,english-french,singular-plural,capitalize_first_letter,"
+        "person-occupation,choose_first_of_3} --limit 50 --threads 1 --out "
+        "benchmarks/results/baselines_gemma-3-270m.csv"
+    ),
+}
+NOTE = ("Run on the shared 2-core CPU with one torch thread while other benchmarks ran, so fit "
+        "seconds and seconds per item are inflated by contention.")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--no-png", action="store_true")
+    args = ap.parse_args()
+    for path in sorted(RESULTS.glob("baselines_*.csv")):
+        model = path.stem.removeprefix("baselines_")
+        cmd = COMMANDS.get(model, f"sitelens bench --models {model} ... --out {path}")
+        print(summarize(path, cmd, NOTE, png=not args.no_png))
+
+
+if __name__ == "__main__":
+    main()
