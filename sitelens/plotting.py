@@ -223,6 +223,21 @@ def _curve_frame(df: pd.DataFrame, selection: str, y: str) -> pd.DataFrame:
     return sub.sort_values("k")
 
 
+def log_ticks(values: Sequence[int], min_ratio: float = 1.3) -> list[int]:
+    """The tick values of a log axis that do not crowd each other: ascending, each at least
+    ``min_ratio`` times the previous one, the largest value always kept (it replaces a kept
+    neighbour that is too close)."""
+    ticks: list[int] = []
+    for v in sorted(set(values)):
+        if not ticks or v >= ticks[-1] * min_ratio:
+            ticks.append(v)
+    if values and ticks[-1] != max(values):
+        if len(ticks) > 1 and max(values) < ticks[-1] * min_ratio:
+            ticks.pop()
+        ticks.append(max(values))
+    return ticks
+
+
 def patching_curves(
     df: pd.DataFrame,
     title: str | None = None,
@@ -292,8 +307,8 @@ def patching_curves(
                     )
     fig.update_xaxes(title_text="k (heads)", type="log" if log_x else "linear")
     if log_x:
-        ks = sorted({int(k) for k in df["k"] if int(k) > 0})
-        fig.update_xaxes(tickvals=ks, ticktext=[str(k) for k in ks])
+        ks = log_ticks(sorted({int(k) for k in df["k"] if int(k) > 0}))
+        fig.update_xaxes(tickvals=ks, ticktext=[str(k) for k in ks], tickangle=0)
     fig.update_yaxes(title_text=y.replace("_", " "), col=1)
     fig.update_layout(
         title=title or "Intra-task activation patching",

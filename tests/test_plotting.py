@@ -208,3 +208,13 @@ def test_plots_from_real_patching_output():
     assert isinstance(plots.effect_vs_alpha(eff, ad.alpha), go.Figure)
     sim = P.alpha_similarity({"a": ad, "b": torch.rand(2, 4), "c": torch.rand(2, 4)})
     assert isinstance(plots.matrix_heatmap(sim["spearman"]), go.Figure)
+
+
+def test_log_ticks_do_not_crowd():
+    from sitelens.plotting import log_ticks
+
+    assert log_ticks([1, 2, 4, 8, 10, 14, 16, 32, 64, 128, 256, 270]) == [1, 2, 4, 8, 14, 32, 64, 128, 270]
+    assert log_ticks([3]) == [3]
+    ticks = log_ticks(list(range(1, 300)))
+    assert ticks[0] == 1 and ticks[-1] == 299
+    assert all(b / a >= 1.3 for a, b in zip(ticks, ticks[1:]))
