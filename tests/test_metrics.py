@@ -75,8 +75,8 @@ def test_correlation():
 
 
 @pytest.fixture(scope="module")
-def model():
-    return tiny_model(n_key_value_heads=2)
+def model(backend):
+    return tiny_model(n_key_value_heads=2, backend=backend)
 
 
 def _task(name, fn, seed):

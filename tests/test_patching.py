@@ -17,8 +17,9 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module", params=[None, 2], ids=["mha", "gqa"])
-def model(request):
-    return tiny_model(n_layers=2, n_heads=4, d_head=8, n_key_value_heads=request.param, seed=0)
+def model(request, backend):
+    return tiny_model(n_layers=2, n_heads=4, d_head=8, n_key_value_heads=request.param, seed=0,
+                      backend=backend)
 
 
 @pytest.fixture(scope="module")
