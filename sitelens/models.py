@@ -175,7 +175,8 @@ def load_model(
     or a reserved tiny test model (``"tiny-random"``, ``"tiny-random-gqa"``: :func:`tiny_model`,
     seed 0). ``backend``: ``"hooked"`` (``HookedTransformer``) or ``"bridge"``
     (``TransformerBridge``); default :func:`default_backend`. Processed weights of bundled models
-    are cached under :func:`cache_dir` (atomic writes; hooked backend).
+    are cached under :func:`cache_dir` (atomic writes; on the bridge backend the dequantized
+    Hugging Face model is cached).
     """
     backend = resolve_backend(backend)
     dtype = _resolve_dtype(dtype)
@@ -186,7 +187,7 @@ def load_model(
             return model
     elif name in BUNDLED_MODELS:
         if backend == "bridge":
-            model = _load_bundled_bridge(name, n_ctx=n_ctx)
+            model = _load_bundled_bridge(name, n_ctx=n_ctx, use_cache=use_cache)
         else:
             model = _load_bundled(name, n_ctx=n_ctx, use_cache=use_cache)
     elif Path(name).expanduser().is_dir():
@@ -498,12 +499,40 @@ def _bridge_from_hf(hf, tokenizer, *, name: str, prepend_bos: bool, n_ctx: int |
     return bridge
 
 
-def _load_bundled_bridge(name: str, *, n_ctx: int):
+def _load_bundled_bridge(name: str, *, n_ctx: int, use_cache: bool = True):
     """A bundled model on the bridge backend: the GGUF file dequantized by transformers, wrapped
-    in a ``TransformerBridge`` (no weight cache; raw HF numerics, no folded LayerNorm)."""
-    hf, tokenizer = _hf_load(_gguf_path(name))
-    if name == "gemma-3-270m":
-        hf.config.architectures = ["Gemma3ForCausalLM"]
+    in a ``TransformerBridge`` (raw HF numerics, no folded LayerNorm). The dequantized Hugging
+    Face model is cached under :func:`cache_dir` ``/hf`` (safetensors; loads in seconds)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = _gguf_path(name)
+    raw = (f"{name}|{path.stat().st_size}|{CACHE_FORMAT}|"
+           f"{importlib.metadata.version('transformers')}")
+    target = cache_dir() / "hf" / f"{name}-{hashlib.sha256(raw.encode()).hexdigest()[:16]}"
+    # transformers refuses save_pretrained on a GGUF-loaded model, so the config and the
+    # weights (safetensors' save_model handles tied embeddings) are written separately
+    from safetensors.torch import load_model as load_weights
+    from safetensors.torch import save_model as save_weights
+    from transformers import AutoConfig
+
+    if use_cache and (target / "weights.safetensors").exists():
+        tokenizer = AutoTokenizer.from_pretrained(str(target / "tokenizer"))
+        config = AutoConfig.from_pretrained(str(target / "config"))
+        hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        load_weights(hf, str(target / "weights.safetensors"))
+        hf.eval()
+    else:
+        hf, tokenizer = _hf_load(path)
+        if name == "gemma-3-270m":
+            hf.config.architectures = ["Gemma3ForCausalLM"]  # a GGUF-loaded config lacks it
+        if use_cache:
+
+            def write(tmp: Path) -> None:
+                hf.config.save_pretrained(str(tmp / "config"))
+                save_weights(hf, str(tmp / "weights.safetensors"))
+                tokenizer.save_pretrained(str(tmp / "tokenizer"))
+
+            _atomic_dir_write(target, write)
     return _bridge_from_hf(
         hf, tokenizer, name=name, prepend_bos=name != "smollm2-135m-instruct", n_ctx=n_ctx
     )

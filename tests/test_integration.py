@@ -86,6 +86,10 @@ def test_bundled_smollm2_on_the_bridge(request):
     baseline (TV) fitted on the bridge beat zero-shot. The TL 4 CI job runs this test."""
     bridge = load_model("smollm2-135m-instruct", backend="bridge")
     assert is_bridge(bridge)
+    again = load_model("smollm2-135m-instruct", backend="bridge")  # from the dequantized cache
+    enc = encode(bridge, PROMPTS)
+    assert torch.equal(last_logits(again, enc), last_logits(bridge, enc))
+    del again
     assert self_check(bridge)["shape"][2:] == (9, 64)  # query heads, d_head
     if has_hooked_transformer():
         hooked = request.getfixturevalue("smollm2")
