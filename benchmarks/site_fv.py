@@ -22,19 +22,12 @@ import pandas as pd
 import psutil
 import torch
 
+from sitelens.bench import FV_EXTRACTIVE
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
-# The 28 extractive FV tasks (the other 29 are abstractive).
-EXTRACTIVE = {
-    "adjective_v_verb_3", "adjective_v_verb_5", "alphabetically_first_3", "alphabetically_first_5",
-    "alphabetically_last_3", "alphabetically_last_5", "animal_v_object_3", "animal_v_object_5",
-    "choose_first_of_3", "choose_first_of_5", "choose_last_of_3", "choose_last_of_5",
-    "choose_middle_of_3", "choose_middle_of_5", "color_v_animal_3", "color_v_animal_5",
-    "concept_v_object_3", "concept_v_object_5", "conll2003_location", "conll2003_organization",
-    "conll2003_person", "fruit_v_animal_3", "fruit_v_animal_5", "object_v_concept_3",
-    "object_v_concept_5", "verb_v_adjective_3", "verb_v_adjective_5", "squad_val",
-}
+EXTRACTIVE = FV_EXTRACTIVE  # the 28 extractive FV tasks (the other 29 are abstractive)
 # Tasks where the reference schedule (400 steps of batch 1) is also run.
 REFERENCE_SAMPLE = [
     "antonym", "country-capital", "english-french", "present-past", "singular-plural",

@@ -282,6 +282,27 @@ def _items(task: Task, split: str, limit: int | None):
 # 1. intra-task patching
 
 
+def _score_conditions(
+    model, task: Task, weights: Float[Tensor, "n_cond n_layers n_heads"], embedding, *, split: str,
+    limit: int | None, template, batch_size: int, n_boot: int, seed: int,
+):
+    """Every (condition, item) row of ``weights`` × the task's zero-shot items on one frozen prefix
+    cache: ``(items, correct, prob, ci_lo, ci_hi)``, arrays ``[n_cond, n_items]`` / ``[n_cond]``."""
+    n_cond = weights.shape[0]
+    items = _items(task, split, limit)
+    prompts = [zero_shot_prompt(ex.input, template) for ex in items]
+    answers = answer_token_ids(model, [ex.output for ex in items], template)
+    cache, last, ans = _prefix(model, prompts, answers)
+    item_idx, cond_idx = _grid(n_cond, len(items))
+    correct, prob = _run_rows(
+        model, cache, last, ans, item_idx, cond_idx, weights, embedding, batch_size=batch_size
+    )
+    correct = correct.reshape(n_cond, len(items)).numpy()  # [n_cond, n_items]
+    prob = prob.reshape(n_cond, len(items)).numpy()  # [n_cond, n_items]
+    lo, hi = bootstrap_ci(correct, n_boot=n_boot, seed=seed)
+    return items, correct, prob, lo, hi
+
+
 def intra_task(
     model,
     task: Task,
@@ -338,18 +359,10 @@ def intra_task(
         [selection_weights(alpha, sel, k, seed=seed, random_seed=s or 0) for sel, k, s in conds]
     )  # [n_cond, n_layers, n_heads]
 
-    items = _items(task, split, limit)
-    prompts = [zero_shot_prompt(ex.input, template) for ex in items]
-    answers = answer_token_ids(model, [ex.output for ex in items], template)
-    cache, last, ans = _prefix(model, prompts, answers)
-    item_idx, cond_idx = _grid(len(conds), len(items))
-    correct, prob = _run_rows(
-        model, cache, last, ans, item_idx, cond_idx, weights, adapter.embedding,
-        batch_size=batch_size,
+    items, correct, prob, lo, hi = _score_conditions(
+        model, task, weights, adapter.embedding, split=split, limit=limit, template=template,
+        batch_size=batch_size, n_boot=n_boot, seed=seed,
     )
-    correct = correct.reshape(len(conds), len(items)).numpy()  # [n_cond, n_items]
-    prob = prob.reshape(len(conds), len(items)).numpy()  # [n_cond, n_items]
-    lo, hi = bootstrap_ci(correct, n_boot=n_boot, seed=seed)
     df = pd.DataFrame(
         {
             "model": model_name(model),
@@ -454,18 +467,10 @@ def inter_task(
     for tb in tasks:
         ad_b = amap[tb.name]
         template = ad_b.template
-        items = _items(tb, split, limit)
-        prompts = [zero_shot_prompt(ex.input, template) for ex in items]
-        answers = answer_token_ids(model, [ex.output for ex in items], template)
-        cache, last, ans = _prefix(model, prompts, answers)
-        item_idx, cond_idx = _grid(len(conds), len(items))
-        correct, prob = _run_rows(
-            model, cache, last, ans, item_idx, cond_idx, weights, ad_b.embedding,
-            batch_size=batch_size,
+        items, correct, prob, lo, hi = _score_conditions(
+            model, tb, weights, ad_b.embedding, split=split, limit=limit, template=template,
+            batch_size=batch_size, n_boot=n_boot, seed=seed,
         )
-        correct = correct.reshape(len(conds), len(items)).numpy()  # [n_cond, n_items]
-        prob = prob.reshape(len(conds), len(items)).numpy()  # [n_cond, n_items]
-        lo, hi = bootstrap_ci(correct, n_boot=n_boot, seed=seed)
         zs = float(correct[0].mean())
         for c, (src, mode) in enumerate(conds):
             if src is None:
