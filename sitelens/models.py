@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
@@ -1005,27 +1006,36 @@ def prefix_cache(model, enc: Encoded, *, batch_size: int = 64):
         return cache, enc.tokens[:, -1:]
     from transformer_lens import TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
 
-    parts = []
+    n, width = len(enc), enc.tokens.shape[1] - 1  # the prefix: every column but the last
+    lengths = enc.attention_mask[:, :-1].sum(1)  # [batch] real prefix tokens per row
+    order = torch.argsort(lengths, stable=True)  # similar lengths share a batch: less padding
+    keys: list[list[Tensor]] = [[] for _ in range(model.cfg.n_layers)]
+    values: list[list[Tensor]] = [[] for _ in range(model.cfg.n_layers)]
     with torch.no_grad():
-        for s in range(0, len(enc), batch_size):
-            cache = new_kv_cache(model, min(batch_size, len(enc) - s))
+        for s in range(0, n, batch_size):
+            idx = order[s : s + batch_size]
+            w = max(int(lengths[idx].max()), 1)  # this batch's own padded width
+            cache = new_kv_cache(model, len(idx))
             model(
-                enc.tokens[s : s + batch_size, :-1],
-                attention_mask=enc.attention_mask[s : s + batch_size, :-1],
+                enc.tokens[idx, width - w : width],
+                attention_mask=enc.attention_mask[idx, width - w : width],
                 past_kv_cache=cache,
                 stop_at_layer=model.cfg.n_layers,
             )
-            parts.append(cache)
+            for i, e in enumerate(cache.entries):  # left-pad K/V back to the common width
+                pad = (0, 0, 0, 0, width - w, 0)  # [batch, pos, n_kv_heads, d_head]: pos only
+                keys[i].append(F.pad(e.past_keys, pad))
+                values[i].append(F.pad(e.past_values, pad))
+    inverse = torch.argsort(order)  # back to the caller's row order
     entries = [
         TransformerLensKeyValueCacheEntry(
-            past_keys=torch.cat([p.entries[i].past_keys for p in parts]),
-            past_values=torch.cat([p.entries[i].past_values for p in parts]),
+            past_keys=torch.cat(keys[i])[inverse], past_values=torch.cat(values[i])[inverse],
             frozen=True,
         )
         for i in range(model.cfg.n_layers)
     ]
-    mask = torch.cat([p.previous_attention_mask for p in parts])
-    return TransformerLensKeyValueCache(entries, mask, frozen=True), enc.tokens[:, -1:]
+    return TransformerLensKeyValueCache(entries, enc.attention_mask[:, :-1].clone(), frozen=True), \
+        enc.tokens[:, -1:]
 
 
 def select_cache(cache, idx):
