@@ -65,6 +65,63 @@ def run(args) -> Path:
     return out
 
 
+def profile(args) -> str:
+    """Where the seconds of one fit go: stage 1, and stage 2 split into the frozen prefix caches,
+    the forward passes (training batches and validation) and the backward passes."""
+    from sitelens import load_model, load_task, site
+
+    torch.set_num_threads(args.threads)
+    model = load_model(args.model)
+    task = load_task(Path(args.fv) / args.profile, dedupe=True)
+    spent: dict[str, float] = {}
+    load = os.getloadavg()[0]
+
+    def timed(fn, key):
+        def wrapper(*a, **k):
+            t = time.perf_counter()
+            out = fn(*a, **k)
+            spent[key] = spent.get(key, 0.0) + time.perf_counter() - t
+            return out
+        return wrapper
+
+    t = time.perf_counter()
+    emb = site.task_embedding(model, task)
+    stage1 = time.perf_counter() - t
+    saved = site.prefix_cache, site.first_token_loss, torch.Tensor.backward
+    site.prefix_cache = timed(site.prefix_cache, "prefix caches")
+    site.first_token_loss = timed(
+        site.first_token_loss, "forward passes (50 batches of 8, 6 validations of 64)"
+    )
+    torch.Tensor.backward = timed(torch.Tensor.backward, "backward passes (50)")
+    try:
+        t = time.perf_counter()
+        site.fit_alpha(model, task, emb)
+        stage2 = time.perf_counter() - t
+    finally:
+        site.prefix_cache, site.first_token_loss, torch.Tensor.backward = saved
+    n_weights = sum(p.numel() for p in model.parameters())
+    lines = [
+        f"# Where a SITE fit spends its time ({args.model}, {args.profile}, {args.threads} threads)",
+        "",
+        f"Made by `python benchmarks/fit_time.py --profile {args.profile} --threads {args.threads}` "
+        f"(load average before: {load:.2f}).",
+        "",
+        "| part | seconds |", "|---|---:|",
+        f"| stage 1 (task embedding) | {stage1:.2f} |",
+        f"| stage 2 (α) | {stage2:.2f} |",
+        *[f"| … {k} | {v:.2f} |" for k, v in spent.items()],
+        f"| … rest (optimizer, bookkeeping) | {stage2 - sum(spent.values()):.2f} |",
+        "",
+        f"The model has {n_weights / 1e6:.0f}M weights ({4 * n_weights / 2**20:.0f} MiB in float32); "
+        "a stage-2 step runs 8 tokens through all of them forward and backward, so it reads the "
+        "weights twice for little arithmetic.",
+        "",
+    ]
+    text = "\n".join(lines)
+    (RESULTS / "fit_profile.md").write_text(text)
+    return text
+
+
 def summarize() -> str:
     lines = [
         "# SITE fit time on a quiet machine",
@@ -101,7 +158,11 @@ def main() -> None:
     ap.add_argument("--tasks", default="")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--summarize", action="store_true")
+    ap.add_argument("--profile", default="", metavar="TASK", help="time the parts of one fit")
     args = ap.parse_args()
+    if args.profile:
+        print(profile(args))
+        return
     if not args.summarize:
         run(args)
     print(summarize())
