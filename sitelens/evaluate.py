@@ -70,7 +70,8 @@ def greedy_generate(
     # injections) are pinned to the prompt length and skip them; every-position methods (LoRA,
     # (IA)3, I2CL) must act on them.
     with torch.no_grad(), apply_hooks(model, hooks):
-        logits = kv_forward(model, enc.tokens, enc.attention_mask, cache)  # [batch, pos, d_vocab]
+        logits = kv_forward(model, enc.tokens, enc.attention_mask, cache,
+                            last_only=True)  # [batch, 1, d_vocab]
         first_logits = logits[:, -1].float()  # [batch, d_vocab]
         step_logits = first_logits
         ones = torch.ones(batch, 1, dtype=enc.attention_mask.dtype, device=enc.tokens.device)

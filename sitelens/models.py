@@ -972,11 +972,23 @@ def kv_forward(
     tokens: Int[Tensor, "batch new"],
     attention_mask: Int[Tensor, "batch new"],
     cache,
+    *,
+    last_only: bool = False,
 ) -> Float[Tensor, "batch new d_vocab"]:
     """Logits of ``tokens`` given (and appended to, unless frozen) ``cache``. ``attention_mask``
-    covers the new tokens only (the cache remembers the earlier mask)."""
+    covers the new tokens only (the cache remembers the earlier mask). ``last_only``: unembed
+    only the last position (``[batch, 1, d_vocab]``), e.g. for a prefill, whose full logits
+    would be ``batch × pos × d_vocab`` floats (gigabytes for Gemma's 262k vocabulary)."""
     if not is_bridge(model):
-        return model(tokens, attention_mask=attention_mask, past_kv_cache=cache)
+        if not last_only or tokens.shape[1] == 1:
+            return model(tokens, attention_mask=attention_mask, past_kv_cache=cache)
+        from transformer_lens.utilities.activation_functions import apply_softcap
+
+        resid = model(tokens, attention_mask=attention_mask, past_kv_cache=cache,
+                      stop_at_layer=model.cfg.n_layers)[:, -1:]  # [batch, 1, d_model]
+        if model.cfg.normalization_type is not None:
+            resid = model.ln_final(resid)
+        return apply_softcap(model.unembed(resid), model.cfg.output_logits_soft_cap)
     n_old, n_new = cache.tokens.shape[1], tokens.shape[1]
     full_tokens = torch.cat([cache.tokens, tokens], dim=1)  # [batch, old + new]
     full_mask = torch.cat([cache.attention_mask, attention_mask.to(cache.attention_mask)], dim=1)
@@ -989,7 +1001,7 @@ def kv_forward(
     if not cache.frozen:
         cache.tokens, cache.attention_mask = full_tokens, full_mask
         cache.segments = [(s, e) for s, e, _ in segs]
-    return logits[:, n_old:]
+    return logits[:, -1:] if last_only else logits[:, n_old:]
 
 
 def prefix_cache(model, enc: Encoded, *, batch_size: int = 64):

@@ -258,3 +258,19 @@ def test_baselines_agree_across_backends(twins, method):
     gb, fb = greedy_generate(bridge, enc, intervention=inter_b, max_new_tokens=5, stop_at_newline=False)
     torch.testing.assert_close(fb, fh, atol=1e-4, rtol=1e-4)
     assert torch.equal(gb, gh)
+
+
+def test_kv_forward_last_only_equals_the_last_column(tiny):
+    """The prefill can unembed only its last position (Gemma's 262k-vocab logits of every
+    position would take gigabytes) and still fill the cache for the decode steps."""
+    enc = encode(tiny, ["Q: ab\nA:", "Q: a longer one\nA:"])
+    with torch.no_grad():
+        c1, c2 = new_kv_cache(tiny, 2), new_kv_cache(tiny, 2)
+        full = kv_forward(tiny, enc.tokens, enc.attention_mask, c1)
+        last = kv_forward(tiny, enc.tokens, enc.attention_mask, c2, last_only=True)
+        assert last.shape[1] == 1
+        torch.testing.assert_close(last[:, 0], full[:, -1], atol=1e-5, rtol=1e-5)
+        nxt = full[:, -1].argmax(-1)[:, None]
+        torch.testing.assert_close(kv_forward(tiny, nxt, torch.ones_like(nxt), c2),
+                                   kv_forward(tiny, nxt, torch.ones_like(nxt), c1),
+                                   atol=1e-5, rtol=1e-5)
