@@ -967,6 +967,17 @@ def new_kv_cache(model, batch_size: int):
     return TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, batch_size)
 
 
+def unembed_last(model, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch 1 d_vocab"]:
+    """A HookedTransformer's logits of the last position only, from the final residual stream
+    (``stop_at_layer=n_layers``): the same numbers as the full unembedding's last column."""
+    from transformer_lens.utilities.activation_functions import apply_softcap
+
+    resid = resid[:, -1:]  # [batch, 1, d_model]
+    if model.cfg.normalization_type is not None:
+        resid = model.ln_final(resid)
+    return apply_softcap(model.unembed(resid), model.cfg.output_logits_soft_cap)
+
+
 def kv_forward(
     model,
     tokens: Int[Tensor, "batch new"],
@@ -982,13 +993,9 @@ def kv_forward(
     if not is_bridge(model):
         if not last_only or tokens.shape[1] == 1:
             return model(tokens, attention_mask=attention_mask, past_kv_cache=cache)
-        from transformer_lens.utilities.activation_functions import apply_softcap
-
         resid = model(tokens, attention_mask=attention_mask, past_kv_cache=cache,
-                      stop_at_layer=model.cfg.n_layers)[:, -1:]  # [batch, 1, d_model]
-        if model.cfg.normalization_type is not None:
-            resid = model.ln_final(resid)
-        return apply_softcap(model.unembed(resid), model.cfg.output_logits_soft_cap)
+                      stop_at_layer=model.cfg.n_layers)  # [batch, pos, d_model]
+        return unembed_last(model, resid)
     n_old, n_new = cache.tokens.shape[1], tokens.shape[1]
     full_tokens = torch.cat([cache.tokens, tokens], dim=1)  # [batch, old + new]
     full_mask = torch.cat([cache.attention_mask, attention_mask.to(cache.attention_mask)], dim=1)

@@ -34,7 +34,14 @@ from tqdm.auto import tqdm
 
 from sitelens.errors import FitError, TaskError
 from sitelens.injection import HeadMix, apply_hooks
-from sitelens.models import Encoded, encode, is_bridge, last_token_forward, prefix_cache
+from sitelens.models import (
+    Encoded,
+    encode,
+    is_bridge,
+    last_token_forward,
+    prefix_cache,
+    unembed_last,
+)
 from sitelens.site import FitConfig, training_batches
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,
@@ -335,19 +342,13 @@ def select_layer(
 def last_position_logits(model, enc: Encoded) -> Float[Tensor, "batch d_vocab"]:
     """Logits at the last prompt position of a full forward pass, unembedding only that position
     (same numbers as ``model(...)[:, -1]``, without the ``[batch, pos, d_vocab]`` tensor)."""
-    from transformer_lens.utilities.activation_functions import apply_softcap
-
     if is_bridge(model):  # a bridge's stop_at_layer still unembeds: take the full logits
         out = model(enc.tokens, attention_mask=enc.attention_mask)  # [batch, pos, d_vocab]
         return out[:, -1].float()
     resid = model(
         enc.tokens, attention_mask=enc.attention_mask, stop_at_layer=model.cfg.n_layers
     )  # [batch, pos, d_model]
-    resid = resid[:, -1:]  # [batch, 1, d_model]
-    if model.cfg.normalization_type is not None:
-        resid = model.ln_final(resid)
-    logits = apply_softcap(model.unembed(resid), model.cfg.output_logits_soft_cap)
-    return logits[:, 0].float()  # [batch, d_vocab]
+    return unembed_last(model, resid)[:, 0].float()  # [batch, d_vocab]
 
 
 @dataclass
