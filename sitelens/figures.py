@@ -511,7 +511,7 @@ def summarize_model(run: ModelRun) -> dict:
         "alpha_similarity": sim,
         "similarity_transfer_spearman": corr,
         "effects": effects,
-        "compute_seconds": _r(sum(run.timings.values()), 1),
+        "compute_seconds": _r(math.fsum(run.timings.values()), 1),  # order-independent
     }
 
 
