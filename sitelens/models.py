@@ -604,6 +604,7 @@ def tiny_model(
     n_ctx: int = 256,
     seed: int = 0,
     positional: str = "rotary",
+    post_norm: bool = False,
     backend: str | None = None,
 ):
     """A tiny randomly initialised model with :func:`tiny_tokenizer`, built in code (no files, no
@@ -612,12 +613,15 @@ def tiny_model(
     :func:`default_backend`.
 
     ``n_key_value_heads`` < ``n_heads`` gives a grouped-query (GQA) variant; 1 gives MQA.
+    ``post_norm=True`` normalizes the attention and MLP outputs before they join the residual
+    stream (``ln1_post`` / ``ln2_post``, as in Gemma 2/3); on the bridge it is a tiny
+    ``Gemma3ForCausalLM``.
     """
     backend = resolve_backend(backend)
     if backend == "bridge":
         return _tiny_bridge(
             n_layers=n_layers, n_heads=n_heads, d_head=d_head, n_key_value_heads=n_key_value_heads,
-            d_mlp=d_mlp, n_ctx=n_ctx, seed=seed, positional=positional,
+            d_mlp=d_mlp, n_ctx=n_ctx, seed=seed, positional=positional, post_norm=post_norm,
         )
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
@@ -635,6 +639,7 @@ def tiny_model(
         positional_embedding_type=positional,
         gated_mlp=True,
         n_key_value_heads=n_key_value_heads,
+        use_normalization_before_and_after=post_norm,
         seed=seed,
         default_prepend_bos=True,
         tokenizer_prepends_bos=False,
@@ -643,21 +648,24 @@ def tiny_model(
     )
     model = HookedTransformer(cfg, tokenizer=None)
     model.tokenizer = tokenizer  # set_tokenizer would try to reload it from a hub name
-    model.cfg.model_name = f"tiny-{n_layers}l{n_heads}h{n_key_value_heads or n_heads}kv-s{seed}"
+    kind = "-postnorm" if post_norm else ""
+    model.cfg.model_name = f"tiny-{n_layers}l{n_heads}h{n_key_value_heads or n_heads}kv{kind}-s{seed}"
     return _finalize(model)
 
 
-def _tiny_bridge(*, n_layers, n_heads, d_head, n_key_value_heads, d_mlp, n_ctx, seed, positional):
+def _tiny_bridge(
+    *, n_layers, n_heads, d_head, n_key_value_heads, d_mlp, n_ctx, seed, positional, post_norm
+):
     if positional != "rotary":
         raise ModelError(
             f"The tiny bridge model is a Llama (rotary positions); positional={positional!r} "
             "needs backend='hooked'."
         )
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
     tokenizer = tiny_tokenizer()
     d_model = n_heads * d_head
-    cfg = LlamaConfig(
+    common = dict(
         vocab_size=len(tokenizer),
         hidden_size=d_model,
         intermediate_size=d_mlp,
@@ -666,18 +674,23 @@ def _tiny_bridge(*, n_layers, n_heads, d_head, n_key_value_heads, d_mlp, n_ctx, 
         num_key_value_heads=n_key_value_heads or n_heads,
         head_dim=d_head,
         max_position_embeddings=n_ctx,
-        hidden_act="silu",
         initializer_range=0.8 / d_model**0.5,  # the HookedTransformer tiny model's scale
         tie_word_embeddings=False,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+    if post_norm:
+        cfg, cls = Gemma3TextConfig(sliding_window=n_ctx, **common), Gemma3ForCausalLM
+    else:
+        cfg, cls = LlamaConfig(hidden_act="silu", **common), LlamaForCausalLM
     cfg._attn_implementation = "eager"
+    cfg.architectures = [cls.__name__]
     with torch.random.fork_rng(devices=[]):  # seeded, and the caller's RNG is left alone
         torch.manual_seed(seed)
-        hf = LlamaForCausalLM(cfg).to(torch.float32).eval()
-    name = f"tiny-{n_layers}l{n_heads}h{n_key_value_heads or n_heads}kv-s{seed}-bridge"
+        hf = cls(cfg).to(torch.float32).eval()
+    kind = "-postnorm" if post_norm else ""
+    name = f"tiny-{n_layers}l{n_heads}h{n_key_value_heads or n_heads}kv{kind}-s{seed}-bridge"
     bridge = _bridge_from_hf(hf, tokenizer, name=name, prepend_bos=True, n_ctx=n_ctx)
     return _finalize(bridge)
 

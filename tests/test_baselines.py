@@ -25,6 +25,7 @@ from sitelens.baselines import (
     function_vector,
     get_method,
     head_causal_effects_fallback,
+    head_outputs,
     ridge_closed_form,
 )
 from sitelens.baselines.base import sample_items
@@ -34,7 +35,7 @@ from sitelens.baselines.lora import init_lora, lora_hooks
 from sitelens.evaluate import evaluate
 from sitelens.injection import HeadMix, apply_hooks, head_mask
 from sitelens.models import encode, tiny_model
-from sitelens.site import FitConfig, task_embedding
+from sitelens.site import FitConfig, last_token_z, task_embedding
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,
     answer_token_ids,
@@ -185,7 +186,7 @@ def test_fv_adds_exactly_the_summed_head_outputs(model, task):
     mean_z = task_embedding(model, task, n_prompts=4, n_shots=2)
     expected = sum(mean_z[lay, h] @ model.W_O[lay, h] for lay, h in f.state["heads"])
     torch.testing.assert_close(f.state["vector"], expected)
-    torch.testing.assert_close(function_vector(model, mean_z, f.state["heads"]), expected)
+    torch.testing.assert_close(function_vector(f.state["head_outputs"], f.state["heads"]), expected)
     assert f.n_params == 0 and f.scope == "prefill"
     name = f"blocks.{f.state['layer']}.hook_resid_pre"
     base, enc = _capture(model, PROMPTS, [name])
@@ -193,6 +194,36 @@ def test_fv_adds_exactly_the_summed_head_outputs(model, task):
     torch.testing.assert_close(got[name][:, -1] - base[name][:, -1],
                                expected.expand(len(PROMPTS), -1))
     assert torch.equal(got[name][:, :-1], base[name][:, :-1])
+
+
+def test_fv_head_outputs_pass_through_the_post_attention_norm(backend, task):
+    """On a Gemma-style block (attention output normalized before it joins the residual stream),
+    each head's write is taken through that norm at each prompt's scale: the heads of a layer sum
+    to the layer's mean ``hook_attn_out``, which plain ``mean_z @ W_O`` does not."""
+    model = tiny_model(post_norm=True, backend=backend)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    assert "blocks.0.ln1_post.hook_scale" in model.hook_dict
+    try:  # no output bias, so the heads sum to the whole attention output
+        assert torch.count_nonzero(model.b_O) == 0
+    except (TypeError, AttributeError):  # a bridge without o_proj bias has no b_O at all
+        pass
+    prompts = [zero_shot_prompt(w) for w in ("abc", "hgfed", "ba", "cdefgh", "eee")]
+    mean_z, out = head_outputs(model, prompts, batch_size=3)
+    assert mean_z.shape == (L, H, model.cfg.d_head) and out.shape == (L, H, model.cfg.d_model)
+    torch.testing.assert_close(mean_z, last_token_z(model, prompts))
+    names = [f"blocks.{layer}.hook_attn_out" for layer in range(L)]
+    acts, _ = _capture(model, prompts, names)
+    for layer in range(L):
+        attn_out = acts[names[layer]][:, -1].mean(0)  # [d_model]
+        torch.testing.assert_close(out[layer].sum(0), attn_out, rtol=1e-4, atol=1e-5)
+        plain = (mean_z[layer, :, :, None] * model.W_O[layer].detach()).sum((0, 1))  # [d_model]
+        assert not torch.allclose(plain, attn_out, rtol=1e-2, atol=1e-3)
+    # the fitted FV of a whole layer's heads is that layer's mean attention output
+    effects = torch.zeros(L, H)
+    effects[1] = 1.0
+    f = FV(k=H, n_prompts=4, n_shots=2, effects=effects, n_valid=8).fit(model, task)
+    assert sorted(f.state["heads"]) == [(1, h) for h in range(H)]
+    torch.testing.assert_close(f.state["vector"], f.state["head_outputs"][1].sum(0))
 
 
 def test_fv_fallback_causal_effects_match_single_head_patching(model, task):

@@ -1,10 +1,15 @@
 """Function vectors (Todd et al.): the summed mean outputs of the top causal heads, added to the
 residual stream at the last prompt token.
 
-1. mean z: ``hook_z`` at the last token averaged over few-shot prompts (SITE's task embedding).
+1. head outputs: on few-shot prompts (SITE's stage-1 prompts), ``hook_z`` at the last token; its mean
+   is SITE's task embedding ``mean_z``, and each head's mean write into the residual stream is
+   ``out[l, h] = mean over prompts of z[l, h] @ W_O[l, h]``. Where the block normalizes the attention
+   output before adding it to the residual stream (Gemma 2/3's ``ln1_post``), the write passes
+   through that norm at the prompt's own scale: ``g ⊙ (z W_O) / rms(attn_out)``, so that the heads of
+   a layer sum to its ``hook_attn_out`` (less ``b_O``).                     -> [n_layers, n_heads, d_model]
 2. causal effects ``[n_layers, n_heads]``: :func:`sitelens.patching.head_causal_effects` when that
    module exists, else :func:`head_causal_effects_fallback`, or precomputed (``FV(effects=...)``).
-3. FV = Σ over the top ``k`` heads of ``mean_z[l, h] @ W_O[l, h]``                   -> [d_model]
+3. FV = Σ over the top ``k`` heads of ``out[l, h]``                                  -> [d_model]
 4. intervention: ``blocks.{ℓ}.hook_resid_pre`` (or ``resid_post``) += FV at the last prompt token,
    prefill only; ℓ has the best validation first-token accuracy.
 
@@ -27,15 +32,29 @@ from sitelens.baselines.base import (
     Fitted,
     HookIntervention,
     Method,
+    capture_last,
     last_add_hook,
     resid_hook_name,
     select_layer,
     valid_items,
 )
 from sitelens.injection import HeadMix, apply_hooks
-from sitelens.models import encode, last_token_forward, prefix_cache, select_cache
-from sitelens.site import task_embedding
-from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template, answer_token_ids, few_shot_prompts
+from sitelens.models import (
+    check_z_shape,
+    encode,
+    last_token_forward,
+    prefix_cache,
+    select_cache,
+    z_hook_name,
+)
+from sitelens.tasks import (
+    DEFAULT_TEMPLATE,
+    Task,
+    Template,
+    answer_token_ids,
+    embedding_prompts,
+    few_shot_prompts,
+)
 
 
 def head_causal_effects_fallback(
@@ -104,17 +123,57 @@ def _causal_effects(model, task, mean_z, *, n_prompts, n_shots, seed, template):
     return torch.as_tensor(out, dtype=torch.float32).cpu(), "sitelens.patching"
 
 
-def function_vector(
+def _post_attn_norm_gain(model, layer: int) -> Tensor | None:
+    """The per-dimension gain ``g`` of block ``layer``'s post-attention RMS norm (``ln1_post``), or
+    None when the block adds the attention output unnormalized. Read by probing the norm module
+    with a constant vector (``norm(c·1) = g·c / sqrt(c² + eps) ≈ g``), which holds whatever the
+    parameterization (TransformerLens's ``w``, Hugging Face Gemma's ``1 + weight``)."""
+    if f"blocks.{layer}.ln1_post.hook_scale" not in model.hook_dict:
+        return None
+    norm = model.blocks[layer].ln1_post
+    dev = next(model.parameters()).device
+    probe = torch.full((1, 1, model.cfg.d_model), 1e3, device=dev)  # [1, 1, d_model]
+    with torch.no_grad():
+        return norm(probe)[0, 0].float().cpu()  # [d_model]
+
+
+def head_outputs(
     model,
-    mean_z: Float[Tensor, "n_layers n_heads d_head"],
+    prompts: Sequence[str],
+    *,
+    batch_size: int = 8,
+) -> tuple[Float[Tensor, "n_layers n_heads d_head"], Float[Tensor, "n_layers n_heads d_model"]]:
+    """``(mean_z, out)`` over ``prompts`` at the last token, in one forward pass per batch:
+    ``mean_z`` is the mean ``hook_z`` (SITE's task embedding) and ``out[l, h]`` the mean of what
+    head ``(l, h)`` writes into the residual stream — ``z @ W_O``, through the block's
+    post-attention norm at each prompt's own scale where the block has one (module docstring)."""
+    cfg = model.cfg
+    L, H = cfg.n_layers, cfg.n_heads
+    z_names = [z_hook_name(model, layer) for layer in range(L)]
+    gains = [_post_attn_norm_gain(model, layer) for layer in range(L)]
+    s_names = [f"blocks.{layer}.ln1_post.hook_scale" for layer in range(L)
+               if gains[layer] is not None]
+    acts = capture_last(model, prompts, z_names + s_names, batch_size=batch_size)
+    for name in z_names:
+        check_z_shape(acts[name][:, None], H, cfg.d_head, name)
+    z = torch.stack([acts[n] for n in z_names], dim=1)  # [n_prompts, n_layers, n_heads, d_head]
+    W_O = model.W_O.detach().float().cpu()  # [n_layers, n_heads, d_head, d_model]
+    out = torch.einsum("nlhd,lhdm->nlhm", z, W_O)  # [n_prompts, n_layers, n_heads, d_model]
+    for layer, g in enumerate(gains):
+        if g is not None:
+            scale = acts[f"blocks.{layer}.ln1_post.hook_scale"].reshape(-1, 1, 1)  # [n, 1, 1]
+            out[:, layer] = out[:, layer] / scale * g  # [n_prompts, n_heads, d_model]
+    return z.mean(0), out.mean(0)
+
+
+def function_vector(
+    outputs: Float[Tensor, "n_layers n_heads d_model"],
     heads: Sequence[tuple[int, int]],
 ) -> Float[Tensor, " d_model"]:
-    """Σ over ``heads`` of ``mean_z[l, h] @ W_O[l, h]``."""
-    W_O = model.W_O.detach()  # [n_layers, n_heads, d_head, d_model]
-    z = mean_z.to(W_O.device, W_O.dtype)
-    vec = torch.zeros(model.cfg.d_model, dtype=W_O.dtype, device=W_O.device)  # [d_model]
+    """Σ over ``heads`` of the heads' mean residual-stream outputs (:func:`head_outputs`)."""
+    vec = torch.zeros(outputs.shape[-1], dtype=outputs.dtype)  # [d_model]
     for layer, head in heads:
-        vec = vec + z[layer, head] @ W_O[layer, head]  # [d_model]
+        vec = vec + outputs[layer, head]  # [d_model]
     return vec
 
 
@@ -147,10 +206,9 @@ class FV(Method):
     ) -> Fitted:
         t0 = time.perf_counter()
         cfg = model.cfg
-        mean_z = task_embedding(
-            model, task, n_prompts=self.n_prompts, n_shots=self.n_shots, seed=seed,
-            template=template,
-        )  # [n_layers, n_heads, d_head]
+        prompts = embedding_prompts(task, self.n_prompts, self.n_shots, seed=seed,
+                                    template=template)
+        mean_z, outputs = head_outputs(model, prompts)  # [L, H, d_head], [L, H, d_model]
         if self.effects is not None:
             effects, source = torch.as_tensor(self.effects).float().cpu(), "given"
         else:
@@ -166,7 +224,7 @@ class FV(Method):
         k = min(self.k, effects.numel())
         top = torch.argsort(effects.flatten(), descending=True, stable=True)[:k]
         heads = [(int(i) // cfg.n_heads, int(i) % cfg.n_heads) for i in top]
-        vector = function_vector(model, mean_z, heads)  # [d_model]
+        vector = function_vector(outputs, heads).to(cfg.device)  # [d_model]
         layers = list(self.layers) if self.layers is not None else list(range(cfg.n_layers))
         layer, table = select_layer(
             model, valid_items(task, self.n_valid),
@@ -179,7 +237,7 @@ class FV(Method):
             n_params=0,
             fit_seconds=time.perf_counter() - t0,
             state={"vector": vector, "layer": layer, "heads": heads, "effects": effects,
-                   "mean_z": mean_z},
+                   "mean_z": mean_z, "head_outputs": outputs},
             meta={"stored_numbers": cfg.d_model, "effects_source": source,
                   "layer_table": table, "point": self.point},
         )
