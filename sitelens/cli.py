@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="models × tasks × methods → one resumable results table")
     p.add_argument("--models", default="smollm2-135m-instruct", help="comma-separated model names")
-    p.add_argument("--tasks", default="", help="comma-separated task specs (names, dirs, files)")
+    p.add_argument("--tasks", nargs="+", default=[],
+                   help="task specs (names, dirs, files), space- or comma-separated")
     p.add_argument("--tasks-dir", help="every FV-layout task directory under DIR")
     p.add_argument("--abstractive", action="store_true", help="with --tasks-dir: abstractive tasks only")
     p.add_argument("--methods", default="zero-shot,icl,site,fv,tv,ltv,mtv,i2cl,lora,ia3")
@@ -169,7 +170,7 @@ def _bench_tasks(args) -> list:
     from sitelens.errors import TaskError
     from sitelens.tasks import load_task
 
-    specs = [t for t in args.tasks.split(",") if t]
+    specs = [t for arg in args.tasks for t in arg.split(",") if t]  # a/{x,y} or a/x,a/y
     if args.tasks_dir:
         root = Path(args.tasks_dir)
         if not root.is_dir():

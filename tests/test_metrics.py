@@ -194,3 +194,18 @@ def test_summary_table_and_figure():
     assert fv.exact_match_lo <= fv.exact_match <= fv.exact_match_hi
     fig = bench.dntp_accuracy_figure(df)
     assert len(fig.data) == 2
+
+
+def test_cli_bench_takes_tasks_space_or_comma_separated(tmp_path, capsys):
+    """``--tasks a/{x,y}`` (the shell's brace expansion: separate words) and ``--tasks x,y`` both
+    work, also mixed."""
+    from sitelens.cli import main as cli_main
+
+    out = tmp_path / "b.csv"
+    rc = cli_main(["bench", "--models", "tiny-random", "--tasks", "antonym", "first_letter,last_letter",
+                   "--methods", "zero-shot", "--limit", "2", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    df = pd.read_csv(out)
+    assert sorted(df["task"]) == ["antonym", "first_letter", "last_letter"]
+    assert (df["method"] == "zero-shot").all() and (df["n"] == 2).all()
+    assert out.with_suffix(".md").exists()
