@@ -33,7 +33,7 @@ from sitelens.baselines import Fitted, Method, get_method
 from sitelens.errors import OutputError, SitelensError
 from sitelens.evaluate import exact_match, greedy_generate
 from sitelens.metrics import bootstrap_ci, correlation, dntp_per_item
-from sitelens.models import Encoded, encode, load_model, model_name, token_ids
+from sitelens.models import Encoded, encode, length_batches, load_model, model_name, token_ids
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,
     Example,
@@ -140,11 +140,6 @@ def generate(
     )
 
 
-def _batches_by_length(prompts: Sequence[str], batch_size: int) -> list[list[int]]:
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
-
-
 def reference_logits(
     model, task: Task, items: Sequence[Example], *, n_shots: int = 10, seed: int = 0,
     template: Template = DEFAULT_TEMPLATE, batch_size: int = 16,
@@ -154,7 +149,7 @@ def reference_logits(
     method's dNTP is exactly 0)."""
     prompts = few_shot_prompts(task, list(items), n_shots, seed=seed, template=template)
     out: list[Tensor | None] = [None] * len(items)
-    for idx in _batches_by_length(prompts, batch_size):
+    for idx in length_batches(model, prompts, batch_size):
         enc = encode(model, [prompts[i] for i in idx])
         _, first = generate(model, enc, [], max_new_tokens=1)
         first = first.cpu()  # [batch, d_vocab]
@@ -182,7 +177,7 @@ def score_fitted(
     correct = np.zeros(len(items), dtype=bool)
     kl = np.full(len(items), np.nan)
     t0 = time.perf_counter()
-    for idx in _batches_by_length(prompts, batch_size):
+    for idx in length_batches(model, prompts, batch_size):
         enc = encode(model, [prompts[i] for i in idx])
         hooks = fitted.hooks(model, enc.tokens.shape[1])
         limit = min(32, max(n_tok[i] for i in idx) + 2)

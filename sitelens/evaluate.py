@@ -15,7 +15,15 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from sitelens.injection import HeadMix, apply_hooks
-from sitelens.models import Encoded, encode, kv_forward, new_kv_cache, token_ids
+from sitelens.models import (
+    Encoded,
+    encode,
+    kv_forward,
+    last_position_logits,
+    length_batches,
+    new_kv_cache,
+    token_ids,
+)
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,
     Example,
@@ -39,10 +47,10 @@ def _hooks_for(model, intervention, seq_len: int) -> list:
 def last_logits(
     model, enc: Encoded, intervention=None
 ) -> Float[Tensor, "batch d_vocab"]:
-    """Logits at the last prompt position, under an optional intervention."""
+    """Logits at the last prompt position, under an optional intervention (only that position is
+    unembedded)."""
     with torch.no_grad(), apply_hooks(model, _hooks_for(model, intervention, enc.tokens.shape[1])):
-        logits = model(enc.tokens, attention_mask=enc.attention_mask)  # [batch, pos, d_vocab]
-    return logits[:, -1].float()
+        return last_position_logits(model, enc)  # [batch, d_vocab]
 
 
 def greedy_generate(
@@ -131,11 +139,9 @@ def run_method(
     """Generate for each prompt and score it. One row per item."""
     answers = answer_token_ids(model, [ex.output for ex in items], template)
     n_tok = [len(token_ids(model, template.answer_prefix + ex.output)) for ex in items]
-    order = sorted(range(len(items)), key=lambda i: len(prompts[i]))
     rows: dict[int, dict] = {}
     t0 = time.perf_counter()
-    for s in range(0, len(order), batch_size):
-        idx = order[s : s + batch_size]
+    for idx in length_batches(model, prompts, batch_size):  # memory-bounded for long prompts
         enc = encode(model, [prompts[i] for i in idx])
         limit = max_new_tokens or min(32, max(n_tok[i] for i in idx) + 2)
         gen, first = greedy_generate(model, enc, intervention=intervention, max_new_tokens=limit)

@@ -42,7 +42,7 @@ import os
 import tempfile
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -876,6 +876,43 @@ def encode(model, texts: list[str], *, prepend_bos: bool | None = None) -> Encod
     return Encoded(tokens.to(model.cfg.device), mask.to(model.cfg.device))
 
 
+# The largest tensor of a long-prompt forward pass is the attention scores, batch × n_heads × pos²
+# float32 (TransformerLens holds a few copies: scores, masked scores, pattern). Batches are cut so
+# that one copy stays under this many bytes; a 3,000-token prompt on SmolLM2 (9 heads) is 324 MB
+# per row, and 16 such rows OOM-killed a 24 GB machine.
+ATTENTION_BUDGET_BYTES = 512 * 2**20
+
+
+def budget_batches(
+    lengths: Sequence[int], batch_size: int, n_heads: int, *,
+    budget_bytes: int = ATTENTION_BUDGET_BYTES,
+) -> list[list[int]]:
+    """Indices ordered by ``lengths`` (tokens; similar lengths share a batch, so less padding),
+    cut into batches of at most ``batch_size`` whose attention scores
+    (``len(batch) × n_heads × max_length²`` float32) fit in ``budget_bytes``; one row always fits."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:  # ascending: the newest index has the batch's longest prompt
+        row = 4 * n_heads * int(lengths[i]) ** 2
+        if cur and (len(cur) >= batch_size or (len(cur) + 1) * row > budget_bytes):
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def length_batches(
+    model, prompts: Sequence[str], batch_size: int, *, budget_bytes: int = ATTENTION_BUDGET_BYTES
+) -> list[list[int]]:
+    """:func:`budget_batches` over the prompts' token counts (with BOS where the model adds it)."""
+    extra = 1 if prepends_bos(model) else 0
+    lengths = [len(token_ids(model, p)) + extra for p in prompts]
+    return budget_batches(lengths, batch_size, model.cfg.n_heads, budget_bytes=budget_bytes)
+
+
 def timed_load(name: str = DEFAULT_MODEL, **kw):
     """``(model, seconds)``: convenience for benchmarks."""
     t0 = time.perf_counter()
@@ -991,6 +1028,18 @@ def unembed_last(model, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tens
     return apply_softcap(model.unembed(resid), model.cfg.output_logits_soft_cap)
 
 
+def last_position_logits(model, enc: Encoded) -> Float[Tensor, "batch d_vocab"]:
+    """Logits at the last prompt position of a full forward pass, unembedding only that position
+    (same numbers as ``model(...)[:, -1]``, without the ``[batch, pos, d_vocab]`` tensor)."""
+    if is_bridge(model):  # a bridge's stop_at_layer still unembeds: take the full logits
+        out = model(enc.tokens, attention_mask=enc.attention_mask)  # [batch, pos, d_vocab]
+        return out[:, -1].float()
+    resid = model(
+        enc.tokens, attention_mask=enc.attention_mask, stop_at_layer=model.cfg.n_layers
+    )  # [batch, pos, d_model]
+    return unembed_last(model, resid)[:, 0].float()  # [batch, d_vocab]
+
+
 def kv_forward(
     model,
     tokens: Int[Tensor, "batch new"],
@@ -1038,14 +1087,15 @@ def prefix_cache(model, enc: Encoded, *, batch_size: int = 64):
         return cache, enc.tokens[:, -1:]
     from transformer_lens import TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
 
-    n, width = len(enc), enc.tokens.shape[1] - 1  # the prefix: every column but the last
+    width = enc.tokens.shape[1] - 1  # the prefix: every column but the last
     lengths = enc.attention_mask[:, :-1].sum(1)  # [batch] real prefix tokens per row
-    order = torch.argsort(lengths, stable=True)  # similar lengths share a batch: less padding
+    # similar lengths share a batch (less padding), memory-bounded for long prompts
+    batches = budget_batches(lengths.tolist(), batch_size, model.cfg.n_heads)
+    order = torch.tensor([i for idx in batches for i in idx])
     keys: list[list[Tensor]] = [[] for _ in range(model.cfg.n_layers)]
     values: list[list[Tensor]] = [[] for _ in range(model.cfg.n_layers)]
     with torch.no_grad():
-        for s in range(0, n, batch_size):
-            idx = order[s : s + batch_size]
+        for idx in map(torch.tensor, batches):
             w = max(int(lengths[idx].max()), 1)  # this batch's own padded width
             cache = new_kv_cache(model, len(idx))
             model(

@@ -34,6 +34,7 @@ from sitelens.models import (
     encode,
     fingerprint,
     last_token_forward,
+    length_batches,
     model_name,
     prefix_cache,
     select_cache,
@@ -60,10 +61,8 @@ def last_token_z(
     hook and stops before the unembedding. ``reduce="mean"`` averages over prompts; ``"none"``
     returns ``[n_prompts, n_layers, n_heads, d_head]``."""
     cfg = model.cfg
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # less padding per batch
     out = torch.empty(len(prompts), cfg.n_layers, cfg.n_heads, cfg.d_head)  # [n, L, H, d_head]
-    for start in range(0, len(order), batch_size):
-        idx = order[start : start + batch_size]
+    for idx in length_batches(model, prompts, batch_size):  # similar lengths, bounded memory
         enc = encode(model, [prompts[i] for i in idx])
         buf: dict[int, Tensor] = {}
 

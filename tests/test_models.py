@@ -88,3 +88,46 @@ def test_fast_layout_keeps_values(tiny_mha):
             p.data = p.data.contiguous()
         again = m2(enc.tokens, attention_mask=enc.attention_mask)
     torch.testing.assert_close(ref, again, atol=1e-5, rtol=1e-5)
+
+
+def test_budget_batches_bound_the_attention_memory():
+    from sitelens.models import budget_batches
+
+    lengths = [5, 300, 12, 3000, 40, 7, 2500, 8]
+    batches = budget_batches(lengths, 3, n_heads=9, budget_bytes=512 * 2**20)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    flat = [lengths[i] for b in batches for i in b]
+    assert flat == sorted(flat)  # similar lengths share a batch
+    for b in batches:
+        assert len(b) <= 3
+        if len(b) > 1:
+            assert len(b) * 4 * 9 * max(lengths[i] for i in b) ** 2 <= 512 * 2**20
+    assert [lengths[i] for i in batches[-1]] == [3000]  # 324 MB a row: alone
+    assert [lengths[i] for i in batches[-2]] == [2500]
+    assert budget_batches([], 4, 2) == []
+    assert budget_batches([10**6], 4, 2, budget_bytes=1) == [[0]]  # one row always fits
+
+
+def test_memory_bounded_batches_give_the_same_results(tiny_mha, monkeypatch):
+    """Cutting batches by the attention budget (here: every prompt alone) changes nothing but
+    the batching: same task embedding, same greedy generations."""
+    import sitelens.models as M
+    from sitelens.evaluate import evaluate
+    from sitelens.site import task_embedding
+    from sitelens.tasks import load_task
+
+    task = load_task("antonym")
+    emb = task_embedding(tiny_mha, task, n_prompts=6, n_shots=3)
+    df = evaluate(tiny_mha, task, methods=["zero-shot", "icl"], limit=6, n_shots=3)
+    for fn in (M.length_batches, M.budget_batches):  # every caller uses the default budget
+        monkeypatch.setattr(fn, "__kwdefaults__", {"budget_bytes": 1})
+    assert all(len(b) == 1 for b in M.length_batches(tiny_mha, ["Q: a\nA:", "Q: bb\nA:"], 8))
+    torch.testing.assert_close(task_embedding(tiny_mha, task, n_prompts=6, n_shots=3), emb,
+                               rtol=1e-4, atol=1e-5)
+    df2 = evaluate(tiny_mha, task, methods=["zero-shot", "icl"], limit=6, n_shots=3)
+    assert df2["first_token_correct"].tolist() == df["first_token_correct"].tolist()
+    # the token limit is per batch (the batch's longest answer + 2), so only prefixes must agree
+    # (a cut-off multi-byte character decodes to U+FFFD)
+    for a, b in zip(df["prediction"], df2["prediction"], strict=True):
+        a, b = a.rstrip("\ufffd"), b.rstrip("\ufffd")
+        assert a.startswith(b) or b.startswith(a), (a, b)

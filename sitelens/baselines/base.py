@@ -35,12 +35,11 @@ from tqdm.auto import tqdm
 from sitelens.errors import FitError, TaskError
 from sitelens.injection import HeadMix, apply_hooks
 from sitelens.models import (
-    Encoded,
     encode,
-    is_bridge,
+    last_position_logits,
     last_token_forward,
+    length_batches,
     prefix_cache,
-    unembed_last,
 )
 from sitelens.site import FitConfig, training_batches
 from sitelens.tasks import (
@@ -257,11 +256,11 @@ def capture_last(
     """The value of each hook at the last prompt token: ``{name: [n_prompts, ...]}`` (float32,
     CPU). Runs only up to the last block that is hooked."""
     prompts = list(prompts)
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # less padding
+    batches = length_batches(model, prompts, batch_size)  # similar lengths, bounded memory
+    order = [i for idx in batches for i in idx]
     stop = _stop_layer(model, hook_names)
     parts: dict[str, list[Tensor]] = {n: [] for n in hook_names}
-    for s in range(0, len(order), batch_size):
-        idx = order[s : s + batch_size]
+    for idx in batches:
         enc = encode(model, [prompts[i] for i in idx])
         buf: dict[str, Tensor] = {}
 
@@ -337,18 +336,6 @@ def select_layer(
 
 # ----------------------------------------------------------------------------------------------
 # training of every-position interventions (I2CL, LoRA, (IA)3)
-
-
-def last_position_logits(model, enc: Encoded) -> Float[Tensor, "batch d_vocab"]:
-    """Logits at the last prompt position of a full forward pass, unembedding only that position
-    (same numbers as ``model(...)[:, -1]``, without the ``[batch, pos, d_vocab]`` tensor)."""
-    if is_bridge(model):  # a bridge's stop_at_layer still unembeds: take the full logits
-        out = model(enc.tokens, attention_mask=enc.attention_mask)  # [batch, pos, d_vocab]
-        return out[:, -1].float()
-    resid = model(
-        enc.tokens, attention_mask=enc.attention_mask, stop_at_layer=model.cfg.n_layers
-    )  # [batch, pos, d_model]
-    return unembed_last(model, resid)[:, 0].float()  # [batch, d_vocab]
 
 
 @dataclass
