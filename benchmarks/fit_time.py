@@ -146,6 +146,20 @@ def summarize() -> str:
             lines.append(f"| {r.task} | {r.threads} | {r.load_avg_1min:.2f} | {r.stage1_seconds:.1f} "
                          f"| {r.stage2_seconds:.1f} | {r.fit_seconds:.1f} |")
         lines.append("")
+    runs = sorted((RESULTS / "fit_time_runs").glob("*.csv"))
+    if runs:
+        lines += ["## Other runs of the same command", "",
+                  "Kept to show run-to-run variation and the effect of code changes (file name: "
+                  "model, code version, conditions). `e04f815`: the code before stage 1 and the "
+                  "prefix caches stopped right after the last `hook_z` (`forward_until`).", "",
+                  "| run | tasks | median fit s | min | max | load avg range |",
+                  "|---|---:|---:|---:|---:|---|"]
+        for path in runs:
+            df = pd.read_csv(path)
+            lines.append(f"| {path.stem} | {len(df)} | {df.fit_seconds.median():.1f} | "
+                         f"{df.fit_seconds.min():.1f} | {df.fit_seconds.max():.1f} | "
+                         f"{df.load_avg_1min.min():.2f}–{df.load_avg_1min.max():.2f} |")
+        lines.append("")
     text = "\n".join(lines)
     (RESULTS / "fit_time.md").write_text(text)
     return text

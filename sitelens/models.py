@@ -1005,6 +1005,35 @@ def position_wise(fn: Callable) -> Callable:
     return fn
 
 
+class _AllHooksFired(Exception):
+    """Raised inside a forward pass by :func:`forward_until` once every hook it waits for has run."""
+
+
+def forward_until(model, hooks: Sequence[tuple[str, Callable]], *args, **kwargs) -> bool:
+    """``model(*args, **kwargs)`` with the ``(hook_name, fn)`` forward hooks, ended as soon as each
+    of them has run once: the blocks above the last hooked one, the final norm and the unembedding
+    are skipped (on a TransformerBridge too, whose ``stop_at_layer`` still unembeds). For hooks that
+    only read activations. Returns whether the pass ended early. Hooks are removed on exit."""
+    pending = {name for name, _ in hooks}
+
+    def waiting(name: str, fn: Callable) -> Callable:
+        def run(x, hook=None):
+            out = fn(x, hook=hook)
+            pending.discard(name)
+            if not pending:
+                raise _AllHooksFired
+            return out
+
+        return run
+
+    try:
+        with model.hooks(fwd_hooks=[(n, wrap_hook(model, waiting(n, fn))) for n, fn in hooks]):
+            model(*args, **kwargs)
+    except _AllHooksFired:
+        return True
+    return False
+
+
 def new_kv_cache(model, batch_size: int):
     """An empty KV cache for ``batch_size`` rows (TransformerLens's, or a :class:`RecomputeCache`
     on a bridge). Run the model on it with :func:`kv_forward`."""
@@ -1098,7 +1127,9 @@ def prefix_cache(model, enc: Encoded, *, batch_size: int = 64):
         for idx in map(torch.tensor, batches):
             w = max(int(lengths[idx].max()), 1)  # this batch's own padded width
             cache = new_kv_cache(model, len(idx))
-            model(
+            forward_until(  # the last layer appends its K/V before hook_z: stop there
+                model,
+                [(z_hook_name(model, model.cfg.n_layers - 1), lambda z, hook=None: None)],
                 enc.tokens[idx, width - w : width],
                 attention_mask=enc.attention_mask[idx, width - w : width],
                 past_kv_cache=cache,

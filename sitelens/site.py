@@ -33,6 +33,7 @@ from sitelens.models import (
     check_z_shape,
     encode,
     fingerprint,
+    forward_until,
     last_token_forward,
     length_batches,
     model_name,
@@ -74,8 +75,9 @@ def last_token_z(
             (z_hook_name(model, layer), lambda z, hook, layer=layer: grab(z, hook, layer))
             for layer in range(cfg.n_layers)
         ]
-        with torch.no_grad(), apply_hooks(model, hooks):
-            model(enc.tokens, attention_mask=enc.attention_mask, stop_at_layer=cfg.n_layers)
+        with torch.no_grad():  # ends right after the last layer's hook_z
+            forward_until(model, hooks, enc.tokens, attention_mask=enc.attention_mask,
+                          stop_at_layer=cfg.n_layers)
         out[idx] = torch.stack([buf[layer] for layer in range(cfg.n_layers)], dim=1)
     return out.mean(0) if reduce == "mean" else out
 

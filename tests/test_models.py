@@ -3,7 +3,13 @@ import torch
 from conftest import needs_hooked
 
 from sitelens import ModelError, PromptTooLongError, encode, load_model, tiny_model, z_hook_name
-from sitelens.models import fingerprint, last_token_forward, prefix_cache, select_cache
+from sitelens.models import (
+    fingerprint,
+    forward_until,
+    last_token_forward,
+    prefix_cache,
+    select_cache,
+)
 
 
 def test_unknown_model_lists_available_names():
@@ -65,6 +71,23 @@ def test_prefix_cache_matches_full_forward(tiny):
         sub = last_token_forward(tiny, select_cache(cache, [2, 0]), last[[2, 0]])[:, -1]
     torch.testing.assert_close(fast, full, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(sub, full[[2, 0]], atol=1e-5, rtol=1e-5)
+
+
+def test_forward_until_stops_after_its_hooks_with_the_same_values(tiny):
+    enc = encode(tiny, ["Q: hot\nA:", "Q: a longer prompt\nA:"])
+    first, last = z_hook_name(tiny, 0), z_hook_name(tiny, tiny.cfg.n_layers - 1)
+    full, early, fired = {}, {}, []
+    with torch.no_grad():
+        with tiny.hooks(fwd_hooks=[(first, lambda z, hook=None: full.update(z=z.clone()))]):
+            tiny(enc.tokens, attention_mask=enc.attention_mask)
+        with tiny.hooks(fwd_hooks=[(last, lambda z, hook=None: fired.append(1))]):
+            stopped = forward_until(tiny, [(first, lambda z, hook=None: early.update(z=z.clone()))],
+                                    enc.tokens, attention_mask=enc.attention_mask)
+    assert stopped and not fired  # the pass ended at layer 0: the last layer never ran
+    torch.testing.assert_close(early["z"], full["z"], atol=0, rtol=0)
+    assert not any(hp.fwd_hooks for hp in tiny.hook_dict.values())  # hooks removed
+    with torch.no_grad():  # no hook to wait for: the pass runs to the end
+        assert not forward_until(tiny, [], enc.tokens, attention_mask=enc.attention_mask)
 
 
 def test_fingerprint_distinguishes_models():

@@ -36,6 +36,7 @@ from sitelens.errors import FitError, TaskError
 from sitelens.injection import HeadMix, apply_hooks
 from sitelens.models import (
     encode,
+    forward_until,
     last_position_logits,
     last_token_forward,
     length_batches,
@@ -272,8 +273,9 @@ def capture_last(
 
             return grab
 
-        with torch.no_grad(), apply_hooks(model, [(n, grabber(n)) for n in hook_names]):
-            model(enc.tokens, attention_mask=enc.attention_mask, stop_at_layer=stop)
+        with torch.no_grad():  # ends as soon as every hook has fired
+            forward_until(model, [(n, grabber(n)) for n in hook_names], enc.tokens,
+                          attention_mask=enc.attention_mask, stop_at_layer=stop)
         for n in hook_names:
             parts[n].append(buf[n])
     inverse = torch.empty(len(order), dtype=torch.long)
