@@ -123,12 +123,17 @@ def _causal_effects(model, task, mean_z, *, n_prompts, n_shots, seed, template):
     return torch.as_tensor(out, dtype=torch.float32).cpu(), "sitelens.patching"
 
 
+def _post_attn_scale_name(layer: int) -> str:
+    """The hook of block ``layer``'s post-attention norm scale (its per-position RMS)."""
+    return f"blocks.{layer}.ln1_post.hook_scale"
+
+
 def _post_attn_norm_gain(model, layer: int) -> Tensor | None:
     """The per-dimension gain ``g`` of block ``layer``'s post-attention RMS norm (``ln1_post``), or
     None when the block adds the attention output unnormalized. Read by probing the norm module
     with a constant vector (``norm(c·1) = g·c / sqrt(c² + eps) ≈ g``), which holds whatever the
     parameterization (TransformerLens's ``w``, Hugging Face Gemma's ``1 + weight``)."""
-    if f"blocks.{layer}.ln1_post.hook_scale" not in model.hook_dict:
+    if _post_attn_scale_name(layer) not in model.hook_dict:
         return None
     norm = model.blocks[layer].ln1_post
     dev = next(model.parameters()).device
@@ -151,8 +156,7 @@ def head_outputs(
     L, H = cfg.n_layers, cfg.n_heads
     z_names = [z_hook_name(model, layer) for layer in range(L)]
     gains = [_post_attn_norm_gain(model, layer) for layer in range(L)]
-    s_names = [f"blocks.{layer}.ln1_post.hook_scale" for layer in range(L)
-               if gains[layer] is not None]
+    s_names = [_post_attn_scale_name(layer) for layer in range(L) if gains[layer] is not None]
     acts = capture_last(model, prompts, z_names + s_names, batch_size=batch_size)
     for name in z_names:
         check_z_shape(acts[name][:, None], H, cfg.d_head, name)
@@ -161,7 +165,7 @@ def head_outputs(
     out = torch.einsum("nlhd,lhdm->nlhm", z, W_O)  # [n_prompts, n_layers, n_heads, d_model]
     for layer, g in enumerate(gains):
         if g is not None:
-            scale = acts[f"blocks.{layer}.ln1_post.hook_scale"].reshape(-1, 1, 1)  # [n, 1, 1]
+            scale = acts[_post_attn_scale_name(layer)].reshape(-1, 1, 1)  # [n, 1, 1]
             out[:, layer] = out[:, layer] / scale * g  # [n_prompts, n_heads, d_model]
     return z.mean(0), out.mean(0)
 
