@@ -69,6 +69,45 @@ def per_task_table(df: pd.DataFrame) -> list[str]:
     return lines
 
 
+# What each method's fit runs with its defaults (``sitelens.baselines``), to read the fit seconds by.
+FIT_WORK = {
+    "site": "50 ten-shot prompts (stage 1), then 50 Adam steps of 8 last-token passes over frozen "
+            "prefix caches, forward and backward, validated every 10 steps on 64 items",
+    "fv": "50 ten-shot prompts (mean head outputs), 16 corrupted ten-shot prompts with every head "
+          "patched in turn (n_layers × n_heads last-token rows over frozen prefixes), then one "
+          "64-item validation pass per candidate layer",
+    "tv": "50 ten-shot prompts, then one 64-item validation pass per candidate layer",
+    "ltv": "256 ten-shot prompts (h_icl) and their 256 zero-shot queries (h_zs), then one "
+           "d_model × d_model ridge solve",
+    "mtv": "50 ten-shot prompts, then 40 REINFORCE steps of 4 sampled head masks × 8 items",
+    "i2cl": "10 single demonstrations, then 50 Adam steps of 8 full zero-shot passes (the vectors act "
+            "at every position)",
+    "lora": "50 Adam steps of 8 full zero-shot passes (rank-8 updates of W_Q and W_V in every "
+            "layer), validated every 10 steps on 64 items",
+    "ia3": "50 Adam steps of 8 full zero-shot passes (key, value and MLP rescaling in every layer), "
+           "validated every 10 steps on 64 items",
+}
+
+
+def time_notes(df: pd.DataFrame) -> list[str]:
+    """Where the fit seconds go, slowest method first (median fit seconds over the tasks)."""
+    fit = df.groupby("method")["fit_seconds"].median().sort_values(ascending=False)
+    per_item = df.groupby("method")["seconds_per_item"].median()
+    lines = ["### Where the time goes", "",
+             "Median fit seconds per task, slowest first, with the work each fit does by default "
+             "(a ten-shot prompt is about ten times as long as a zero-shot one). FV and LTV are the "
+             "slow ones because of how many prompts their definitions need (FV: a patch of every "
+             "head on corrupted prompts; LTV: 256 ten-shot prompts); fewer prompts "
+             "(`FV(n_effect_prompts=…)`, `LTV(n_queries=…)`) trade accuracy for time.", ""]
+    for m, sec in fit.items():
+        if m in FIT_WORK:
+            lines.append(f"- {m}: {sec:.0f} s — {FIT_WORK[m]}.")
+    if "icl" in per_item and "zero-shot" in per_item and per_item["zero-shot"] > 0:
+        lines.append(f"- icl: no fit; each item costs {per_item['icl'] / per_item['zero-shot']:.1f}× "
+                     "a zero-shot item (the ten-shot prompt is prefilled for every query).")
+    return lines + [""]
+
+
 def summarize(path: Path, command: str, note: str, png: bool = True) -> str:
     df = read_results(path)
     model = df["model"].iloc[0]
@@ -97,6 +136,7 @@ def summarize(path: Path, command: str, note: str, png: bool = True) -> str:
         "",
         *per_task_table(full),
         "",
+        *time_notes(full),
     ]
     text = "\n".join(lines)
     stem = path.with_suffix("")
