@@ -1133,7 +1133,6 @@ def prefix_cache(model, enc: Encoded, *, batch_size: int = 64):
                 enc.tokens[idx, width - w : width],
                 attention_mask=enc.attention_mask[idx, width - w : width],
                 past_kv_cache=cache,
-                stop_at_layer=model.cfg.n_layers,
             )
             for i, e in enumerate(cache.entries):  # left-pad K/V back to the common width
                 pad = (0, 0, 0, 0, width - w, 0)  # [batch, pos, n_kv_heads, d_head]: pos only

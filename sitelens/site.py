@@ -59,8 +59,8 @@ def last_token_z(
     model, prompts: list[str], *, batch_size: int = 8, reduce: str = "mean"
 ) -> Float[Tensor, "... n_layers n_heads d_head"]:
     """``hook_z`` of every layer at the last prompt token. Captures only that position of that
-    hook and stops before the unembedding. ``reduce="mean"`` averages over prompts; ``"none"``
-    returns ``[n_prompts, n_layers, n_heads, d_head]``."""
+    hook and stops right after the last layer's ``hook_z``. ``reduce="mean"`` averages over
+    prompts; ``"none"`` returns ``[n_prompts, n_layers, n_heads, d_head]``."""
     cfg = model.cfg
     out = torch.empty(len(prompts), cfg.n_layers, cfg.n_heads, cfg.d_head)  # [n, L, H, d_head]
     for idx in length_batches(model, prompts, batch_size):  # similar lengths, bounded memory
@@ -76,8 +76,7 @@ def last_token_z(
             for layer in range(cfg.n_layers)
         ]
         with torch.no_grad():  # ends right after the last layer's hook_z
-            forward_until(model, hooks, enc.tokens, attention_mask=enc.attention_mask,
-                          stop_at_layer=cfg.n_layers)
+            forward_until(model, hooks, enc.tokens, attention_mask=enc.attention_mask)
         out[idx] = torch.stack([buf[layer] for layer in range(cfg.n_layers)], dim=1)
     return out.mean(0) if reduce == "mean" else out
 

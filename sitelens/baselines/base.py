@@ -20,7 +20,6 @@ a callable ``(model, seq_len) -> [(hook_name, fn)]``.
 from __future__ import annotations
 
 import random
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -241,25 +240,14 @@ def valid_items(task: Task, n_valid: int) -> list[Example]:
     return list(items)
 
 
-def _stop_layer(model, hook_names: Sequence[str]) -> int | None:
-    layers = []
-    for name in hook_names:
-        m = re.match(r"blocks\.(\d+)\.", name)
-        if m is None:
-            return None
-        layers.append(int(m.group(1)))
-    return max(layers) + 1
-
-
 def capture_last(
     model, prompts: Sequence[str], hook_names: Sequence[str], *, batch_size: int = 8
 ) -> dict[str, Tensor]:
     """The value of each hook at the last prompt token: ``{name: [n_prompts, ...]}`` (float32,
-    CPU). Runs only up to the last block that is hooked."""
+    CPU). Each pass ends as soon as every hook has fired (:func:`~sitelens.models.forward_until`)."""
     prompts = list(prompts)
     batches = length_batches(model, prompts, batch_size)  # similar lengths, bounded memory
     order = [i for idx in batches for i in idx]
-    stop = _stop_layer(model, hook_names)
     parts: dict[str, list[Tensor]] = {n: [] for n in hook_names}
     for idx in batches:
         enc = encode(model, [prompts[i] for i in idx])
@@ -273,9 +261,9 @@ def capture_last(
 
             return grab
 
-        with torch.no_grad():  # ends as soon as every hook has fired
+        with torch.no_grad():
             forward_until(model, [(n, grabber(n)) for n in hook_names], enc.tokens,
-                          attention_mask=enc.attention_mask, stop_at_layer=stop)
+                          attention_mask=enc.attention_mask)
         for n in hook_names:
             parts[n].append(buf[n])
     inverse = torch.empty(len(order), dtype=torch.long)
