@@ -49,7 +49,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
@@ -1120,9 +1119,7 @@ def prefix_cache(model, enc: Encoded, *, batch_size: int = 64):
     lengths = enc.attention_mask[:, :-1].sum(1)  # [batch] real prefix tokens per row
     # similar lengths share a batch (less padding), memory-bounded for long prompts
     batches = budget_batches(lengths.tolist(), batch_size, model.cfg.n_heads)
-    order = torch.tensor([i for idx in batches for i in idx])
-    keys: list[list[Tensor]] = [[] for _ in range(model.cfg.n_layers)]
-    values: list[list[Tensor]] = [[] for _ in range(model.cfg.n_layers)]
+    entries = None  # allocated from the first batch's dtype; each batch writes its rows in place
     with torch.no_grad():
         for idx in map(torch.tensor, batches):
             w = max(int(lengths[idx].max()), 1)  # this batch's own padded width
@@ -1134,18 +1131,18 @@ def prefix_cache(model, enc: Encoded, *, batch_size: int = 64):
                 attention_mask=enc.attention_mask[idx, width - w : width],
                 past_kv_cache=cache,
             )
-            for i, e in enumerate(cache.entries):  # left-pad K/V back to the common width
-                pad = (0, 0, 0, 0, width - w, 0)  # [batch, pos, n_kv_heads, d_head]: pos only
-                keys[i].append(F.pad(e.past_keys, pad))
-                values[i].append(F.pad(e.past_values, pad))
-    inverse = torch.argsort(order)  # back to the caller's row order
-    entries = [
-        TransformerLensKeyValueCacheEntry(
-            past_keys=torch.cat(keys[i])[inverse], past_values=torch.cat(values[i])[inverse],
-            frozen=True,
-        )
-        for i in range(model.cfg.n_layers)
-    ]
+            if entries is None:  # zeros = the left padding: [batch, width, n_kv_heads, d_head]
+                shape = (len(lengths), width, *cache.entries[0].past_keys.shape[2:])
+                entries = [
+                    TransformerLensKeyValueCacheEntry(
+                        e.past_keys.new_zeros(shape), e.past_values.new_zeros(shape), frozen=True
+                    )
+                    for e in cache.entries
+                ]
+            for full, e in zip(entries, cache.entries):  # right-aligned: columns width - w ..
+                full.past_keys[idx, width - w :] = e.past_keys
+                full.past_values[idx, width - w :] = e.past_values
+            del cache
     return TransformerLensKeyValueCache(entries, enc.attention_mask[:, :-1].clone(), frozen=True), \
         enc.tokens[:, -1:]
 
