@@ -7,7 +7,12 @@ The cells themselves come from the resumable CLI, one CSV per model, e.g.
         --tasks $FV/antonym,$FV/country-capital,... \\
         --out benchmarks/results/baselines_smollm2-135m-instruct.csv
 
-then ``python benchmarks/baselines.py`` writes, per CSV, ``baselines_{model}.md`` (means over the
+Two runs on disjoint tasks must not share one CSV (each write rewrites the file): give the second
+``--out benchmarks/results/baselines_{model}.part2.csv``. The summary reads a model's CSV together
+with its ``.part*.csv`` files; ``--merge-parts`` (only while no run is writing) folds them into the
+model's CSV and removes them.
+
+``python benchmarks/baselines.py`` writes, per model, ``baselines_{model}.md`` (means over the
 tasks where every method finished, per-task exact match, the target checks) and
 ``baselines_{model}.dntp.html`` (+ ``.png`` when kaleido and a Chromium are available).
 """
@@ -108,8 +113,41 @@ def time_notes(df: pd.DataFrame) -> list[str]:
     return lines + [""]
 
 
+def part_files(path: Path) -> list[Path]:
+    """``baselines_{model}.part*.csv`` beside ``baselines_{model}.csv``."""
+    return sorted(path.parent.glob(f"{path.stem}.part*.csv"))
+
+
+def read_with_parts(path: Path) -> pd.DataFrame:
+    """A model's cells from its CSV and its part files; a cell present twice is an error."""
+    df = pd.concat([read_results(p) for p in [path, *part_files(path)]], ignore_index=True)
+    dup = df.duplicated(["model", "task", "method", "seed"], keep=False)
+    if dup.any():
+        cells = df.loc[dup, ["task", "method"]].drop_duplicates().values.tolist()
+        raise SystemExit(f"{path.name} and its part files both hold the cells {cells[:5]}: the runs "
+                         "overlapped. Delete the duplicate rows from one file, then rerun.")
+    return df
+
+
+def merge_parts(path: Path) -> None:
+    """Fold the part files into ``path`` (atomically) and remove them."""
+    parts = part_files(path)
+    if not parts:
+        return
+    read_with_parts(path)  # refuses overlapping runs
+    data = path.read_bytes() if path.exists() else parts[0].read_bytes().split(b"\n", 1)[0] + b"\n"
+    for p in parts:  # rows verbatim, each part's header dropped
+        data = data.rstrip(b"\n") + b"\n" + p.read_bytes().split(b"\n", 1)[1]
+    tmp = path.with_name(f".{path.name}.merge.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+    for p in parts:
+        p.unlink()
+    print(f"merged {', '.join(p.name for p in parts)} into {path.name}")
+
+
 def summarize(path: Path, command: str, note: str, png: bool = True) -> str:
-    df = read_results(path)
+    df = read_with_parts(path)
     model = df["model"].iloc[0]
     tasks = complete_tasks(df)
     all_tasks = sorted(df["task"].unique())
@@ -184,8 +222,15 @@ NOTE = ("Run on the shared 2-core CPU with one torch thread while other benchmar
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-png", action="store_true")
+    ap.add_argument("--merge-parts", action="store_true",
+                    help="fold baselines_{model}.part*.csv into baselines_{model}.csv first "
+                         "(only while no sitelens bench run is writing them)")
     args = ap.parse_args()
     for path in sorted(RESULTS.glob("baselines_*.csv")):
+        if ".part" in path.name:
+            continue
+        if args.merge_parts:
+            merge_parts(path)
         model = path.stem.removeprefix("baselines_")
         cmd = COMMANDS.get(model, f"sitelens bench --models {model} ... --out {path}")
         print(summarize(path, cmd, NOTE, png=not args.no_png))
