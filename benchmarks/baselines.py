@@ -24,7 +24,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from sitelens.bench import dntp_accuracy_figure, read_results, summary_markdown
+from sitelens.bench import (
+    dntp_accuracy_correlation,
+    dntp_accuracy_figure,
+    read_results,
+    summary_markdown,
+)
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -146,6 +151,21 @@ def merge_parts(path: Path) -> None:
     print(f"merged {', '.join(p.name for p in parts)} into {path.name}")
 
 
+def dntp_notes(full: pd.DataFrame) -> list[str]:
+    """dNTP vs exact match for all methods and for the ICL-derived ones (PEFT left out: LoRA and
+    (IA)3 train on the answer token, so they can be accurate far from the ICL distribution)."""
+    lines = ["### dNTP and exact match", "",
+             "| methods | cells | Pearson r | Spearman ρ (pooled) | Spearman ρ within a task (mean) |",
+             "|---|---:|---:|---:|---:|"]
+    for label, exclude in (("all but ICL", ("icl",)),
+                           ("ICL-derived and zero-shot (no LoRA, (IA)3)", ("icl", *PEFT))):
+        c = next(iter(dntp_accuracy_correlation(full, exclude=exclude).values()), None)
+        if c:
+            lines.append(f"| {label} | {c['n_cells']} | {c['pearson']:.2f} | {c['spearman']:.2f} "
+                         f"| {c['within_task_spearman']:.2f} ({c['n_tasks_within']} tasks) |")
+    return lines + [""]
+
+
 def summarize(path: Path, command: str, note: str, png: bool = True) -> str:
     df = read_with_parts(path)
     model = df["model"].iloc[0]
@@ -174,6 +194,7 @@ def summarize(path: Path, command: str, note: str, png: bool = True) -> str:
         "",
         *per_task_table(full),
         "",
+        *dntp_notes(full),
         *time_notes(full),
     ]
     text = "\n".join(lines)

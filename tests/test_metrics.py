@@ -196,6 +196,22 @@ def test_summary_table_and_figure():
     assert len(fig.data) == 2
 
 
+def test_dntp_accuracy_correlation_pooled_and_within_task():
+    """Within each task a higher dNTP means lower accuracy (ρ = -1), but the easy task has the
+    larger dNTPs, so pooled over tasks the sign flips: the within-task figure must not."""
+    methods = ["icl", "m1", "m2", "m3"]
+    rows = []
+    for task, base in (("easy", 10.0), ("hard", 0.0)):
+        for i, m in enumerate(methods):
+            acc = 1.0 if m == "icl" else (0.9 if task == "easy" else 0.3) - 0.1 * i
+            rows.append({"model": "x", "task": task, "method": m, "exact_match": acc,
+                         "dntp": 0.0 if m == "icl" else base + i})
+    c = bench.dntp_accuracy_correlation(pd.DataFrame(rows))["x"]
+    assert c["n_cells"] == 6 and c["n_tasks_within"] == 2
+    assert c["within_task_spearman"] == pytest.approx(-1.0)
+    assert c["spearman"] > 0  # pooled: the easy task's cells have both higher dNTP and accuracy
+
+
 def test_cli_bench_takes_tasks_space_or_comma_separated(tmp_path, capsys):
     """``--tasks a/{x,y}`` (the shell's brace expansion: separate words) and ``--tasks x,y`` both
     work, also mixed."""
