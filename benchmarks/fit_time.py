@@ -13,13 +13,13 @@ skipped on a rerun) and ``results/fit_time.md``.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import time
 from pathlib import Path
 
 import pandas as pd
 import torch
+from _common import append_csv
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -55,12 +55,7 @@ def run(args) -> Path:
                "load_avg_1min": round(load, 2), "stage1_seconds": round(s1, 2),
                "stage2_seconds": round(s2, 2), "fit_seconds": round(s1 + s2, 2),
                "wall_seconds": round(wall, 2)}
-        new = not out.exists()
-        with open(out, "a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=FIELDS)
-            if new:
-                w.writeheader()
-            w.writerow(row)
+        append_csv(out, FIELDS, [row])
         print(row, flush=True)
     return out
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from _common import md_table
 
 from sitelens.models import DEFAULT_MODEL, load_model, model_name, tiny_model
 from sitelens.patching import corrupted_prompts, head_causal_effects, patched_last_logits
@@ -113,7 +114,7 @@ def main(argv=None) -> int:
         f"- **batched**: each prompt's prefix encoded once into a frozen KV cache; then only the "
         f"last token is re-run, one head patched per row, {args.batch_size} rows per pass.",
         "",
-        _md_table(df[cols]),
+        md_table(df[cols]),
         "",
         f"Batched is **{speedup:.1f}×** faster than the serial loop; the two effect maps agree "
         f"to max |Δ| = {diff:.2e} (probability units).",
@@ -127,14 +128,6 @@ def main(argv=None) -> int:
     print(df[cols].to_string(index=False))
     print(f"speedup {speedup:.2f}x, max |diff| {diff:.2e} -> {out}")
     return 0
-
-
-def _md_table(df: pd.DataFrame) -> str:
-    """A GitHub markdown table (no tabulate dependency)."""
-    head = "| " + " | ".join(df.columns) + " |"
-    rule = "|" + "|".join("---" for _ in df.columns) + "|"
-    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join([head, rule, *body])
 
 
 if __name__ == "__main__":

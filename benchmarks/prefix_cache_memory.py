@@ -16,48 +16,18 @@ To measure another commit, run this script with ``PYTHONPATH`` pointing at a wor
 from __future__ import annotations
 
 import argparse
-import csv
 import os
-import threading
 import time
 from pathlib import Path
 
 import pandas as pd
 import torch
+from _common import PeakRSS, append_csv, md_table
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 FIELDS = ["model", "task", "label", "n_prompts", "max_prefix_tokens", "kv_gib", "peak_above_gib",
           "seconds", "load_avg_1min"]
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class PeakRSS:
-    """Samples RSS in a thread; ``peak`` is the largest value seen between enter and exit."""
-
-    def __init__(self, every: float = 0.005):
-        self.every, self.peak, self._stop = every, 0, threading.Event()
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, rss_bytes())
-            time.sleep(self.every)
-
-    def __enter__(self):
-        self.start = rss_bytes()
-        self.peak = self.start
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._t.join()
-        self.peak = max(self.peak, rss_bytes())
 
 
 def run(args) -> Path:
@@ -77,7 +47,7 @@ def run(args) -> Path:
     caches = []
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    with PeakRSS() as mem:
+    with PeakRSS(every=0.005) as mem:
         for part in (items[: len(valid)], items[len(valid):]):  # as fit_alpha: valid, then train
             enc = encode(model, [zero_shot_prompt(ex.input) for ex in part])
             caches.append(prefix_cache(model, enc)[0])
@@ -91,12 +61,7 @@ def run(args) -> Path:
     print(row, "sitelens from", Path(sitelens.__file__).parent, flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "prefix_cache_memory.csv"
-    new = not out.exists()
-    with open(out, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        if new:
-            w.writeheader()
-        w.writerow(row)
+    append_csv(out, FIELDS, [row])
     return out
 
 
@@ -111,9 +76,7 @@ def summarize(path: Path) -> str:
         "before building them (sampled every 5 ms), so the difference is the transient overhead "
         "of assembling them.",
         "",
-        "| " + " | ".join(d.columns) + " |",
-        "|" + "---|" * len(d.columns),
-        *("| " + " | ".join(str(v) for v in r) + " |" for r in d.itertuples(index=False)),
+        md_table(d),
         "",
     ]
     text = "\n".join(lines)

@@ -11,16 +11,13 @@ where it stopped (finished tasks are skipped). ``--summarize`` writes the markdo
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import os
-import threading
 import time
 from pathlib import Path
 
 import pandas as pd
-import psutil
 import torch
+from _common import PeakRSS, append_csv
 
 from sitelens.bench import FV_EXTRACTIVE
 
@@ -39,43 +36,11 @@ FIELDS = [
 ]
 
 
-class PeakRSS:
-    """Peak resident memory of this process while the block runs (sampled every 20 ms)."""
-
-    def __enter__(self):
-        self.proc, self.peak, self._stop = psutil.Process(), 0, threading.Event()
-        self.peak = self.proc.memory_info().rss
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-        return self
-
-    def _run(self):
-        while not self._stop.wait(0.02):
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._t.join()
-        self.peak = max(self.peak, self.proc.memory_info().rss)
-
-
 def _done(path: Path) -> set[tuple[str, str, str]]:
     if not path.exists():
         return set()
     df = pd.read_csv(path)
     return set(zip(df.model, df.task, df.method))
-
-
-def _append(path: Path, rows: list[dict]) -> None:
-    new = not path.exists()
-    with open(path, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        if new:
-            w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k, "") for k in FIELDS})
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def run(args) -> None:
@@ -142,7 +107,7 @@ def run(args) -> None:
                 "stage2_seconds": round(ref.meta["stage2_seconds"], 2),
                 "fit_peak_rss_mb": round(mem.peak / 2**20), "best_step": ref.meta["best_step"],
             })
-        _append(out, rows)
+        append_csv(out, FIELDS, rows)
         em = {r["method"]: r["exact_match"] for r in rows}
         print(f"{args.model} {name}: {em}  ({time.perf_counter() - t0:.0f}s)", flush=True)
 

@@ -1,0 +1,57 @@
+"""Helpers shared by the benchmark scripts (imported as ``_common``: each script runs with
+``benchmarks/`` first on ``sys.path``)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import threading
+from pathlib import Path
+
+import pandas as pd
+import psutil
+
+
+class PeakRSS:
+    """Peak resident memory of this process while the block runs, sampled every ``every``
+    seconds; ``start`` is the RSS on entry."""
+
+    def __init__(self, every: float = 0.02):
+        self.every = every
+
+    def __enter__(self):
+        self.proc, self._stop = psutil.Process(), threading.Event()
+        self.start = self.peak = self.proc.memory_info().rss
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(self.every):
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+
+
+def append_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
+    """Append ``rows`` (missing fields blank) to ``path``, writing the header when it is new."""
+    new = not path.exists()
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        if new:
+            w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k, "") for k in fields})
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def md_table(df: pd.DataFrame) -> str:
+    """A GitHub markdown table (no tabulate dependency)."""
+    head = "| " + " | ".join(df.columns) + " |"
+    rule = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, rule, *body])
