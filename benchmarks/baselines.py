@@ -92,8 +92,8 @@ FIT_WORK = {
     "mtv": "50 ten-shot prompts, then 40 REINFORCE steps of 4 sampled head masks × 8 items",
     "i2cl": "10 single demonstrations, then 50 Adam steps of 8 full zero-shot passes (the vectors act "
             "at every position)",
-    "lora": "50 Adam steps of 8 full zero-shot passes (rank-8 updates of W_Q and W_V in every "
-            "layer), validated every 10 steps on 64 items",
+    "lora": "50 Adam steps (lr 1e-3) of 8 full zero-shot passes (rank-8 updates of W_Q and W_V in "
+            "every layer), validated every 10 steps on 64 items",
     "ia3": "50 Adam steps of 8 full zero-shot passes (key, value and MLP rescaling in every layer), "
            "validated every 10 steps on 64 items",
 }

@@ -32,6 +32,7 @@ from sitelens.baselines.base import sample_items
 from sitelens.baselines.i2cl import i2cl_hooks, init_i2cl
 from sitelens.baselines.ia3 import ia3_hooks, init_ia3
 from sitelens.baselines.lora import init_lora, lora_hooks
+from sitelens.errors import FitError
 from sitelens.evaluate import evaluate
 from sitelens.injection import HeadMix, apply_hooks, head_mask
 from sitelens.models import encode, tiny_model
@@ -309,6 +310,47 @@ def test_lora_zero_init_is_identity_and_counts_params(model, task):
     assert torch.count_nonzero(f.state["params"]["B_q"]) > 0  # trained
     assert f.state["best_step"] > 0
     assert not torch.allclose(_logits(model, PROMPTS, f.intervention(model, None)), base)
+
+
+def test_lr_grid_keeps_the_run_with_the_lowest_validation_loss(model, task):
+    kw = dict(rank=4, n_examples=16, eval_every=2, n_valid=8)
+    f = LoRA(lr=(1e-4, 0.05), **kw).fit(model, task)
+    search = f.state["lr_search"]
+    assert [r["lr"] for r in search] == [1e-4, 0.05]
+    chosen = min(search, key=lambda r: r["valid_loss"])
+    assert f.state["lr"] == chosen["lr"] == f.meta["lr"]
+    assert search[0]["valid_loss"] != search[1]["valid_loss"]  # the grid really ran twice
+    # the kept run is exactly the single-lr fit at the chosen rate (same seed, same batches)
+    alone = LoRA(lr=chosen["lr"], **kw).fit(model, task)
+    for k, v in alone.state["params"].items():
+        assert torch.equal(f.state["params"][k], v)
+    assert f.state["best_step"] == alone.state["best_step"] == chosen["best_step"]
+
+
+def test_lr_grid_skips_a_diverging_rate_and_fails_only_when_all_do(model, task, monkeypatch):
+    import sitelens.baselines.base as base
+
+    real = base.train_hook_params
+
+    def fake(*args, lr, **kw):  # a rate of 1 or more "diverges" (non-finite loss)
+        if lr >= 1:
+            raise FitError(f"Non-finite loss at lr={lr}")
+        return real(*args, lr=lr, **kw)
+
+    monkeypatch.setattr(base, "train_hook_params", fake)
+    kw = dict(rank=4, n_examples=8, eval_every=2, n_valid=8)
+    f = LoRA(lr=(10.0, 0.05), **kw).fit(model, task)
+    assert f.state["lr"] == 0.05 and [r["lr"] for r in f.state["lr_search"]] == [0.05]
+    with pytest.raises(FitError, match=r"Every learning rate in \(10\.0, 20\.0\) diverged"):
+        LoRA(lr=(10.0, 20.0), **kw).fit(model, task)
+    with pytest.raises(FitError, match="Non-finite loss at lr=10.0"):  # a single rate: its own error
+        LoRA(lr=10.0, **kw).fit(model, task)
+
+
+@pytest.mark.parametrize("lr", [(), 0.0, -1e-3, float("nan"), (1e-3, float("inf"))])
+def test_bad_lr_is_a_fit_error_naming_the_method(model, task, lr):
+    with pytest.raises(FitError, match=r"LoRA\.lr must be a positive finite number"):
+        LoRA(rank=4, n_examples=8, lr=lr).fit(model, task)
 
 
 def test_ia3_unit_init_is_identity_and_counts_params(model, task):

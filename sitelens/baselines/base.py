@@ -19,6 +19,7 @@ a callable ``(model, seq_len) -> [(hook_name, fn)]``.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -161,7 +162,7 @@ class TrainedMethod(Method):
     """A method whose own parameters are trained by :func:`train_hook_params` on SITE's batches
     (LoRA, (IA)3, I2CL): the shared training hyperparameters and the call that uses them."""
 
-    lr: float = 0.01
+    lr: float | tuple[float, ...] = 0.01
     n_examples: int = 400
     batch_size: int = 8
     eval_every: int = 10
@@ -182,23 +183,56 @@ class TrainedMethod(Method):
         meta: dict | None = None,
     ) -> Fitted:
         """Train ``params`` of the every-position hooks ``hooks_of(model, params)`` and wrap the
-        best ones (lowest validation loss) as a :class:`Fitted` with ``scope="all"``."""
-        res = train_hook_params(
-            model, task, params, lambda p: hooks_of(model, p), lr=self.lr,
-            n_examples=self.n_examples, batch_size=self.batch_size, eval_every=self.eval_every,
-            n_valid=self.n_valid, seed=seed, template=template, progress=progress,
-            desc=f"fit {self.name}",
-        )
+        best ones (lowest validation loss) as a :class:`Fitted` with ``scope="all"``.
+
+        ``self.lr`` may be a tuple of learning rates: each is trained from the same initial
+        ``params`` and the run with the lowest validation loss is kept (a run whose loss turns
+        non-finite counts as failed; :class:`FitError` only when all fail). The choice is in
+        ``state["lr"]`` and every run's best validation loss in ``state["lr_search"]``."""
+        lrs = check_lrs(self.lr, f"{type(self).__name__}.lr")
+        runs, errors = [], []
+        for lr in lrs:
+            try:
+                res = train_hook_params(
+                    model, task, {k: v.clone() for k, v in params.items()},
+                    lambda p: hooks_of(model, p), lr=lr, n_examples=self.n_examples,
+                    batch_size=self.batch_size, eval_every=self.eval_every,
+                    n_valid=self.n_valid, seed=seed, template=template, progress=progress,
+                    desc=f"fit {self.name} lr={lr:g}",
+                )
+            except FitError as e:
+                if len(lrs) == 1:
+                    raise
+                errors.append(str(e))
+                continue
+            runs.append((res.best_valid_loss, lr, res))
+        if not runs:
+            raise FitError(f"Every learning rate in {lrs} diverged on {task.name!r}: " + "; ".join(errors))
+        _, lr, res = min(runs, key=lambda r: (r[0], r[1]))  # ties: the smaller lr
         best = res.params
         return Fitted(
             self.name,
             intervention=HookIntervention(lambda m, seq_len: hooks_of(m, best), scope="all"),
             n_params=count_params(best),
             fit_seconds=time.perf_counter() - t0,
-            state={"params": best, "history": res.history, "best_step": res.best_step,
+            state={"params": best, "history": res.history, "best_step": res.best_step, "lr": lr,
+                   "lr_search": [{"lr": r_lr, "valid_loss": vl, "best_step": r.best_step}
+                                 for vl, r_lr, r in runs],
                    **(state or {})},
-            meta={"stored_numbers": count_params(best), **(meta or {})},
+            meta={"stored_numbers": count_params(best), "lr": lr, **(meta or {})},
         )
+
+
+def check_lrs(lr: float | Sequence[float], what: str = "lr") -> tuple[float, ...]:
+    """``lr`` as a non-empty tuple of positive finite floats, or a :class:`FitError` naming the
+    fix (as :class:`sitelens.site.FitConfig` does for SITE's lr)."""
+    lrs = (lr,) if isinstance(lr, (int, float)) else tuple(lr)
+    if not lrs or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in lrs):
+        raise FitError(
+            f"{what} must be a positive finite number or a non-empty sequence of them (one fit "
+            f"each, the lowest validation loss kept), got {lr!r}."
+        )
+    return tuple(float(x) for x in lrs)
 
 
 def resid_hook_name(layer: int, point: str = "resid_pre") -> str:
@@ -334,6 +368,10 @@ class TrainResult:
     history: list[dict]
     best_step: int
     seconds: float
+
+    @property
+    def best_valid_loss(self) -> float:
+        return min(h["valid_loss"] for h in self.history if math.isfinite(h["valid_loss"]))
 
 
 def train_hook_params(
