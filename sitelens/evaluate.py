@@ -65,9 +65,13 @@ def greedy_generate(
 
     A :class:`HeadMix` is pinned to the prompt length, so it injects once in the prefill and never on
     a KV-cached decode step. Returns the generated token ids and the first-step logits (the
-    next-token distribution at the answer position).
+    next-token distribution at the answer position). Decoding also stops when the context is full
+    (prompt + generated = ``model.cfg.n_ctx``), so a prompt that fits never overruns the positional
+    tables; those outputs are cut short, like any generation that reaches ``max_new_tokens``.
     """
     batch = enc.tokens.shape[0]
+    # The prefill fills positions 0..P-1 and yields token 1; decode step s feeds position P+s-1.
+    max_new_tokens = min(max_new_tokens, model.cfg.n_ctx - enc.tokens.shape[1] + 1)
     cache = new_kv_cache(model, batch)
     nl_ids = newline_ids(model) if stop_at_newline else set()
     eos = model.tokenizer.eos_token_id

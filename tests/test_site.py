@@ -18,6 +18,7 @@ from sitelens import (
     z_hook_name,
 )
 from sitelens.evaluate import greedy_generate, last_logits
+from sitelens.models import Encoded
 from sitelens.site import last_token_z
 
 
@@ -188,6 +189,18 @@ def test_generation_with_cache_equals_without(tiny_mha):
             assert torch.equal(nxt, gen[:, step])
             tokens = torch.cat([tokens, nxt[:, None]], 1)
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+
+
+def test_generation_stops_when_the_context_is_full(tiny_mha):
+    # A prompt that fits must not overrun the positional tables while decoding (it raised an
+    # IndexError on 10-shot squad_val prompts near SmolLM2's 2048 tokens).
+    n_ctx = tiny_mha.cfg.n_ctx
+    g = torch.Generator().manual_seed(0)
+    for prompt_len, n_new in [(n_ctx - 3, 4), (n_ctx, 1), (n_ctx - 20, 10)]:
+        tokens = torch.randint(0, tiny_mha.cfg.d_vocab, (2, prompt_len), generator=g)
+        enc = Encoded(tokens, torch.ones_like(tokens))
+        gen, _ = greedy_generate(tiny_mha, enc, max_new_tokens=10, stop_at_newline=False)
+        assert gen.shape == (2, n_new)
 
 
 def test_adapter_round_trip_and_mismatch(tmp_path, tiny_mha, task):
