@@ -233,6 +233,7 @@ def run_bench(
     batch_size: int = 16,
     template: Template = DEFAULT_TEMPLATE,
     progress: bool = False,
+    n_ctx: int | None = None,
 ) -> pd.DataFrame:
     """Fit and score every (model, task, method) cell not yet in ``out_csv``; return the table.
 
@@ -242,6 +243,9 @@ def run_bench(
     (their ``name`` is the cell key). ``limit``: test items per task. A method that raises a
     :class:`SitelensError` (e.g. too few training items for its demonstrations) gets a row with
     the message in ``error`` and NaN metrics; other exceptions stop the run (finished cells stay).
+    ``n_ctx``: context length for models loaded by name (default: :func:`load_model`'s); raise it
+    for tasks whose k-shot prompts are longer (squad_val's 10-shot prompts reach 2,621 SmolLM2
+    tokens). Results do not depend on it for prompts that fit.
     """
     methods = [get_method(m) for m in methods]
     names = [m.name for m in methods]
@@ -262,7 +266,7 @@ def run_bench(
         if isinstance(spec, str):
             if spec not in loaded:
                 loaded.clear()  # one model in memory at a time
-                loaded[spec] = load_model(spec)
+                loaded[spec] = load_model(spec, n_ctx=n_ctx)
             model = loaded[spec]
         else:
             model = spec

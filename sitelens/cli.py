@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=100, help="test items per task")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--n-ctx", type=int, default=None,
+                   help="context length for the models (default 2048; squad_val needs 4096)")
 
     p = sub.add_parser("demo", help="fit SITE on a built-in task, compare zero-shot / ICL / SITE")
     p.add_argument("--model", default="smollm2-135m-instruct")
@@ -194,7 +196,7 @@ def cmd_bench(args) -> int:
     df = run_bench(
         [m for m in args.models.split(",") if m], _bench_tasks(args),
         [m for m in args.methods.split(",") if m], out, limit=args.limit, seed=args.seed,
-        progress=True,
+        progress=True, n_ctx=args.n_ctx,
     )
     md = summary_markdown(df)
     out.with_suffix(".md").write_text(md)

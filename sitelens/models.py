@@ -165,7 +165,7 @@ def load_model(
     backend: str | None = None,
     device: str | torch.device | None = None,
     dtype: torch.dtype | str | None = None,
-    n_ctx: int = DEFAULT_N_CTX,
+    n_ctx: int | None = None,
     use_cache: bool = True,
 ):
     """Load a ready model (eval mode, grads off, tokenizer with left padding).
@@ -176,22 +176,28 @@ def load_model(
     seed 0). ``backend``: ``"hooked"`` (``HookedTransformer``) or ``"bridge"``
     (``TransformerBridge``); default :func:`default_backend`. Processed weights of bundled models
     are cached under :func:`cache_dir` (atomic writes; on the bridge backend the dequantized
-    Hugging Face model is cached).
+    Hugging Face model is cached). ``n_ctx``: the longest prompt + generation, in tokens (default
+    ``DEFAULT_N_CTX`` = 2048, capped at the model's own maximum; 256 for the tiny models); a longer
+    context costs TransformerLens an n_ctx × n_ctx causal mask per layer (0.5 GB at 4096 on SmolLM2).
     """
     backend = resolve_backend(backend)
     dtype = _resolve_dtype(dtype)
+    if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 1):
+        raise ModelError(f"n_ctx must be a positive integer number of tokens, got {n_ctx!r}.")
+    ctx = DEFAULT_N_CTX if n_ctx is None else n_ctx  # real models
     if name in TINY_MODELS:
-        model = tiny_model(backend=backend, **TINY_MODELS[name])
+        extra = {} if n_ctx is None else {"n_ctx": n_ctx}
+        model = tiny_model(backend=backend, **TINY_MODELS[name], **extra)
         model.cfg.model_name = name
         if device is None and dtype is None:
             return model
     elif name in BUNDLED_MODELS:
         if backend == "bridge":
-            model = _load_bundled_bridge(name, n_ctx=n_ctx, use_cache=use_cache)
+            model = _load_bundled_bridge(name, n_ctx=ctx, use_cache=use_cache)
         else:
-            model = _load_bundled(name, n_ctx=n_ctx, use_cache=use_cache)
+            model = _load_bundled(name, n_ctx=ctx, use_cache=use_cache)
     elif Path(name).expanduser().is_dir():
-        model = _load_hf_dir(Path(name).expanduser(), n_ctx=n_ctx, backend=backend)
+        model = _load_hf_dir(Path(name).expanduser(), n_ctx=ctx, backend=backend)
     else:
         official = _official_names()
         if name not in official:
@@ -207,12 +213,12 @@ def load_model(
         if backend == "bridge":
             from transformer_lens.model_bridge import TransformerBridge
 
-            model = TransformerBridge.boot_transformers(name, n_ctx=n_ctx)
+            model = TransformerBridge.boot_transformers(name, n_ctx=ctx)
             model.cfg.model_name = name
         else:
             from transformer_lens import HookedTransformer
 
-            model = HookedTransformer.from_pretrained(name, n_ctx=n_ctx, default_padding_side="left")
+            model = HookedTransformer.from_pretrained(name, n_ctx=ctx, default_padding_side="left")
             model.cfg.model_name = name
     return _finalize(model, device=device, dtype=dtype)
 

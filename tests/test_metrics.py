@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -12,9 +13,9 @@ import torch
 
 import sitelens.bench as bench
 from sitelens.baselines import ICL, Fitted, Method, ZeroShot
-from sitelens.errors import OutputError, TaskError
+from sitelens.errors import ModelError, OutputError, TaskError
 from sitelens.metrics import accuracy, bootstrap_ci, correlation, dntp, dntp_per_item
-from sitelens.models import model_name, tiny_model
+from sitelens.models import load_model, model_name, tiny_model
 from sitelens.tasks import DEFAULT_TEMPLATE, task_from_pairs
 
 # ----------------------------------------------------------------------------------------------
@@ -225,3 +226,23 @@ def test_cli_bench_takes_tasks_space_or_comma_separated(tmp_path, capsys):
     assert sorted(df["task"]) == ["antonym", "first_letter", "last_letter"]
     assert (df["method"] == "zero-shot").all() and (df["n"] == 2).all()
     assert out.with_suffix(".md").exists()
+
+
+def test_bench_n_ctx_reaches_models_loaded_by_name(tmp_path):
+    # The antonym task's 10-shot prompts need ~150 tokens: at n_ctx 48 ICL (and the ICL reference
+    # of dNTP) get a typed error row; at the default context the same cells score.
+    short = bench.run_bench(["tiny-random"], ["antonym"], ["zero-shot", "icl"], tmp_path / "a.csv",
+                            limit=2, n_ctx=48)
+    icl = short[short.method == "icl"].iloc[0]
+    assert icl.error.startswith("PromptTooLongError") and math.isnan(icl.exact_match)
+    assert short[short.method == "zero-shot"].iloc[0].error.startswith("dntp: A prompt has")
+    full = bench.run_bench(["tiny-random"], ["antonym"], ["zero-shot", "icl"], tmp_path / "b.csv",
+                           limit=2)
+    assert not full.error.fillna("").astype(bool).any() and full.exact_match.notna().all()
+
+
+@pytest.mark.parametrize("bad", [0, -5, 2.5, True])
+def test_load_model_rejects_a_bad_n_ctx(bad):
+    with pytest.raises(ModelError, match="n_ctx must be a positive integer"):
+        load_model("tiny-random", n_ctx=bad)
+    assert load_model("tiny-random", n_ctx=64).cfg.n_ctx == 64
