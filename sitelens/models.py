@@ -177,17 +177,17 @@ def load_model(
     (``TransformerBridge``); default :func:`default_backend`. Processed weights of bundled models
     are cached under :func:`cache_dir` (atomic writes; on the bridge backend the dequantized
     Hugging Face model is cached). ``n_ctx``: the longest prompt + generation, in tokens (default
-    ``DEFAULT_N_CTX`` = 2048, capped at the model's own maximum; 256 for the tiny models); a longer
+    ``DEFAULT_N_CTX`` = 2048, 256 for the tiny models; Llama-style models cap it at their
+    ``max_position_embeddings``); a longer
     context costs TransformerLens an n_ctx × n_ctx causal mask per layer (0.5 GB at 4096 on SmolLM2).
     """
     backend = resolve_backend(backend)
     dtype = _resolve_dtype(dtype)
     if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 1):
         raise ModelError(f"n_ctx must be a positive integer number of tokens, got {n_ctx!r}.")
-    ctx = DEFAULT_N_CTX if n_ctx is None else n_ctx  # real models
+    ctx = DEFAULT_N_CTX if n_ctx is None else n_ctx  # real models; tiny ones keep their own
     if name in TINY_MODELS:
-        extra = {} if n_ctx is None else {"n_ctx": n_ctx}
-        model = tiny_model(backend=backend, **TINY_MODELS[name], **extra)
+        model = tiny_model(backend=backend, **TINY_MODELS[name], **({"n_ctx": n_ctx} if n_ctx else {}))
         model.cfg.model_name = name
         if device is None and dtype is None:
             return model
