@@ -32,6 +32,34 @@ def test_logprobs_match_huggingface(name, request):
 
 
 @pytest.mark.parametrize("fixture", ["smollm2", "gemma"])
+def test_fast_attention_matches_transformerlens_attention(fixture, request):
+    """The fused attention path (on by default) against TransformerLens's own, on a padded batch:
+    log-probs and the last-token hook_z of every layer (Gemma: sliding-window and global layers,
+    QK norm)."""
+    from sitelens.attention import enable_fast_attention, fast_attention_enabled
+
+    model = request.getfixturevalue(fixture)
+    if is_bridge(model):
+        pytest.skip("HookedTransformer only")
+    assert fast_attention_enabled(model)
+    enc = encode(model, PROMPTS)
+    names = [f"blocks.{i}.attn.hook_z" for i in range(model.cfg.n_layers)]
+    out = {}
+    try:
+        for fast in (False, True):
+            enable_fast_attention(model, fast)
+            with torch.no_grad():
+                logits, cache = model.run_with_cache(enc.tokens, attention_mask=enc.attention_mask,
+                                                     names_filter=names)
+            out[fast] = (logits.log_softmax(-1), torch.stack([cache[n][:, -1] for n in names]))
+    finally:
+        enable_fast_attention(model, True)
+    keep = enc.attention_mask.bool()
+    assert (out[False][0] - out[True][0])[keep].abs().max().item() <= 1e-4
+    assert torch.allclose(out[False][1], out[True][1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fixture", ["smollm2", "gemma"])
 def test_left_padded_batch_equals_single_prompts(fixture, request):
     model = request.getfixturevalue(fixture)
     enc = encode(model, PROMPTS)
