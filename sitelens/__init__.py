@@ -2,6 +2,7 @@
 with mechanistic checks of the learned head weights."""
 
 from sitelens import baselines, metrics, patching, plotting  # noqa: E402  (submodules)
+from sitelens.attention import enable_fast_attention, fast_attention_enabled
 from sitelens.baselines import available_methods, get_method
 from sitelens.bench import run_bench, summary_markdown
 from sitelens.errors import (
@@ -56,7 +57,7 @@ __all__ = [
     "evaluate", "exact_match", "greedy_generate", "last_logits", "summarize",
     "HeadMix", "apply_hooks", "head_mask",
     "DEFAULT_MODEL", "available_models", "encode", "fingerprint", "load_model", "tiny_model",
-    "z_hook_name",
+    "z_hook_name", "enable_fast_attention", "fast_attention_enabled",
     "FitConfig", "SiteAdapter", "fit_alpha", "fit_site", "task_embedding",
     "DEFAULT_TEMPLATE", "Example", "Task", "Template", "answer_token_id", "builtin_tasks",
     "few_shot_prompts", "load_task", "task_from_pairs", "zero_shot_prompt",
