@@ -1179,6 +1179,24 @@ def select_cache(cache, idx):
     return TransformerLensKeyValueCache(entries, cache.previous_attention_mask[idx], frozen=True)
 
 
+SELECT_BUDGET_BYTES = 1 << 30
+
+
+def cache_rows_per_batch(cache, batch_size: int, *, budget_bytes: int = SELECT_BUDGET_BYTES) -> int:
+    """How many rows of ``cache`` one :func:`select_cache` call may copy: at most ``batch_size``,
+    and few enough that the copy (every layer's K and V of the selected rows) fits in
+    ``budget_bytes`` (at least 1). A 2,460-token prefix of SmolLM2 holds 113 MB per row, so 64
+    rows of a 10-shot squad_val prompt would copy 7 GB; the budget keeps that at 1 GiB."""
+    if isinstance(cache, RecomputeCache) or not getattr(cache, "entries", None):
+        return max(1, batch_size)
+    row = sum(
+        e.past_keys[:1].numel() * e.past_keys.element_size()
+        + e.past_values[:1].numel() * e.past_values.element_size()
+        for e in cache.entries
+    )
+    return max(1, min(batch_size, budget_bytes // max(row, 1)))
+
+
 def last_token_forward(model, cache, last_tokens: Int[Tensor, "batch 1"]):
     """Logits ``[batch, 1, d_vocab]`` of the last prompt token given a frozen prefix cache."""
     return kv_forward(model, last_tokens, torch.ones_like(last_tokens), cache)

@@ -37,6 +37,7 @@ from sitelens.evaluate import evaluate, last_logits
 from sitelens.injection import HeadMix, apply_hooks
 from sitelens.metrics import bootstrap_ci
 from sitelens.models import (
+    cache_rows_per_batch,
     encode,
     last_token_forward,
     model_name,
@@ -140,6 +141,7 @@ def _run_rows(
     cond_weights = cond_weights.to(dev)
     targets = targets.to(dev)
     per_cond_targets = targets.dim() == 4
+    batch_size = cache_rows_per_batch(cache, batch_size)  # bounded copy of long prefixes
     for s in range(0, R, batch_size):
         items = item_idx[s : s + batch_size]
         conds = cond_idx[s : s + batch_size].to(dev)

@@ -40,6 +40,7 @@ from sitelens.baselines.base import (
 )
 from sitelens.injection import HeadMix, apply_hooks
 from sitelens.models import (
+    cache_rows_per_batch,
     check_z_shape,
     encode,
     last_token_forward,
@@ -88,6 +89,7 @@ def head_causal_effects_fallback(
         p0 = base[torch.arange(len(ans)), ans]  # [n]
         pairs = [(i, j) for i in range(len(prompts)) for j in range(L * H)]
         effects = torch.zeros(L * H, dtype=torch.float64)  # [n_layers * n_heads]
+        batch_size = cache_rows_per_batch(cache, batch_size)  # bounded copy of long prefixes
         for s in range(0, len(pairs), batch_size):
             chunk = pairs[s : s + batch_size]
             rows = torch.tensor([i for i, _ in chunk])
