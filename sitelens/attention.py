@@ -1,9 +1,9 @@
-"""A fused attention fast path for ``HookedTransformer``: the same numbers, 4-5x faster on long prompts.
+"""A fused attention fast path for ``HookedTransformer``: the same numbers, ~4x faster on long prompts.
 
 TransformerLens 3.9 materializes every attention score: a ``[batch, n_heads, pos, pos]`` tensor per
 layer that is scaled, masked with ``torch.where``, softmaxed and NaN-scrubbed before it meets V.
-On a 2,460-token 10-shot squad_val prompt that is 30 x 54M floats, and it costs SmolLM2 68 s of a
-forward pass that is otherwise 13 s of matmuls (one CPU thread; ``benchmarks/attention_speed.py``).
+On a 2,460-token 10-shot squad_val prompt that is 30 x 54M floats: SmolLM2's forward pass took
+49.7 s with it and 13.2 s fused (one CPU thread; ``benchmarks/results/attention_speed.md``).
 sitelens never reads ``hook_attn_scores`` or ``hook_pattern``, so :func:`enable_fast_attention`
 swaps each attention module's forward for one that computes
 
@@ -130,7 +130,6 @@ def _fast_forward(
     if plain_causal:
         z = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale,
                                            enable_gqa=gqa)  # [b, h, pos, d_head]
-        seen = None
     else:
         mask = self._make_causal_mask(query_ctx_length=n_q, key_ctx_length=n_k,
                                       past_kv_pos_offset=offset, device=q.device)  # [1, 1, q, k]
@@ -141,8 +140,7 @@ def _fast_forward(
         # its finite row keeps NaN out of the backward pass, as TransformerLens's where() does
         z = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale,
                                            enable_gqa=gqa)  # [b, h, pos, d_head]
-    if seen is not None:
-        z = torch.where(seen, z, torch.zeros((), dtype=z.dtype, device=z.device))  # NaN rows -> 0
+        z = torch.where(seen, z, torch.zeros((), dtype=z.dtype, device=z.device))  # blind rows -> 0
     z = self.hook_z(z.transpose(1, 2).to(v.dtype))  # [b, pos, n_heads, d_head]
     w = einops.rearrange(
         self.W_O, "head_index d_head d_model -> d_model (head_index d_head)"

@@ -183,7 +183,7 @@ def load_model(
     ``max_position_embeddings``); a longer
     context costs TransformerLens an n_ctx × n_ctx causal mask per layer (0.5 GB at 4096 on SmolLM2).
     ``fast_attention``: a ``HookedTransformer`` gets :func:`sitelens.attention.enable_fast_attention`
-    (fused attention, the same numbers to float rounding, 4-5x faster forward passes on long
+    (fused attention, the same numbers to float rounding, ~4x faster forward passes on long
     prompts; hooks on ``hook_pattern``/``hook_attn_scores`` still see real patterns).
     """
     backend = resolve_backend(backend)
@@ -195,11 +195,9 @@ def load_model(
         model = tiny_model(backend=backend, **TINY_MODELS[name], **({"n_ctx": n_ctx} if n_ctx else {}))
         model.cfg.model_name = name
         if device is None and dtype is None:
-            if not fast_attention and not is_bridge(model):
-                from sitelens.attention import enable_fast_attention
+            from sitelens.attention import enable_fast_attention
 
-                enable_fast_attention(model, False)
-            return model
+            return enable_fast_attention(model, fast_attention)  # a no-op on a bridge
     elif name in BUNDLED_MODELS:
         if backend == "bridge":
             model = _load_bundled_bridge(name, n_ctx=ctx, use_cache=use_cache)
