@@ -108,7 +108,13 @@ def time_notes(df: pd.DataFrame) -> list[str]:
              "(a ten-shot prompt is about ten times as long as a zero-shot one). FV and LTV are the "
              "slow ones because of how many prompts their definitions need (FV: a patch of every "
              "head on corrupted prompts; LTV: 256 ten-shot prompts); fewer prompts "
-             "(`FV(n_effect_prompts=…)`, `LTV(n_queries=…)`) trade accuracy for time.", ""]
+             "(`FV(n_effect_prompts=…)`, `LTV(n_queries=…)`) trade accuracy for time. On very long "
+             "prompts FV is slower than it needs to be: every (prompt, head) row of the causal-effect "
+             "pass gets its own copy of its prompt's prefix K/V (`select_cache`, and TransformerLens's "
+             "KV append concatenates past and new keys), so on SmolLM2's squad_val (2,400-token "
+             "ten-shot prefixes, 113 MB of K/V per row, 16 × 271 rows) a fit copies about 490 GB; "
+             "an attention that reads one shared prefix per prompt would remove that cost (not "
+             "implemented).", ""]
     for m, sec in fit.items():
         if m in FIT_WORK:
             lines.append(f"- {m}: {sec:.0f} s — {FIT_WORK[m]}.")
