@@ -1,0 +1,68 @@
+"""What made a result: the numerics version of sitelens and stable hashes of settings.
+
+Every cached or resumable result (a ``sitelens bench`` row, a ``sitelens figures`` cell) is keyed
+on everything that produced it — model and weight fingerprint, task and a hash of its splits, the
+method and all its hyperparameters, the prompt template, seed, sizes — and on
+:data:`NUMERICS_VERSION`. A row or cell whose key differs is recomputed, never reused.
+
+Bump :data:`NUMERICS_VERSION` (and write one line in :data:`NUMERICS_HISTORY`) with any change
+that can move a result: the attention path, caching, batching, scoring, prompt building, default
+hyperparameters. The golden tests (``tests/test_golden.py``) fail on such a change until they are
+regenerated with ``python scripts/regenerate_golden.py``, which refuses to run unless the version
+was bumped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from typing import Any
+
+NUMERICS_VERSION = 2
+
+NUMERICS_HISTORY = {
+    1: "everything before provenance keys existed (fused SDPA attention, batched prefix caches)",
+    2: "results keyed on settings + numerics version; no change of numerics from 1",
+}
+
+
+def canonical(obj: Any) -> Any:
+    """A JSON-able, order-independent form of ``obj`` (dataclasses, tuples, sets, floats)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {"__type__": type(obj).__name__,
+                **{f.name: canonical(getattr(obj, f.name)) for f in dataclasses.fields(obj)}}
+    if isinstance(obj, dict):
+        return {str(k): canonical(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(obj, (list, tuple)):
+        return [canonical(v) for v in obj]
+    if isinstance(obj, (set, frozenset)):
+        return sorted(canonical(v) for v in obj)
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return "nan"
+        if math.isinf(obj):
+            return "inf" if obj > 0 else "-inf"
+        return float(repr(obj))
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    return repr(obj)
+
+
+def settings_hash(obj: Any, n: int = 12) -> str:
+    """Short SHA-256 of the canonical JSON of ``obj`` (stable across runs and machines)."""
+    text = json.dumps(canonical(obj), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:n]
+
+
+def task_hash(task) -> str:
+    """Hash of a task's name, splits (every input and output, in order) and case rule."""
+    return settings_hash({
+        "name": task.name,
+        "case_sensitive": task.case_sensitive,
+        **{s: [[ex.input, ex.output] for ex in getattr(task, s)] for s in ("train", "valid", "test")},
+    })
+
+
+__all__ = ["NUMERICS_VERSION", "NUMERICS_HISTORY", "canonical", "settings_hash", "task_hash"]
