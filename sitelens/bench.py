@@ -1,8 +1,10 @@
 """``sitelens bench``: models × tasks × methods → one tidy results table, written incrementally.
 
-Every finished (model, task, method, seed) cell is appended to the CSV at once, atomically (the
-file is rewritten to a temporary sibling and renamed over the old one), so a killed run loses at
-most the cell in progress; a rerun with the same ``out_csv`` skips the cells already there.
+Every finished (model, task, method) cell is appended to the CSV at once, atomically and under a
+file lock (the file is rewritten to a temporary sibling and renamed over the old one; concurrent
+processes lose no rows), so a killed run loses at most the cell in progress. Each row records the
+settings that made it (:data:`SETTINGS`) and their hash (``key``); a rerun with the same
+``out_csv`` skips exactly the cells whose key is already there and recomputes the others.
 
 Per cell: the method is fitted on the task's train/valid splits, then the first ``limit`` test
 items are answered greedily from the method's prompts (zero-shot unless the method has a
@@ -16,8 +18,8 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,8 +34,18 @@ from tqdm.auto import tqdm
 from sitelens.baselines import Fitted, Method, get_method
 from sitelens.errors import OutputError, SitelensError
 from sitelens.evaluate import exact_match, greedy_generate
+from sitelens.io import atomic_write, locked
 from sitelens.metrics import bootstrap_ci, correlation, dntp_per_item
-from sitelens.models import Encoded, encode, length_batches, load_model, model_name, token_ids
+from sitelens.models import (
+    Encoded,
+    encode,
+    fingerprint,
+    length_batches,
+    load_model,
+    model_name,
+    token_ids,
+)
+from sitelens.provenance import NUMERICS_VERSION, canonical, settings_hash, task_hash
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,
     Example,
@@ -44,11 +56,54 @@ from sitelens.tasks import (
     load_task,
 )
 
-COLUMNS = [
+# What made a row (the resume key hashes all of them) ...
+SETTINGS = [
+    "model", "fingerprint", "task", "task_hash", "method", "method_params", "seed", "n_shots",
+    "limit", "n_ctx", "batch_size", "template", "numerics_version",
+]
+# ... and what it measured.
+METRICS = [
+    "n", "first_token_acc", "exact_match", "dntp", "trainable_params", "fit_seconds",
+    "seconds_per_item", "error",
+]
+COLUMNS = [*SETTINGS, "key", *METRICS]
+# The header of results files written before rows were keyed on their settings (numerics
+# version 1). Such files are still read; their rows have no key, so they are never reused, and the
+# first append rewrites the file with the full header (old rows kept, new columns empty).
+LEGACY_COLUMNS = [
     "model", "task", "method", "seed", "n", "first_token_acc", "exact_match", "dntp",
     "trainable_params", "fit_seconds", "seconds_per_item", "error",
 ]
-KEY = ("model", "task", "method", "seed")
+_TEXT = ("model", "fingerprint", "task", "task_hash", "method", "method_params", "template", "key",
+         "error")
+
+
+def cell_settings(model, task: Task, method: Method, *, seed: int, n_shots: int,
+                  limit: int | None, batch_size: int, template: Template) -> dict:
+    """Everything that made a bench row, as the values of :data:`SETTINGS`: the model's name and
+    weight fingerprint, the task's name and a hash of its splits, the method's name and every
+    hyperparameter (JSON), seed, ``n_shots``, ``limit``, the model's ``n_ctx``, batch size, the
+    prompt template (JSON) and :data:`sitelens.provenance.NUMERICS_VERSION`."""
+    return {
+        "model": model_name(model),
+        "fingerprint": fingerprint(model),
+        "task": task.name,
+        "task_hash": task_hash(task),
+        "method": method.name,
+        "method_params": json.dumps(canonical(method), sort_keys=True, separators=(",", ":")),
+        "seed": int(seed),
+        "n_shots": int(n_shots),
+        "limit": -1 if limit is None else int(limit),
+        "n_ctx": int(model.cfg.n_ctx),
+        "batch_size": int(batch_size),
+        "template": json.dumps(template.to_dict(), sort_keys=True),
+        "numerics_version": NUMERICS_VERSION,
+    }
+
+
+def cell_key(settings: dict) -> str:
+    """The resume key of a row: a hash of all of its :data:`SETTINGS`."""
+    return settings_hash({k: settings[k] for k in SETTINGS}, n=16)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -56,24 +111,30 @@ KEY = ("model", "task", "method", "seed")
 
 
 def read_results(out_csv: str | Path) -> pd.DataFrame:
-    """The results table so far (empty, with :data:`COLUMNS`, when the file does not exist)."""
+    """The results table so far (empty, with :data:`COLUMNS`, when the file does not exist).
+    A file with the :data:`LEGACY_COLUMNS` header is read with the new columns empty."""
     path = Path(out_csv)
     if not path.exists() or path.stat().st_size == 0:
         return pd.DataFrame(columns=COLUMNS)
-    _check_header(path, path.read_bytes())
-    df = pd.read_csv(path, dtype={"model": str, "task": str, "method": str, "error": str},
+    header = _check_header(path, path.read_bytes())
+    df = pd.read_csv(path, dtype={c: str for c in _TEXT if c in header},
                      keep_default_na=False, na_values=[""])  # a task named "nan" stays a name
-    df["error"] = df["error"].fillna("")
-    return df
+    for c in COLUMNS:
+        if c not in df.columns:
+            df[c] = "" if c in _TEXT else float("nan")
+    for c in _TEXT:
+        df[c] = df[c].fillna("")
+    return df[COLUMNS]
 
 
-def _check_header(path: Path, content: bytes) -> None:
-    header = content.split(b"\n", 1)[0].decode().strip().split(",")
-    if header != COLUMNS:
+def _check_header(path: Path, content: bytes) -> list[str]:
+    header = content.split(b"\n", 1)[0].decode(errors="replace").strip().split(",")
+    if header not in (COLUMNS, LEGACY_COLUMNS):
         raise OutputError(
             f"{path} has columns {header}, not the bench columns {COLUMNS}. Use another "
             "out_csv or move the old file away."
         )
+    return header
 
 
 def _cell(value):
@@ -83,38 +144,38 @@ def _cell(value):
     return value
 
 
-def _done_keys(df: pd.DataFrame) -> set[tuple]:
-    return {(str(r.model), str(r.task), str(r.method), int(r.seed)) for r in df.itertuples()}
+def _done_keys(df: pd.DataFrame) -> set[str]:
+    return {k for k in df["key"].astype(str) if k}
+
+
+def _csv_text(rows: list[dict], *, header: bool) -> bytes:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    if header:
+        writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _cell(row.get(k, "")) for k in COLUMNS})
+    return buf.getvalue().encode()
 
 
 def append_row(out_csv: str | Path, row: dict) -> None:
-    """Append one row atomically: old content + the row go to a temp file renamed over
-    ``out_csv`` (a kill leaves either the old or the new file, never a torn line)."""
+    """Append one row: under an exclusive lock (:func:`sitelens.io.locked`, so concurrent
+    processes lose no rows), the old content + the row go to a temp file renamed over ``out_csv``
+    (a kill leaves either the old or the new file, never a torn line). A legacy-header file is
+    rewritten with the full header first (its rows kept)."""
     path = Path(out_csv)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    with locked(path):
         old = path.read_bytes() if path.exists() else b""
-        if old:
-            _check_header(path, old)
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
-        if not old:
-            writer.writeheader()
-        writer.writerow({k: _cell(row.get(k, "")) for k in COLUMNS})
-        if old and not old.endswith(b"\n"):
-            old += b"\n"
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        with open(tmp, "wb") as f:
-            f.write(old + buf.getvalue().encode())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OutputError:
-        raise
-    except OSError as e:  # no permission, a file where a directory should be, disk full, ...
-        raise OutputError(
-            f"Cannot write the results to {path}: {e.strerror or e}. Choose a writable out_csv."
-        ) from e
+        if old.strip():
+            if _check_header(path, old) == LEGACY_COLUMNS:
+                legacy = read_results(path).to_dict("records")
+                old = _csv_text(legacy, header=True)
+            elif not old.endswith(b"\n"):
+                old += b"\n"
+            data = old + _csv_text([row], header=False)
+        else:
+            data = _csv_text([row], header=True)
+        atomic_write(path, data)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -235,7 +296,14 @@ def run_bench(
     progress: bool = False,
     n_ctx: int | None = None,
 ) -> pd.DataFrame:
-    """Fit and score every (model, task, method) cell not yet in ``out_csv``; return the table.
+    """Fit and score every (model, task, method) cell whose key is not yet in ``out_csv``; return
+    this run's rows (one per cell, in models × tasks × methods order).
+
+    A cell's key (:func:`cell_key`) hashes everything that made it (:func:`cell_settings`): model
+    and weight fingerprint, task and a hash of its splits, the method and all its
+    hyperparameters, seed, ``n_shots``, ``limit``, the model's ``n_ctx``, ``batch_size``, the
+    template and the numerics version of sitelens. A row computed under other settings is never
+    reused (and never removed: the file keeps every row, each with its settings).
 
     models: names for :func:`sitelens.models.load_model` (loaded only if a cell needs them) or
     loaded models. tasks: specs for :func:`sitelens.tasks.load_task` or :class:`Task` objects.
@@ -253,52 +321,65 @@ def run_bench(
         raise ValueError(f"method names must be unique (they key the cells), got {names}")
     task_list = [_task_of(t) for t in tasks]
     done = _done_keys(read_results(out_csv))
-    todo = []
+    keys_this_run: list[str] = []
+    bar = tqdm(total=len(models) * len(task_list) * len(methods), desc="bench",
+               disable=not progress)
     for spec in models:
-        mname = spec if isinstance(spec, str) else model_name(spec)
+        # The key holds the weight fingerprint, so each model is loaded (one at a time) even when
+        # all of its cells are done: SmolLM2 takes about a second from the weight cache.
+        model = load_model(spec, n_ctx=n_ctx) if isinstance(spec, str) else spec
         for task in task_list:
-            pending = [m for m in methods if (mname, task.name, m.name, seed) not in done]
+            pending = []
+            for method in methods:
+                settings = cell_settings(model, task, method, seed=seed, n_shots=n_shots,
+                                         limit=limit, batch_size=batch_size, template=template)
+                key = cell_key(settings)
+                keys_this_run.append(key)
+                if key in done:
+                    bar.update(1)
+                else:
+                    pending.append((method, settings, key))
             if pending:
-                todo.append((spec, mname, task, pending))
-    bar = tqdm(total=sum(len(p) for *_, p in todo), desc="bench", disable=not progress)
-    loaded: dict[str, object] = {}
-    for spec, mname, task, pending in todo:
-        if isinstance(spec, str):
-            if spec not in loaded:
-                loaded.clear()  # one model in memory at a time
-                loaded[spec] = load_model(spec, n_ctx=n_ctx)
-            model = loaded[spec]
-        else:
-            model = spec
-        items = task.test[:limit] if limit else task.test
-        ref_error = ""
-        try:
-            reference = reference_logits(model, task, items, n_shots=n_shots, seed=seed,
-                                            template=template, batch_size=batch_size)
-        except SitelensError as e:
-            reference, ref_error = None, f"dntp: {e}"
-        for method in pending:
-            row = {"model": mname, "task": task.name, "method": method.name, "seed": seed,
-                   "n": len(items)}
-            t0 = time.perf_counter()
-            try:
-                fitted = method.fit(model, task, seed=seed, template=template)
-                fit_seconds = time.perf_counter() - t0
-                res = score_fitted(model, task, items, fitted, reference=reference,
-                                   template=template, batch_size=batch_size)
-                row.update({k: res[k] for k in ("first_token_acc", "exact_match", "dntp",
-                                                 "seconds_per_item")})
-                row.update(trainable_params=fitted.n_params, fit_seconds=fit_seconds,
-                           error=ref_error)
-            except SitelensError as e:
-                nan = float("nan")
-                row.update(first_token_acc=nan, exact_match=nan, dntp=nan, trainable_params=nan,
-                           fit_seconds=time.perf_counter() - t0, seconds_per_item=nan,
-                           error=f"{type(e).__name__}: {e}")
-            append_row(out_csv, row)
-            bar.update(1)
+                _run_cells(model, task, pending, out_csv, bar, limit=limit, seed=seed,
+                           n_shots=n_shots, batch_size=batch_size, template=template)
+        del model
     bar.close()
-    return read_results(out_csv)
+    df = read_results(out_csv)
+    order = {k: i for i, k in enumerate(keys_this_run)}
+    mine = df[df["key"].isin(order)].drop_duplicates("key", keep="last")
+    return mine.sort_values("key", key=lambda c: c.map(order)).reset_index(drop=True)
+
+
+def _run_cells(model, task: Task, pending: list, out_csv, bar, *, limit, seed, n_shots,
+               batch_size, template) -> None:
+    """Fit and score the ``pending`` (method, settings, key) cells of one (model, task); append
+    each row as soon as it is finished."""
+    items = task.test[:limit] if limit else task.test
+    ref_error = ""
+    try:
+        reference = reference_logits(model, task, items, n_shots=n_shots, seed=seed,
+                                     template=template, batch_size=batch_size)
+    except SitelensError as e:
+        reference, ref_error = None, f"dntp: {e}"
+    for method, settings, key in pending:
+        row = dict(settings, key=key, n=len(items))
+        t0 = time.perf_counter()
+        try:
+            fitted = method.fit(model, task, seed=seed, template=template)
+            fit_seconds = time.perf_counter() - t0
+            res = score_fitted(model, task, items, fitted, reference=reference,
+                               template=template, batch_size=batch_size)
+            row.update({k: res[k] for k in ("first_token_acc", "exact_match", "dntp",
+                                             "seconds_per_item")})
+            row.update(trainable_params=fitted.n_params, fit_seconds=fit_seconds,
+                       error=ref_error)
+        except SitelensError as e:
+            nan = float("nan")
+            row.update(first_token_acc=nan, exact_match=nan, dntp=nan, trainable_params=nan,
+                       fit_seconds=time.perf_counter() - t0, seconds_per_item=nan,
+                       error=f"{type(e).__name__}: {e}")
+        append_row(out_csv, row)
+        bar.update(1)
 
 
 # ----------------------------------------------------------------------------------------------

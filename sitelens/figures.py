@@ -22,7 +22,6 @@ from those cells on every run (seconds).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -39,6 +38,7 @@ import pandas as pd
 import torch
 
 from sitelens.errors import AdapterError, OutputError
+from sitelens.io import atomic_write, atomic_write_csv, atomic_write_text
 from sitelens.patching import (
     TASK_FAMILIES,
     alpha_similarity,
@@ -59,8 +59,9 @@ from sitelens.plotting import (
     matrix_heatmap,
     patching_curves,
 )
+from sitelens.provenance import NUMERICS_VERSION, settings_hash, task_hash
 from sitelens.site import FitConfig, SiteAdapter, fit_site, task_embedding
-from sitelens.tasks import Task, load_task
+from sitelens.tasks import DEFAULT_TEMPLATE, Task, load_task
 
 DEFAULT_MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 
@@ -128,7 +129,7 @@ def gap_k(spec: str | int, n_total: int) -> int:
 
 
 def _key(d: dict) -> str:
-    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return settings_hash(d, n=8)
 
 
 def _lam(x: float) -> str:
@@ -136,17 +137,11 @@ def _lam(x: float) -> str:
 
 
 def _atomic_csv(df: pd.DataFrame, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    df.to_csv(tmp, index=False)
-    os.replace(tmp, path)
+    atomic_write_csv(path, df)
 
 
 def _atomic_text(text: str, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write_text(path, text)
 
 
 def _slug(name: str) -> str:
@@ -179,10 +174,15 @@ class ModelRun:
 
 
 class _Cells:
-    """Cached cells under ``runs_dir`` with a timings ledger (survives restarts)."""
+    """Cached cells under ``runs_dir`` with a timings ledger (survives restarts).
 
-    def __init__(self, runs_dir: Path, log: Callable[[str], None]):
+    Every cell's file name carries a hash of its parameters *and* of ``base``: the model's weight
+    fingerprint, the prompt template and :data:`sitelens.provenance.NUMERICS_VERSION` (the
+    callers add each task's split hash). A cell made by other code or weights is recomputed."""
+
+    def __init__(self, runs_dir: Path, log: Callable[[str], None], base: dict | None = None):
         self.dir = runs_dir
+        self.base = dict(base or {})
         self.dir.mkdir(parents=True, exist_ok=True)
         self.log = log
         self.ledger_path = self.dir / "timings.json"
@@ -191,12 +191,15 @@ class _Cells:
         except (FileNotFoundError, json.JSONDecodeError):
             self.timings = {}
 
+    def key(self, params: dict) -> str:
+        return _key({**params, "base": self.base})
+
     def record(self, name: str, seconds: float) -> None:
         self.timings[name] = round(seconds, 2)
         _atomic_text(json.dumps(self.timings, indent=1, sort_keys=True), self.ledger_path)
 
     def csv(self, name: str, params: dict, compute: Callable[[], pd.DataFrame]) -> pd.DataFrame:
-        path = self.dir / f"{name}_{_key(params)}.csv"
+        path = self.dir / f"{name}_{self.key(params)}.csv"
         if path.exists():
             try:
                 return pd.read_csv(path)
@@ -218,11 +221,11 @@ def _fit_params(cfg: FigureConfig, lam: float) -> dict:
 
 
 def _embedding(model, task: Task, cfg: FigureConfig, cells: _Cells) -> torch.Tensor:
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file, save
 
-    params = {"task": task.name, "n_prompts": cfg.n_prompts, "n_shots": cfg.n_shots,
-              "seed": cfg.seed}
-    path = cells.dir / "embeddings" / f"{_slug(task.name)}_{_key(params)}.safetensors"
+    params = {"task": task.name, "task_hash": task_hash(task), "n_prompts": cfg.n_prompts,
+              "n_shots": cfg.n_shots, "seed": cfg.seed}
+    path = cells.dir / "embeddings" / f"{_slug(task.name)}_{cells.key(params)}.safetensors"
     if path.exists():
         try:
             return load_file(path)["embedding"]
@@ -230,10 +233,7 @@ def _embedding(model, task: Task, cfg: FigureConfig, cells: _Cells) -> torch.Ten
             cells.log(f"  {path.name} is unreadable; recomputing")
     t0 = time.perf_counter()
     emb = task_embedding(model, task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, seed=cfg.seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    save_file({"embedding": emb.contiguous().cpu()}, tmp)
-    os.replace(tmp, path)
+    atomic_write(path, save({"embedding": emb.contiguous().cpu()}))
     cells.record(f"embedding/{task.name}", time.perf_counter() - t0)
     return emb  # [n_layers, n_heads, d_head]
 
@@ -243,8 +243,8 @@ def fit_cell(model, task: Task, lam: float, cfg: FigureConfig, cells: _Cells,
     """The SITE adapter of (task, λ): loaded from ``runs/adapters/`` if a valid one was saved with
     the same parameters, else fitted (stage 1 shared across λ) and saved."""
 
-    params = _fit_params(cfg, lam)
-    path = cells.dir / "adapters" / f"{_slug(task.name)}_{_lam(lam)}_{_key(params)}"
+    params = dict(_fit_params(cfg, lam), task_hash=task_hash(task))
+    path = cells.dir / "adapters" / f"{_slug(task.name)}_{_lam(lam)}_{cells.key(params)}"
     if (path / "adapter.json").exists():
         try:
             ad = SiteAdapter.load(path)
@@ -282,14 +282,17 @@ def run_model(
 ) -> ModelRun:
     """All cells of one model (fits, intra, inter, similarity, effects), reusing finished ones
     under ``runs_dir``. ``log`` receives one-line progress messages (default: none)."""
-    from sitelens.models import model_name
+    from sitelens.models import fingerprint, model_name
 
     cfg = (config or FigureConfig()).resolved()
     log = log or (lambda msg: None)
-    cells = _Cells(Path(runs_dir), log)
+    base = {"fingerprint": fingerprint(model), "template": DEFAULT_TEMPLATE.to_dict(),
+            "numerics_version": NUMERICS_VERSION}
+    cells = _Cells(Path(runs_dir), log, base)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     run = ModelRun(model=model_name(model), n_layers=L, n_heads=H, config=cfg)
     tasks = {name: load_task(name, seed=cfg.seed) for name in cfg.tasks}
+    hashes = {name: task_hash(t) for name, t in tasks.items()}
     main = cfg.main_sparsity
 
     # 1. adapters: main λ on every task, the other λ on the intra tasks
@@ -306,8 +309,8 @@ def run_model(
     for lam in cfg.sparsity:
         for name in cfg.intra_tasks:
             ad = run.adapters[lam][name]
-            params = dict(_fit_params(cfg, lam), task=name, ks=ks, limit=cfg.limit,
-                          n_random_seeds=cfg.n_random_seeds, n_boot=cfg.n_boot)
+            params = dict(_fit_params(cfg, lam), task=name, task_hash=hashes[name], ks=ks,
+                          limit=cfg.limit, n_random_seeds=cfg.n_random_seeds, n_boot=cfg.n_boot)
             df = cells.csv(
                 f"intra/{_slug(name)}_{_lam(lam)}", params,
                 lambda ad=ad, name=name: intra_task(
@@ -321,8 +324,9 @@ def run_model(
     # 3. inter-task patching and α similarity (main λ)
     ads = run.adapters[main]
     inter_k = min(cfg.inter_k, L * H)
-    params = dict(_fit_params(cfg, main), tasks=list(cfg.tasks), k=inter_k,
-                  limit=cfg.limit, n_boot=cfg.n_boot)
+    params = dict(_fit_params(cfg, main), tasks=list(cfg.tasks),
+                  task_hashes=[hashes[n] for n in cfg.tasks], k=inter_k, limit=cfg.limit,
+                  n_boot=cfg.n_boot)
     run.inter = cells.csv(
         f"inter_{_lam(main)}", params,
         lambda: inter_task(model, [tasks[n] for n in cfg.tasks], ads, k=inter_k,
@@ -332,7 +336,8 @@ def run_model(
 
     # 4. per-head causal effects (embedding = the task-mean activation of stage 1)
     for name in cfg.effect_tasks:
-        params = dict(_fit_params(cfg, main), task=name, n_prompts_effects=cfg.effect_prompts)
+        params = dict(_fit_params(cfg, main), task=name, task_hash=hashes[name],
+                      n_prompts_effects=cfg.effect_prompts)
         stats_box: dict = {}
 
         def compute(name=name, stats_box=stats_box) -> pd.DataFrame:
@@ -527,7 +532,7 @@ def summary_rows(summary: dict) -> pd.DataFrame:
             rows.append({"model": model, "metric": prefix, "value": obj})
 
     for m in summary.get("models", []):
-        walk("", {k: v for k, v in m.items() if k != "model"}, m["model"])
+        walk("", {k: v for k, v in m.items() if k not in ("model", "config")}, m["model"])
     return pd.DataFrame(rows, columns=["model", "metric", "value"])
 
 
@@ -730,22 +735,19 @@ class FigureWriter:
             return written
         if "html" in self.formats:
             target = base.with_suffix(".html")
-            tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-            fig.write_html(tmp, include_plotlyjs="cdn", full_html=True)
-            os.replace(tmp, target)
+            atomic_write_text(target, fig.to_html(include_plotlyjs="cdn", full_html=True))
             written.append(target.name)
         if "png" in self.formats and self.png_error is None:
             target = base.with_suffix(".png")
-            tmp = target.with_name(f".{target.stem}.tmp{os.getpid()}.png")
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # "kopts ignored if using a server"
-                    fig.write_image(tmp, format="png", scale=1)
-                os.replace(tmp, target)
-                written.append(target.name)
+                    png = fig.to_image(format="png", scale=1)
             except Exception as e:  # kaleido/Chromium failures vary
                 self.png_error = f"PNG export failed: {type(e).__name__}: {e}"
-                tmp.unlink(missing_ok=True)
+            else:
+                atomic_write(target, png)
+                written.append(target.name)
         return written
 
 
@@ -820,7 +822,7 @@ def make_figures(
     writer = FigureWriter(cfg.formats)
     if writer.png_error:
         log(f"PNG export unavailable: {writer.png_error}; writing HTML + CSV only")
-    summary: dict = {"config": _config_dict(cfg), "models": []}
+    summary = _previous_summary(out)  # other models' numbers are kept, never dropped
     figures: dict[str, dict[str, object]] = {}
     runs: dict[str, ModelRun] = {}
     try:
@@ -832,7 +834,9 @@ def make_figures(
             run = run_model(model, out / ".runs" / _slug(name), cfg, log=log)
             del model
             runs[name] = run
-            summary["models"].append(summarize_model(run))
+            entry = dict(summarize_model(run), config=_config_dict(cfg),
+                         numerics_version=NUMERICS_VERSION)
+            _merge_model(summary, entry)
             figs = model_figures(run)
             figures[name] = {k: f for k, (f, _) in figs.items() if f is not None}
             for fname, (fig, frame) in figs.items():
@@ -851,6 +855,40 @@ def make_figures(
 def _config_dict(cfg: FigureConfig) -> dict:
     d = asdict(cfg)
     return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+def _previous_summary(out: Path) -> dict:
+    """``out/summary.json`` of earlier runs, each model entry carrying its own ``config`` (a file
+    from before per-model configs gets its top-level config copied into each entry)."""
+    path = out / "summary.json"
+    try:
+        old = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {"models": []}
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise OutputError(
+            f"{path} exists but is not a figures summary ({e}); move it away or choose another "
+            "--out, so that its numbers are not lost."
+        ) from e
+    if not isinstance(old, dict) or not isinstance(old.get("models"), list):
+        raise OutputError(f"{path} is not a figures summary (no 'models' list); move it away or "
+                          "choose another --out.")
+    top = old.pop("config", None)
+    for m in old["models"]:
+        if top is not None:
+            m.setdefault("config", top)
+        m.setdefault("numerics_version", 1)
+    return {"models": old["models"]}
+
+
+def _merge_model(summary: dict, entry: dict) -> None:
+    """Replace ``entry['model']``'s entry in ``summary['models']`` (in place) or append it."""
+    models = summary["models"]
+    for i, m in enumerate(models):
+        if m.get("model") == entry["model"]:
+            models[i] = entry
+            return
+    models.append(entry)
 
 
 def _write_summary(summary: dict, out: Path) -> None:

@@ -29,10 +29,12 @@ NUMERICS_HISTORY = {
 
 
 def canonical(obj: Any) -> Any:
-    """A JSON-able, order-independent form of ``obj`` (dataclasses, tuples, sets, floats)."""
+    """A JSON-able, order-independent form of ``obj`` (dataclasses, tuples, sets, floats).
+    Dataclass fields declared with ``compare=False`` (bookkeeping, not settings) are left out."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {"__type__": type(obj).__name__,
-                **{f.name: canonical(getattr(obj, f.name)) for f in dataclasses.fields(obj)}}
+                **{f.name: canonical(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                   if f.compare}}
     if isinstance(obj, dict):
         return {str(k): canonical(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
     if isinstance(obj, (list, tuple)):

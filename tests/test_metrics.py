@@ -94,7 +94,7 @@ def tasks():
 
 @dataclass(kw_only=True)
 class CountingICL(ICL):
-    calls: list = field(default_factory=list)
+    calls: list = field(default_factory=list, compare=False)  # bookkeeping, not a setting
 
     def fit(self, model, task, **kw):
         self.calls.append(task.name)
@@ -103,7 +103,7 @@ class CountingICL(ICL):
 
 @dataclass(kw_only=True)
 class CountingZeroShot(ZeroShot):
-    calls: list = field(default_factory=list)
+    calls: list = field(default_factory=list, compare=False)
 
     def fit(self, model, task, **kw):
         self.calls.append(task.name)
@@ -142,9 +142,8 @@ def test_bench_writes_tidy_rows_and_resumes_without_refitting(model, tasks, tmp_
     monkeypatch.undo()
 
     # a lost cell is redone, alone
-    lines = text.splitlines(keepends=True)
-    keep = [ln for ln in lines if not ln.startswith(f"{model_name(model)},upper,icl,")]
-    out.write_text("".join(keep))
+    full = bench.read_results(out)
+    full[~((full.task == "upper") & (full.method == "icl"))].to_csv(out, index=False)
     df3 = bench.run_bench([model], tasks, [zs, icl, "tv"], out, limit=3, n_shots=2)
     assert icl.calls == ["reverse", "upper", "upper"] and zs.calls == ["reverse", "upper"]
     assert len(df3) == 6
