@@ -7,10 +7,12 @@ The cells themselves come from the resumable CLI, one CSV per model, e.g.
         --tasks $FV/antonym,$FV/country-capital,... \\
         --out benchmarks/results/baselines_smollm2-135m-instruct.csv
 
-Two runs on disjoint tasks must not share one CSV (each write rewrites the file): give the second
-``--out benchmarks/results/baselines_{model}.part2.csv``. The summary reads a model's CSV together
-with its ``.part*.csv`` files; ``--merge-parts`` (only while no run is writing) folds them into the
-model's CSV and removes them.
+Parallel runs may share one CSV: each row is appended under a file lock (``sitelens.io.locked``).
+The committed grid was run before that lock existed, as ``baselines_{model}.part*.csv`` files; the
+summary reads a model's CSV together with any ``.part*.csv`` files, and ``--merge-parts`` (only
+while no run is writing) folds them into the model's CSV and removes them. The committed rows
+predate the resume keys (numerics version 1, no settings columns): a rerun of the commands
+recomputes them instead of reusing them.
 
 ``python benchmarks/baselines.py`` writes, per model, ``baselines_{model}.md`` (means over the
 tasks where every method finished, per-task exact match, the target checks) and
