@@ -704,7 +704,9 @@ def head_causal_effects(
     one full forward pass (over all prompts) per head. Both give the same numbers (tested).
 
     ``return_stats=True`` returns ``(effects, stats)`` with timings: ``seconds`` (excluding the
-    mean activation), ``forward_passes``, ``rows``, ``baseline_prob``, ``mode``."""
+    mean activation), ``forward_passes`` (the calls of ``model`` actually made, counted by a
+    forward pre-hook on it: prefix-cache passes included, the mean activation excluded),
+    ``rows``, ``baseline_prob``, ``mode``."""
     cfg = model.cfg
     L, H = cfg.n_layers, cfg.n_heads
     dev = _device(model)
@@ -718,7 +720,55 @@ def head_causal_effects(
             f"[n_layers={L}, n_heads={H}, d_head={cfg.d_head}]."
         )
     embedding = embedding.to(dev)
-    t0 = time.perf_counter()
+    with _ForwardPassCounter(model) as passes:
+        effects, base, patched, rows, n, N = _head_effects(
+            model, task, embedding, n_prompts=n_prompts, n_shots=n_shots, seed=seed,
+            batched=batched, split=split, template=template, batch_size=batch_size,
+        )
+    if not return_stats:
+        return effects
+    stats = {
+        "mode": "batched" if batched else "serial",
+        "seconds": passes.seconds,
+        "forward_passes": passes.count,
+        "rows": int(rows),
+        "n_prompts": n,
+        "n_heads_total": N,
+        "baseline_prob": float(base.mean()),
+        "per_prompt": (patched - base[:, None]).reshape(n, L, H),  # [n_prompts, L, H]
+    }
+    return effects, stats
+
+
+class _ForwardPassCounter:
+    """Counts the calls of ``model`` (a forward pre-hook on it: every ``model(...)``, including
+    passes that stop early, e.g. :func:`sitelens.models.forward_until`) and times the block.
+    ``.count`` and ``.seconds`` are set on exit."""
+
+    def __init__(self, model):
+        self.model, self.count, self.seconds = model, 0, 0.0
+
+    def _pre(self, module, args) -> None:
+        self.count += 1
+
+    def __enter__(self):
+        self._handle = self.model.register_forward_pre_hook(self._pre)
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.seconds = time.perf_counter() - self._t0
+        self._handle.remove()
+
+
+def _head_effects(
+    model, task: Task, embedding, *, n_prompts: int, n_shots: int, seed: int, batched: bool,
+    split: str, template: Template, batch_size: int,
+):
+    """The work of :func:`head_causal_effects` (its forward passes are counted around this)."""
+    cfg = model.cfg
+    L, H = cfg.n_layers, cfg.n_heads
+    dev = _device(model)
     prompts, answers = corrupted_prompts(
         model, task, n_prompts=n_prompts, n_shots=n_shots, split=split, seed=seed,
         template=template,
@@ -737,7 +787,6 @@ def head_causal_effects(
         )
         prob = prob.reshape(n, N + 1)  # [n_prompts, N + 1]
         base, patched = prob[:, 0], prob[:, 1:]  # [n_prompts], [n_prompts, N]
-        passes = -(-len(item_idx) // batch_size) + -(-n // 64)
         rows = len(item_idx)
     else:
         chunks = [
@@ -759,22 +808,9 @@ def head_causal_effects(
             [probs(HeadMix(weights=onehots[j].to(dev), targets=embedding)) for j in range(N)],
             dim=1,
         )  # [n_prompts, N]
-        passes = (N + 1) * len(chunks)
         rows = (N + 1) * n
     effects = (patched - base[:, None]).mean(0).reshape(L, H)  # [n_layers, n_heads]
-    if not return_stats:
-        return effects
-    stats = {
-        "mode": "batched" if batched else "serial",
-        "seconds": time.perf_counter() - t0,
-        "forward_passes": int(passes),
-        "rows": int(rows),
-        "n_prompts": n,
-        "n_heads_total": N,
-        "baseline_prob": float(base.mean()),
-        "per_prompt": (patched - base[:, None]).reshape(n, L, H),  # [n_prompts, L, H]
-    }
-    return effects, stats
+    return effects, base, patched, rows, n, N
 
 
 def effect_alpha_correlation(

@@ -465,3 +465,26 @@ def test_effect_alpha_correlation():
     assert P.effect_alpha_correlation(e, -e) == pytest.approx(-1.0)
     with pytest.raises(ValueError):
         P.effect_alpha_correlation(e, torch.zeros(3, 2))
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "serial"])
+def test_head_effects_count_real_forward_passes(model, task, adapter, batched, monkeypatch):
+    calls = []
+    forward = model.forward
+
+    def counted(*args, **kwargs):  # observed independently of the count's pre-hook
+        calls.append(1)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", counted)
+    _, st = P.head_causal_effects(model, task, n_prompts=3, n_shots=3, seed=1, batched=batched,
+                                  batch_size=5, embedding=adapter.embedding, return_stats=True)
+    monkeypatch.undo()
+    assert len(calls) > 0
+    assert st["forward_passes"] == len(calls)
+    n_rows = 3 * (model.cfg.n_layers * model.cfg.n_heads + 1)
+    assert st["rows"] == n_rows
+    if batched:  # one pass per 5 rows, plus the prefix cache's (none on a bridge: it recomputes)
+        assert st["forward_passes"] >= -(-n_rows // 5)
+    else:  # one full pass per head plus the unpatched one (3 prompts fit one chunk)
+        assert st["forward_passes"] == model.cfg.n_layers * model.cfg.n_heads + 1
