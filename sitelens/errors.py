@@ -33,3 +33,11 @@ class FitError(SitelensError, RuntimeError):
 
 class OutputError(SitelensError, OSError):
     """An output location that cannot be written."""
+
+
+class MethodError(SitelensError, ValueError):
+    """An unknown method name (``sitelens.baselines.get_method``, the CLI's ``--methods``)."""
+
+
+class UsageError(SitelensError, ValueError):
+    """A bad command-line option: missing, malformed or out of range."""

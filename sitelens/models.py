@@ -203,31 +203,137 @@ def load_model(
             model = _load_bundled_bridge(name, n_ctx=ctx, use_cache=use_cache)
         else:
             model = _load_bundled(name, n_ctx=ctx, use_cache=use_cache)
-    elif Path(name).expanduser().is_dir():
+    elif _is_dir(name):
+        check_model_available(name)
         model = _load_hf_dir(Path(name).expanduser(), n_ctx=ctx, backend=backend)
     else:
-        official = _official_names()
-        if name not in official:
-            close = difflib.get_close_matches(
-                name, list(BUNDLED_MODELS) + list(TINY_MODELS) + official, n=5, cutoff=0.4
-            )
-            raise ModelError(
-                f"Unknown model {name!r}. Bundled (offline) models: {', '.join(BUNDLED_MODELS)}."
-                + (f" Close matches: {', '.join(close)}." if close else "")
-                + " You may also pass a TransformerLens official model name or a local Hugging"
-                " Face directory."
-            )
-        if backend == "bridge":
-            from transformer_lens.model_bridge import TransformerBridge
-
-            model = TransformerBridge.boot_transformers(name, n_ctx=ctx)
-            model.cfg.model_name = name
-        else:
-            from transformer_lens import HookedTransformer
-
-            model = HookedTransformer.from_pretrained(name, n_ctx=ctx, default_padding_side="left")
-            model.cfg.model_name = name
+        check_model_available(name)
+        model = _load_official(name, n_ctx=ctx, backend=backend)
     return _finalize(model, device=device, dtype=dtype, fast_attention=fast_attention)
+
+
+def _is_dir(name) -> bool:
+    name = os.fspath(name) if isinstance(name, os.PathLike) else name
+    try:
+        return isinstance(name, str) and bool(name.strip()) and Path(name).expanduser().is_dir()
+    except (OSError, RuntimeError):  # a name too long for a path; ~user that does not exist
+        return False
+
+
+ALLOW_DOWNLOAD_ENV = "SITELENS_ALLOW_DOWNLOAD"
+
+
+def _download_allowed() -> bool:
+    return os.environ.get(ALLOW_DOWNLOAD_ENV, "") not in ("", "0")
+
+
+@contextmanager
+def _hub_offline(enabled: bool = True):
+    """Hugging Face Hub offline mode for the duration (no HTTP requests, cached files only)."""
+    from huggingface_hub import constants
+
+    old = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = old or enabled
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = old
+
+
+def _load_official(name: str, *, n_ctx: int, backend: str):
+    """A TransformerLens official model from the local Hugging Face cache (checked first by
+    :func:`check_model_available`), in Hub offline mode unless downloads are allowed."""
+    offline = not _download_allowed()
+    try:
+        with _hub_offline(offline):
+            if backend == "bridge":
+                from transformer_lens.model_bridge import TransformerBridge
+
+                model = TransformerBridge.boot_transformers(name, n_ctx=n_ctx)
+            else:
+                from transformer_lens import HookedTransformer
+
+                model = HookedTransformer.from_pretrained(
+                    name, n_ctx=n_ctx, default_padding_side="left"
+                )
+    except OSError as e:  # a file the local cache lacks (offline mode raises at once)
+        if not offline:
+            raise
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ModelError(
+            f"Model {name!r} is only partly in the local Hugging Face cache ({why}). Download it "
+            f"again on a machine with network (`hf download {name}`), or set "
+            f"{ALLOW_DOWNLOAD_ENV}=1 to let TransformerLens fetch the missing files."
+        ) from e
+    model.cfg.model_name = name
+    return model
+
+
+def _hf_cache_dir() -> str:
+    from huggingface_hub import constants
+
+    return str(constants.HF_HUB_CACHE)
+
+
+def hf_cached(repo_id: str) -> bool:
+    """Whether the local Hugging Face cache holds a snapshot of ``repo_id`` (no network access:
+    only the cache directory is read)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+            return True
+    except ValueError:  # a repo id the hub library rejects
+        return False
+    snapshots = Path(_hf_cache_dir()) / f"models--{repo_id.replace('/', '--')}" / "snapshots"
+    try:  # repos without a config.json (TransformerLens's own checkpoints): any cached file
+        return any(f.is_file() for f in snapshots.rglob("*"))
+    except OSError:
+        return False
+
+
+def check_model_available(name: str) -> None:
+    """Raise :class:`ModelError` at once if :func:`load_model` cannot load ``name`` from local
+    files: an empty or unknown name, a directory without ``config.json``, or a TransformerLens
+    official model whose weights are not in the local Hugging Face cache. Reads no weights and
+    makes no network requests (set ``SITELENS_ALLOW_DOWNLOAD=1`` to let TransformerLens download
+    uncached official models instead)."""
+    name = os.fspath(name) if isinstance(name, os.PathLike) else name
+    if not isinstance(name, str) or not name.strip():
+        raise ModelError(
+            f"Bad model name {name!r}: give a bundled model ({', '.join(BUNDLED_MODELS)}), a "
+            "TransformerLens official model name or a local Hugging Face directory."
+        )
+    if name in TINY_MODELS or name in BUNDLED_MODELS:
+        return
+    if _is_dir(name):
+        if not (Path(name).expanduser() / "config.json").is_file():
+            raise ModelError(
+                f"{name} is a directory but not a Hugging Face model directory (no config.json); "
+                "pass a directory written by save_pretrained(), or a bundled model: "
+                f"{', '.join(BUNDLED_MODELS)}."
+            )
+        return
+    official = _official_names()
+    if name not in official:
+        close = difflib.get_close_matches(
+            name, list(BUNDLED_MODELS) + list(TINY_MODELS) + official, n=5, cutoff=0.4
+        )
+        raise ModelError(
+            f"Unknown model {name!r}. Bundled (offline) models: {', '.join(BUNDLED_MODELS)}."
+            + (f" Close matches: {', '.join(close)}." if close else "")
+            + " You may also pass a TransformerLens official model name or a local Hugging"
+            " Face directory."
+        )
+    if _download_allowed() or hf_cached(name):
+        return
+    raise ModelError(
+        f"Model {name!r} is not in the local Hugging Face cache ({_hf_cache_dir()}) and sitelens "
+        f"does not download at run time. Download it into the cache on a machine with network "
+        f"(`hf download {name}`) and copy the cache here (or point HF_HOME at it), pass a local "
+        f"Hugging Face directory, or use a bundled model: {', '.join(BUNDLED_MODELS)} "
+        f"(or set {ALLOW_DOWNLOAD_ENV}=1 to let TransformerLens download it)."
+    )
 
 
 def _resolve_dtype(dtype):

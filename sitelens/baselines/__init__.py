@@ -22,6 +22,8 @@ included (see :mod:`sitelens.baselines.base`).
 
 from __future__ import annotations
 
+import difflib
+
 from sitelens.baselines.base import Fitted, HookIntervention, Method
 from sitelens.baselines.fv import FV, function_vector, head_causal_effects_fallback, head_outputs
 from sitelens.baselines.i2cl import I2CL
@@ -33,6 +35,7 @@ from sitelens.baselines.mtv import MTV
 from sitelens.baselines.site import SITE
 from sitelens.baselines.tv import TV
 from sitelens.baselines.zero_shot import ZeroShot
+from sitelens.errors import MethodError
 
 METHODS: dict[str, type[Method]] = {
     "zero-shot": ZeroShot,
@@ -57,13 +60,18 @@ def get_method(method: str | Method, /, **kwargs) -> Method:
     instances pass through."""
     if isinstance(method, Method):
         if kwargs:
-            raise ValueError("keyword arguments are only accepted with a method name")
+            raise MethodError(
+                f"Keyword arguments are only accepted with a method name, not with the instance "
+                f"{method.name!r}; configure the instance itself."
+            )
         return method
     try:
         cls = METHODS[method]
-    except KeyError:
-        raise ValueError(
+    except (KeyError, TypeError):  # TypeError: an unhashable "name"
+        close = difflib.get_close_matches(str(method), list(METHODS), n=3, cutoff=0.5)
+        raise MethodError(
             f"Unknown method {method!r}; available: {', '.join(METHODS)}."
+            + (f" Did you mean: {', '.join(close)}?" if close else "")
         ) from None
     return cls(**kwargs)
 
