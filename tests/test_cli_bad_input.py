@@ -1,0 +1,496 @@
+"""Bad input on every subcommand and every option (README "Troubleshooting"): exit status 2, ONE
+non-empty stderr line ``sitelens: error: ...`` naming the problem and the fix, no traceback, no
+output on stdout and no file left behind. Validation runs before any model is loaded, so these
+tests are fast; only the checks that need the model's head count load the tiny test model.
+
+Most cases call ``sitelens.cli.main(argv)`` in-process, each in a fresh temporary working
+directory (the output paths of the commands lie in it and it must be unchanged afterwards); a few
+run the real ``sitelens`` executable to check the exit status and stderr of a process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sitelens.cli import build_parser, main
+from sitelens.models import BUNDLED_MODELS, TINY_MODELS
+from sitelens.tasks import builtin_tasks
+
+TASKS = set(builtin_tasks())
+MODELS = set(BUNDLED_MODELS) | set(TINY_MODELS)
+
+# A valid command line per subcommand (tiny model, outputs in the working directory); each case
+# appends ``--option=BAD``, which overrides the value given here.
+BASE = {
+    "fit": ["fit", "--model", "tiny-random", "--task", "antonym", "--out", "ad"],
+    "eval": ["eval", "--model", "tiny-random", "--task", "antonym", "--methods", "zero-shot",
+             "--items", "items.csv"],
+    "bench": ["bench", "--models", "tiny-random", "--tasks", "antonym", "--methods", "zero-shot",
+              "--out", "b.csv"],
+    "demo": ["demo", "--model", "tiny-random", "--task", "antonym"],
+    "patch intra": ["patch", "intra", "--model", "tiny-random", "--task", "antonym", "--out", "i.csv"],
+    "patch inter": ["patch", "inter", "--model", "tiny-random", "--tasks", "antonym,first_letter",
+                    "--out", "x.csv"],
+    "patch effects": ["patch", "effects", "--model", "tiny-random", "--task", "antonym",
+                      "--out", "e.csv"],
+    "figures": ["figures", "--models", "tiny-random", "--tasks", "antonym,first_letter",
+                "--out", "figs"],
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# running a command line and checking the outcome
+
+
+@contextlib.contextmanager
+def _chdir(path):
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def _tree(root: str) -> set[str]:
+    return {str(p.relative_to(root)) for p in Path(root).rglob("*")}
+
+
+def _run(argv: list[str], setup=None):
+    """``main(argv)`` in a fresh temporary working directory (``setup(dir)`` prepares files);
+    returns (status, stdout, stderr, files added or removed)."""
+    with tempfile.TemporaryDirectory() as d, _chdir(d):
+        if setup is not None:
+            setup(Path(d))
+        before = _tree(d)
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(argv)
+        return rc, out.getvalue(), err.getvalue(), before ^ _tree(d)
+
+
+def _check(rc, out: str, err: str, changed, argv, *needles) -> str:
+    assert rc == 2, (argv, rc, out, err)
+    assert "Traceback" not in err, err
+    lines = err.splitlines()
+    assert len(lines) == 1, (argv, err)
+    assert lines[0].startswith("sitelens: error: ") and lines[0][len("sitelens: error: "):].strip(), err
+    assert out == "", (argv, out)
+    assert not changed, (argv, changed)
+    for n in needles:
+        assert n in err, (n, err)
+    return err
+
+
+def _rejected(argv: list[str], *needles: str, setup=None) -> str:
+    return _check(*_run(argv, setup), argv, *needles)
+
+
+# ----------------------------------------------------------------------------------------------
+# strategies for bad values
+
+
+def _int_ok(s: str, lo: int, hi: int | None = None) -> bool:
+    try:
+        v = int(s)
+    except ValueError:
+        return False
+    return v >= lo and (hi is None or v <= hi)
+
+
+def _float(s: str) -> float:
+    try:
+        return float(s)
+    except ValueError:
+        return math.nan
+
+
+_TEXT = st.text(max_size=12)
+_FLOAT_TEXT = st.floats(allow_nan=True, allow_infinity=True).map(repr)  # never an int literal
+_ODD = st.sampled_from(["--", "-", "", " ", "\n", "\x00", "1\n2"])  # argparse's and paths' corners
+
+
+def bad_int(lo: int, hi: int | None = None):
+    low = st.integers(max_value=lo - 1).map(str)
+    high = st.integers(min_value=hi + 1).map(str) if hi is not None else st.nothing()
+    return st.one_of(low, high, _FLOAT_TEXT, _ODD, _TEXT.filter(lambda s: not _int_ok(s, lo, hi)))
+
+
+BAD_POS = bad_int(1)
+BAD_SEED = bad_int(0, 2**32 - 1)
+BAD_THREADS = bad_int(1, 1024)
+BAD_LR = st.one_of(  # not a positive finite number
+    st.sampled_from(["nan", "inf", "-inf", "1e999", "0", "-0.0"]),
+    st.floats(max_value=0).map(repr),
+    _ODD,
+    _TEXT.filter(lambda s: not (math.isfinite(_float(s)) and _float(s) > 0)),
+)
+BAD_FINITE = st.one_of(  # not a finite number
+    st.sampled_from(["nan", "inf", "-inf", "1e999", "NaN"]),
+    _ODD,
+    _TEXT.filter(lambda s: not math.isfinite(_float(s))),
+)
+
+
+def _items(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def _list_ok(s: str, item_ok, min_items: int = 1) -> bool:
+    """How the CLI reads a comma-separated list: items stripped, empty ones dropped; at least
+    ``min_items``, each accepted, no duplicates."""
+    xs = _items(s)
+    return len(xs) >= min_items and all(item_ok(x) for x in xs) and len(set(xs)) == len(xs)
+
+
+def bad_list(item_ok, good: list[str], min_items: int = 1, item=_TEXT):
+    """Comma-separated lists that the CLI must refuse: a bad item, too few items or a duplicate."""
+    pieces = st.one_of(st.sampled_from(good), item)
+    lists = st.lists(pieces, min_size=0, max_size=4).map(",".join)
+    dup = st.sampled_from(good).map(lambda g: f"{g},{g}")
+    return st.one_of(lists, dup, st.sampled_from(["", ",", " , "])).filter(
+        lambda s: not _list_ok(s, item_ok, min_items))
+
+
+def _lambda_ok(s: str) -> bool:
+    return math.isfinite(_float(s))
+
+
+BAD_KS = bad_list(lambda s: _int_ok(s, 1), ["1", "2", "4"])
+BAD_LAMBDAS = bad_list(_lambda_ok, ["0", "5", "0.5"])
+BAD_BENCH_METHODS = bad_list(lambda s: s in {"zero-shot", "icl", "site", "fv", "tv", "ltv", "mtv",
+                                               "i2cl", "lora", "ia3"}, ["zero-shot", "icl"])
+BAD_EVAL_METHODS = bad_list(lambda s: s in {"zero-shot", "icl", "site"}, ["zero-shot", "icl"])
+BAD_MODEL = _TEXT.filter(lambda s: s not in MODELS)
+BAD_MODELS = bad_list(lambda s: s in MODELS, ["tiny-random", "tiny-random-gqa"])
+BAD_TASK = _TEXT.filter(lambda s: s not in TASKS)
+# task lists of patch inter / figures: a bad name, fewer than two, or a duplicate
+BAD_TASK_LIST = bad_list(lambda s: s in TASKS, ["antonym", "first_letter"], min_items=2)
+# bench --tasks (one word here): split on commas, not stripped; at least one unknown, or none
+BAD_BENCH_TASKS = st.one_of(
+    _TEXT.filter(lambda s: any(x not in TASKS for x in s.split(",") if x)
+                 or not [x for x in s.split(",") if x]),
+    st.just(""),
+)
+# --intra-tasks / --effect-tasks: not a subset of --tasks antonym,first_letter
+BAD_SUBSET = bad_list(lambda s: s in ("antonym", "first_letter"), ["antonym", "first_letter"])
+
+
+def bad_choice(choices):
+    return st.one_of(_TEXT.filter(lambda s: s not in choices), _ODD, st.sampled_from(["TEST", " test"]))
+
+
+KINDS = {
+    "pos": BAD_POS, "seed": BAD_SEED, "threads": BAD_THREADS, "lr": BAD_LR, "finite": BAD_FINITE,
+    "ks": BAD_KS, "lambdas": BAD_LAMBDAS, "bench_methods": BAD_BENCH_METHODS,
+    "eval_methods": BAD_EVAL_METHODS, "model": BAD_MODEL, "models": BAD_MODELS, "task": BAD_TASK,
+    "task_list": BAD_TASK_LIST, "bench_tasks": BAD_BENCH_TASKS, "subset": BAD_SUBSET,
+}
+
+NAMED_BY_LOADER = {"model", "models", "task", "task_list", "bench_tasks"}
+COMMON = [("--model", "model"), ("--task", "task"), ("--seed", "seed"), ("--threads", "threads")]
+FIT = [("--n-prompts", "pos"), ("--n-shots", "pos"), ("--lr", "lr"), ("--n-examples", "pos"),
+       ("--batch-size", "pos"), ("--sparsity", "finite")]
+OPTIONS = {
+    "fit": COMMON + FIT,
+    "eval": COMMON + [("--methods", "eval_methods"), ("--limit", "pos"), ("--n-shots", "pos")],
+    "bench": [("--models", "models"), ("--tasks", "bench_tasks"), ("--methods", "bench_methods"),
+              ("--limit", "pos"), ("--seed", "seed"), ("--threads", "threads"), ("--n-ctx", "pos")],
+    "demo": COMMON + [("--limit", "pos")],
+    "patch intra": COMMON + FIT + [("--ks", "ks"), ("--n-random-seeds", "pos"), ("--limit", "pos"),
+                                   ("--n-boot", "pos")],
+    "patch inter": [("--model", "model"), ("--tasks", "task_list"), ("--k", "pos"),
+                    ("--limit", "pos"), ("--n-boot", "pos"), ("--seed", "seed"),
+                    ("--threads", "threads")] + FIT,
+    "patch effects": COMMON + [("--n-prompts", "pos"), ("--n-shots", "pos"),
+                               ("--n-mean-prompts", "pos"), ("--top", "pos")],
+    "figures": [("--models", "models"), ("--tasks", "task_list"), ("--intra-tasks", "subset"),
+                ("--effect-tasks", "subset"), ("--limit", "pos"), ("--sparsity", "lambdas"),
+                ("--n-examples", "pos"), ("--n-prompts", "pos"), ("--n-shots", "pos"),
+                ("--effect-prompts", "pos"), ("--n-random-seeds", "pos"), ("--n-boot", "pos"),
+                ("--seed", "seed"), ("--threads", "threads")],
+}
+# path options: explicit cases below (test_bad_paths)
+PATH_OPTIONS = {("fit", "--out"), ("eval", "--items"), ("eval", "--adapter"), ("bench", "--out"),
+                ("bench", "--tasks-dir"), ("patch intra", "--adapter"), ("patch intra", "--out"),
+                ("patch inter", "--adapters"), ("patch inter", "--out"),
+                ("patch effects", "--adapter"), ("patch effects", "--out"), ("figures", "--out")}
+
+
+def _subparsers():
+    """{"fit": parser, ..., "patch intra": parser, ...} from the real parser."""
+    def children(parser):
+        for a in parser._actions:
+            if a.__class__.__name__ == "_SubParsersAction":
+                return a.choices
+        return {}
+
+    out = {}
+    for name, p in children(build_parser()).items():
+        sub = children(p)
+        out.update({f"{name} {n}": q for n, q in sub.items()} if sub else {name: p})
+    return out
+
+
+def _choice_options():
+    return [(cmd, a.option_strings[-1], tuple(a.choices))
+            for cmd, p in _subparsers().items() for a in p._actions
+            if a.option_strings and a.choices is not None]
+
+
+CASES = [(cmd, opt, kind) for cmd, opts in OPTIONS.items() for opt, kind in opts]
+
+
+def test_every_option_is_covered():
+    """Each option that takes a value is in OPTIONS, PATH_OPTIONS or has choices (generic case)."""
+    covered = {(c, o) for c, o, _ in CASES} | PATH_OPTIONS | {(c, o) for c, o, _ in _choice_options()}
+    missing = [(cmd, a.option_strings[-1]) for cmd, p in _subparsers().items() for a in p._actions
+               if a.option_strings and a.nargs != 0 and (cmd, a.option_strings[-1]) not in covered]
+    assert not missing, f"options without a bad-input case: {missing}"
+    assert set(_subparsers()) == set(BASE)
+
+
+SETTINGS = settings(max_examples=10, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+@pytest.mark.parametrize("cmd, option, kind", CASES, ids=[f"{c}:{o}" for c, o, _ in CASES])
+@SETTINGS
+@given(data=st.data())
+def test_bad_value(cmd, option, kind, data):
+    value = data.draw(KINDS[kind], label=option)
+    # the message names the option, except for names the model and task loaders reject
+    needle = "lr" if kind == "lr" else "" if kind in NAMED_BY_LOADER else option
+    _rejected(BASE[cmd] + [f"{option}={value}"], needle)
+
+
+@pytest.mark.parametrize("cmd, option, choices", _choice_options(),
+                         ids=[f"{c}:{o}" for c, o, _ in _choice_options()])
+@SETTINGS
+@given(data=st.data())
+def test_bad_choice(cmd, option, choices, data):
+    value = data.draw(bad_choice(choices), label=option)
+    _rejected(BASE[cmd] + [f"{option}={value}"], f"argument {option}")
+
+
+# ----------------------------------------------------------------------------------------------
+# explicit cases: the issue's list, argparse's own errors, paths, checks that need the model
+
+
+def _file(rel: str, text: str = "x"):
+    def setup(d: Path):
+        (d / rel).parent.mkdir(parents=True, exist_ok=True)
+        (d / rel).write_text(text)
+    return setup
+
+
+def _dir(rel: str):
+    return lambda d: (d / rel).mkdir(parents=True)
+
+
+def _bad_adapter(d: Path):
+    (d / "ad").mkdir()
+    (d / "ad" / "adapter.json").write_text("{not json")
+    (d / "ad" / "adapter.safetensors").write_bytes(b"\0" * 16)
+
+
+EXPLICIT = [
+    # the issue's list
+    ("bench-unknown-method", BASE["bench"] + ["--methods", "nope"], ["unknown method 'nope'"], None),
+    ("bench-typo-method", BASE["bench"] + ["--methods", "zero-shot,lorra"], ["did you mean lora"],
+     None),
+    ("intra-ks-0", BASE["patch intra"] + ["--ks", "0"], ["--ks"], None),
+    ("intra-ks-negative", BASE["patch intra"] + ["--ks=-2"], ["--ks"], None),
+    ("intra-ks-float", BASE["patch intra"] + ["--ks", "1,2.5"], ["--ks", "'2.5'"], None),
+    ("intra-ks-word", BASE["patch intra"] + ["--ks", "all"], ["--ks"], None),
+    ("inter-k-0", BASE["patch inter"] + ["--k", "0"], ["--k"], None),
+    ("inter-k-negative", BASE["patch inter"] + ["--k=-1"], ["--k"], None),
+    # argparse's own errors: one line, no usage block
+    ("no-command", [], ["required: COMMAND", "sitelens --help"], None),
+    ("unknown-command", ["fitt"], ["invalid choice: 'fitt'"], None),
+    ("patch-no-subcommand", ["patch"], ["required: SUBCOMMAND"], None),
+    ("fit-missing-out", ["fit", "--task", "antonym"], ["required: --out", "sitelens fit --help"], None),
+    ("eval-missing-task", ["eval"], ["required: --task"], None),
+    ("bench-missing-out", ["bench", "--tasks", "antonym"], ["required: --out"], None),
+    ("inter-missing-tasks", ["patch", "inter"], ["required: --tasks"], None),
+    ("missing-value", BASE["eval"] + ["--limit"], ["expected one argument"], None),
+    ("bad-int", BASE["eval"] + ["--limit", "ten"], ["argument --limit", "'ten'"], None),
+    ("dash-dash-value", BASE["fit"] + ["--lr=--"], ["argument --lr: expected one argument"], None),
+    ("unrecognized", BASE["eval"] + ["--bogus", "1"], ["unrecognized arguments: --bogus"], None),
+    ("unrecognized-newline", BASE["eval"] + ["a\nb"], ["unrecognized arguments"], None),
+    # values
+    ("lr-inf", BASE["fit"] + ["--lr", "inf"], ["FitConfig.lr must be a positive finite number"], None),
+    ("lr-zero", BASE["fit"] + ["--lr", "0"], ["positive finite"], None),
+    ("sparsity-nan", BASE["fit"] + ["--sparsity", "nan"], ["--sparsity"], None),
+    ("figures-sparsity-abc", BASE["figures"] + ["--sparsity", "abc"], ["--sparsity", "'abc'"], None),
+    ("figures-models-unknown", BASE["figures"] + ["--models", "unknown"],
+     ["Unknown model 'unknown'"], None),
+    ("figures-one-task", BASE["figures"] + ["--tasks", "antonym"], ["at least two --tasks"], None),
+    ("figures-intra-not-in-tasks", BASE["figures"] + ["--intra-tasks", "last_letter"],
+     ["--intra-tasks names 'last_letter'"], None),
+    ("unknown-model", BASE["eval"] + ["--model", "smollm2-135m-instuct"],
+     ["Unknown model 'smollm2-135m-instuct'", "Close matches: smollm2-135m-instruct"], None),
+    ("empty-model", BASE["eval"] + ["--model", ""], ["Bad model name ''"], None),
+    ("model-dir-without-config", BASE["eval"] + ["--model", "m"], ["no config.json"], _dir("m")),
+    ("unknown-task", BASE["eval"] + ["--task", "antonymm"], ["Unknown task 'antonymm'", "antonym"],
+     None),
+    ("task-newline", BASE["eval"] + ["--task", "anto\nnym"], ["Unknown task"], None),
+    ("task-nul", BASE["eval"] + ["--task", "anto\0nym"], ["Unknown task"], None),
+    ("task-too-long", BASE["eval"] + ["--task", "t" * 5000], ["task"], None),
+    ("split", BASE["eval"] + ["--split", "dev"], ["invalid choice: 'dev'"], None),
+    ("too-many-shots", BASE["eval"] + ["--methods", "icl", "--n-shots", "1000"],
+     ["Asked for 1000 demonstrations"], None),
+    ("fit-too-many-shots", BASE["fit"] + ["--n-shots", "500"], ["Asked for 500 demonstrations"], None),
+    ("site-without-adapter", BASE["eval"] + ["--methods", "site"], ["needs --adapter"], None),
+    ("inter-one-task", BASE["patch inter"] + ["--tasks", "antonym"], ["at least two tasks"], None),
+    ("inter-duplicate-task", BASE["patch inter"] + ["--tasks", "antonym,antonym"],
+     ["'antonym' twice"], None),
+    ("bench-no-tasks", ["bench", "--models", "tiny-random", "--out", "b.csv"], ["Give --tasks"], None),
+    ("bench-abstractive-without-dir", BASE["bench"] + ["--abstractive"], ["--tasks-dir"], None),
+    ("bench-duplicate-method", BASE["bench"] + ["--methods", "icl,icl"], ["'icl' twice"], None),
+    ("seed-too-big", BASE["eval"] + ["--seed", str(2**32)], ["--seed"], None),
+    ("threads-0", BASE["bench"] + ["--threads", "0"], ["--threads"], None),
+    ("n-ctx-0", BASE["bench"] + ["--n-ctx", "0"], ["--n-ctx"], None),
+]
+
+PATHS = [
+    ("fit-out-blocked-by-file", BASE["fit"] + ["--out", "f.txt/ad"], ["f.txt is a file"],
+     _file("f.txt")),
+    ("fit-out-empty", BASE["fit"] + ["--out", ""], ["--out is empty"], None),
+    ("fit-out-nul", BASE["fit"] + ["--out", "a\0b"], ["NUL"], None),
+    ("fit-out-too-long", BASE["fit"] + ["--out", "a" * 5000], ["--out"], None),
+    ("figures-out-blocked", BASE["figures"] + ["--out", "f.txt"], ["f.txt"], _file("f.txt")),
+    ("bench-out-is-dir", BASE["bench"] + ["--out", "res.csv"], ["is a directory"], _dir("res.csv")),
+    ("bench-out-not-csv", BASE["bench"] + ["--out", "res.md"], ["csv"], None),
+    ("bench-out-empty", BASE["bench"] + ["--out", ""], ["--out is empty"], None),
+    ("bench-tasks-dir-missing", BASE["bench"] + ["--tasks-dir", "nope"], ["not a directory"], None),
+    ("bench-tasks-dir-file", BASE["bench"] + ["--tasks-dir", "f.txt"], ["not a directory"],
+     _file("f.txt")),
+    ("bench-tasks-dir-empty", BASE["bench"] + ["--tasks-dir", "tasks"], ["holds no task folder"],
+     _dir("tasks")),
+    ("eval-items-is-dir", BASE["eval"] + ["--items", "items.csv"], ["is a directory"],
+     _dir("items.csv")),
+    ("eval-items-not-csv", BASE["eval"] + ["--items", "items.txt"], ["csv"], None),
+    ("eval-adapter-missing", BASE["eval"] + ["--methods", "site", "--adapter", "nope"],
+     ["is not an adapter directory"], None),
+    ("eval-adapter-corrupted", BASE["eval"] + ["--methods", "site", "--adapter", "ad"],
+     ["is corrupted"], _bad_adapter),
+    ("intra-adapter-empty-dir", BASE["patch intra"] + ["--adapter", "ad"],
+     ["is not an adapter directory"], _dir("ad")),
+    ("intra-out-is-dir", BASE["patch intra"] + ["--out", "o.csv"], ["is a directory"], _dir("o.csv")),
+    ("inter-adapters-count", BASE["patch inter"] + ["--adapters", "a"], ["--adapters has 1"], None),
+    ("inter-adapters-missing", BASE["patch inter"] + ["--adapters", "a,b"],
+     ["is not an adapter directory"], None),
+    ("inter-out-empty", BASE["patch inter"] + ["--out", ""], ["--out is empty"], None),
+    ("effects-adapter-missing", BASE["patch effects"] + ["--adapter", "nope"],
+     ["is not an adapter directory"], None),
+    ("effects-out-blocked", BASE["patch effects"] + ["--out", "f.txt/e.csv"], ["f.txt"],
+     _file("f.txt")),
+]
+
+
+@pytest.mark.parametrize("argv, needles, setup", [c[1:] for c in EXPLICIT], ids=[c[0] for c in EXPLICIT])
+def test_explicit(argv, needles, setup):
+    _rejected(argv, *needles, setup=setup)
+
+
+@pytest.mark.parametrize("argv, needles, setup", [c[1:] for c in PATHS], ids=[c[0] for c in PATHS])
+def test_bad_paths(argv, needles, setup):
+    _rejected(argv, *needles, setup=setup)
+
+
+def test_help_still_exits_0():
+    rc, out, err, changed = _run(["patch", "intra", "--help"])
+    assert rc == 0 and "--ks" in out and not err and not changed
+
+
+@pytest.mark.parametrize("argv", [
+    BASE["patch intra"] + ["--ks", "1,9"],  # the tiny model has 2 layers x 4 heads = 8
+    BASE["patch intra"] + ["--ks", "100"],
+    BASE["patch inter"] + ["--k", "9"],
+], ids=["intra-ks-9", "intra-ks-100", "inter-k-9"])
+def test_k_beyond_the_heads(argv):
+    """Needs the model (its head count): checked right after the load, before any fit or output."""
+    _rejected(argv, "more than the 8 attention heads of tiny-random", "between 1 and 8")
+
+
+@pytest.fixture
+def empty_hf_cache(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.delenv("SITELENS_ALLOW_DOWNLOAD", raising=False)
+    return tmp_path / "hf"
+
+
+def test_uncached_transformerlens_model_fails_at_once(empty_hf_cache):
+    from sitelens.errors import ModelError
+    from sitelens.models import check_model_available, load_model
+
+    err = _rejected(BASE["eval"] + ["--model", "gpt2"], "Model 'gpt2' is not in the local Hugging "
+                    "Face cache", "hf download gpt2", "local Hugging Face directory",
+                    "smollm2-135m-instruct, gemma-3-270m")
+    assert str(empty_hf_cache) in err
+    with pytest.raises(ModelError, match="not in the local Hugging Face cache"):
+        load_model("gpt2")  # the library raises the same error, without a network attempt
+    # a cached snapshot passes the check (the load itself is not attempted here)
+    snap = empty_hf_cache / "models--gpt2" / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    (empty_hf_cache / "models--gpt2" / "refs").mkdir()
+    (empty_hf_cache / "models--gpt2" / "refs" / "main").write_text("abc")
+    check_model_available("gpt2")
+
+
+def test_unknown_method_in_the_library():
+    from sitelens.baselines import get_method
+    from sitelens.errors import MethodError, SitelensError
+
+    with pytest.raises(MethodError, match="Unknown method 'lorra'.*Did you mean: lora") as e:
+        get_method("lorra")
+    assert isinstance(e.value, SitelensError) and isinstance(e.value, ValueError)
+
+
+# ----------------------------------------------------------------------------------------------
+# the real executable: exit status and stderr of a process
+
+
+def _exe() -> list[str]:
+    exe = Path(sys.executable).with_name("sitelens")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "sitelens.cli"]
+
+
+def test_subprocess(tmp_path):
+    """Three real processes, run side by side: an uncached TransformerLens model (no network
+    attempt: the HF cache is an empty directory and offline mode is NOT set), an argparse error
+    and an unknown bench method."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "SITELENS_ALLOW_DOWNLOAD")}
+    env.update(HF_HOME=str(tmp_path / "hf"), OMP_NUM_THREADS="1")
+    runs = {
+        "gpt2": (["eval", "--model", "gpt2", "--task", "antonym", "--items", "i.csv"],
+                 "not in the local Hugging Face cache"),
+        "argparse": (["fit", "--task", "antonym"], "required: --out"),
+        "method": (BASE["bench"] + ["--methods", "nope"], "unknown method 'nope'"),
+    }
+    procs = {}
+    for name, (args, _) in runs.items():
+        (tmp_path / name).mkdir()
+        procs[name] = subprocess.Popen(_exe() + args, cwd=tmp_path / name, env=env, text=True,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        _check(proc.returncode, out, err, set(os.listdir(tmp_path / name)), runs[name][0],
+               runs[name][1])
