@@ -7,6 +7,16 @@ import random
 import numpy as np
 import pytest
 import torch
+from tolerances import (
+    activation_tolerance,
+    assert_activations_close,
+    assert_logits_close,
+    assert_probs_close,
+    assert_within,
+    logit_scale,
+    reduction_tolerance,
+    unit_roundoff,
+)
 
 from sitelens.baselines import (
     FV,
@@ -70,7 +80,7 @@ def _assert_model_untouched(model, before):
     after = model.state_dict()
     assert before.keys() == after.keys()
     for k in before:
-        assert torch.equal(before[k], after[k]), k
+        assert torch.equal(before[k], after[k]), k  # exact: a frozen weight is never written
     assert not any(p.requires_grad for p in model.parameters())
 
 
@@ -147,16 +157,29 @@ def test_ltv_w_is_the_ridge_closed_form(model, task):
     hz, _ = _capture(model, zs, [name])
     hi, _ = _capture(model, icl, [name])
     X = hz[name][:, -1]
-    torch.testing.assert_close(f.state["X"], X, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(f.state["Y"], hi[name][:, -1] - X, atol=1e-5, rtol=1e-5)
+    # the final block's residual stream (depth L) captured in other batches: activation_tolerance;
+    # Y = h_icl − h_zs inherits the bounds of both terms
+    assert_activations_close(f.state["X"], X, model, depth=L, what="LTV X")
+    h_icl = hi[name][:, -1]
+    bound_y = (activation_tolerance(model, float(h_icl.abs().max()), depth=L)
+               + activation_tolerance(model, float(X.abs().max()), depth=L))
+    assert_within(f.state["Y"], h_icl - X, bound_y, what="LTV Y")
     # W solves min ‖X Wᵀ − Y‖² + λ‖W‖²: least squares on the augmented system [X; √λ I]
     Xa = np.vstack([f.state["X"].double().numpy(), np.sqrt(lam) * np.eye(d)])
     Ya = np.vstack([f.state["Y"].double().numpy(), np.zeros((d, d))])
     Wt, *_ = np.linalg.lstsq(Xa, Ya, rcond=None)
-    np.testing.assert_allclose(f.state["W"].double().numpy(), Wt.T, atol=1e-4, rtol=1e-4)
-    np.testing.assert_allclose(
-        ridge_closed_form(f.state["X"], f.state["Y"], lam).numpy(), Wt.T, atol=1e-4, rtol=1e-4
-    )
+    # Both sides solve in float64 from the same float32 X, Y: they differ by the float32 rounding
+    # of the returned W (round to nearest: at most u32·|W|, a hard bound, so measured ratios up
+    # to ~0.8 are expected and safe) plus the float64 solvers' forward errors, ≲ κ(XᵀX + λI)·u64·|W|
+    # each (normal equations; κ is 23-43 here, so that part is ~1e-14 of |W|). Measured: max |ΔW|
+    # 1.3e-8 vs bound 1.7e-8 (W up to 0.29); a penalty scaled by the sample count (λ·n) moves W by
+    # 0.22 (test_mutations.py).
+    kappa = np.linalg.cond(Xa.T @ Xa)
+    w_max = float(np.abs(Wt).max())
+    bound_w = (unit_roundoff(torch.float32) + 4 * kappa * unit_roundoff(torch.float64)) * w_max
+    assert_within(f.state["W"].double(), torch.from_numpy(Wt.T), bound_w, what="LTV W vs lstsq")
+    assert_within(ridge_closed_form(f.state["X"], f.state["Y"], lam).double(), torch.from_numpy(Wt.T),
+                  bound_w, what="ridge_closed_form vs lstsq")
 
 
 def test_ltv_adds_w_h_at_the_last_token_only(model, task):
@@ -167,9 +190,15 @@ def test_ltv_adds_w_h_at_the_last_token_only(model, task):
     seq = enc.tokens.shape[1]
     got, _ = _capture(model, PROMPTS, [name], f.intervention(model, seq))
     h = base[name][:, -1]
-    torch.testing.assert_close(got[name][:, -1], h + h @ f.state["W"].T)
+    # the hook computes h + h Wᵀ from the same h (same ops before it); only the length-d_model
+    # reduction h Wᵀ may be summed in another order: reduction_tolerance
+    expect = h + h @ f.state["W"].T
+    assert_within(got[name][:, -1], expect,
+                  reduction_tolerance(model.cfg.d_model, float(expect.abs().max())),
+                  what="LTV h + W h at the last token")
+    # exact: the other positions are copied untouched, and nothing before the hook changed
     assert torch.equal(got[name][:, :-1], base[name][:, :-1])
-    # decode steps (a different length) are left alone
+    # decode steps (a different length) are left alone: the hook returns x itself
     got2, _ = _capture(model, PROMPTS, [name], f.intervention(model, seq + 1))
     assert torch.equal(got2[name], base[name])
 
@@ -185,15 +214,28 @@ def test_fv_adds_exactly_the_summed_head_outputs(model, task):
     top = torch.argsort(effects.flatten(), descending=True)[:3]
     assert f.state["heads"] == [(int(i) // H, int(i) % H) for i in top]
     mean_z = task_embedding(model, task, n_prompts=4, n_shots=2)
-    expected = sum(mean_z[lay, h] @ model.W_O[lay, h] for lay, h in f.state["heads"])
-    torch.testing.assert_close(f.state["vector"], expected)
-    torch.testing.assert_close(function_vector(f.state["head_outputs"], f.state["heads"]), expected)
+    terms = [mean_z[lay, h] @ model.W_O[lay, h] for lay, h in f.state["heads"]]
+    expected = sum(terms)
+    # FV averages z·W_O over prompts, the reference multiplies the averaged z (other batches,
+    # other order): activation_tolerance after all L blocks, at the scale of the summed terms
+    # (they may cancel, so Σ max|term|, not max|sum|)
+    scale = float(sum(t.detach().abs().max() for t in terms))
+    bound = activation_tolerance(model, scale, depth=model.cfg.n_layers)
+    assert_within(f.state["vector"], expected, bound, what="FV vector vs Σ mean z W_O")
+    assert_within(function_vector(f.state["head_outputs"], f.state["heads"]), expected, bound,
+                  what="function_vector vs Σ mean z W_O")
     assert f.n_params == 0 and f.scope == "prefill"
     name = f"blocks.{f.state['layer']}.hook_resid_pre"
     base, enc = _capture(model, PROMPTS, [name])
     got, _ = _capture(model, PROMPTS, [name], f.intervention(model, enc.tokens.shape[1]))
-    torch.testing.assert_close(got[name][:, -1] - base[name][:, -1],
-                               expected.expand(len(PROMPTS), -1))
+    # the hook adds the fitted vector v: (x + v) − x − v is float32 rounding of the sum and of
+    # the difference, at most u·|x + v| + u·|v| (round to nearest); 2u·(…) leaves room
+    added = got[name][:, -1] - base[name][:, -1]
+    vector = f.state["vector"]
+    room = float(got[name][:, -1].abs().max() + vector.abs().max())
+    assert_within(added, vector.expand(len(PROMPTS), -1), reduction_tolerance(2, room),
+                  what="FV vector added at the last token", scale=room)
+    # exact: other positions copied untouched, nothing before the hook changed
     assert torch.equal(got[name][:, :-1], base[name][:, :-1])
 
 
@@ -211,20 +253,28 @@ def test_fv_head_outputs_pass_through_the_post_attention_norm(backend, task):
     prompts = [zero_shot_prompt(w) for w in ("abc", "hgfed", "ba", "cdefgh", "eee")]
     mean_z, out = head_outputs(model, prompts, batch_size=3)
     assert mean_z.shape == (L, H, model.cfg.d_head) and out.shape == (L, H, model.cfg.d_model)
-    torch.testing.assert_close(mean_z, last_token_z(model, prompts))
+    # the same per-layer means of hook_z in other batches: activation_tolerance per layer
+    assert_activations_close(mean_z, last_token_z(model, prompts), model, layer_dim=0,
+                             what="head_outputs mean z vs last_token_z")
     names = [f"blocks.{layer}.hook_attn_out" for layer in range(L)]
     acts, _ = _capture(model, prompts, names)
     for layer in range(L):
         attn_out = acts[names[layer]][:, -1].mean(0)  # [d_model]
-        torch.testing.assert_close(out[layer].sum(0), attn_out, rtol=1e-4, atol=1e-5)
+        # per-head writes through the post-norm, summed, vs the layer's output (depth layer + 1)
+        assert_activations_close(out[layer].sum(0), attn_out, model, depth=layer + 1,
+                                 what=f"layer {layer}: Σ head outputs vs hook_attn_out")
         plain = (mean_z[layer, :, :, None] * model.W_O[layer].detach()).sum((0, 1))  # [d_model]
-        assert not torch.allclose(plain, attn_out, rtol=1e-2, atol=1e-3)
+        with pytest.raises(AssertionError):  # without the norm's scale: far outside that bound
+            assert_activations_close(plain, attn_out, model, depth=layer + 1, what="no norm")
     # the fitted FV of a whole layer's heads is that layer's mean attention output
     effects = torch.zeros(L, H)
     effects[1] = 1.0
     f = FV(k=H, n_prompts=4, n_shots=2, effects=effects, n_valid=8).fit(model, task)
     assert sorted(f.state["heads"]) == [(1, h) for h in range(H)]
-    torch.testing.assert_close(f.state["vector"], f.state["head_outputs"][1].sum(0))
+    # the same H float32 vectors summed in head order vs by .sum(0): a length-H reduction
+    parts = f.state["head_outputs"][1]
+    assert_within(f.state["vector"], parts.sum(0),
+                  reduction_tolerance(H, float(parts.abs().sum(0).max())), what="FV of layer 1")
 
 
 def test_fv_fallback_causal_effects_match_single_head_patching(model, task):
@@ -241,7 +291,12 @@ def test_fv_fallback_causal_effects_match_single_head_patching(model, task):
     for layer, head in [(0, 1), (L - 1, H - 1)]:
         mix = HeadMix(head_mask([(layer, head)], L, H), mean_z)
         p = _logits(model, prompts, mix.hooks(model))[:, -1].softmax(-1)[torch.arange(2), ans]
-        assert abs(float((p - p0).mean()) - float(eff[layer, head])) < 1e-5
+        # a difference of two mean probabilities, cached batched rows vs full passes:
+        # prob_tolerance at these prompts' logit scale for the mass of both terms; weights on
+        # the wrong rows fail it
+        assert_probs_close(eff[layer, head], (p - p0).mean(), model, mass=float(p.mean() + p0.mean()),
+                           scale=logit_scale(model, prompts, (None, mix)),
+                           what=f"fallback effect of L{layer}H{head}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -256,6 +311,8 @@ def test_tv_replaces_exactly_one_state(model, task):
     base, enc = _capture(model, PROMPTS, names)
     got, _ = _capture(model, PROMPTS, names, f.intervention(model, enc.tokens.shape[1]))
     target = names[layer]
+    # exact: the hook assigns the vector (a copy), leaves other positions untouched, and nothing
+    # before it changed
     assert torch.equal(got[target][:, -1], f.state["vector"].expand(len(PROMPTS), -1))
     assert torch.equal(got[target][:, :-1], base[target][:, :-1])
     for i in range(layer):
@@ -276,7 +333,7 @@ def test_mtv_trains_only_its_policy(model, task):
     assert isinstance(f.intervention, HeadMix)
     w = f.intervention.weights
     assert set(w.unique().tolist()) <= {0.0, 1.0}
-    assert not torch.equal(f.state["theta"], torch.zeros(L, H))  # the policy moved
+    assert not torch.equal(f.state["theta"], torch.zeros(L, H))  # the policy moved (at all)
 
 
 def test_i2cl_trains_only_its_scalars(model, task):
@@ -286,13 +343,14 @@ def test_i2cl_trains_only_its_scalars(model, task):
     L = model.cfg.n_layers
     assert f.n_params == 4 * L and f.scope == "all"
     assert set(f.state["params"]) == {"lam", "beta"}
-    # identity coefficients leave the model unchanged
+    # identity coefficients leave the model unchanged, exactly: 1·x + 0·v = x bit for bit
     ident = init_i2cl(model, lam_init=0.0, beta_init=1.0)
     base = _logits(model, PROMPTS)
     assert torch.equal(_logits(model, PROMPTS, i2cl_hooks(model, f.state["vectors"], ident)), base)
-    # the injection acts at every position, one-position decode steps included
+    # the injection acts at every position, one-position decode steps included: more than rounding
     one = _logits(model, ["a"])
-    assert not torch.allclose(one, _logits(model, ["a"], f.intervention(model, 5)))
+    with pytest.raises(AssertionError):
+        assert_logits_close(_logits(model, ["a"], f.intervention(model, 5)), one, model, what="I2CL")
 
 
 def test_lora_zero_init_is_identity_and_counts_params(model, task):
@@ -300,6 +358,7 @@ def test_lora_zero_init_is_identity_and_counts_params(model, task):
     params = init_lora(model, rank=4, targets=("q", "v"))
     assert torch.count_nonzero(params["B_q"]) == 0
     base = _logits(model, PROMPTS)
+    # exact: B = 0 makes the update x A B exactly 0, and x + 0 = x
     assert torch.equal(_logits(model, PROMPTS, lora_hooks(model, params, 2.0)), base)
     before = _state(model)
     f = LoRA(rank=4, n_examples=24, eval_every=1, n_valid=8, lr=0.05).fit(model, task)
@@ -309,7 +368,9 @@ def test_lora_zero_init_is_identity_and_counts_params(model, task):
     assert set(f.state["params"]) == {"A_q", "B_q", "A_v", "B_v"}
     assert torch.count_nonzero(f.state["params"]["B_q"]) > 0  # trained
     assert f.state["best_step"] > 0
-    assert not torch.allclose(_logits(model, PROMPTS, f.intervention(model, None)), base)
+    with pytest.raises(AssertionError):  # the trained update moves the logits beyond rounding
+        assert_logits_close(_logits(model, PROMPTS, f.intervention(model, None)), base, model,
+                            what="trained LoRA")
 
 
 def test_lr_grid_keeps_the_run_with_the_lowest_validation_loss(model, task):
@@ -323,7 +384,7 @@ def test_lr_grid_keeps_the_run_with_the_lowest_validation_loss(model, task):
     # the kept run is exactly the single-lr fit at the chosen rate (same seed, same batches)
     alone = LoRA(lr=chosen["lr"], **kw).fit(model, task)
     for k, v in alone.state["params"].items():
-        assert torch.equal(f.state["params"][k], v)
+        assert torch.equal(f.state["params"][k], v)  # exact: the same seeded steps on one machine
     assert f.state["best_step"] == alone.state["best_step"] == chosen["best_step"]
 
 
@@ -356,6 +417,7 @@ def test_bad_lr_is_a_fit_error_naming_the_method(model, task, lr):
 def test_ia3_unit_init_is_identity_and_counts_params(model, task):
     c = model.cfg
     base = _logits(model, PROMPTS)
+    # exact: unit scales multiply by 1
     assert torch.equal(_logits(model, PROMPTS, ia3_hooks(model, init_ia3(model))), base)
     before = _state(model)
     f = IA3(n_examples=24, eval_every=1, n_valid=8, lr=0.05).fit(model, task)

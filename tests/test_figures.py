@@ -95,6 +95,9 @@ def test_intra_mean_and_gaps():
     df = _intra_frame()
     mean = F.intra_mean(df)
     top = mean[mean.selection == "top"].iloc[0]
+    # Here and below: float64 means and differences of decimal fixtures (0.1, 0.8, ... are not
+    # binary fractions), a few ulp (~1e-16 relative) off the decimal answer; approx's default
+    # rel 1e-6 absorbs that, while a wrong formula moves these values by >= 0.01.
     assert top.accuracy == pytest.approx(0.6) and top.n == 20 and top.n_tasks == 2
     assert top.ci_high - top.accuracy == pytest.approx(np.sqrt(0.1**2 + 0.1**2) / 2)
     assert len(mean[mean.selection == "random"]) == 2  # one row per seed
@@ -197,6 +200,8 @@ def test_target_centred_and_by_family():
     M = pd.DataFrame([[1.0, 0.6, 0.2], [0.5, 1.0, 0.4], [0.1, 0.2, 1.0]], index=names, columns=names)
     C = F.target_centred(M)
     assert np.isnan(np.diag(C.to_numpy())).all()
+    # float64 arithmetic on decimal fixtures: a few ulp off, approx's default rel 1e-6 (and abs
+    # 1e-12 near 0); a wrong centring moves these by >= 0.05
     assert C.loc["a2", "a1"] == pytest.approx(0.5 - 0.3) and C.loc["a1", "b1"] == pytest.approx(-0.1)
     fam = {"a1": "A", "a2": "A", "b1": "B"}
     out = F.by_target_family(M, fam)

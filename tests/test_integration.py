@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from tolerances import assert_logits_close, assert_logprobs_close
 
 from sitelens import FitConfig, encode, fit_site, load_task
 from sitelens.baselines import TV
@@ -18,57 +19,76 @@ pytestmark = pytest.mark.integration
 PROMPTS = ["Q: hot\nA:", "The capital of France is", "Q: big\nA: small\n\nQ: fast\nA:"]
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma-3-270m"])
-def test_logprobs_match_huggingface(name, request):
-    model = request.getfixturevalue("smollm2" if name.startswith("smol") else "gemma")
-    hf, _ = load_hf_reference(name)
+def hf_logprobs_agree(model, hf):
+    """sitelens (folded norms, re-strided weights, fused attention) vs the Hugging Face model on
+    the same GGUF weights: log-probs at every real position of a left-padded batch, within
+    logprob_tolerance (tests/tolerances.py: float32, depth n_layers, the MLP's reduction, the
+    vocabulary's log-sum-exp, at the batch's logit scale)."""
     enc = encode(model, PROMPTS)
     with torch.no_grad():
-        ours = model(enc.tokens, attention_mask=enc.attention_mask).log_softmax(-1)
-        ref = hf(enc.tokens, attention_mask=enc.attention_mask).logits.log_softmax(-1)
-    keep = enc.attention_mask.bool()
-    assert (ours - ref)[keep].abs().max().item() <= 1e-3
+        ours = model(enc.tokens, attention_mask=enc.attention_mask)  # [batch, pos, d_vocab]
+        ref = hf(enc.tokens, attention_mask=enc.attention_mask).logits  # [batch, pos, d_vocab]
+    return assert_logprobs_close(ours, ref, model, mask=enc.attention_mask.bool(),
+                                 what=f"{model.cfg.model_name}: sitelens vs Hugging Face log-probs")
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma-3-270m"])
+def test_logprobs_match_huggingface(name, request):
+    # Measured here (max |Δ log p| / bound; the same on 2 threads and on 1 thread under
+    # taskset -c 0; ATen's AVX2 kernels instead of AVX-512 in brackets):
+    #   SmolLM2 5.1e-5 / 1.45e-3 [5.1e-5] (logit scale 34.7);  Gemma 1.26e-4 / 1.1e-3 [8.4e-5] (32.7).
+    # One head of sitelens's fused attention that misses its own position, in every layer: 4.5
+    # (SmolLM2) and 14.2 (Gemma); in the last layer only: 2.0 and 0.61 (test_mutations.py).
+    model = request.getfixturevalue("smollm2" if name.startswith("smol") else "gemma")
+    hf, _ = load_hf_reference(name)
+    hf_logprobs_agree(model, hf)
     del hf
 
 
 @pytest.mark.parametrize("fixture", ["smollm2", "gemma"])
 def test_fast_attention_matches_transformerlens_attention(fixture, request):
     """The fused attention path (on by default) against TransformerLens's own, on a padded batch:
-    log-probs and the last-token hook_z of every layer (Gemma: sliding-window and global layers,
-    QK norm)."""
-    from sitelens.attention import enable_fast_attention, fast_attention_enabled
+    log-probs and every layer's hook_z (Gemma: sliding-window and global layers, QK norm), with the
+    comparison of tests/test_attention.py (attention_paths_agree).
+
+    Measured here (the same on 2 threads and on 1 thread under ``taskset -c 0``; ATen's AVX2
+    kernels instead of AVX-512 in brackets; the generic SSE kernels in braces):
+    SmolLM2 max |Δ log p| 4.2e-5 [3.8e-5] {5.7e-5}, bound 1.45e-3; hook_z: worst layer at 0.13
+    [0.12] {0.19} of its bound.
+    Gemma 1.37e-4 [9.3e-5] {9.7e-5} (the value that failed the old fixed ``<= 1e-4`` on another
+    machine), bound 1.1e-3; hook_z: worst layer at 0.20 [0.17] {0.26} of its bound.
+    Broken fused paths (test_mutations.py), max |Δ log p| SmolLM2 / Gemma: one head that sees one
+    future token, every layer 7.4 / 11.9, last layer only 0.42 / 0.86; one head missing its own
+    position 4.5 / 14.2; key/value groups miswired (SmolLM2's GQA) 30.2."""
+    from test_attention import attention_paths_agree
+
+    from sitelens.attention import fast_attention_enabled
 
     model = request.getfixturevalue(fixture)
     if is_bridge(model):
         pytest.skip("HookedTransformer only")
     assert fast_attention_enabled(model)
-    enc = encode(model, PROMPTS)
-    names = [f"blocks.{i}.attn.hook_z" for i in range(model.cfg.n_layers)]
-    out = {}
-    try:
-        for fast in (False, True):
-            enable_fast_attention(model, fast)
-            with torch.no_grad():
-                logits, cache = model.run_with_cache(enc.tokens, attention_mask=enc.attention_mask,
-                                                     names_filter=names)
-            out[fast] = (logits.log_softmax(-1), torch.stack([cache[n][:, -1] for n in names]))
-    finally:
-        enable_fast_attention(model, True)
-    keep = enc.attention_mask.bool()
-    assert (out[False][0] - out[True][0])[keep].abs().max().item() <= 1e-4
-    assert torch.allclose(out[False][1], out[True][1], atol=1e-4, rtol=1e-4)
+    attention_paths_agree(model, encode(model, PROMPTS))
+
+
+def padded_batch_agrees(model, prompts=PROMPTS):
+    """Last-position log-probs of a left-padded batch vs each prompt alone, within
+    logprob_tolerance (other GEMM shapes and masks give other summation orders)."""
+    enc = encode(model, prompts)
+    with torch.no_grad():
+        batched = model(enc.tokens, attention_mask=enc.attention_mask)[:, -1]  # [batch, d_vocab]
+        single = torch.stack([model(e.tokens, attention_mask=e.attention_mask)[0, -1]
+                              for e in (encode(model, [p]) for p in prompts)])  # [batch, d_vocab]
+    return assert_logprobs_close(batched, single, model,
+                                 what=f"{model.cfg.model_name}: padded batch vs single prompts")
 
 
 @pytest.mark.parametrize("fixture", ["smollm2", "gemma"])
 def test_left_padded_batch_equals_single_prompts(fixture, request):
-    model = request.getfixturevalue(fixture)
-    enc = encode(model, PROMPTS)
-    with torch.no_grad():
-        batched = model(enc.tokens, attention_mask=enc.attention_mask)[:, -1].log_softmax(-1)
-        for i, p in enumerate(PROMPTS):
-            e = encode(model, [p])
-            single = model(e.tokens, attention_mask=e.attention_mask)[0, -1].log_softmax(-1)
-            assert (batched[i] - single).abs().max().item() <= 1e-3
+    # Measured here (max |Δ log p| on 2 threads / 1 thread under taskset -c 0, bound): SmolLM2
+    # 3.8e-5 / 3.2e-5, bound 1.04e-3 (scale 24.9); Gemma 5.0e-5 / 2.5e-5, bound 7.6e-4 (scale 22.4).
+    # Left padding visible to the fused attention: 19.3 / 24.3 (test_mutations.py).
+    padded_batch_agrees(request.getfixturevalue(fixture))
 
 
 def test_bos_conventions(smollm2, gemma):
@@ -88,10 +108,13 @@ def test_second_load_uses_the_weight_cache(smollm2):
     again = load_model("smollm2-135m-instruct")
     enc = encode(again, PROMPTS[:1])
     with torch.no_grad():
-        torch.testing.assert_close(
-            again(enc.tokens, attention_mask=enc.attention_mask),
-            smollm2(enc.tokens, attention_mask=enc.attention_mask),
-        )
+        # The cache stores the processed float32 weights, but the fixture may have been built by
+        # the GGUF conversion (other tensor layouts, so possibly other GEMM kernels): compared
+        # within logit_tolerance (1.3e-3 at scale 30.8; measured 0 here), which a float16- or
+        # bfloat16-rounded cache (relative 5e-4 / 4e-3 per weight) would exceed.
+        assert_logits_close(again(enc.tokens, attention_mask=enc.attention_mask),
+                            smollm2(enc.tokens, attention_mask=enc.attention_mask), again,
+                            what="SmolLM2 logits, cached vs first load")
 
 
 def _site_vs_zero_shot(model, task):
@@ -122,19 +145,29 @@ def test_bundled_smollm2_on_the_bridge(request):
     assert is_bridge(bridge)
     again = load_model("smollm2-135m-instruct", backend="bridge")  # from the dequantized cache
     enc = encode(bridge, PROMPTS)
+    # exact: the same dequantized weights and the same forward, on the same inputs
     assert torch.equal(last_logits(again, enc), last_logits(bridge, enc))
     del again
     assert self_check(bridge)["shape"][2:] == (9, 64)  # query heads, d_head
     if has_hooked_transformer():
         hooked = request.getfixturevalue("smollm2")
-        enc = encode(hooked, PROMPTS)
-        diff = last_logits(bridge, enc).log_softmax(-1) - last_logits(hooked, enc).log_softmax(-1)
-        assert diff.abs().max() < 1e-3
+        # Measured here: max |Δ log p| 4.2e-5 (1 and 2 threads; 3.8e-5 on AVX2 kernels), bound
+        # 1.04e-3 (logprob_tolerance, scale 24.9). One head missing its own position on the
+        # HookedTransformer side: 2.9 in every layer, 1.5 in the last only (test_mutations.py).
+        bridge_logprobs_agree(bridge, hooked)
     task = load_task("country_capital")
     zs, site, score = _site_vs_zero_shot(bridge, task)
     assert site > zs + 0.1, (zs, site)
     tv = TV(n_prompts=16, n_shots=5, n_valid=16).fit(bridge, task)
     assert score(tv.intervention) > zs
+
+
+def bridge_logprobs_agree(bridge, hooked, prompts=PROMPTS):
+    """Next-token log-probs of the TransformerBridge (Hugging Face attention, unfolded norms) vs
+    the HookedTransformer on the same weights, within logprob_tolerance."""
+    enc = encode(hooked, prompts)
+    return assert_logprobs_close(last_logits(bridge, enc), last_logits(hooked, enc), hooked,
+                                 what="SmolLM2 bridge vs HookedTransformer log-probs")
 
 
 def test_cli_fit_and_eval_json(tmp_path):

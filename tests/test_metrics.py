@@ -24,8 +24,11 @@ from sitelens.tasks import DEFAULT_TEMPLATE, task_from_pairs
 
 def test_dntp_of_identical_distributions_is_zero():
     logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
-    assert dntp(logits, logits) == 0.0
-    assert dntp(logits, logits + 3.0) == pytest.approx(0.0, abs=1e-12)  # softmax shift-invariant
+    assert dntp(logits, logits) == 0.0  # exact: log p − log q is exactly 0 for the same input
+    # softmax is shift-invariant, but logits + 3.0 rounds each float32 logit by up to
+    # u32·|x + 3| ≈ 4e-7 (|x| ≤ 3.4); KL is second order in that: ≲ ½·(4e-7)² ≈ 1e-13 (measured
+    # 7.5e-15), so abs 1e-12
+    assert dntp(logits, logits + 3.0) == pytest.approx(0.0, abs=1e-12)
 
 
 def test_dntp_matches_a_manual_kl_in_the_right_direction():
@@ -36,18 +39,25 @@ def test_dntp_matches_a_manual_kl_in_the_right_direction():
     q = np.exp(b.double().numpy())
     q /= q.sum(1, keepdims=True)
     manual = (p * np.log(p / q)).sum(1)  # KL(P_icl ‖ P_method) per query
-    np.testing.assert_allclose(dntp_per_item(a, b).numpy(), manual, rtol=1e-9)
-    assert dntp(a, b) == pytest.approx(manual.mean(), rel=1e-9)
+    # Both sides in float64 from the same float32 logits: 30-term sums, u64 = 1.1e-16, KL 2.6-7
+    # with terms of both signs (Σ|terms| ≤ 1.2·KL here): ≲ 30·1.2·u64 ≈ 4e-15 relative (measured
+    # 3.4e-16). rtol 1e-12 sits between that and a float32 computation (4.5e-9, which
+    # test_mutations.py checks it catches).
+    np.testing.assert_allclose(dntp_per_item(a, b).numpy(), manual, rtol=1e-12)
+    assert dntp(a, b) == pytest.approx(manual.mean(), rel=1e-12)
     reverse = (q * np.log(q / p)).sum(1).mean()
-    assert abs(dntp(a, b) - reverse) > 1e-3  # not KL(P_method ‖ P_icl)
-    # log-probabilities are accepted as well as logits
+    assert abs(dntp(a, b) - reverse) > 1e-3  # not KL(P_method ‖ P_icl): the two differ by O(1)
+    # log-probabilities are accepted as well as logits; float32 log-probs are rounded by up to
+    # u32·|log p| (|log p| ≤ 11 here), which moves the mean KL (≥ 2.6) by ≲ 2·u32·11 ≈ 1.3e-6
+    # absolute, 5e-7 relative (measured 1.1e-8): rel 1e-6
     assert dntp(torch.log_softmax(a, -1), b) == pytest.approx(manual.mean(), rel=1e-6)
     with pytest.raises(ValueError):
         dntp(a, b[:, :10])
 
 
 def test_accuracy():
-    assert accuracy([True, False, True, True]) == 0.75
+    assert accuracy([True, False, True, True]) == 0.75  # exact: 3/4 is a binary fraction
+    # 2/3 is not: the mean of [1, 0, 1] and 2 / 3 may differ in the last ulp (approx: rel 1e-6)
     assert accuracy(torch.tensor([1, 2, 3]), torch.tensor([1, 0, 3])) == pytest.approx(2 / 3)
     assert np.isnan(accuracy([]))
 
@@ -65,6 +75,7 @@ def test_bootstrap_ci():
 
 def test_correlation():
     x = np.arange(10.0)
+    # float64 correlations that are exactly ±1 in exact arithmetic: approx's default rel 1e-6
     assert correlation(x, -2 * x + 1) == pytest.approx(-1.0)
     assert correlation(x, np.exp(x), "spearman") == pytest.approx(1.0)
     assert np.isnan(correlation([1, 2], [3, 4]))
@@ -190,6 +201,7 @@ def test_summary_table_and_figure():
     })
     t = bench.summary_table(df)
     fv = t[t.method == "fv"].iloc[0]
+    # exact: means of binary fractions (0.5, 0.0 -> 0.25; 1.0, 2.0 -> 1.5) round nothing
     assert fv.exact_match == 0.25 and fv.dntp == 1.5 and fv.n_tasks == 2
     assert fv.exact_match_lo <= fv.exact_match <= fv.exact_match_hi
     fig = bench.dntp_accuracy_figure(df)
@@ -208,7 +220,7 @@ def test_dntp_accuracy_correlation_pooled_and_within_task():
                          "dntp": 0.0 if m == "icl" else base + i})
     c = bench.dntp_accuracy_correlation(pd.DataFrame(rows))["x"]
     assert c["n_cells"] == 6 and c["n_tasks_within"] == 2
-    assert c["within_task_spearman"] == pytest.approx(-1.0)
+    assert c["within_task_spearman"] == pytest.approx(-1.0)  # a float64 rank correlation, ±1 exactly
     assert c["spearman"] > 0  # pooled: the easy task's cells have both higher dNTP and accuracy
 
 

@@ -38,6 +38,8 @@ def test_alpha_facets_share_one_colour_scale():
     assert all(h.coloraxis == "coloraxis" for h in hms)
     lo = min(float(m.min()) for m in maps.values())
     hi = max(float(m.max()) for m in maps.values())
+    # the same float32 extremes, possibly converted to float64 on the way into the figure:
+    # equal to the float32 value, or within its rounding (6e-8 relative); approx's rel 1e-6
     assert fig.layout.coloraxis.cmin == pytest.approx(lo)
     assert fig.layout.coloraxis.cmax == pytest.approx(hi)
     assert [a.text for a in fig.layout.annotations] == list(maps)
@@ -92,6 +94,9 @@ def test_patching_curves():
     assert len(bands) == len(lines)  # one CI band per curve
     top = next(t for t in lines if t.name == plots.LABELS["top"])
     assert list(top.x) == [1, 2, 4, 8]
+    # Float64 bookkeeping on decimal fixtures (ci_low = accuracy − 0.05, a mean of 0.10, 0.11,
+    # 0.12): a few ulp off the decimal answer; assert_allclose's default rtol 1e-7 and approx's
+    # rel 1e-6 absorb that, a wrong column or a missing mean (>= 0.01 off) does not.
     np.testing.assert_allclose(top.customdata[:, 0], np.asarray(top.y) - 0.05)
     rnd = next(t for t in lines if t.name == plots.LABELS["random"])
     np.testing.assert_allclose(rnd.y, 0.11)  # mean over seeds
@@ -146,7 +151,7 @@ def test_matrix_heatmap_similarity_square():
     assert list(hm.x) == list(hm.y) == order
     i, j = order.index("a1"), order.index("a2")
     assert hm.text[i][j] == f"a1 vs a2: {df.loc['a1', 'a2']:.3f}"
-    assert np.asarray(hm.z)[i, j] == pytest.approx(df.loc["a1", "a2"])
+    assert np.asarray(hm.z)[i, j] == pytest.approx(df.loc["a1", "a2"])  # the same float64 (reordered)
     assert fig.layout.title.text == "α cosine similarity"
     fixed = plots.matrix_heatmap(df, order=["b1", "a1", "b2", "a2", "b3", "a3"])
     assert list(_heatmaps(fixed)[0].x) == ["b1", "a1", "b2", "a2", "b3", "a3"]
@@ -165,7 +170,7 @@ def test_matrix_heatmap_inter_task_long():
     df = pd.DataFrame(rows)
     fig = plots.matrix_heatmap(df, "transfer", cluster=False, mode="alpha")
     (hm,) = _heatmaps(fig)
-    assert np.asarray(hm.z)[0, 2] == pytest.approx(0.2)  # source x -> target z
+    assert np.asarray(hm.z)[0, 2] == pytest.approx(0.2)  # source x -> target z; (0·3 + 2) / 10 in float64
     assert hm.text[0][2] == "x → z: 0.200"
     assert fig.layout.yaxis.title.text.startswith("source")
     assert fig.layout.xaxis.title.text.startswith("target")

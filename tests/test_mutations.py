@@ -1,0 +1,508 @@
+"""Mutation checks: each class of tolerance comparison in the suite still fails on a realistic bug.
+
+A tolerance that grew loose enough to pass everywhere could also pass a broken computation. Each
+test here breaks one path with ``monkeypatch`` (library code is never edited), runs the SAME
+comparison the suite runs (the same test function, or the same check function it calls) and
+requires the tolerance helper of tests/tolerances.py to raise ``AssertionError`` with its
+"more than float rounding can explain" message (or the non-finite one). The bugs are ones that
+happen in practice, far from a 1-ulp nudge:
+
+- fused attention: one head whose causal mask is off by one (it sees one future token, or misses
+  its own position), in every layer or only in the last; grouped-query heads wired to the wrong
+  key/value head (``repeat`` instead of ``repeat_interleave``); left padding left visible;
+- KV cache: a decode step whose query is rotated at the previous position; a cache that forgets
+  which prefix columns are padding (bridge); the prefill unembedding the wrong column;
+- left-padded batches: an all-ones attention mask (padding read as text);
+- bridge vs HookedTransformer: broken attention on one side; an injection one position early on one;
+- injection / HeadMix: an injection one position early; per-row weights on the wrong rows; the
+  z hook of the next layer;
+- baselines: the ridge penalty scaled by the sample count; LTV / FV vectors added one position
+  early;
+- float64 metrics: dNTP computed in float32.
+
+The bundled-model checks are marked ``integration``; the differences the bugs produce there are
+recorded next to the comparisons in tests/test_integration.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import pytest
+import test_attention as TA
+import test_backends as TB
+import test_baselines as TBL
+import test_metrics as TME
+import test_models as TM
+import test_patching as TP
+import torch
+import torch.nn.functional as torch_F
+from test_backends import twins  # noqa: F401  (the module-scoped fixture, reused)
+from tolerances import assert_activations_close, assert_logprobs_close
+
+import sitelens.attention as attention_module
+from sitelens.injection import HeadMix
+from sitelens.models import encode, has_hooked_transformer, is_bridge, tiny_model
+from sitelens.tasks import load_task
+
+CAUGHT = r"more than float rounding can explain|non-finite"
+hooked_only = pytest.mark.skipif(not has_hooked_transformer(), reason="HookedTransformer only")
+
+
+# ----------------------------------------------------------------------------------------------
+# broken paths
+
+
+class _BrokenFunctional:
+    """Stands in for ``torch.nn.functional`` inside sitelens.attention: every function is the real
+    one except ``scaled_dot_product_attention``."""
+
+    def __init__(self, sdpa):
+        self.scaled_dot_product_attention = sdpa
+
+    def __getattr__(self, name):
+        return getattr(torch_F, name)
+
+
+def break_fused_attention(monkeypatch, kind: str, *, head: int = 0, last_layer_of: int | None = None):
+    """Break the fused attention path (the SDPA call of sitelens.attention) in one way:
+
+    - ``sees_future``: query head ``head`` also sees the key one position ahead of each visible one
+      (its causal mask is off by one: one future token);
+    - ``misses_diagonal``: query head ``head`` cannot see its own position (a row left with no key
+      keeps it, so no NaN hides the bug);
+    - ``gqa_groups``: query head h reads key/value head ``h % n_kv`` instead of ``h // group``;
+    - ``padding_visible``: the padding mask is dropped (causal only).
+
+    ``last_layer_of=n_layers``: only every ``n_layers``-th call is broken (the last layer, when
+    every layer takes the fused path)."""
+    real = torch_F.scaled_dot_product_attention
+    calls = [0]
+
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        calls[0] += 1
+        if last_layer_of is not None and calls[0] % last_layer_of:
+            return real(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                        enable_gqa=enable_gqa)
+        b, n_q_heads, nq, _ = q.shape
+        nk, n_kv = k.shape[-2], k.shape[1]
+        if n_kv != n_q_heads:
+            group = n_q_heads // n_kv
+            expand = (lambda t: t.repeat(1, group, 1, 1)) if kind == "gqa_groups" else \
+                (lambda t: t.repeat_interleave(group, 1))
+            k, v = expand(k), expand(v)  # [b, n_q_heads, kv_pos, d_head]
+        offset = nk - nq
+        q_pos = torch.arange(nq, device=q.device)[:, None] + offset  # [q, 1]
+        k_pos = torch.arange(nk, device=q.device)[None, :]  # [1, k]
+        causal = k_pos <= q_pos  # [q, k]
+        if attn_mask is None or kind == "padding_visible":
+            mask = causal[None, None]
+        else:
+            mask = attn_mask
+        mask = mask.expand(b, n_q_heads, nq, nk).clone()  # [b, h, q, k]
+        m = mask[:, head]
+        if kind == "sees_future":
+            m[..., 1:] |= m[..., :-1].clone()
+        elif kind == "misses_diagonal":
+            fewer = m & (k_pos != q_pos)
+            m = torch.where(fewer.any(-1, keepdim=True), fewer, m)
+        mask[:, head] = m
+        return real(q, k, v, attn_mask=mask, scale=scale)  # [b, h, q, d_head]
+
+    monkeypatch.setattr(attention_module, "F", _BrokenFunctional(sdpa))
+
+
+def rotate_decode_queries_one_position_back(monkeypatch, model):
+    """A KV-cached step whose query is rotated at the previous position (``offset − 1``)."""
+    for block in model.blocks:
+        real = block.attn.apply_rotary
+
+        def shifted(x, past_kv_pos_offset=0, attention_mask=None, real=real):
+            if past_kv_pos_offset == 0:  # a prefill, or the keys (always rotated from 0)
+                return real(x, 0, attention_mask)
+            if attention_mask is None:
+                return real(x, past_kv_pos_offset - 1, None)
+            # positions are counted from the mask: count the query one token short
+            short = attention_mask.clone()
+            short[:, past_kv_pos_offset - 1] = 0
+            return real(x, past_kv_pos_offset, short)
+
+        monkeypatch.setattr(block.attn, "apply_rotary", shifted)
+
+
+def forget_cache_padding(monkeypatch):
+    """The bridge's recompute cache forgets which prefix columns are padding (all ones)."""
+    from sitelens.models import RecomputeCache
+
+    def get(self):
+        return torch.ones_like(self.__dict__["attention_mask"])
+
+    def put(self, value):
+        self.__dict__["attention_mask"] = value
+
+    monkeypatch.setattr(RecomputeCache, "attention_mask", property(get, put), raising=False)
+
+
+def break_kv_cache(monkeypatch, model):
+    if is_bridge(model):
+        forget_cache_padding(monkeypatch)
+    else:
+        rotate_decode_queries_one_position_back(monkeypatch, model)
+
+
+def read_padding_as_text(monkeypatch, model):
+    """Every forward pass gets an all-ones attention mask: left padding is attended to."""
+    real = model.forward
+
+    def forward(*args, **kwargs):
+        if kwargs.get("attention_mask") is not None:
+            kwargs["attention_mask"] = torch.ones_like(kwargs["attention_mask"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", forward)
+
+
+def inject_one_position_early(monkeypatch, *, bridge_only: bool = False):
+    """A HeadMix run through sitelens.evaluate (last_logits, greedy_generate: the full-pass path)
+    injects at -2 instead of -1 (on a TransformerBridge only, with ``bridge_only``)."""
+    E = importlib.import_module("sitelens.evaluate")  # the module (sitelens.evaluate is also a function)
+
+    real = E._hooks_for
+
+    def hooks_for(model, intervention, seq_len):
+        if isinstance(intervention, HeadMix) and (is_bridge(model) or not bridge_only):
+            early = tuple(p - 1 if p < 0 else p for p in intervention.positions)
+            return HeadMix(intervention.weights, intervention.targets, early, seq_len).hooks(model)
+        return real(model, intervention, seq_len)
+
+    monkeypatch.setattr(E, "_hooks_for", hooks_for)
+
+
+class _RowShiftedMix(HeadMix):
+    """Per-row weights applied to the wrong rows (rolled by one along the batch)."""
+
+    def hook_fn(self, layer: int):
+        if self.weights.dim() == 3 and self.weights.shape[0] > 1:
+            shifted = dataclasses.replace(self, weights=self.weights.roll(1, 0))
+            return HeadMix.hook_fn(shifted, layer)
+        return super().hook_fn(layer)
+
+
+# ----------------------------------------------------------------------------------------------
+# fused attention vs TransformerLens attention (tiny models)
+
+KINDS = ["sees_future", "misses_diagonal", "padding_visible", "sees_future_last_layer"]
+
+
+@hooked_only
+@pytest.mark.parametrize("kind", KINDS + ["gqa_groups"])
+@pytest.mark.parametrize("variant", list(TA.VARIANTS))
+def test_fused_attention_comparisons_catch_a_broken_mask(variant, kind, monkeypatch):
+    """Both comparisons of attention_paths_agree (log-probs and per-layer hook_z) fail alone."""
+    if kind == "gqa_groups" and TA.VARIANTS[variant].get("n_key_value_heads") in (None, 1):
+        pytest.skip("needs grouped-query attention with more than one key/value head")
+    model = TA._hooked_tiny(**TA.VARIANTS[variant])
+    enc = encode(model, TA.PROMPTS)
+    slow = TA._run(model, enc, fast=False)
+    last = model.cfg.n_layers if kind.endswith("_last_layer") else None
+    break_fused_attention(monkeypatch, kind.removesuffix("_last_layer"), last_layer_of=last)
+    fast = TA._run(model, enc, fast=True)
+    keep = enc.attention_mask.bool()
+    with pytest.raises(AssertionError, match=CAUGHT):
+        assert_logprobs_close(fast[0], slow[0], model, mask=keep, what="log-probs")
+    with pytest.raises(AssertionError, match=CAUGHT):
+        assert_activations_close(fast[1], slow[1], model, layer_dim=0, what="hook_z")
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TA.attention_paths_agree(model, enc)
+
+
+@hooked_only
+@pytest.mark.parametrize("kind", ["misses_diagonal", "sees_future"])
+def test_fused_kv_cached_comparison_catches_a_broken_mask(kind, monkeypatch):
+    """test_attention's KV-cached comparison (greedy first-step logits, last token on a prefix
+    cache): a decode query that misses itself; a prefill head that sees the future."""
+    break_fused_attention(monkeypatch, kind)
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TA.test_fast_attention_kv_cached_paths_match("gqa")
+
+
+@hooked_only
+def test_gradient_comparison_catches_a_broken_mask(monkeypatch):
+    break_fused_attention(monkeypatch, "sees_future")
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TA.test_gradients_through_a_padded_batch_match_and_are_finite()
+
+
+# ----------------------------------------------------------------------------------------------
+# KV cache vs full forward
+
+
+def test_prefix_cache_comparison_catches_a_step_at_the_wrong_position(tiny, monkeypatch):
+    break_kv_cache(monkeypatch, tiny)
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TM.test_prefix_cache_matches_full_forward(tiny)
+
+
+def test_cached_patching_comparison_catches_a_step_at_the_wrong_position(tiny, monkeypatch):
+    break_kv_cache(monkeypatch, tiny)
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TP.test_zero_shot_full_pass_matches_cached_pass(tiny, load_task("antonym"))
+
+
+def test_kv_forward_comparison_catches_a_step_at_the_wrong_position(tiny, monkeypatch):
+    break_kv_cache(monkeypatch, tiny)
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TB.test_bridge_cache_stand_in_matches_full_passes(tiny)
+
+
+def test_last_only_prefill_comparison_catches_the_wrong_column(tiny, monkeypatch):
+    if is_bridge(tiny):
+        pytest.skip("HookedTransformer only: a bridge's prefill slices the full logits")
+    import sitelens.models as M
+
+    real = M.unembed_last
+    monkeypatch.setattr(M, "unembed_last", lambda model, resid: real(model, resid[:, :-1]))
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TB.test_kv_forward_last_only_equals_the_last_column(tiny)
+
+
+# ----------------------------------------------------------------------------------------------
+# left-padded batches vs single prompts
+
+
+def test_batched_comparison_catches_padding_read_as_text(tiny, monkeypatch):
+    read_padding_as_text(monkeypatch, tiny)
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TM.test_batched_equals_unbatched(tiny)
+
+
+def test_memory_bounded_embedding_comparison_catches_padding_read_as_text(tiny_mha, monkeypatch):
+    read_padding_as_text(monkeypatch, tiny_mha)
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TM.test_memory_bounded_batches_give_the_same_results(tiny_mha, monkeypatch)
+
+
+# ----------------------------------------------------------------------------------------------
+# bridge vs HookedTransformer on the same weights
+
+
+def test_backend_comparison_catches_broken_attention_on_one_side(twins, monkeypatch):  # noqa: F811
+    break_fused_attention(monkeypatch, "misses_diagonal")  # the HookedTransformer's attention only
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TB.test_backends_agree_on_the_same_weights(twins)
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TB.test_baselines_agree_across_backends(twins, "tv")
+
+
+def test_backend_comparison_catches_an_injection_one_position_early(twins, monkeypatch):  # noqa: F811
+    inject_one_position_early(monkeypatch, bridge_only=True)
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TB.test_backends_agree_on_the_same_weights(twins)
+
+
+# ----------------------------------------------------------------------------------------------
+# injection / HeadMix and the patching experiments
+
+
+@pytest.fixture(scope="module")
+def patching_setup(backend):
+    model = tiny_model(n_layers=2, n_heads=4, d_head=8, n_key_value_heads=2, seed=0, backend=backend)
+    task = load_task("antonym")
+    return model, task, TP._adapter(model, task)
+
+
+def test_full_vs_cached_patching_catches_an_injection_one_position_early(patching_setup, monkeypatch):
+    model, task, adapter = patching_setup
+    inject_one_position_early(monkeypatch)  # the full-pass path only
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TP.test_patching_all_heads_alpha_one_equals_full_replacement(model, task, adapter)
+
+
+def test_intra_task_vs_direct_patching_catches_an_injection_one_position_early(patching_setup,
+                                                                             monkeypatch):
+    from sitelens import patching as P
+
+    model, task, adapter = patching_setup
+    intra = P.intra_task(model, task, adapter, limit=6, n_random_seeds=1, n_boot=0, seed=0)
+    inject_one_position_early(monkeypatch)  # the direct (full-pass) reference only
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TP.test_intra_task_matches_direct_patching(model, task, adapter, intra)
+
+
+def test_per_row_comparisons_catch_weights_on_the_wrong_rows(patching_setup, monkeypatch):
+    from sitelens import patching as P
+
+    model, task, adapter = patching_setup
+    monkeypatch.setattr(P, "HeadMix", _RowShiftedMix)
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TP.test_per_row_weights_equal_separate_runs(model, task, adapter)
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TP.test_batched_head_effects_equal_serial_loop(model, task, adapter)
+
+
+def test_head_effect_comparison_catches_the_next_layers_hook(patching_setup, monkeypatch):
+    import sitelens.injection as I
+
+    model, task, adapter = patching_setup
+    real = I.z_hook_name
+    monkeypatch.setattr(I, "z_hook_name", lambda m, layer: real(m, (layer + 1) % m.cfg.n_layers))
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TP.test_head_effect_matches_hand_written_hook(model, task, adapter)
+
+
+# ----------------------------------------------------------------------------------------------
+# baselines
+
+
+@pytest.fixture(scope="module")
+def baseline_setup(backend):
+    """test_baselines.py's model and task (its fixtures, rebuilt the same way)."""
+    import random
+
+    from sitelens.tasks import task_from_pairs
+
+    torch.manual_seed(0)
+    model = tiny_model(n_key_value_heads=TBL.N_KV, backend=backend)
+    rng = random.Random(0)
+    words = list(dict.fromkeys("".join(rng.choice("abcdefgh") for _ in range(3)) for _ in range(80)))
+    return model, task_from_pairs("reverse", [(w, w[::-1]) for w in words])
+
+
+def test_ridge_comparison_catches_a_penalty_scaled_by_the_sample_count(baseline_setup, monkeypatch):
+    import sitelens.baselines.ltv as ltv
+
+    model, task = baseline_setup
+    real = ltv.ridge_closed_form
+    monkeypatch.setattr(ltv, "ridge_closed_form", lambda X, Y, lam: real(X, Y, lam * X.shape[0]))
+    with pytest.raises(AssertionError, match=r"Not equal to tolerance|" + CAUGHT):
+        TBL.test_ltv_w_is_the_ridge_closed_form(model, task)
+
+
+def test_ltv_hook_comparison_catches_the_shift_one_position_early(baseline_setup, monkeypatch):
+    import sitelens.baselines.ltv as ltv
+
+    model, task = baseline_setup
+
+    def early(W, seq_len):
+        def fn(x, hook=None):
+            if seq_len is not None and x.shape[1] != seq_len:
+                return x
+            x, at = x.clone(), -2 if x.shape[1] > 1 else -1
+            x[:, at] = x[:, at] + x[:, at] @ W.to(x.dtype).T
+            return x
+
+        return fn
+
+    monkeypatch.setattr(ltv, "ltv_hook", early)
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TBL.test_ltv_adds_w_h_at_the_last_token_only(model, task)
+
+
+def test_fv_comparison_catches_the_vector_added_one_position_early(baseline_setup, monkeypatch):
+    import sitelens.baselines.fv as fv
+
+    model, task = baseline_setup
+
+    def early(vector, seq_len):
+        def fn(x, hook=None):
+            if seq_len is not None and x.shape[1] != seq_len:
+                return x
+            x, at = x.clone(), -2 if x.shape[1] > 1 else -1
+            x[:, at] = x[:, at] + vector.to(x.dtype)
+            return x
+
+        return fn
+
+    monkeypatch.setattr(fv, "last_add_hook", early)
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TBL.test_fv_adds_exactly_the_summed_head_outputs(model, task)
+
+
+def test_fv_fallback_effects_comparison_catches_weights_on_the_wrong_rows(baseline_setup, monkeypatch):
+    import sitelens.baselines.fv as fv
+
+    model, task = baseline_setup
+    monkeypatch.setattr(fv, "HeadMix", _RowShiftedMix)
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TBL.test_fv_fallback_causal_effects_match_single_head_patching(model, task)
+
+
+# ----------------------------------------------------------------------------------------------
+# float64 metrics
+
+
+def test_dntp_comparison_catches_a_float32_computation(monkeypatch):
+    import sitelens.metrics as metrics
+
+    def float32_kl(a, b):
+        log_p, log_q = torch.log_softmax(a.float(), -1), torch.log_softmax(b.float(), -1)
+        return (log_p.exp() * (log_p - log_q)).sum(-1).double()
+
+    monkeypatch.setattr(metrics, "dntp_per_item", float32_kl)
+    with pytest.raises(AssertionError):
+        TME.test_dntp_matches_a_manual_kl_in_the_right_direction()
+
+
+# ----------------------------------------------------------------------------------------------
+# the bundled models
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", ["sees_future", "misses_diagonal", "sees_future_last_layer",
+                                  "gqa_groups"])
+@pytest.mark.parametrize("fixture", ["smollm2", "gemma"])
+def test_bundled_fused_attention_comparison_catches_a_broken_mask(fixture, kind, request, monkeypatch):
+    from test_integration import PROMPTS
+
+    model = request.getfixturevalue(fixture)
+    if is_bridge(model):
+        pytest.skip("HookedTransformer only")
+    if kind == "gqa_groups" and model.cfg.n_key_value_heads in (None, 1, model.cfg.n_heads):
+        pytest.skip("needs grouped-query attention with more than one key/value head (SmolLM2)")
+    last = model.cfg.n_layers if kind.endswith("_last_layer") else None
+    break_fused_attention(monkeypatch, kind.removesuffix("_last_layer"), last_layer_of=last)
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TA.attention_paths_agree(model, encode(model, PROMPTS))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("fixture", ["smollm2", "gemma"])
+def test_bundled_huggingface_comparison_catches_a_broken_mask(fixture, request, monkeypatch):
+    from test_integration import hf_logprobs_agree
+
+    from sitelens.models import load_hf_reference
+
+    model = request.getfixturevalue(fixture)
+    if is_bridge(model):
+        pytest.skip("breaks sitelens's fused attention: HookedTransformer only")
+    hf, _ = load_hf_reference("gemma-3-270m" if fixture == "gemma" else "smollm2-135m-instruct")
+    break_fused_attention(monkeypatch, "misses_diagonal")
+    with pytest.raises(AssertionError, match=CAUGHT):
+        hf_logprobs_agree(model, hf)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("fixture", ["smollm2", "gemma"])
+def test_bundled_padded_batch_comparison_catches_visible_padding(fixture, request, monkeypatch):
+    from test_integration import padded_batch_agrees
+
+    model = request.getfixturevalue(fixture)
+    if is_bridge(model):
+        pytest.skip("breaks sitelens's fused attention: HookedTransformer only")
+    break_fused_attention(monkeypatch, "padding_visible")
+    with pytest.raises(AssertionError, match=CAUGHT):
+        padded_batch_agrees(model)
+
+
+@hooked_only
+@pytest.mark.integration
+def test_bundled_bridge_comparison_catches_broken_attention_on_one_side(smollm2, monkeypatch):
+    from test_integration import bridge_logprobs_agree
+
+    from sitelens.models import load_model
+
+    bridge = load_model("smollm2-135m-instruct", backend="bridge")
+    break_fused_attention(monkeypatch, "misses_diagonal")  # the HookedTransformer side only
+    with pytest.raises(AssertionError, match=CAUGHT):
+        bridge_logprobs_agree(bridge, smollm2)
