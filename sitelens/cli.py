@@ -155,13 +155,22 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=_THREADS, default=None, help="torch CPU threads")
 
 
+class _Unset(int):
+    """An int default that :func:`_fit` can tell apart from the same value given on the command
+    line (``--protocol official`` changes the default, not a value the user chose)."""
+
+
 def _fit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-prompts", type=_POS_INT, default=50, help="few-shot prompts for stage 1")
     p.add_argument("--n-shots", type=_POS_INT, default=10)
     p.add_argument("--lr", type=float, default=0.2)
     p.add_argument("--n-examples", type=_POS_INT, default=400, help="training examples in stage 2")
-    p.add_argument("--batch-size", type=_POS_INT, default=8)
+    p.add_argument("--batch-size", type=_POS_INT, default=_Unset(8),
+                   help="stage-2 batch size (default 8; 1 with --protocol official)")
     p.add_argument("--sparsity", type=_LAMBDA, default=0.0, help="λ of the λ·mean(α) penalty")
+    p.add_argument("--protocol", choices=["default", "official"], default="default",
+                   help="stage 2 as sitelens does it (batched passes, best α) or as the paper's "
+                        "code does (400 i.i.d. steps of batch 1, final α, no space before digits)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-shots", type=_POS_INT, default=10)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--items", help="also write per-item results to this CSV")
+    p.add_argument("--protocol", choices=["default", "official"], default=None,
+                   help="generation and scoring: sitelens's or the paper code's (20 tokens, no "
+                        "newline stop, '(' cut, St.→Saint); default: the adapter's, else default")
 
     p = sub.add_parser("bench", help="models × tasks × methods → one resumable results table")
     p.add_argument("--models", type=_NAMES, default="smollm2-135m-instruct",
@@ -238,10 +250,14 @@ def _load(args, check=None):
 def _fit(model, task, args, progress=True):
     from sitelens.site import FitConfig, fit_site
 
-    cfg = FitConfig(
+    official = getattr(args, "protocol", "default") == "official"
+    batch_size = getattr(args, "batch_size", 8)
+    if official and isinstance(batch_size, _Unset):
+        batch_size = 1
+    cfg = (FitConfig.official if official else FitConfig)(
         lr=getattr(args, "lr", 0.2),
         n_examples=getattr(args, "n_examples", 400),
-        batch_size=getattr(args, "batch_size", 8),
+        batch_size=int(batch_size),
         sparsity=getattr(args, "sparsity", 0.0),
         seed=args.seed,
     )
@@ -287,7 +303,7 @@ def cmd_eval(args) -> int:
     model, task = _load(args)
     df = evaluate(
         model, task, methods=methods, adapter=adapter, split=args.split, limit=args.limit,
-        n_shots=args.n_shots, seed=args.seed,
+        n_shots=args.n_shots, seed=args.seed, protocol=getattr(args, "protocol", None),
     )
     if args.items:
         atomic_write_csv(args.items, df)

@@ -2,12 +2,16 @@
 
 Methods: ``zero-shot``, ``icl`` (k-shot, demonstrations from train) and ``site`` (zero-shot prompt,
 adapter injected once at the last prompt token during prefill). Results are per-item DataFrames.
+
+Two protocols (:class:`Protocol`) decide how answers are formatted, generated and scored:
+``default`` (sitelens's own) and ``official`` (the public SITE code's, for parity with the paper).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import pandas as pd
 import torch
@@ -33,6 +37,56 @@ from sitelens.tasks import (
     few_shot_prompts,
     zero_shot_prompt,
 )
+
+# ----------------------------------------------------------------------------------------------
+# protocols
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How answers are formatted, generated and scored.
+
+    ``default``: up to ``min(32, longest answer in tokens + 2)`` new tokens per batch, stopping at a
+    newline or EOS; :func:`exact_match` (first line, lowercased unless the task is case-sensitive,
+    prefix match); a space before every answer.
+
+    ``official``: the paper's public code, github.com/SNU-DRL/Soft_Injection (commit 01bd5d6):
+    ``eval_scripts/eval_site.sh`` runs ``eval.py --exact_match --max_token 20 --test_batch_size 1``;
+    the ``generate`` of ``models.py`` is Hugging Face ``generate(max_new_tokens=20,
+    min_new_tokens=1, top_k=1)``, greedy, so EOS cannot be the first token, a newline does not stop
+    it and the text ends at EOS; ``eval.py`` scores it as :func:`official_exact_match`;
+    ``preprocess.py`` puts no space before an all-digit answer
+    (:attr:`sitelens.tasks.Template.bare_digits`). Its stage 2 is
+    :meth:`sitelens.site.FitConfig.official`.
+    """
+
+    name: str = "default"
+    max_new_tokens: int | None = None  # None: min(32, longest answer in tokens + 2) per batch
+    min_new_tokens: int = 0  # the first steps on which EOS cannot be chosen
+    stop_at_newline: bool = True
+    scoring: str = "default"  # "default": exact_match; "official": official_exact_match
+    bare_digits: bool = False  # no space before an all-digit answer (demonstrations, answer token)
+
+    def __post_init__(self):
+        if self.scoring not in ("default", "official"):
+            raise ValueError(f"Protocol.scoring must be 'default' or 'official', got {self.scoring!r}.")
+
+
+PROTOCOLS = {
+    "default": Protocol(),
+    "official": Protocol("official", max_new_tokens=20, min_new_tokens=1, stop_at_newline=False,
+                         scoring="official", bare_digits=True),
+}
+
+
+def get_protocol(spec: str | Protocol | None = None) -> Protocol:
+    """A :class:`Protocol` from its name (``"default"``, ``"official"``); ``None`` is the default."""
+    if isinstance(spec, Protocol):
+        return spec
+    name = spec or "default"
+    if name not in PROTOCOLS:
+        raise ValueError(f"Unknown protocol {name!r}; use one of {', '.join(PROTOCOLS)}.")
+    return PROTOCOLS[name]
 
 
 def _hooks_for(model, intervention, seq_len: int) -> list:
@@ -60,6 +114,7 @@ def greedy_generate(
     intervention=None,
     max_new_tokens: int = 16,
     stop_at_newline: bool = True,
+    min_new_tokens: int = 0,
 ) -> tuple[Int[Tensor, "batch new"], Float[Tensor, "batch d_vocab"]]:
     """Greedy decoding with a KV cache (:func:`sitelens.models.kv_forward`; full passes on a bridge).
 
@@ -68,6 +123,10 @@ def greedy_generate(
     next-token distribution at the answer position). Decoding also stops when the context is full
     (prompt + generated = ``model.cfg.n_ctx``), so a prompt that fits never overruns the positional
     tables; those outputs are cut short, like any generation that reaches ``max_new_tokens``.
+
+    On the first ``min_new_tokens`` steps EOS is never chosen (Hugging Face's ``min_new_tokens``);
+    the returned first-step logits are not masked. A row that has stopped keeps receiving tokens
+    while others run: cut it at its EOS (:func:`cut_at_eos`) where that matters.
     """
     batch = enc.tokens.shape[0]
     # The prefill fills positions 0..P-1 and yields token 1; decode step s feeds position P+s-1.
@@ -88,6 +147,9 @@ def greedy_generate(
         step_logits = first_logits
         ones = torch.ones(batch, 1, dtype=enc.attention_mask.dtype, device=enc.tokens.device)
         for step in range(max_new_tokens):
+            if step < min_new_tokens and eos is not None:
+                step_logits = step_logits.clone()
+                step_logits[:, eos] = float("-inf")  # [batch, d_vocab], EOS excluded
             nxt = step_logits.argmax(-1)  # [batch]
             out.append(nxt.cpu())
             done |= torch.tensor([int(t) in nl_ids or int(t) == eos for t in nxt.tolist()])
@@ -128,6 +190,25 @@ def exact_match(prediction: str, target: str, *, case_sensitive: bool = False) -
     return line.startswith(target)
 
 
+def official_exact_match(prediction: str, target: str, task_name: str) -> bool:
+    """The exact match of the public SITE code (``eval.py`` of SNU-DRL/Soft_Injection, its
+    ``--exact_match`` branch): ``St.`` becomes ``Saint`` in the prediction and the target, both are
+    cut at the first ``(``, the prediction also at its first newline (after stripping); both are
+    lowercased unless the task's name contains ``capitalize`` or ``lowercase`` (``uppercase``
+    tasks are lowercased too); the prediction counts if it starts with the target (so an empty
+    target, e.g. one that starts with ``(``, always counts)."""
+    target = target.replace("St.", "Saint").split("(")[0].strip()
+    line = prediction.strip().replace("St.", "Saint").split("\n")[0].split("(")[0].strip()
+    if "capitalize" not in task_name.lower() and "lowercase" not in task_name.lower():
+        target, line = target.lower(), line.lower()
+    return line[: len(target)] == target
+
+
+def cut_at_eos(ids: list[int], eos: int | None) -> list[int]:
+    """Generated ids up to (not including) the first EOS."""
+    return ids[: ids.index(eos)] if eos is not None and eos in ids else ids
+
+
 def run_method(
     model,
     task: Task,
@@ -139,19 +220,34 @@ def run_method(
     batch_size: int = 16,
     template: Template = DEFAULT_TEMPLATE,
     max_new_tokens: int | None = None,
+    protocol: str | Protocol | None = None,
 ) -> pd.DataFrame:
-    """Generate for each prompt and score it. One row per item."""
+    """Generate for each prompt and score it. One row per item. ``protocol`` sets the generation
+    length and the scoring (the caller builds ``prompts`` and ``template`` for it)."""
+    proto = get_protocol(protocol)
+    official = proto.scoring == "official"
     answers = answer_token_ids(model, [ex.output for ex in items], template)
-    n_tok = [len(token_ids(model, template.answer_prefix + ex.output)) for ex in items]
+    n_tok = [len(token_ids(model, template.prefix_for(ex.output) + ex.output)) for ex in items]
+    eos = model.tokenizer.eos_token_id
     rows: dict[int, dict] = {}
     t0 = time.perf_counter()
     for idx in length_batches(model, prompts, batch_size):  # memory-bounded for long prompts
         enc = encode(model, [prompts[i] for i in idx])
-        limit = max_new_tokens or min(32, max(n_tok[i] for i in idx) + 2)
-        gen, first = greedy_generate(model, enc, intervention=intervention, max_new_tokens=limit)
+        limit = max_new_tokens or proto.max_new_tokens or min(32, max(n_tok[i] for i in idx) + 2)
+        gen, first = greedy_generate(
+            model, enc, intervention=intervention, max_new_tokens=limit,
+            stop_at_newline=proto.stop_at_newline, min_new_tokens=proto.min_new_tokens,
+        )
         top = first.argmax(-1)
         for j, i in enumerate(idx):
-            text = model.tokenizer.decode(gen[j].tolist(), skip_special_tokens=True)
+            ids = gen[j].tolist()
+            if official:  # the reference generates one prompt at a time: its text ends at EOS
+                ids = cut_at_eos(ids, eos)
+            text = model.tokenizer.decode(ids, skip_special_tokens=True)
+            if official:
+                correct = official_exact_match(text, items[i].output, task.name)
+            else:
+                correct = exact_match(text, items[i].output, case_sensitive=task.case_sensitive)
             rows[i] = {
                 "task": task.name,
                 "method": method,
@@ -159,7 +255,7 @@ def run_method(
                 "target": items[i].output,
                 "prediction": text.strip().split("\n")[0].strip(),
                 "first_token_correct": bool(int(top[j]) == answers[i]),
-                "correct": exact_match(text, items[i].output, case_sensitive=task.case_sensitive),
+                "correct": correct,
             }
     seconds = time.perf_counter() - t0
     df = pd.DataFrame([rows[i] for i in range(len(items))])
@@ -183,12 +279,20 @@ def evaluate(
     batch_size: int = 16,
     template: Template | None = None,
     interventions: dict | None = None,
+    protocol: str | Protocol | None = None,
 ) -> pd.DataFrame:
     """Evaluate methods on a split. ``interventions`` maps extra method names to interventions
     applied on zero-shot prompts (a :class:`HeadMix` or a ``(model, seq_len) -> hooks`` callable).
+    ``protocol``: ``"default"``, ``"official"`` or a :class:`Protocol`; ``None`` takes the
+    adapter's (``adapter.meta["protocol"]``, written by an official fit), else the default. It also
+    sets the template's digit formatting (demonstrations, answer tokens).
     Returns the per-item DataFrame (columns: task, method, input, target, prediction,
     first_token_correct, correct, seconds_per_item)."""
+    if protocol is None and adapter is not None:
+        protocol = adapter.meta.get("protocol")
+    proto = get_protocol(protocol)
     template = template or (adapter.template if adapter is not None else DEFAULT_TEMPLATE)
+    template = replace(template, bare_digits=proto.bare_digits)
     items = task.split(split)[:limit] if limit else task.split(split)
     zs = [zero_shot_prompt(ex.input, template) for ex in items]
     frames = []
@@ -204,7 +308,8 @@ def evaluate(
         elif method == "site":
             if adapter is None:
                 raise ValueError("method 'site' needs an adapter (fit one with fit_site).")
-            adapter.check_model(model, template)
+            # the digit formatting follows the protocol; the rest must be the adapter's
+            adapter.check_model(model, replace(template, bare_digits=adapter.template.bare_digits))
             prompts, inter = zs, adapter.mix()
         else:
             raise ValueError(
@@ -213,7 +318,7 @@ def evaluate(
             )
         frames.append(
             run_method(model, task, items, method, prompts=prompts, intervention=inter,
-                       batch_size=batch_size, template=template)
+                       batch_size=batch_size, template=template, protocol=proto)
         )
     return pd.concat(frames, ignore_index=True)
 

@@ -4,7 +4,8 @@
    last prompt token.                                              -> [n_layers, n_heads, d_head]
 2. :func:`fit_alpha`: α = sigmoid(a), the model frozen; at the last token of zero-shot prompts
    z ← (1 − α)·z + α·t; Adam on the cross-entropy of the first answer token; the α with the best
-   validation loss is kept.                                        -> [n_layers, n_heads]
+   validation loss is kept (:meth:`FitConfig.official`: the final α, as the paper's code does).
+                                                                   -> [n_layers, n_heads]
 3. :func:`site_mix` / :class:`SiteAdapter`: inject once at the last prompt token during prefill
    (generation lives in :mod:`sitelens.evaluate`).
 """
@@ -18,8 +19,9 @@ import math
 import os
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -124,7 +126,11 @@ def first_token_loss(
 @dataclass
 class FitConfig:
     """Stage-2 hyperparameters. The reference: a = 0, lr 0.2, 400 steps of batch 1. The default
-    here spends the same 400 training examples in batches (``n_examples / batch_size`` steps)."""
+    here spends the same 400 training examples in batches (``n_examples / batch_size`` steps):
+    shuffled passes over the train split, the α with the best validation loss kept.
+    :meth:`official` is the reference's own protocol."""
+
+    protocol: ClassVar[str] = "default"  # a class attribute: not in asdict() or settings hashes
 
     lr: float = 0.2
     init: float = 0.0
@@ -149,6 +155,36 @@ class FitConfig:
     def steps(self) -> int:
         return max(1, math.ceil(self.n_examples / self.batch_size))
 
+    @classmethod
+    def official(cls, **overrides) -> OfficialFitConfig:
+        """The public SITE code's stage 2 (:class:`OfficialFitConfig`); ``overrides`` set fields."""
+        return OfficialFitConfig(**overrides)
+
+
+@dataclass
+class OfficialFitConfig(FitConfig):
+    """Stage 2 as the paper's public code runs it (github.com/SNU-DRL/Soft_Injection, commit
+    01bd5d6: ``optimize_head_selection`` and ``validate_head_selection`` in ``utils.py``,
+    ``format_icl`` in ``preprocess.py``, run by ``eval_scripts/eval_site.sh`` with ``--epoch 400
+    --lr 0.2 --batch_size 1 --test_batch_size 1``):
+
+    - 400 steps of batch 1; each step draws its item i.i.d. (with replacement) from the train
+      split (there ``random.sample(range(n), 1)``, unseeded; here seeded with ``seed``);
+    - after every 50th step the validation loss on the first 100 valid items is computed (the
+      mean first-token cross-entropy, there one item at a time) and recorded;
+    - the α of the last check is kept: there the check ``val_loss < best_val_loss`` never updates
+      ``best_val_loss`` (it stays ``inf``), so every check saves the current α. With 400 steps and
+      checks every 50 that is the final α; with no check at all, the final α too;
+    - no space before an all-digit answer (:attr:`sitelens.tasks.Template.bare_digits`), set by
+      :func:`fit_site`, which records ``meta["protocol"] = "official"``.
+    """
+
+    batch_size: int = 1
+    eval_every: int = 50
+    n_valid: int = 100
+
+    protocol: ClassVar[str] = "official"
+
 
 @dataclass
 class FitResult:
@@ -157,6 +193,14 @@ class FitResult:
     history: list[dict] = field(default_factory=list)
     best_step: int = 0
     seconds: float = 0.0
+
+
+def iid_batches(n_items: int, cfg: FitConfig):
+    """``cfg.steps`` batches of item indices drawn i.i.d. with replacement (the official protocol;
+    ``randrange(n)`` draws the same number as the reference's ``random.sample(range(n), 1)[0]``)."""
+    rng = random.Random(cfg.seed)
+    for _ in range(cfg.steps):
+        yield [rng.randrange(n_items) for _ in range(cfg.batch_size)]
 
 
 def training_batches(items: list, cfg: FitConfig):
@@ -181,8 +225,16 @@ def fit_alpha(
     template: Template = DEFAULT_TEMPLATE,
     progress: bool = False,
 ) -> FitResult:
-    """Stage 2: learn α = sigmoid(a) with the model frozen (only ``a`` gets gradients)."""
+    """Stage 2: learn α = sigmoid(a) with the model frozen (only ``a`` gets gradients).
+
+    Default: shuffled passes, validation every ``eval_every`` steps and at the end, the best α kept.
+    :class:`OfficialFitConfig`: i.i.d. draws, validation every ``eval_every`` steps only, the α of
+    the last validation kept (the final α for 400 steps checked every 50), and no space before
+    all-digit answers in the answer token."""
     cfg = config or FitConfig()
+    official = cfg.protocol == "official"
+    if official:
+        template = replace(template, bare_digits=True)
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
     L, H = model.cfg.n_layers, model.cfg.n_heads
@@ -204,7 +256,10 @@ def fit_alpha(
 
     valid = (task.valid or task.train)[: cfg.n_valid]
     v_cache, v_last, v_ans = prepare(valid)
-    batches = list(training_batches(list(range(len(task.train))), cfg))  # [steps][batch_size] indices
+    if official:
+        batches = list(iid_batches(len(task.train), cfg))  # [steps][batch_size] indices
+    else:
+        batches = list(training_batches(list(range(len(task.train))), cfg))  # [steps][batch_size]
     used = sorted({i for b in batches for i in b})
     t_cache, t_last, t_ans = prepare([task.train[i] for i in used])
     row = {i: r for r, i in enumerate(used)}
@@ -214,8 +269,11 @@ def fit_alpha(
             mix = site_mix(torch.sigmoid(logits_a).to(model.cfg.device), target)
             return first_token_loss(model, v_cache, v_last, v_ans, mix).item()
 
-    best = (valid_loss(a.detach()), a.detach().clone(), 0)
-    history = [{"step": 0, "train_loss": float("nan"), "valid_loss": best[0]}]
+    if official:  # no check before training; until the first check, the kept α is the current one
+        best, history = (float("nan"), None, 0), []
+    else:
+        best = (valid_loss(a.detach()), a.detach().clone(), 0)
+        history = [{"step": 0, "train_loss": float("nan"), "valid_loss": best[0]}]
     bar = tqdm(total=cfg.steps, desc=f"fit α [{task.name}]", disable=not progress, leave=False)
     for step, batch in enumerate(batches, start=1):
         rows = torch.tensor([row[i] for i in batch])
@@ -240,13 +298,19 @@ def fit_alpha(
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
         rec = {"step": step, "train_loss": loss.item(), "valid_loss": float("nan")}
-        if step % cfg.eval_every == 0 or step == cfg.steps:
+        if official:
+            if step % cfg.eval_every == 0:  # every check replaces the kept α (see OfficialFitConfig)
+                rec["valid_loss"] = valid_loss(a.detach())
+                best = (rec["valid_loss"], a.detach().clone(), step)
+        elif step % cfg.eval_every == 0 or step == cfg.steps:
             vl = valid_loss(a.detach())
             rec["valid_loss"] = vl
             if vl < best[0]:
                 best = (vl, a.detach().clone(), step)
         history.append(rec)
     bar.close()
+    if best[1] is None:  # official, no check happened: the final α
+        best = (float("nan"), a.detach().clone(), cfg.steps)
     _, best_a, best_step = best
     return FitResult(
         alpha=torch.sigmoid(best_a),
@@ -438,8 +502,14 @@ def fit_site(
 
     ``embedding``: a task embedding already computed by :func:`task_embedding` (e.g. shared by
     fits that differ only in stage 2, such as a sweep over the sparsity λ); stage 1 is then
-    skipped and ``stage1_seconds`` (its cost, if known) is recorded instead."""
+    skipped and ``stage1_seconds`` (its cost, if known) is recorded instead.
+
+    ``config=FitConfig.official()``: the paper code's protocol (:class:`OfficialFitConfig`); the
+    template then puts no space before all-digit answers, in stage 1's demonstrations and in the
+    answer token, and ``meta`` records ``"protocol": "official"`` and the validation history."""
     cfg = config or FitConfig()
+    if cfg.protocol == "official":
+        template = replace(template, bare_digits=True)
     t0 = time.perf_counter()
     if embedding is None:
         emb = task_embedding(
@@ -469,6 +539,13 @@ def fit_site(
         "stage1_seconds": t1 - t0,
         "stage2_seconds": res.seconds,
         "best_step": res.best_step,
-        "final_valid_loss": min(h["valid_loss"] for h in res.history if h["valid_loss"] == h["valid_loss"]),
     }
+    checks = [h for h in res.history if h["valid_loss"] == h["valid_loss"]]  # not NaN
+    if cfg.protocol == "official":
+        meta["protocol"] = "official"
+        kept = [h["valid_loss"] for h in checks if h["step"] == res.best_step]
+        meta["final_valid_loss"] = kept[0] if kept else float("nan")  # the kept α's
+        meta["valid_history"] = [{"step": h["step"], "valid_loss": h["valid_loss"]} for h in checks]
+    else:
+        meta["final_valid_loss"] = min(h["valid_loss"] for h in checks)
     return SiteAdapter(alpha=res.alpha, embedding=emb, meta=meta)

@@ -29,11 +29,17 @@ class Example:
 @dataclass(frozen=True)
 class Template:
     """Prompt template. The reference: ``"Q: {x}\\nA: {y}\\n\\n"`` per shot, ending ``"Q: {x}\\nA:"``;
-    answers are scored with a leading space (``answer_prefix``)."""
+    answers are scored with a leading space (``answer_prefix``).
+
+    ``bare_digits=True`` is the public SITE code's answer formatting (its ``preprocess.py``,
+    ``word_pairs_to_prompt_data``): an all-digit answer (``str.isdigit``) gets no space, neither in
+    a demonstration (``"A:5"``) nor in the answer token (``"5"``, not ``" 5"``). Only a template
+    with ``bare_digits`` lists it in :meth:`to_dict`, so default templates keep their form."""
 
     shot: str = "Q: {x}\nA: {y}\n\n"
     query: str = "Q: {x}\nA:"
     answer_prefix: str = " "
+    bare_digits: bool = False
 
     def __post_init__(self):
         for part, need in ((self.shot, ("{x}", "{y}")), (self.query, ("{x}",))):
@@ -42,10 +48,21 @@ class Template:
                     raise TaskError(f"Template part {part!r} must contain {n}.")
 
     def to_dict(self) -> dict:
-        return {"shot": self.shot, "query": self.query, "answer_prefix": self.answer_prefix}
+        d = {"shot": self.shot, "query": self.query, "answer_prefix": self.answer_prefix}
+        if self.bare_digits:
+            d["bare_digits"] = True
+        return d
+
+    def prefix_for(self, y: str) -> str:
+        """What precedes the answer ``y``: ``answer_prefix``, or nothing for an all-digit ``y``
+        under ``bare_digits``."""
+        return "" if self.bare_digits and y.isdigit() else self.answer_prefix
 
     def format_shot(self, ex: Example) -> str:
-        return _fill(self.shot, ex.input, ex.output)
+        shot = self.shot
+        if self.prefix_for(ex.output) != self.answer_prefix and self.answer_prefix:
+            shot = shot.replace(self.answer_prefix + "{y}", "{y}")  # "A: {y}" -> "A:{y}"
+        return _fill(shot, ex.input, ex.output)
 
     def format_query(self, x: str) -> str:
         return self.query.replace("{x}", x)
@@ -289,8 +306,9 @@ def embedding_prompts(
 
 
 def answer_token_id(model, output: str, template: Template = DEFAULT_TEMPLATE) -> int:
-    """The first token of the answer as the model sees it (with the leading space)."""
-    ids = model.tokenizer(template.answer_prefix + output, add_special_tokens=False)["input_ids"]
+    """The first token of the answer as the model sees it (with the leading space, unless the
+    template has ``bare_digits`` and the answer is all digits)."""
+    ids = model.tokenizer(template.prefix_for(output) + output, add_special_tokens=False)["input_ids"]
     if not ids:
         raise TokenizationError(
             f"The answer {output!r} tokenizes to nothing; give a non-empty answer."
