@@ -49,6 +49,7 @@ def test_alpha_zero_is_bit_identical(tiny):
     mix = HeadMix(torch.zeros(L, H), torch.randn(L, H, d))
     base = last_logits(tiny, enc)
     mixed = last_logits(tiny, enc, mix)
+    # exact: w = 0 gives (1 − 0)·z + 0·t = z bit for bit; every other op is the same
     assert torch.equal(base, mixed)
     # also with gradients on alpha (all layers hooked, nothing skipped)
     a = torch.full((L, H), -torch.inf, requires_grad=True)
@@ -56,7 +57,7 @@ def test_alpha_zero_is_bit_identical(tiny):
         full = tiny(enc.tokens, attention_mask=enc.attention_mask)[:, -1]  # [batch, d_vocab]
     with apply_hooks(tiny, HeadMix(torch.sigmoid(a), torch.randn(L, H, d)).hooks(tiny)):
         lg = tiny(enc.tokens, attention_mask=enc.attention_mask)[:, -1]
-    assert torch.equal(lg.detach(), full)
+    assert torch.equal(lg.detach(), full)  # exact: sigmoid(-inf) = 0, as above
 
 
 def test_alpha_one_replaces_exactly_one_head(tiny):
@@ -66,6 +67,7 @@ def test_alpha_one_replaces_exactly_one_head(tiny):
     _, clean = _z_at_last(tiny, ["Q: hot\nA:"])
     _, patched = _z_at_last(tiny, ["Q: hot\nA:"], mix)
     z1 = patched[z_hook_name(tiny, 1)]
+    # exact: w = 1 gives 0·z + 1·t = t; other heads and layer 0 keep their bits (same ops)
     assert torch.equal(z1[0, 2], t[1, 2])
     other = [h for h in range(H) if h != 2]
     assert torch.equal(z1[0, other], clean[z_hook_name(tiny, 1)][0, other])
@@ -80,6 +82,9 @@ def test_per_row_weights_patch_different_heads(tiny_mha):
     both = last_logits(tiny_mha, encode(tiny_mha, prompts), HeadMix(w, t))
     for row in range(2):
         single = last_logits(tiny_mha, encode(tiny_mha, prompts[:1]), HeadMix(w[row], t))
+        # other batch shapes: float32 rounding only (tests/tolerances.py's logit_tolerance for this
+        # model is ~1.5e-5 at logit scale ~2.5; equivalent comparisons measure <= 1.3e-6), so
+        # 1e-5 covers it, and a head patched on the wrong row moves the logits by O(0.1-1).
         torch.testing.assert_close(both[row], single[0], atol=1e-5, rtol=1e-5)
 
 
@@ -87,6 +92,9 @@ def test_task_embedding_shape_and_batch_invariance(tiny, task):
     emb = task_embedding(tiny, task, n_prompts=6, n_shots=3, batch_size=4)
     assert emb.shape == (tiny.cfg.n_layers, tiny.cfg.n_heads, tiny.cfg.d_head)
     emb1 = task_embedding(tiny, task, n_prompts=6, n_shots=3, batch_size=1)
+    # mean last-token hook_z (|z| ~ 1), batched vs alone: float32 rounding of a 2-layer pass
+    # (activation_tolerance ~2e-6 per layer at scale ~1; measured <= 6e-8); 1e-5 is well above
+    # it and far below padding read as text (~0.06)
     torch.testing.assert_close(emb, emb1, atol=1e-5, rtol=1e-5)
 
 
@@ -99,6 +107,8 @@ def test_last_token_z_matches_run_with_cache(tiny_mha, task):
         enc = encode(tiny_mha, [p])
         _, cache = tiny_mha.run_with_cache(enc.tokens, attention_mask=enc.attention_mask)
         for layer in range(tiny_mha.cfg.n_layers):
+            # the same prompt in another batch (forward_until vs run_with_cache): float32
+            # rounding only, ~1e-6 at |z| ~ 1 (activation_tolerance); 1e-5 covers it
             torch.testing.assert_close(
                 zs[i, layer], cache[z_hook_name(tiny_mha, layer)][0, -1], atol=1e-5, rtol=1e-5
             )
@@ -110,7 +120,7 @@ def test_only_a_receives_gradients(tiny_mha, task):
     res = fit_alpha(tiny_mha, task, emb, FitConfig(n_examples=8, batch_size=4, eval_every=1))
     assert all(not p.requires_grad for p in tiny_mha.parameters())
     for n, p in tiny_mha.named_parameters():
-        assert torch.equal(p, before[n]), n
+        assert torch.equal(p, before[n]), n  # exact: frozen weights are never written
     assert res.alpha.shape == (tiny_mha.cfg.n_layers, tiny_mha.cfg.n_heads)
     assert not torch.allclose(res.logits, torch.zeros_like(res.logits))  # a moved
     assert len(res.history) == 3
@@ -120,6 +130,7 @@ def test_fit_is_deterministic(tiny_mha, task):
     cfg = FitConfig(n_examples=12, batch_size=4, eval_every=1, seed=3)
     a = fit_site(tiny_mha, task, n_prompts=4, n_shots=2, config=cfg)
     b = fit_site(tiny_mha, task, n_prompts=4, n_shots=2, config=cfg)
+    # exact: the same seed, ops and thread count on one machine give the same bits
     assert torch.equal(a.alpha, b.alpha) and torch.equal(a.embedding, b.embedding)
 
 
@@ -130,6 +141,7 @@ def test_fit_with_a_precomputed_embedding(tiny_mha, task):
     b = fit_site(tiny_mha, task, n_prompts=4, n_shots=2, config=cfg, embedding=emb,
                  stage1_seconds=1.5)
     assert torch.equal(a.alpha, b.alpha) and b.embedding is emb
+    # recovered as t1 − (t1 − 1.5) from perf_counter floats: rounding only (~1e-12); abs 0.05
     assert b.meta["stage1_seconds"] == pytest.approx(1.5, abs=0.05)
     assert b.meta["hyperparameters"] == a.meta["hyperparameters"]
     with pytest.raises(FitError, match=r"task embedding has shape \[2, 4\]"):
