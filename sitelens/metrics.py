@@ -8,8 +8,6 @@ ICL distribution of the same query.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import torch
 from jaxtyping import Float
@@ -81,11 +79,20 @@ def bootstrap_ci(
     return (float(lo), float(hi)) if x.ndim == 1 else (lo, hi)
 
 
-def correlation(x: Sequence[float], y: Sequence[float], method: str = "pearson") -> float:
-    """Pearson or Spearman correlation over the pairs where both are finite; NaN with fewer than
-    3 pairs or no variance."""
-    a = np.asarray(x, dtype=float)
-    b = np.asarray(y, dtype=float)
+def _as_float_array(x) -> np.ndarray:
+    """A flat float64 array; a tensor is detached and read as float32 first (as stored)."""
+    if isinstance(x, Tensor):
+        x = x.detach().float().cpu().numpy()
+    return np.asarray(x, dtype=float).ravel()
+
+
+def correlation(x, y, method: str = "pearson") -> float:
+    """Pearson or Spearman (ties ranked by their average) correlation of two equally long
+    sequences, arrays or tensors (flattened: ``[n_layers, n_heads]`` maps compare head by head),
+    over the pairs where both are finite; NaN with fewer than 3 pairs or no variance."""
+    a, b = _as_float_array(x), _as_float_array(y)
+    if a.shape != b.shape:
+        raise ValueError(f"correlation needs equally long inputs, got {a.size} and {b.size}.")
     ok = np.isfinite(a) & np.isfinite(b)
     a, b = a[ok], b[ok]
     if a.size < 3:
@@ -93,8 +100,8 @@ def correlation(x: Sequence[float], y: Sequence[float], method: str = "pearson")
     if method == "spearman":
         import pandas as pd
 
-        a = pd.Series(a).rank().to_numpy()
-        b = pd.Series(b).rank().to_numpy()
+        a = pd.Series(a).rank(method="average").to_numpy()
+        b = pd.Series(b).rank(method="average").to_numpy()
     elif method != "pearson":
         raise ValueError(f"method must be 'pearson' or 'spearman', got {method!r}")
     if a.std() == 0 or b.std() == 0:

@@ -1,29 +1,23 @@
-"""Activation patching: check the learned α against what the heads causally do.
+"""Exact activation patching: check the learned α against what the heads causally do.
 
 1. :func:`intra_task`: inject a task's embedding with α = 1 into only the top-k / bottom-k /
    k random heads (by the fitted α), and the reverse (the full SITE α with the top-k or bottom-k
    heads set to 0); first-token accuracy on zero-shot prompts with bootstrap CIs over items.
-2. :func:`inter_task`: inject task B's embedding through task A's α (and A's top-k heads);
-   :func:`alpha_similarity` compares α maps across tasks and :func:`transfer_similarity_correlation`
-   relates the two (Spearman, with a Mantel permutation test).
-3. :func:`head_causal_effects`: Function-Vectors-style per-head causal effect: in corrupted
-   (shuffled-label) few-shot prompts, replace one head's last-token ``z`` by the task-mean
-   activation and measure the change in probability of the correct first answer token. Batched
-   across heads
-   (one head per row of one forward pass, on top of a frozen prefix KV cache);
-   ``batched=False`` is the reference one-full-forward-pass-per-head loop.
+2. :func:`inter_task`: inject task B's embedding through task A's α (and A's top-k heads).
+3. Per-head causal effects (:func:`head_causal_effects`) live in :mod:`sitelens.effects`; the
+   statistics over these results (:func:`transfer_matrix`, :func:`alpha_similarity`,
+   :func:`transfer_similarity_correlation`, :func:`within_between`, :data:`TASK_FAMILIES`,
+   :func:`effect_alpha_correlation`) in :mod:`sitelens.analysis`. Both are re-exported here.
 
 Every intervention acts only at the last prompt token, so the prompt prefix is encoded once into a
 frozen KV cache (:func:`sitelens.models.prefix_cache`) and only the last token is re-run per
 condition; many conditions share one forward pass through per-row :class:`HeadMix` weights
-``[batch, n_layers, n_heads]``. All functions return data (tensors, DataFrames, dicts) and are
-seeded.
+``[batch, n_layers, n_heads]`` (the engine below, also used by :mod:`sitelens.effects`). All
+functions return data (tensors, DataFrames, dicts) and are seeded.
 """
 
 from __future__ import annotations
 
-import random
-import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -35,7 +29,7 @@ from torch import Tensor
 from sitelens.errors import AdapterError, TaskError
 from sitelens.evaluate import evaluate, last_logits
 from sitelens.injection import HeadMix, apply_hooks
-from sitelens.metrics import bootstrap_ci
+from sitelens.metrics import bootstrap_ci, correlation
 from sitelens.models import (
     cache_rows_per_batch,
     encode,
@@ -44,65 +38,15 @@ from sitelens.models import (
     prefix_cache,
     select_cache,
 )
-from sitelens.site import SiteAdapter, task_embedding
+from sitelens.site import SiteAdapter
 from sitelens.tasks import (
-    DEFAULT_TEMPLATE,
     Task,
-    Template,
     answer_token_ids,
-    few_shot_prompts,
     zero_shot_prompt,
 )
 
 SELECTIONS = ("top", "bottom", "random", "full_minus_top", "full_minus_bottom")
 REFERENCES = ("zero_shot", "site")
-
-# Families of the built-in task suite (sitelens/data/tasks/README.md), for within- vs
-# between-family comparisons of α maps and transfer.
-TASK_FAMILIES: dict[str, str] = {
-    "antonym": "lexical", "synonym": "lexical",
-    "singular_plural": "morphology", "present_past": "morphology",
-    "adjective_comparative": "morphology",
-    "country_capital": "knowledge", "country_currency": "knowledge",
-    "landmark_country": "knowledge", "person_occupation": "knowledge",
-    "country_language": "knowledge", "animal_young": "knowledge",
-    "english_french": "translation", "english_german": "translation",
-    "english_spanish": "translation", "english_italian": "translation",
-    "capitalize": "string", "uppercase": "string", "first_letter": "string",
-    "last_letter": "string", "capitalize_first_letter": "string",
-    "lowercase_first_letter": "string", "word_length": "string",
-    "choose_first_of_3": "list", "choose_middle_of_3": "list", "choose_last_of_3": "list",
-    "alphabetically_first_3": "list", "alphabetically_last_3": "list",
-    "next_item": "sequence", "prev_item": "sequence",
-}
-
-
-# ----------------------------------------------------------------------------------------------
-# statistics helpers (numpy only; no scipy needed)
-
-
-def _ranks(x: np.ndarray) -> np.ndarray:
-    """Ranks with ties averaged (as scipy.stats.rankdata)."""
-    return pd.Series(np.asarray(x, dtype=float)).rank(method="average").to_numpy()
-
-
-def _flat(x) -> np.ndarray:
-    if isinstance(x, Tensor):
-        x = x.detach().float().cpu().numpy()
-    return np.asarray(x, dtype=float).ravel()
-
-
-def spearman(x, y) -> float:
-    """Spearman's ρ of two equally long sequences (tensors or arrays are flattened); NaN if either
-    is constant."""
-    x, y = _flat(x), _flat(y)
-    if x.shape != y.shape:
-        raise ValueError(f"spearman needs equally long inputs, got {x.shape} and {y.shape}.")
-    rx, ry = _ranks(x), _ranks(y)
-    if rx.std() == 0 or ry.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(rx, ry)[0, 1])
-
 
 # ----------------------------------------------------------------------------------------------
 # the patching engine: many (item, head-mix) rows on top of one frozen prefix KV cache
@@ -497,338 +441,27 @@ def inter_task(
     return df
 
 
-def transfer_matrix(
-    df: pd.DataFrame, *, mode: str = "alpha", value: str = "accuracy", normalize: str = "none"
-) -> pd.DataFrame:
-    """The inter-task result as a square matrix: rows = source task A (whose heads), columns =
-    target task B (whose embedding and test split). ``normalize``: ``"none"``; ``"diagonal"``
-    divides each column by B's own (diagonal) value; ``"zero_shot"`` subtracts B's zero-shot
-    accuracy."""
-    sub = df[df["mode"] == mode]
-    if sub.empty:
-        present = sorted(df["mode"].unique())
-        raise ValueError(f"No rows with mode {mode!r}; modes present: {present}.")
-    order = list(dict.fromkeys(sub["source_task"].tolist() + sub["target_task"].tolist()))
-    m = sub.pivot(index="source_task", columns="target_task", values=value)
-    m = m.reindex(index=order, columns=order)
-    if normalize == "diagonal":
-        diag = pd.Series(np.diag(m.to_numpy()), index=order)
-        m = m / diag.replace(0, np.nan)
-    elif normalize == "zero_shot":
-        zs = sub.groupby("target_task")["zero_shot"].first().reindex(order)
-        m = m - zs
-    elif normalize != "none":
-        raise ValueError(f"normalize must be 'none', 'diagonal' or 'zero_shot', got {normalize!r}.")
-    m.index.name, m.columns.name = "source_task", "target_task"
-    return m
+def spearman(x, y) -> float:
+    """Spearman's ρ; kept for old imports, use
+    ``sitelens.metrics.correlation(x, y, "spearman")``."""
+    return correlation(x, y, "spearman")
 
 
-def _alpha_of(x) -> Tensor:
-    if isinstance(x, SiteAdapter):
-        return x.alpha.detach().float().cpu()
-    return torch.as_tensor(x).detach().float().cpu()
-
-
-def alpha_similarity(
-    adapters: Mapping[str, SiteAdapter | Tensor], *, k: int = 10
-) -> dict[str, pd.DataFrame]:
-    """Pairwise similarity of α maps (adapters or plain ``[n_layers, n_heads]`` tensors, keyed by
-    task). Returns ``{"cosine", "spearman", "jaccard_topk"}`` → square DataFrames indexed by task
-    (``jaccard_topk``: |top-k ∩ top-k'| / |top-k ∪ top-k'|). The diagonal is 1 (a map is identical
-    to itself), even where a measure is undefined (a constant α has no Spearman ρ)."""
-    names = list(adapters)
-    if not names:
-        raise ValueError("alpha_similarity needs at least one α map.")
-    A = torch.stack([_alpha_of(adapters[n]).flatten() for n in names]).double().numpy()  # [T, N]
-    T, N = A.shape
-    k = min(k, N)
-    norms = np.linalg.norm(A, axis=1, keepdims=True)
-    unit = A / np.where(norms == 0, 1, norms)
-    cos = unit @ unit.T  # [T, T]
-    R = np.stack([_ranks(a) for a in A])  # [T, N]
-    R = R - R.mean(1, keepdims=True)
-    rn = np.linalg.norm(R, axis=1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rho = (R @ R.T) / (rn @ rn.T)  # [T, T]
-    tops = [set(np.argsort(-a, kind="stable")[:k].tolist()) for a in A]
-    jac = np.array([[len(s & t) / len(s | t) for t in tops] for s in tops])  # [T, T]
-    out = {}
-    for key, mat in (("cosine", cos), ("spearman", rho), ("jaccard_topk", jac)):
-        mat = np.clip(mat, -1.0, 1.0)
-        np.fill_diagonal(mat, 1.0)
-        frame = pd.DataFrame(mat, index=names, columns=names)
-        frame.index.name = frame.columns.name = "task"
-        out[key] = frame
-    return out
-
-
-def transfer_similarity_correlation(
-    similarity: pd.DataFrame,
-    transfer: pd.DataFrame,
-    *,
-    mode: str = "alpha",
-    normalize: str = "none",
-    n_perm: int = 1000,
-    seed: int = 0,
-) -> dict:
-    """Spearman ρ between α similarity and transfer accuracy over the off-diagonal ordered pairs
-    (A, B), A ≠ B, of the tasks present in both.
-
-    ``similarity``: a square DataFrame (one of :func:`alpha_similarity`'s). ``transfer``: the long
-    output of :func:`inter_task` (``mode`` and ``normalize`` as in :func:`transfer_matrix`) or a
-    square matrix (rows = source). The p-value is a two-sided Mantel permutation test (task labels
-    of the similarity matrix permuted jointly on rows and columns, ``n_perm`` seeded permutations),
-    since pairs sharing a task are not independent.
-
-    Returns ``{"rho", "p_value", "n_pairs", "n_tasks", "mode", "normalize"}``."""
-    if {"source_task", "target_task"} <= set(transfer.columns):
-        tm = transfer_matrix(transfer, mode=mode, normalize=normalize)
-    else:
-        tm = transfer
-    names = [n for n in tm.index if n in similarity.index and n in tm.columns]
-    if len(names) < 3:
-        raise ValueError(
-            f"Need at least 3 tasks present in both matrices for a correlation, got {len(names)}."
-        )
-    S = similarity.loc[names, names].to_numpy(dtype=float)  # [T, T]
-    M = tm.loc[names, names].to_numpy(dtype=float)  # [T, T]
-    off = ~np.eye(len(names), dtype=bool)
-    ok = off & np.isfinite(M) & np.isfinite(S)
-
-    def rho_of(Sm: np.ndarray) -> float:
-        keep = ok & np.isfinite(Sm)
-        return spearman(Sm[keep], M[keep])
-
-    rho = rho_of(S)
-    p = float("nan")
-    if n_perm > 0 and np.isfinite(rho):
-        rng = np.random.default_rng(seed)
-        hits = 0
-        for _ in range(n_perm):
-            perm = rng.permutation(len(names))
-            r = rho_of(S[np.ix_(perm, perm)])
-            hits += bool(np.isfinite(r) and abs(r) >= abs(rho) - 1e-12)
-        p = (hits + 1) / (n_perm + 1)
-    return {
-        "rho": rho,
-        "p_value": p,
-        "n_pairs": int(ok.sum()),
-        "n_tasks": len(names),
-        "mode": mode,
-        "normalize": normalize,
-    }
-
-
-def within_between(
-    matrix: pd.DataFrame, groups: Mapping[str, str] | None = None
-) -> dict:
-    """Mean off-diagonal value of a square task × task matrix for pairs in the same group (family)
-    vs different groups. ``groups`` defaults to :data:`TASK_FAMILIES`; tasks without a group are
-    left out. Returns ``{"within", "between", "gap", "n_within", "n_between"}``."""
-    groups = TASK_FAMILIES if groups is None else groups
-    names = [n for n in matrix.index if n in groups and n in matrix.columns]
-    M = matrix.loc[names, names].to_numpy(dtype=float)
-    g = np.array([groups[n] for n in names])
-    same = (g[:, None] == g[None, :]) & ~np.eye(len(names), dtype=bool)
-    diff = g[:, None] != g[None, :]
-    same &= np.isfinite(M)
-    diff &= np.isfinite(M)
-    within = float(M[same].mean()) if same.any() else float("nan")
-    between = float(M[diff].mean()) if diff.any() else float("nan")
-    return {
-        "within": within,
-        "between": between,
-        "gap": within - between,
-        "n_within": int(same.sum()),
-        "n_between": int(diff.sum()),
-    }
-
-
-# ----------------------------------------------------------------------------------------------
-# 3. per-head causal effects (Function Vectors style)
-
-
-def corrupted_prompts(
-    model,
-    task: Task,
-    *,
-    n_prompts: int = 16,
-    n_shots: int = 10,
-    split: str = "train",
-    seed: int = 0,
-    template: Template = DEFAULT_TEMPLATE,
-) -> tuple[list[str], list[int]]:
-    """``n_prompts`` shuffled-label ``n_shots``-shot prompts (queries drawn, seeded, from ``split``;
-    demonstrations from train, never the query) and the first token of each query's answer."""
-    pool = task.split(split)
-    if not pool:
-        raise TaskError(f"Task {task.name!r} has no items in its {split!r} split.")
-    rng = random.Random(seed)
-    if n_prompts <= len(pool):
-        queries = rng.sample(pool, n_prompts)
-    else:
-        queries = rng.choices(pool, k=n_prompts)
-    prompts = few_shot_prompts(
-        task, queries, n_shots, seed=seed + 1, template=template, shuffle_labels=True
-    )
-    return prompts, answer_token_ids(model, [q.output for q in queries], template)
-
-
-def head_causal_effects(
-    model,
-    task: Task,
-    *,
-    n_prompts: int = 16,
-    n_shots: int = 10,
-    seed: int = 0,
-    batched: bool = True,
-    embedding: Float[Tensor, "n_layers n_heads d_head"] | None = None,
-    n_mean_prompts: int = 50,
-    split: str = "train",
-    template: Template = DEFAULT_TEMPLATE,
-    batch_size: int = 64,
-    return_stats: bool = False,
-):
-    """Per-head causal effect ``[n_layers, n_heads]`` (the Function Vectors paper's indirect
-    effect).
-
-    For ``n_prompts`` corrupted (shuffled-label) ``n_shots``-shot prompts, replace head (l, h)'s
-    last-token ``z`` by the task-mean activation ``embedding[l, h]`` (default:
-    :func:`~sitelens.site.task_embedding` over ``n_mean_prompts`` clean prompts, seeded) and
-    measure P(correct first answer token | patched) − P(… | unpatched corrupted), averaged over
-    prompts. Queries come from ``split`` (default train, so the test split stays unseen).
-
-    ``batched=True``: the prefix of each corrupted prompt is encoded once into a frozen KV cache;
-    then each row of one forward pass re-runs only the last token with a different head patched
-    (per-row HeadMix weights), ``batch_size`` rows per pass. ``batched=False``: the reference loop,
-    one full forward pass (over all prompts) per head. Both give the same numbers (tested).
-
-    ``return_stats=True`` returns ``(effects, stats)`` with timings: ``seconds`` (excluding the
-    mean activation), ``forward_passes`` (the calls of ``model`` actually made, counted by a
-    forward pre-hook on it: prefix-cache passes included, the mean activation excluded),
-    ``rows``, ``baseline_prob``, ``mode``."""
-    cfg = model.cfg
-    L, H = cfg.n_layers, cfg.n_heads
-    dev = _device(model)
-    if embedding is None:
-        embedding = task_embedding(
-            model, task, n_prompts=n_mean_prompts, n_shots=n_shots, seed=seed, template=template
-        )  # [n_layers, n_heads, d_head]
-    if tuple(embedding.shape) != (L, H, cfg.d_head):
-        raise AdapterError(
-            f"embedding has shape {tuple(embedding.shape)} but the model needs "
-            f"[n_layers={L}, n_heads={H}, d_head={cfg.d_head}]."
-        )
-    embedding = embedding.to(dev)
-    with _ForwardPassCounter(model) as passes:
-        effects, base, patched, rows, n, N = _head_effects(
-            model, task, embedding, n_prompts=n_prompts, n_shots=n_shots, seed=seed,
-            batched=batched, split=split, template=template, batch_size=batch_size,
-        )
-    if not return_stats:
-        return effects
-    stats = {
-        "mode": "batched" if batched else "serial",
-        "seconds": passes.seconds,
-        "forward_passes": passes.count,
-        "rows": int(rows),
-        "n_prompts": n,
-        "n_heads_total": N,
-        "baseline_prob": float(base.mean()),
-        "per_prompt": (patched - base[:, None]).reshape(n, L, H),  # [n_prompts, L, H]
-    }
-    return effects, stats
-
-
-class _ForwardPassCounter:
-    """Counts the calls of ``model`` (a forward pre-hook on it: every ``model(...)``, including
-    passes that stop early, e.g. :func:`sitelens.models.forward_until`) and times the block.
-    ``.count`` and ``.seconds`` are set on exit."""
-
-    def __init__(self, model):
-        self.model, self.count, self.seconds = model, 0, 0.0
-
-    def _pre(self, module, args) -> None:
-        self.count += 1
-
-    def __enter__(self):
-        self._handle = self.model.register_forward_pre_hook(self._pre)
-        self._t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.seconds = time.perf_counter() - self._t0
-        self._handle.remove()
-
-
-def _head_effects(
-    model, task: Task, embedding, *, n_prompts: int, n_shots: int, seed: int, batched: bool,
-    split: str, template: Template, batch_size: int,
-):
-    """The work of :func:`head_causal_effects` (its forward passes are counted around this)."""
-    cfg = model.cfg
-    L, H = cfg.n_layers, cfg.n_heads
-    dev = _device(model)
-    prompts, answers = corrupted_prompts(
-        model, task, n_prompts=n_prompts, n_shots=n_shots, split=split, seed=seed,
-        template=template,
-    )
-    n, N = len(prompts), L * H
-    onehots = torch.eye(N).reshape(N, L, H)  # [N, n_layers, n_heads]: row j patches head j
-    if batched:
-        cache, last, ans = _prefix(model, prompts, answers)
-        # condition 0 = unpatched, then one condition per head; rows are prompt-major
-        weights = torch.cat([torch.zeros(1, L, H), onehots])  # [N + 1, n_layers, n_heads]
-        item_idx = torch.arange(n).repeat_interleave(N + 1)  # [n * (N + 1)]
-        cond_idx = torch.arange(N + 1).repeat(n)  # [n * (N + 1)]
-        _, prob = _run_rows(
-            model, cache, last, ans, item_idx, cond_idx, weights, embedding,
-            batch_size=batch_size,
-        )
-        prob = prob.reshape(n, N + 1)  # [n_prompts, N + 1]
-        base, patched = prob[:, 0], prob[:, 1:]  # [n_prompts], [n_prompts, N]
-        rows = len(item_idx)
-    else:
-        chunks = [
-            (encode(model, prompts[s : s + batch_size]),
-             torch.tensor(answers[s : s + batch_size], device=dev))
-            for s in range(0, n, batch_size)
-        ]
-
-        def probs(mix) -> Tensor:
-            out = []
-            for enc, ans in chunks:
-                logits = last_logits(model, enc, mix)  # [b, d_vocab]
-                logp = torch.log_softmax(logits, -1).gather(1, ans[:, None])[:, 0]  # [b]
-                out.append(logp.exp().cpu())
-            return torch.cat(out)  # [n_prompts]
-
-        base = probs(None)
-        patched = torch.stack(
-            [probs(HeadMix(weights=onehots[j].to(dev), targets=embedding)) for j in range(N)],
-            dim=1,
-        )  # [n_prompts, N]
-        rows = (N + 1) * n
-    effects = (patched - base[:, None]).mean(0).reshape(L, H)  # [n_layers, n_heads]
-    return effects, base, patched, rows, n, N
-
-
-def effect_alpha_correlation(
-    effects: Float[Tensor, "n_layers n_heads"], alpha: Float[Tensor, "n_layers n_heads"]
-) -> float:
-    """Spearman ρ between a causal-effect map and an α map (over all heads)."""
-    if tuple(effects.shape) != tuple(alpha.shape):
-        raise ValueError(
-            f"effects {tuple(effects.shape)} and alpha {tuple(alpha.shape)} must have the same "
-            "[n_layers, n_heads] shape."
-        )
-    return spearman(effects, alpha)
-
+# re-exported: these moved to sitelens.analysis and sitelens.effects
+from sitelens.analysis import (  # noqa: E402
+    TASK_FAMILIES,
+    alpha_similarity,
+    effect_alpha_correlation,
+    transfer_matrix,
+    transfer_similarity_correlation,
+    within_between,
+)
+from sitelens.effects import EffectsConfig, corrupted_prompts, head_causal_effects  # noqa: E402
 
 __all__ = [
     "SELECTIONS", "REFERENCES", "TASK_FAMILIES",
     "spearman", "bootstrap_ci", "patched_last_logits", "default_ks", "ranked_heads",
     "selection_weights", "intra_task", "inter_task", "transfer_matrix", "alpha_similarity",
     "transfer_similarity_correlation", "within_between", "corrupted_prompts",
-    "head_causal_effects", "effect_alpha_correlation",
+    "head_causal_effects", "effect_alpha_correlation", "EffectsConfig",
 ]

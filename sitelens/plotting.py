@@ -21,7 +21,8 @@ from jaxtyping import Float
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from sitelens.patching import spearman, transfer_matrix
+from sitelens.analysis import transfer_matrix
+from sitelens.metrics import correlation
 
 COLORS = {
     "top": "#d62728",
@@ -163,7 +164,7 @@ def effect_vs_alpha(
     e, a = _np2d(effects), _np2d(alpha)
     if e.shape != a.shape:
         raise ValueError(f"effects {e.shape} and alpha {a.shape} must have the same shape.")
-    rho = spearman(e, a)
+    rho = correlation(e, a, "spearman")
     fig = make_subplots(rows=1, cols=2, subplot_titles=(effect_name, "α"), horizontal_spacing=0.14)
     bound = float(np.nanmax(np.abs(e))) or 1.0
     fig.add_trace(
@@ -483,7 +484,7 @@ def dntp_scatter(
             )
         )
     ok = df[[x, y]].dropna()
-    rho = spearman(ok[x].to_numpy(), ok[y].to_numpy()) if len(ok) > 2 else float("nan")
+    rho = correlation(ok[x].to_numpy(), ok[y].to_numpy(), "spearman")
     fig.update_layout(
         title=(title or f"{y.replace('_', ' ')} vs dNTP") + f" (Spearman ρ = {rho:.2f})",
         xaxis_title="dNTP = KL(P_icl ‖ P_method)" if x == "dntp" else x,

@@ -1,0 +1,231 @@
+"""Per-head causal effects (the Function Vectors paper's indirect effect): which heads, patched
+alone with the task-mean activation, restore the task in corrupted prompts.
+
+:func:`head_causal_effects`: in corrupted (shuffled-label) few-shot prompts
+(:func:`corrupted_prompts`), replace one head's last-token ``z`` by the task-mean activation and
+measure the change in probability of the correct first answer token. Batched across heads: one
+head per row of one forward pass, on top of a frozen prefix KV cache (the engine of
+:mod:`sitelens.patching`); ``batched=False`` is the reference one-full-forward-pass-per-head
+loop. The knobs live in :class:`EffectsConfig` (keyword arguments override its fields).
+:func:`sitelens.analysis.effect_alpha_correlation` compares the result with an α map.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from sitelens.analysis import effect_alpha_correlation
+from sitelens.errors import AdapterError, TaskError
+from sitelens.evaluate import last_logits
+from sitelens.injection import HeadMix
+from sitelens.models import encode
+from sitelens.runs import config_with_overrides
+from sitelens.site import task_embedding
+from sitelens.tasks import (
+    DEFAULT_TEMPLATE,
+    Task,
+    Template,
+    answer_token_ids,
+    few_shot_prompts,
+)
+
+
+@dataclass(frozen=True)
+class EffectsConfig:
+    """The knobs of :func:`head_causal_effects` (every field can also be passed as a keyword
+    argument of that function, overriding the config)."""
+
+    n_prompts: int = 16  # corrupted prompts
+    n_shots: int = 10  # demonstrations per corrupted prompt
+    seed: int = 0  # draws the queries and shuffles the labels; seeds the default embedding
+    batched: bool = True  # False: the reference loop, one full forward pass per head
+    n_mean_prompts: int = 50  # clean prompts of the default embedding (task_embedding)
+    split: str = "train"  # where the queries come from (the test split stays unseen)
+    template: Template = DEFAULT_TEMPLATE
+    batch_size: int = 64  # rows (prompt, patched head) per forward pass
+
+
+def corrupted_prompts(
+    model,
+    task: Task,
+    *,
+    n_prompts: int = 16,
+    n_shots: int = 10,
+    split: str = "train",
+    seed: int = 0,
+    template: Template = DEFAULT_TEMPLATE,
+) -> tuple[list[str], list[int]]:
+    """``n_prompts`` shuffled-label ``n_shots``-shot prompts (queries drawn, seeded, from ``split``;
+    demonstrations from train, never the query) and the first token of each query's answer."""
+    pool = task.split(split)
+    if not pool:
+        raise TaskError(f"Task {task.name!r} has no items in its {split!r} split.")
+    rng = random.Random(seed)
+    if n_prompts <= len(pool):
+        queries = rng.sample(pool, n_prompts)
+    else:
+        queries = rng.choices(pool, k=n_prompts)
+    prompts = few_shot_prompts(
+        task, queries, n_shots, seed=seed + 1, template=template, shuffle_labels=True
+    )
+    return prompts, answer_token_ids(model, [q.output for q in queries], template)
+
+
+def head_causal_effects(
+    model,
+    task: Task,
+    config: EffectsConfig | None = None,
+    *,
+    embedding: Float[Tensor, "n_layers n_heads d_head"] | None = None,
+    return_stats: bool = False,
+    **overrides,
+):
+    """Per-head causal effect ``[n_layers, n_heads]`` (the Function Vectors paper's indirect
+    effect). ``config`` (default :class:`EffectsConfig`) sets the knobs; keyword ``overrides`` are
+    :class:`EffectsConfig` field names (``n_prompts=8``, ``batched=False``, …; an unknown name
+    raises ``TypeError``).
+
+    For ``n_prompts`` corrupted (shuffled-label) ``n_shots``-shot prompts, replace head (l, h)'s
+    last-token ``z`` by the task-mean activation ``embedding[l, h]`` (default:
+    :func:`~sitelens.site.task_embedding` over ``n_mean_prompts`` clean prompts, seeded) and
+    measure P(correct first answer token | patched) − P(… | unpatched corrupted), averaged over
+    prompts. Queries come from ``split`` (default train, so the test split stays unseen).
+
+    ``batched=True``: the prefix of each corrupted prompt is encoded once into a frozen KV cache;
+    then each row of one forward pass re-runs only the last token with a different head patched
+    (per-row HeadMix weights), ``batch_size`` rows per pass. ``batched=False``: the reference loop,
+    one full forward pass (over all prompts) per head. Both give the same numbers (tested).
+
+    ``return_stats=True`` returns ``(effects, stats)`` with timings: ``seconds`` (excluding the
+    mean activation), ``forward_passes`` (the calls of ``model`` actually made, counted by a
+    forward pre-hook on it: prefix-cache passes included, the mean activation excluded),
+    ``rows``, ``baseline_prob``, ``mode``."""
+    cfg = config_with_overrides(EffectsConfig, config, overrides, "head_causal_effects")
+    L, H, d_head = model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head
+    if embedding is None:
+        embedding = task_embedding(
+            model, task, n_prompts=cfg.n_mean_prompts, n_shots=cfg.n_shots, seed=cfg.seed,
+            template=cfg.template,
+        )  # [n_layers, n_heads, d_head]
+    if tuple(embedding.shape) != (L, H, d_head):
+        raise AdapterError(
+            f"embedding has shape {tuple(embedding.shape)} but the model needs "
+            f"[n_layers={L}, n_heads={H}, d_head={d_head}]."
+        )
+    embedding = embedding.to(model.cfg.device)  # [n_layers, n_heads, d_head]
+    with _ForwardPassCounter(model) as passes:
+        effects, base, patched, rows, n, N = _head_effects(model, task, embedding, cfg)
+    if not return_stats:
+        return effects
+    stats = {
+        "mode": "batched" if cfg.batched else "serial",
+        "seconds": passes.seconds,
+        "forward_passes": passes.count,
+        "rows": int(rows),
+        "n_prompts": n,
+        "n_heads_total": N,
+        "baseline_prob": float(base.mean()),
+        "per_prompt": (patched - base[:, None]).reshape(n, L, H),  # [n_prompts, L, H]
+    }
+    return effects, stats
+
+
+class _ForwardPassCounter:
+    """Counts the calls of ``model`` (a forward pre-hook on it: every ``model(...)``, including
+    passes that stop early, e.g. :func:`sitelens.models.forward_until`) and times the block.
+    ``.count`` and ``.seconds`` are set on exit."""
+
+    def __init__(self, model):
+        self.model, self.count, self.seconds = model, 0, 0.0
+
+    def _pre(self, module, args) -> None:
+        self.count += 1
+
+    def __enter__(self):
+        self._handle = self.model.register_forward_pre_hook(self._pre)
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.seconds = time.perf_counter() - self._t0
+        self._handle.remove()
+
+
+
+
+def _head_effects(model, task: Task, embedding, cfg: EffectsConfig):
+    """The work of :func:`head_causal_effects` (its forward passes are counted around this):
+    ``(effects, base, patched, rows, n_prompts, n_heads_total)``, where ``base`` ``[n_prompts]``
+    is the answer probability unpatched and ``patched`` ``[n_prompts, N]`` with head j patched."""
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    prompts, answers = corrupted_prompts(
+        model, task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, split=cfg.split,
+        seed=cfg.seed, template=cfg.template,
+    )
+    n, N = len(prompts), L * H
+    onehots = torch.eye(N).reshape(N, L, H)  # [N, n_layers, n_heads]: row j patches head j
+    answer_probs = _batched_answer_probs if cfg.batched else _serial_answer_probs
+    base, patched = answer_probs(model, prompts, answers, onehots, embedding, cfg.batch_size)
+    effects = (patched - base[:, None]).mean(0).reshape(L, H)  # [n_layers, n_heads]
+    return effects, base, patched, (N + 1) * n, n, N
+
+
+def _batched_answer_probs(
+    model, prompts: list[str], answers: list[int], onehots: Float[Tensor, "N n_layers n_heads"],
+    embedding: Float[Tensor, "n_layers n_heads d_head"], batch_size: int,
+) -> tuple[Float[Tensor, " n_prompts"], Float[Tensor, "n_prompts N"]]:
+    """Each prompt's prefix encoded once into a frozen KV cache; then one row per (prompt,
+    condition) re-runs only the last token: condition 0 unpatched, condition 1 + j head j."""
+    # imported here, not at the top: sitelens.patching re-exports this module's names
+    from sitelens.patching import _prefix, _run_rows
+
+    n, N = len(prompts), onehots.shape[0]
+    L, H = onehots.shape[1:]
+    cache, last, ans = _prefix(model, prompts, answers)
+    weights = torch.cat([torch.zeros(1, L, H), onehots])  # [N + 1, n_layers, n_heads]
+    item_idx = torch.arange(n).repeat_interleave(N + 1)  # [n * (N + 1)], prompt-major
+    cond_idx = torch.arange(N + 1).repeat(n)  # [n * (N + 1)]
+    _, prob = _run_rows(
+        model, cache, last, ans, item_idx, cond_idx, weights, embedding, batch_size=batch_size,
+    )
+    prob = prob.reshape(n, N + 1)  # [n_prompts, N + 1]
+    return prob[:, 0], prob[:, 1:]  # [n_prompts], [n_prompts, N]
+
+
+def _serial_answer_probs(
+    model, prompts: list[str], answers: list[int], onehots: Float[Tensor, "N n_layers n_heads"],
+    embedding: Float[Tensor, "n_layers n_heads d_head"], batch_size: int,
+) -> tuple[Float[Tensor, " n_prompts"], Float[Tensor, "n_prompts N"]]:
+    """The reference: one full forward pass over all prompts (in chunks of ``batch_size``)
+    unpatched, then one per head."""
+    device = model.cfg.device
+    chunks = [
+        (encode(model, prompts[s : s + batch_size]),
+         torch.tensor(answers[s : s + batch_size], device=device))
+        for s in range(0, len(prompts), batch_size)
+    ]
+
+    def probs(mix) -> Tensor:
+        out = []
+        for enc, ans in chunks:
+            logits = last_logits(model, enc, mix)  # [b, d_vocab]
+            logp = torch.log_softmax(logits, -1).gather(1, ans[:, None])[:, 0]  # [b]
+            out.append(logp.exp().cpu())
+        return torch.cat(out)  # [n_prompts]
+
+    base = probs(None)  # [n_prompts]
+    patched = torch.stack(
+        [probs(HeadMix(weights=onehots[j].to(device), targets=embedding))
+         for j in range(onehots.shape[0])],
+        dim=1,
+    )  # [n_prompts, N]
+    return base, patched
+
+
+__all__ = ["EffectsConfig", "corrupted_prompts", "head_causal_effects", "effect_alpha_correlation"]
