@@ -1,0 +1,67 @@
+"""The ``sitelens`` command line (the console script ``sitelens = sitelens.cli:main``).
+
+Subcommands:
+
+- ``sitelens fit``: fit a SITE adapter (stage 1 + stage 2) on a task and save it;
+- ``sitelens eval``: evaluate zero-shot / ICL / SITE on a task (``--json``, per-item ``--items``);
+- ``sitelens demo``: fit SITE on a built-in task and compare zero-shot / ICL / SITE;
+- ``sitelens bench``: models × tasks × methods into one resumable results table;
+- ``sitelens patch intra | inter | effects``: activation patching (top-k / bottom-k / random-k
+  heads by α, cross-task transfer, per-head causal effects);
+- ``sitelens figures``: reproduce ``figures/`` from real runs (resumable).
+
+Bad input is refused before any model is loaded and before anything is written: one line on
+stderr, ``sitelens: error: ...``, and exit status 2. The library returns data; this package (and
+the ``bench`` / ``figures`` runners it calls) prints and writes the files, through
+:mod:`sitelens.io`.
+
+Modules: :mod:`~sitelens.cli.parser` (the parser: one-line usage errors, typed options),
+:mod:`~sitelens.cli.validate` (the checks before a model loads), :mod:`~sitelens.cli.common`
+(loading, fitting from the options, JSON rounding), and the commands: :mod:`~sitelens.cli.fit_eval`
+(fit, eval, demo), :mod:`~sitelens.cli.patch` (patch), :mod:`~sitelens.cli.runners` (bench,
+figures).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from sitelens.cli.common import setup_torch
+from sitelens.cli.fit_eval import cmd_demo, cmd_eval, cmd_fit
+from sitelens.cli.parser import build_parser, one_line
+from sitelens.cli.patch import cmd_patch
+from sitelens.cli.runners import cmd_bench, cmd_figures
+from sitelens.cli.validate import check_outputs, validate
+from sitelens.errors import SitelensError
+
+COMMANDS = {
+    "fit": cmd_fit,
+    "eval": cmd_eval,
+    "bench": cmd_bench,
+    "demo": cmd_demo,
+    "patch": cmd_patch,
+    "figures": cmd_figures,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``sitelens`` on ``argv`` (default: ``sys.argv[1:]``) and return the exit status: 0,
+    or 2 for bad input (printed as one line ``sitelens: error: ...`` on stderr)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help (0), or a usage error already printed as one line (2)
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
+    try:
+        validate(args)
+        setup_torch(args)
+        check_outputs(args)
+        return COMMANDS[args.cmd](args)
+    except SitelensError as e:
+        print(f"sitelens: error: {one_line(e)}", file=sys.stderr)
+        return 2
+
+
+__all__ = [
+    "COMMANDS", "build_parser", "check_outputs", "cmd_bench", "cmd_demo", "cmd_eval", "cmd_figures",
+    "cmd_fit", "cmd_patch", "main", "validate",
+]

@@ -1,0 +1,83 @@
+"""Helpers the subcommands share: torch set-up, loading the task and model, fitting SITE from the
+fit options, and rounding numbers for ``--json`` output."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from sitelens.cli.parser import DefaultInt
+
+
+def setup_torch(args) -> None:
+    """``--threads`` (if given) and the torch seed ``--seed``."""
+    import torch
+
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+
+
+def load_task_and_model(args, check=None):
+    """The task (already loaded by :func:`sitelens.cli.validate.validate` when it ran) and the
+    model; ``check(model)`` runs before anything is printed (checks that need the model, e.g.
+    k <= its heads). Prints the load time on stderr."""
+    from sitelens.models import load_model
+    from sitelens.tasks import load_task
+
+    task = getattr(args, "_task", None)
+    if task is None:
+        task = load_task(args.task, seed=args.seed, dedupe=getattr(args, "dedupe", False))
+    t0 = time.perf_counter()
+    model = load_model(args.model)
+    if check is not None:
+        check(model)
+    print(f"loaded {args.model} in {time.perf_counter() - t0:.1f}s; task {task}", file=sys.stderr)
+    return model, task
+
+
+def fit_from_args(model, task, args, progress=True):
+    """:func:`sitelens.site.fit_site` with the fit options of ``args`` (defaults where a command
+    has none of them); ``--protocol official`` uses ``FitConfig.official`` and, unless
+    ``--batch-size`` was given, batch size 1."""
+    from sitelens.site import FitConfig, fit_site
+
+    official = getattr(args, "protocol", "default") == "official"
+    batch_size = getattr(args, "batch_size", 8)
+    if official and isinstance(batch_size, DefaultInt):
+        batch_size = 1
+    cfg = (FitConfig.official if official else FitConfig)(
+        lr=getattr(args, "lr", 0.2),
+        n_examples=getattr(args, "n_examples", 400),
+        batch_size=int(batch_size),
+        sparsity=getattr(args, "sparsity", 0.0),
+        seed=args.seed,
+    )
+    return fit_site(
+        model, task, n_prompts=getattr(args, "n_prompts", 50),
+        n_shots=getattr(args, "n_shots", 10), config=cfg, progress=progress,
+    )
+
+
+def adapter_or_fit(model, task, args):
+    """The ``--adapter`` directory's adapter (checked against ``model``), or SITE fitted on
+    ``task`` with the fit options."""
+    from sitelens.site import SiteAdapter
+
+    if getattr(args, "adapter", None):
+        adapter = SiteAdapter.load(args.adapter)
+        adapter.check_model(model)
+        return adapter
+    print(f"fitting SITE on {task.name} (pass --adapter DIR to reuse one)", file=sys.stderr)
+    return fit_from_args(model, task, args, progress=False)
+
+
+def round4_or_none(x) -> float | None:
+    """``x`` as a float rounded to 4 decimals, or ``None`` for NaN (JSON has no NaN)."""
+    x = float(x)
+    return None if x != x else round(x, 4)
+
+
+def top_heads_line(adapter, n: int = 8) -> str:
+    """``L{l}H{h}=α, ...`` for the ``n`` highest-α heads of ``adapter``."""
+    return ", ".join(f"L{layer}H{h}={a:.2f}" for layer, h, a in adapter.top_heads(n))

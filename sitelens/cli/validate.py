@@ -1,0 +1,228 @@
+"""Checks that run before a model is loaded and before anything is written.
+
+:func:`validate` checks what the parser cannot: path arguments, the fit options (``FitConfig``'s
+own checks), model names (bundled, TransformerLens names in the local Hugging Face cache, HF
+directories), tasks (loaded here, cheap, and kept on ``args`` for the command), enough training
+items for ``--n-shots``, adapter directories, option combinations. :func:`check_outputs` refuses
+output paths of the wrong kind. :func:`check_heads` is the one check that needs the model (k at
+most its number of heads); the commands call it right after the load. Each raises a
+:class:`~sitelens.errors.SitelensError`, which :func:`sitelens.cli.main` prints as one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sitelens.cli.parser import command_name, split_csv
+from sitelens.errors import UsageError
+from sitelens.io import check_dir, check_output
+
+# the commands that take one --task
+_ONE_TASK_COMMANDS = ("fit", "eval", "demo", "patch intra", "patch effects")
+
+
+def check_path_arg(value: str, option: str) -> None:
+    """An output or input path that the file system can take: not empty, no NUL character, not
+    too long (caught here as one error instead of an OSError later)."""
+    from sitelens.errors import OutputError
+
+    if not value.strip():
+        raise UsageError(f"{option} is empty; give a path.")
+    if "\x00" in value:
+        raise UsageError(f"{option} {value!r} contains a NUL character; give a valid path.")
+    try:
+        Path(value).exists()
+    except OSError as e:
+        raise OutputError(f"Cannot use {option} {value!r}: {e.strerror or e}; give another path.") from e
+
+
+def load_task_checked(spec: str, **kw):
+    """:func:`sitelens.tasks.load_task`, with an OS error (e.g. a name too long for a path) raised
+    as a :class:`~sitelens.errors.TaskError`."""
+    from sitelens.errors import TaskError
+    from sitelens.tasks import load_task
+
+    try:
+        return load_task(spec, **kw)
+    except OSError as e:
+        raise TaskError(f"Cannot read the task {spec!r}: {e.strerror or e}; give a built-in "
+                        "task name, an FV-layout directory or a JSON file.") from e
+
+
+def _tasks_dir_specs(tasks_dir: str, abstractive: bool) -> list[str]:
+    """The FV-layout task folders under ``--tasks-dir`` (only the abstractive ones with
+    ``--abstractive``)."""
+    from sitelens.errors import TaskError
+
+    root = Path(tasks_dir)
+    if not root.is_dir():
+        raise TaskError(f"--tasks-dir {root} is not a directory; give the directory that holds "
+                        "one FV-layout folder (TASK/train.json, ...) per task.")
+    names = sorted(p.name for p in root.iterdir() if (p / "train.json").exists())
+    if abstractive:
+        from sitelens.bench import FV_EXTRACTIVE
+
+        names = [n for n in names if n not in FV_EXTRACTIVE]
+    if not names:
+        raise TaskError(f"--tasks-dir {root} holds no task folder (TASK/train.json); give the "
+                        "directory that holds one FV-layout folder per task.")
+    return [str(root / n) for n in names]
+
+
+def bench_tasks(args) -> list:
+    """The tasks of ``sitelens bench``: ``--tasks`` (space- or comma-separated) and the folders
+    of ``--tasks-dir``, loaded with ``dedupe=True``; the list :func:`validate` kept, if it ran."""
+    from sitelens.errors import TaskError
+
+    if getattr(args, "_tasks", None) is not None:  # loaded by validate
+        return args._tasks
+    if args.abstractive and not args.tasks_dir:
+        raise UsageError("--abstractive selects among the tasks of --tasks-dir; give --tasks-dir DIR.")
+    specs = [t for arg in args.tasks for t in arg.split(",") if t]  # a/{x,y} or a/x,a/y
+    if args.tasks_dir:
+        specs += _tasks_dir_specs(args.tasks_dir, args.abstractive)
+    if not specs:
+        raise TaskError("Give --tasks NAME[,NAME...] or --tasks-dir DIR.")
+    return [load_task_checked(s, seed=args.seed, dedupe=True) for s in specs]
+
+
+def _check_path_args(args) -> None:
+    for option in ("out", "items", "adapter", "tasks_dir"):
+        value = getattr(args, option, None)
+        if value is not None:
+            check_path_arg(value, "--" + option.replace("_", "-"))
+    for value in split_csv(getattr(args, "adapters", None)):
+        check_path_arg(value, "--adapters")
+
+
+def _check_fit_options(args) -> None:
+    """The fit options through ``FitConfig``'s own checks (``--lr`` positive and finite, ...)."""
+    if hasattr(args, "lr"):
+        from sitelens.site import FitConfig
+
+        FitConfig(lr=args.lr, n_examples=args.n_examples, batch_size=int(args.batch_size),
+                  sparsity=args.sparsity, seed=args.seed)
+
+
+def _check_models(args) -> None:
+    from sitelens.models import check_model_available
+
+    models = [args.model] if hasattr(args, "model") else split_csv(args.models)
+    for name in models:
+        check_model_available(name)
+
+
+def inter_tasks(args) -> list:
+    """The tasks of ``patch inter``: at least two, and one ``--adapters`` directory per task."""
+    from sitelens.errors import AdapterError, TaskError
+
+    names = split_csv(args.tasks)
+    if len(names) < 2:
+        raise TaskError("patch inter needs at least two tasks: --tasks a,b[,c...].")
+    tasks = [load_task_checked(n, seed=args.seed) for n in names]
+    dirs = split_csv(args.adapters)
+    if dirs and len(dirs) != len(tasks):
+        raise AdapterError(f"--adapters has {len(dirs)} directories for {len(tasks)} tasks; "
+                           "give one per task, in the order of --tasks.")
+    return tasks
+
+
+def _figures_tasks(args) -> list:
+    """The tasks of ``figures``: at least two; ``--intra-tasks`` / ``--effect-tasks`` among them."""
+    from sitelens.figures import FIGURE_TASKS
+
+    names = split_csv(args.tasks) or list(FIGURE_TASKS)
+    if len(names) < 2:
+        raise UsageError("figures needs at least two --tasks (inter-task patching runs over "
+                         "pairs): --tasks a,b[,c...].")
+    for option in ("intra_tasks", "effect_tasks"):
+        extra = [n for n in split_csv(getattr(args, option)) if n not in names]
+        if extra:
+            raise UsageError(f"--{option.replace('_', '-')} names {extra[0]!r}, which is not "
+                             f"in --tasks ({', '.join(names)}); pick a subset of --tasks.")
+    return [load_task_checked(n, seed=args.seed) for n in names]
+
+
+def _load_tasks(args, cmd: str) -> list:
+    """Every task the command will use, loaded; the one task of a single-task command is kept as
+    ``args._task`` and bench's list as ``args._tasks``."""
+    if cmd in _ONE_TASK_COMMANDS:
+        args._task = load_task_checked(args.task, seed=args.seed,
+                                       dedupe=getattr(args, "dedupe", False))
+        return [args._task]
+    if cmd == "patch inter":
+        return inter_tasks(args)
+    if cmd == "bench":
+        args._tasks = bench_tasks(args)  # kept: the bench command's bench_tasks returns them
+        return args._tasks
+    if cmd == "figures":
+        return _figures_tasks(args)
+    return []  # pragma: no cover - every command is listed above
+
+
+def _check_n_shots(args, cmd: str, tasks: list) -> None:
+    """``--n-shots`` demonstrations fit in every task's train split (where demonstrations are
+    used: not by bench, and by eval only with the icl method)."""
+    from sitelens.errors import TaskError
+
+    n_shots = getattr(args, "n_shots", None)
+    uses_demos = cmd != "bench" and (cmd != "eval" or "icl" in split_csv(args.methods))
+    if not (n_shots and uses_demos):
+        return
+    for task in tasks:
+        if n_shots > len(task.train):
+            raise TaskError(
+                f"Asked for {n_shots} demonstrations but {task.name} has only "
+                f"{len(task.train)} training items; use fewer shots (--n-shots) or a task "
+                "with more training items."
+            )
+
+
+def _check_adapters(args) -> None:
+    """Every ``--adapter`` / ``--adapters`` directory loads (a missing, truncated or corrupted
+    adapter raises :class:`~sitelens.errors.AdapterError`)."""
+    adapter_dirs = [args.adapter] if getattr(args, "adapter", None) else []
+    adapter_dirs += split_csv(getattr(args, "adapters", None))
+    if adapter_dirs:
+        from sitelens.site import SiteAdapter
+
+        for d in adapter_dirs:
+            SiteAdapter.load(d)
+
+
+def validate(args) -> None:
+    """Everything that can be checked before a model is loaded and before anything is written:
+    path arguments, fit options, model names, tasks (loaded and kept for the command), enough
+    training items for ``--n-shots``, adapter directories, option combinations. Raises a
+    :class:`~sitelens.errors.SitelensError`."""
+    cmd = command_name(args)
+    _check_path_args(args)
+    _check_fit_options(args)
+    _check_models(args)
+    tasks = _load_tasks(args, cmd)
+    _check_n_shots(args, cmd, tasks)
+    _check_adapters(args)
+
+
+def check_outputs(args) -> None:
+    """Refuse, before any work, every output path of the wrong kind or where a file of another
+    kind lies (:func:`sitelens.io.check_output`); output directories must be writable."""
+    if getattr(args, "items", None):
+        check_output(args.items, "csv", option="--items")
+    if args.cmd == "patch" and getattr(args, "out", None):
+        check_output(args.out, "csv")
+    if args.cmd in ("fit", "figures"):
+        check_dir(args.out)
+
+
+def check_heads(model, ks: list[int], option: str) -> None:
+    """Every k of ``ks`` at most the model's number of heads (the parser checked k >= 1)."""
+    from sitelens.models import model_name
+
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    bad = [k for k in ks if k > L * H]
+    if bad:
+        raise UsageError(
+            f"{option} {bad[0]} is more than the {L * H} attention heads of "
+            f"{model_name(model)} ({L} layers x {H} heads); use k between 1 and {L * H}."
+        )
