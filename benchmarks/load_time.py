@@ -64,7 +64,8 @@ def main() -> None:
     (RESULTS / "load_time.md").write_text(
         "# Model load times\n\nMade by `python benchmarks/load_time.py` (each load in a fresh "
         "process, `SITELENS_CACHE` a new temporary directory; the second load reads what the first "
-        "wrote). `seconds` is `load_model` alone; `import_seconds` is `import sitelens` before it. Every run is appended; the load average before each is recorded.\n\n"
+        "wrote). `seconds` is `load_model` alone; `import_seconds` is `import sitelens` before "
+        "it. Every run is appended; the load average before each is recorded.\n\n"
         + md_table(df) + "\n"
     )
 
