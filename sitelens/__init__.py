@@ -1,40 +1,66 @@
-"""sitelens: SITE (soft head selection for ICL-derived task embeddings) on TransformerLens,
-with mechanistic checks of the learned head weights."""
+"""sitelens: SITE (soft head selection for ICL-derived task embeddings) on TransformerLens, with
+mechanistic checks of the learned head weights.
 
-from sitelens import baselines, metrics, patching, plotting  # noqa: E402  (submodules)
+``import sitelens as sl`` gives the public API, :data:`__all__`, grouped below as in the source:
+models, tasks, SITE (stage 1, stage 2, the adapter, the intervention primitive), evaluation,
+baselines, patching and analysis, bench and figures, provenance, errors. The modules behind the
+names hold more (``sitelens.models``, ``sitelens.patching``, ...; see the API reference).
+
+Plots need plotly, which ``import sitelens`` does not load: :mod:`sitelens.plotting`,
+:mod:`sitelens.figures`, :func:`make_figures` and :class:`FigureConfig` are imported on first
+access (``sl.plotting.alpha_heatmap``, ``from sitelens import make_figures``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from sitelens import baselines, metrics, patching
 from sitelens.attention import enable_fast_attention, fast_attention_enabled
-from sitelens.baselines import available_methods, get_method
+from sitelens.baselines import Fitted, HookIntervention, Method, available_methods, get_method
 from sitelens.bench import run_bench, summary_markdown
+from sitelens.effects import EffectsConfig, head_causal_effects
 from sitelens.errors import (
     AdapterError,
     FitError,
+    MethodError,
     ModelError,
     OutputError,
     PromptTooLongError,
     SitelensError,
     TaskError,
     TokenizationError,
+    UsageError,
 )
-from sitelens.evaluate import evaluate, exact_match, greedy_generate, last_logits, summarize
+from sitelens.evaluate import (
+    Protocol,
+    evaluate,
+    exact_match,
+    greedy_generate,
+    last_logits,
+    summarize,
+)
 from sitelens.injection import HeadMix, apply_hooks, head_mask
-from sitelens.metrics import dntp
+from sitelens.metrics import bootstrap_ci, dntp
 from sitelens.models import (
     DEFAULT_MODEL,
     available_models,
     encode,
     fingerprint,
     load_model,
+    prepare_bridge,
     tiny_model,
     z_hook_name,
 )
 from sitelens.patching import (
     alpha_similarity,
     effect_alpha_correlation,
-    head_causal_effects,
     inter_task,
     intra_task,
     transfer_similarity_correlation,
 )
+from sitelens.provenance import NUMERICS_VERSION
 from sitelens.site import FitConfig, SiteAdapter, fit_alpha, fit_site, task_embedding
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,
@@ -49,19 +75,62 @@ from sitelens.tasks import (
     zero_shot_prompt,
 )
 
+if TYPE_CHECKING:  # imported on first access (they load plotly); see __getattr__
+    from sitelens import figures, plotting
+    from sitelens.figures import FigureConfig, make_figures
+
 __version__ = "0.1.0"
 
+# name -> (module, attribute; None for the module itself), imported on first access
+_LAZY = {
+    "plotting": ("sitelens.plotting", None),
+    "figures": ("sitelens.figures", None),
+    "make_figures": ("sitelens.figures", "make_figures"),
+    "FigureConfig": ("sitelens.figures", "FigureConfig"),
+}
+
+
+def __getattr__(name: str):
+    """The plotly-backed names of :data:`_LAZY`, imported when first used (PEP 562)."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'sitelens' has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    value = importlib.import_module(module)
+    if attr is not None:
+        value = getattr(value, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
-    "AdapterError", "FitError", "ModelError", "OutputError", "PromptTooLongError",
-    "SitelensError", "TaskError", "TokenizationError",
-    "evaluate", "exact_match", "greedy_generate", "last_logits", "summarize",
+    # models: loading, tiny test models, tokens, the per-head z hook, fused attention
+    "DEFAULT_MODEL", "available_models", "load_model", "tiny_model", "prepare_bridge",
+    "fingerprint", "encode", "z_hook_name", "enable_fast_attention", "fast_attention_enabled",
+    # tasks: splits, prompt templates, prompts, answer tokens
+    "Task", "Example", "Template", "DEFAULT_TEMPLATE", "builtin_tasks", "load_task",
+    "task_from_pairs", "few_shot_prompts", "zero_shot_prompt", "answer_token_id",
+    # SITE: stage 1 (task embedding), stage 2 (α), the adapter, the intervention primitive
+    "task_embedding", "fit_alpha", "FitConfig", "fit_site", "SiteAdapter",
     "HeadMix", "apply_hooks", "head_mask",
-    "DEFAULT_MODEL", "available_models", "encode", "fingerprint", "load_model", "tiny_model",
-    "z_hook_name", "enable_fast_attention", "fast_attention_enabled",
-    "FitConfig", "SiteAdapter", "fit_alpha", "fit_site", "task_embedding",
-    "DEFAULT_TEMPLATE", "Example", "Task", "Template", "answer_token_id", "builtin_tasks",
-    "few_shot_prompts", "load_task", "task_from_pairs", "zero_shot_prompt",
-    "baselines", "metrics", "patching", "plotting", "available_methods", "get_method", "run_bench",
-    "summary_markdown", "dntp", "alpha_similarity", "effect_alpha_correlation", "head_causal_effects",
-    "inter_task", "intra_task", "transfer_similarity_correlation",
+    # evaluation: generation, scoring, protocols, metrics
+    "evaluate", "summarize", "greedy_generate", "last_logits", "exact_match", "Protocol",
+    "dntp", "bootstrap_ci",
+    # baselines: one Method per approach, fitted into a Fitted intervention
+    "Method", "Fitted", "HookIntervention", "available_methods", "get_method",
+    # patching and analysis: intra / inter-task patching, per-head causal effects, α statistics
+    "intra_task", "inter_task", "head_causal_effects", "EffectsConfig", "alpha_similarity",
+    "effect_alpha_correlation", "transfer_similarity_correlation",
+    # bench and figures (the figures names are imported on first access: they load plotly)
+    "run_bench", "summary_markdown", "make_figures", "FigureConfig",
+    # provenance: the version of the numerics that every cached result is keyed on
+    "NUMERICS_VERSION",
+    # errors: SitelensError and its subclasses, each message naming the fix
+    "SitelensError", "AdapterError", "FitError", "MethodError", "ModelError", "OutputError",
+    "PromptTooLongError", "TaskError", "TokenizationError", "UsageError",
+    # submodules (plotting and figures imported on first access)
+    "baselines", "metrics", "patching", "plotting", "figures",
 ]

@@ -8,8 +8,9 @@ with ``w`` soft weights (SITE's α) or a binary mask (patching). ``w`` and ``t``
 batch dimension, so that each row of one forward pass patches different heads. ``w = 0`` leaves ``z``
 bit-identical; ``w = 1`` gives exactly ``t``.
 
-The hook acts only on a forward pass that sees the whole prompt (``seq_len``), so a hook left in place
-during KV-cached decoding (one position per step) never re-injects.
+With ``seq_len`` set (generation pins it to the prompt's length), the hook acts only on a forward pass
+that sees the whole prompt, so a hook left in place during KV-cached decoding (one position per
+step) never re-injects; without it, the hook acts on every pass.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class HeadMix:
     seq_len: int | None = None
 
     def layers(self) -> list[int]:
-        """Layers with any non-zero weight (others are skipped: no hook, no cost)."""
+        """Layers with any non-zero weight (others are skipped: no hook, no cost); every layer
+        while ``weights`` requires grad (training must reach all of them)."""
         w = self.weights.detach()
         per_layer = w.abs().reshape(-1, w.shape[-2], w.shape[-1]).amax(dim=(0, 2))  # [n_layers]
         if self.weights.requires_grad:
@@ -66,6 +68,8 @@ class HeadMix:
         return fn
 
     def hooks(self, model) -> list[tuple[str, callable]]:
+        """``(hook_name, fn)`` pairs for :func:`apply_hooks`: one per layer of :meth:`layers`, on
+        that layer's per-head ``z`` hook (:func:`sitelens.models.z_hook_name`)."""
         return [(z_hook_name(model, layer), self.hook_fn(layer)) for layer in self.layers()]
 
 

@@ -1,7 +1,13 @@
 """Tasks: input/output pairs in seeded train/valid/test splits, prompt building, answer tokens.
 
 A task comes from the built-in suite (``sitelens/data/tasks/*.json``), from an FV-layout directory
-``TASK/{train,valid,test}.json``, or from one JSON file of pairs (split with a seed).
+``TASK/{train,valid,test}.json``, or from one JSON file of pairs (:func:`load_task`), or from a
+list of pairs in Python (:func:`task_from_pairs`); the suite, files and lists are split 70/10/20
+with a seed, FV-layout directories keep their own splits.
+
+Prompts: :func:`zero_shot_prompt` (the query alone), :func:`few_shot_prompts` (demonstrations from
+the train split, never the query itself), :func:`embedding_prompts` (stage 1's few-shot prompts),
+all through a :class:`Template`; :func:`answer_token_id` is the answer's first token.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ CASE_SENSITIVE_MARKERS = ("capitalize", "lowercase", "uppercase")
 
 @dataclass(frozen=True)
 class Example:
+    """One input/output pair of a task."""
+
     input: str
     output: str
 
@@ -78,7 +86,10 @@ DEFAULT_TEMPLATE = Template()
 
 @dataclass
 class Task:
-    """A named task with train/valid/test lists of :class:`Example`."""
+    """A named task with train/valid/test lists of :class:`Example`.
+
+    ``case_sensitive`` makes exact-match scoring compare case; it is switched on for tasks whose
+    name contains ``capitalize``, ``lowercase`` or ``uppercase``."""
 
     name: str
     train: list[Example]
@@ -266,9 +277,11 @@ def few_shot_prompts(
     template: Template = DEFAULT_TEMPLATE,
     shuffle_labels: bool = False,
 ) -> list[str]:
-    """One k-shot prompt per query, demonstrations from ``task.train`` only, never the query.
+    """One ``n_shots``-shot prompt per query, demonstrations from ``task.train`` only, never the
+    query (by input).
 
-    ``shuffle_labels`` permutes the demonstration outputs (corrupted prompts for causal effects).
+    ``shuffle_labels`` permutes the demonstration outputs, never leaving all in place (corrupted
+    prompts for causal effects).
     """
     rng = random.Random(seed)
     perm_rng = random.Random(seed + 1_000_003)  # separate stream: same demos as the clean prompts
