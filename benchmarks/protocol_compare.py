@@ -143,18 +143,29 @@ def summarize_all(out: Path = CSV) -> str:
         sub = matched[matched.task.isin(both)]
         piv = sub.pivot_table(index=["task", "method"], columns="fit_protocol",
                               values=["exact_match", "first_token_acc"])
-        lines += ["## Means over the tasks with both protocols", "",
-                  "| method | EM default | EM official | Δ EM | FT default | FT official | Δ FT |",
-                  "|---|---|---|---|---|---|---|"]
-        for method in ("site", "icl", "zero-shot"):
-            p = piv.xs(method, level="method")
-            em, ft = p["exact_match"].mean(), p["first_token_acc"].mean()
-            lines.append(
-                f"| {method} | {_pct(em['default'])} | {_pct(em['official'])} | "
-                f"{100 * (em['official'] - em['default']):+.1f} | {_pct(ft['default'])} | "
-                f"{_pct(ft['official'])} | {100 * (ft['official'] - ft['default']):+.1f} |"
-            )
-        lines += ["", "## SITE per task (fit and eval under the same protocol)", "",
+        sample = [t for t in both if t not in ("word_length", "country-currency")]
+        for title, subset in ((f"all {len(both)} tasks", both),
+                              (f"the {len(sample)}-task sample (without word_length and "
+                               "country-currency)", sample)):
+            lines += [f"## Means over {title}", "",
+                      "| method | EM default | EM official | Δ EM | FT default | FT official | Δ FT |",
+                      "|---|---|---|---|---|---|---|"]
+            for method in ("site", "icl", "zero-shot"):
+                p = piv.xs(method, level="method").loc[subset]
+                em, ft = p["exact_match"].mean(), p["first_token_acc"].mean()
+                lines.append(
+                    f"| {method} | {_pct(em['default'])} | {_pct(em['official'])} | "
+                    f"{100 * (em['official'] - em['default']):+.1f} | {_pct(ft['default'])} | "
+                    f"{_pct(ft['official'])} | {100 * (ft['official'] - ft['default']):+.1f} |"
+                )
+            lines.append("")
+        lines += [
+            "On word_length every answer is a number: under the default protocol the answer token "
+            "is the space of `\" 5\"`, which the model always predicts (FT 100%, EM 0%), so the "
+            "default FT there measures nothing; the official protocol scores the digit itself.",
+            "",
+        ]
+        lines += ["## SITE per task (fit and eval under the same protocol)", "",
                   "| task | EM default | EM official | Δ EM | FT default | FT official | Δ FT "
                   "| digit / `(` targets | kept step (default, official) | stage 2 s (default, "
                   "official) |",

@@ -58,6 +58,12 @@ class Protocol:
     ``preprocess.py`` puts no space before an all-digit answer
     (:attr:`sitelens.tasks.Template.bare_digits`). Its stage 2 is
     :meth:`sitelens.site.FitConfig.official`.
+
+    Two details follow sitelens rather than the reference: the answer token is the first token of
+    the (prefixed) answer tokenized alone, where the reference diffs the tokenizations of the prompt
+    and prompt + answer (the same token on all 9,724 FV test items checked with SmolLM2's
+    tokenizer, the first 200 per task); and EOS is the tokenizer's ``eos_token_id``, where
+    ``generate`` uses the model's generation config.
     """
 
     name: str = "default"
@@ -89,7 +95,11 @@ def get_protocol(spec: str | Protocol | None = None) -> Protocol:
     return PROTOCOLS[name]
 
 
-def _hooks_for(model, intervention, seq_len: int) -> list:
+def intervention_hooks(model, intervention, seq_len: int | None) -> list:
+    """The ``(hook_name, fn)`` pairs of an intervention for a prompt batch of ``seq_len``
+    positions: none for ``None``; a :class:`HeadMix` pinned to ``seq_len`` (so it acts in the
+    prefill and never on a one-position decode step); else ``intervention(model, seq_len)`` (a
+    :class:`sitelens.baselines.HookIntervention` or any such callable)."""
     if intervention is None:
         return []
     if isinstance(intervention, HeadMix):
@@ -103,7 +113,7 @@ def last_logits(
 ) -> Float[Tensor, "batch d_vocab"]:
     """Logits at the last prompt position, under an optional intervention (only that position is
     unembedded)."""
-    with torch.no_grad(), apply_hooks(model, _hooks_for(model, intervention, enc.tokens.shape[1])):
+    with torch.no_grad(), apply_hooks(model, intervention_hooks(model, intervention, enc.tokens.shape[1])):
         return last_position_logits(model, enc)  # [batch, d_vocab]
 
 
@@ -136,7 +146,7 @@ def greedy_generate(
     eos = model.tokenizer.eos_token_id
     out: list[Tensor] = []
     done = torch.zeros(batch, dtype=torch.bool)
-    hooks = _hooks_for(model, intervention, enc.tokens.shape[1])
+    hooks = intervention_hooks(model, intervention, enc.tokens.shape[1])
     # Hooks stay on for the decode steps: prefill-only interventions (HeadMix, last-token
     # injections) are pinned to the prompt length and skip them; every-position methods (LoRA,
     # (IA)3, I2CL) must act on them.
