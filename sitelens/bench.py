@@ -22,6 +22,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,7 @@ from sitelens.models import (
     token_ids,
 )
 from sitelens.provenance import NUMERICS_VERSION, canonical, settings_hash, task_hash
+from sitelens.runs import config_with_overrides
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,
     Example,
@@ -137,8 +139,8 @@ def _check_header(path: Path, content: bytes) -> list[str]:
     return header
 
 
-def _cell(value):
-    """CSV text of a value: NaN as an empty field (read back as NaN)."""
+def _csv_field(value):
+    """A value as a CSV field: NaN as an empty field (read back as NaN)."""
     if isinstance(value, float) and math.isnan(value):
         return ""
     return value
@@ -154,7 +156,7 @@ def _csv_text(rows: list[dict], *, header: bool) -> bytes:
     if header:
         writer.writeheader()
     for row in rows:
-        writer.writerow({k: _cell(row.get(k, "")) for k in COLUMNS})
+        writer.writerow({k: _csv_field(row.get(k, "")) for k in COLUMNS})
     return buf.getvalue().encode()
 
 
@@ -282,22 +284,32 @@ def _task_of(spec) -> Task:
     return spec if isinstance(spec, Task) else load_task(spec)
 
 
+@dataclass(frozen=True)
+class BenchConfig:
+    """The settings of one bench run (see :func:`run_bench`, which also takes each field as a
+    keyword argument). All but ``progress`` and ``n_ctx`` are part of every row's key."""
+
+    limit: int | None = 100  # test items per task (None: all)
+    seed: int = 0  # fits, demonstrations and the ICL reference
+    n_shots: int = 10  # demonstrations of the ICL reference (dNTP) and of the icl method
+    batch_size: int = 16  # prompts per forward pass when scoring
+    template: Template = DEFAULT_TEMPLATE
+    progress: bool = False  # a tqdm bar over the cells
+    n_ctx: int | None = None  # context length of models loaded by name (None: load_model's)
+
+
 def run_bench(
     models: Sequence,
     tasks: Sequence,
     methods: Sequence[str | Method],
     out_csv: str | Path,
-    *,
-    limit: int | None = 100,
-    seed: int = 0,
-    n_shots: int = 10,
-    batch_size: int = 16,
-    template: Template = DEFAULT_TEMPLATE,
-    progress: bool = False,
-    n_ctx: int | None = None,
+    config: BenchConfig | None = None,
+    **overrides,
 ) -> pd.DataFrame:
     """Fit and score every (model, task, method) cell whose key is not yet in ``out_csv``; return
-    this run's rows (one per cell, in models × tasks × methods order).
+    this run's rows (one per cell, in models × tasks × methods order). ``config`` (default
+    :class:`BenchConfig`) holds the settings; keyword ``overrides`` are its field names
+    (``limit=3``, ``n_shots=2``, …; an unknown name raises ``TypeError``).
 
     A cell's key (:func:`cell_key`) hashes everything that made it (:func:`cell_settings`): model
     and weight fingerprint, task and a hash of its splits, the method and all its
@@ -315,6 +327,7 @@ def run_bench(
     for tasks whose k-shot prompts are longer (squad_val's 10-shot prompts reach 2,621 SmolLM2
     tokens). Results do not depend on it for prompts that fit.
     """
+    cfg = config_with_overrides(BenchConfig, config, overrides, "run_bench")
     methods = [get_method(m) for m in methods]
     names = [m.name for m in methods]
     if len(set(names)) != len(names):
@@ -323,16 +336,17 @@ def run_bench(
     done = _done_keys(read_results(out_csv))
     keys_this_run: list[str] = []
     bar = tqdm(total=len(models) * len(task_list) * len(methods), desc="bench",
-               disable=not progress)
+               disable=not cfg.progress)
     for spec in models:
         # The key holds the weight fingerprint, so each model is loaded (one at a time) even when
         # all of its cells are done: SmolLM2 takes about a second from the weight cache.
-        model = load_model(spec, n_ctx=n_ctx) if isinstance(spec, str) else spec
+        model = load_model(spec, n_ctx=cfg.n_ctx) if isinstance(spec, str) else spec
         for task in task_list:
             pending = []
             for method in methods:
-                settings = cell_settings(model, task, method, seed=seed, n_shots=n_shots,
-                                         limit=limit, batch_size=batch_size, template=template)
+                settings = cell_settings(model, task, method, seed=cfg.seed, n_shots=cfg.n_shots,
+                                         limit=cfg.limit, batch_size=cfg.batch_size,
+                                         template=cfg.template)
                 key = cell_key(settings)
                 keys_this_run.append(key)
                 if key in done:
@@ -340,8 +354,7 @@ def run_bench(
                 else:
                     pending.append((method, settings, key))
             if pending:
-                _run_cells(model, task, pending, out_csv, bar, limit=limit, seed=seed,
-                           n_shots=n_shots, batch_size=batch_size, template=template)
+                _run_cells(model, task, pending, out_csv, bar, cfg)
         del model
     bar.close()
     df = read_results(out_csv)
@@ -350,25 +363,24 @@ def run_bench(
     return mine.sort_values("key", key=lambda c: c.map(order)).reset_index(drop=True)
 
 
-def _run_cells(model, task: Task, pending: list, out_csv, bar, *, limit, seed, n_shots,
-               batch_size, template) -> None:
+def _run_cells(model, task: Task, pending: list, out_csv, bar, cfg: BenchConfig) -> None:
     """Fit and score the ``pending`` (method, settings, key) cells of one (model, task); append
     each row as soon as it is finished."""
-    items = task.test[:limit] if limit else task.test
+    items = task.test[:cfg.limit] if cfg.limit else task.test
     ref_error = ""
     try:
-        reference = reference_logits(model, task, items, n_shots=n_shots, seed=seed,
-                                     template=template, batch_size=batch_size)
+        reference = reference_logits(model, task, items, n_shots=cfg.n_shots, seed=cfg.seed,
+                                     template=cfg.template, batch_size=cfg.batch_size)
     except SitelensError as e:
         reference, ref_error = None, f"dntp: {e}"
     for method, settings, key in pending:
         row = dict(settings, key=key, n=len(items))
         t0 = time.perf_counter()
         try:
-            fitted = method.fit(model, task, seed=seed, template=template)
+            fitted = method.fit(model, task, seed=cfg.seed, template=cfg.template)
             fit_seconds = time.perf_counter() - t0
             res = score_fitted(model, task, items, fitted, reference=reference,
-                               template=template, batch_size=batch_size)
+                               template=cfg.template, batch_size=cfg.batch_size)
             row.update({k: res[k] for k in ("first_token_acc", "exact_match", "dntp",
                                              "seconds_per_item")})
             row.update(trainable_params=fitted.n_params, fit_seconds=fit_seconds,

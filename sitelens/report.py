@@ -1,0 +1,308 @@
+"""What a figures run measured and shows: the summary numbers and the figures of one model's run
+(a :class:`sitelens.figures.ModelRun`), rebuilt from its cells in seconds.
+
+- :func:`summarize_model`: high- vs low-α gaps (per λ, at ``gap_ks``), transfer within vs between
+  families, α similarity within vs between, α-similarity / transfer Spearman (Mantel p), and
+  effect–α Spearman per task; :func:`summary_rows` flattens a summary into a long table and
+  :func:`headline` picks its headline numbers.
+- :func:`model_figures`: ``{name: (plotly Figure, CSV frame)}`` from :mod:`sitelens.plotting`.
+
+The statistics themselves are in :mod:`sitelens.analysis`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+import torch
+
+from sitelens.analysis import (
+    TASK_FAMILIES,
+    by_target_family,
+    effect_alpha_correlation,
+    intra_gaps,
+    intra_mean,
+    round_or_none,
+    target_centred,
+    transfer_matrix,
+    transfer_similarity_correlation,
+    within_between,
+)
+from sitelens.patching import default_ks
+from sitelens.plotting import (
+    alpha_facets,
+    alpha_heatmap,
+    cluster_order,
+    effect_vs_alpha,
+    matrix_heatmap,
+    patching_curves,
+)
+from sitelens.site import SiteAdapter
+
+if TYPE_CHECKING:
+    from sitelens.figures import FigureConfig, ModelRun
+
+
+def gap_k(spec: str | int, n_total: int) -> int:
+    """``10`` → 10 heads; ``"5%"`` → 5% of all heads (rounded, at least 1)."""
+    if isinstance(spec, str) and spec.endswith("%"):
+        return max(1, min(n_total, round(float(spec[:-1]) / 100 * n_total)))
+    return max(1, min(n_total, int(spec)))
+
+
+def intra_ks(n_total: int, cfg: FigureConfig) -> list[int]:
+    """1, 2, 4, …, all heads, plus the k of ``cfg.gap_ks``."""
+    ks = set(default_ks(n_total)) | {gap_k(g, n_total) for g in cfg.gap_ks}
+    return sorted(ks)
+
+
+def lambda_tag(sparsity: float) -> str:
+    """The λ part of cell and figure names: ``lam0``, ``lam5``, ``lam0.5``."""
+    return f"lam{sparsity:g}"
+
+
+# ----------------------------------------------------------------------------------------------
+# summary
+
+
+def summarize_model(run: ModelRun) -> dict:
+    """The measured numbers of one model: high- vs low-α gaps (per λ, at ``gap_ks``), transfer
+    within vs between families (raw, over zero-shot), α similarity within vs between, the
+    α-similarity / transfer Spearman (Mantel p), and effect–α Spearman per task. Numbers are
+    rounded to 4 digits; NaN becomes ``None``."""
+    cfg = run.config
+    families = {t: TASK_FAMILIES.get(t, t) for t in cfg.tasks}
+    return {
+        "model": run.model,
+        "n_layers": run.n_layers,
+        "n_heads": run.n_heads,
+        "n_heads_total": run.n_total,
+        "main_sparsity": cfg.main_sparsity,
+        "intra_tasks": list(cfg.intra_tasks),
+        "tasks": list(cfg.tasks),
+        "intra": _intra_summary(run),
+        "transfer": _transfer_summary(run.inter, families),
+        "alpha_similarity": {
+            name: _rounded(within_between(mat, families)) for name, mat in run.similarity.items()
+        },
+        "similarity_transfer_spearman": _similarity_transfer_summary(run),
+        "effects": _effects_summary(run),
+        "compute_seconds": round_or_none(math.fsum(run.timings.values()), 1),  # order-independent
+    }
+
+
+def _rounded(numbers: dict) -> dict:
+    return {k: round_or_none(v) for k, v in numbers.items()}
+
+
+def _norm_suffix(normalize: str) -> str:
+    return "" if normalize == "none" else f"_minus_{normalize}"
+
+
+def _intra_summary(run: ModelRun) -> dict:
+    """Per λ: top / bottom / random accuracy and their gap at each ``gap_ks`` (mean over the intra
+    tasks, and how many tasks have top > bottom), and the zero-shot / SITE references."""
+    ks = {str(g): gap_k(g, run.n_total) for g in run.config.gap_ks}
+    gaps = intra_gaps(run.intra, sorted(set(ks.values())))
+    intra = {}
+    for lam in run.config.sparsity:
+        d = {}
+        for spec, k in ks.items():
+            m = gaps[(gaps.sparsity == lam) & (gaps.task == "mean") & (gaps.k == k)]
+            if m.empty:
+                continue
+            r = m.iloc[0]
+            per_task = gaps[(gaps.sparsity == lam) & (gaps.task != "mean") & (gaps.k == k)]
+            d[f"k={spec}"] = {"k": k, **_rounded({"top": r.top, "bottom": r.bottom,
+                                                  "random": r.random, "gap": r.gap}),
+                              "tasks_top_gt_bottom": int((per_task.gap > 0).sum()),
+                              "n_tasks": len(per_task)}
+        sub = gaps[(gaps.sparsity == lam) & (gaps.task == "mean")]
+        d["zero_shot"] = round_or_none(sub.zero_shot.iloc[0]) if len(sub) else None
+        d["site"] = round_or_none(sub.site.iloc[0]) if len(sub) else None
+        intra[f"{lam:g}"] = d
+    return intra
+
+
+def _transfer_summary(inter: pd.DataFrame, families: dict[str, str]) -> dict:
+    """Inter-task transfer within vs between families: raw, over zero-shot, target-centred, per
+    target family, and the mean of the diagonal (SITE itself)."""
+    transfer = {}
+    for mode, norm in (("alpha", "none"), ("alpha", "zero_shot"), ("topk", "none")):
+        wb = within_between(transfer_matrix(inter, mode=mode, normalize=norm), families)
+        transfer[mode + _norm_suffix(norm)] = _rounded(wb)
+    for mode in ("alpha", "topk"):
+        wb = within_between(target_centred(transfer_matrix(inter, mode=mode)), families)
+        transfer[f"{mode}_target_centred"] = _rounded(wb)
+    transfer["alpha_by_target_family"] = by_target_family(
+        transfer_matrix(inter, mode="alpha"), families)
+    diag = np.diag(transfer_matrix(inter, mode="alpha").to_numpy(dtype=float))
+    transfer["diagonal_mean"] = round_or_none(np.nanmean(diag))
+    return transfer
+
+
+def _similarity_transfer_summary(run: ModelRun) -> dict:
+    """Spearman ρ (Mantel p) of each α similarity vs α transfer, raw and over zero-shot."""
+    corr = {}
+    for name in ("spearman", "jaccard_topk", "cosine"):
+        for norm in ("none", "zero_shot"):
+            c = transfer_similarity_correlation(run.similarity[name], run.inter, mode="alpha",
+                                                normalize=norm, seed=run.config.seed)
+            corr[name + _norm_suffix(norm)] = {
+                **_rounded({"rho": c["rho"], "p_value": c["p_value"]}), "n_pairs": c["n_pairs"]}
+    return corr
+
+
+def _effects_summary(run: ModelRun) -> dict:
+    """Per effect task: the run's stats and the Spearman ρ of the effects with α at every λ."""
+    effects = {}
+    for task, df in run.effects.items():
+        eff = torch.tensor(df["effect"].to_numpy()).reshape(run.n_layers, run.n_heads)
+        d = dict(run.effect_stats.get(task, {}))
+        for lam, ads in run.adapters.items():
+            if task in ads:
+                d[f"rho_alpha_{lambda_tag(lam)}"] = effect_alpha_correlation(eff, ads[task].alpha)
+        effects[task] = _rounded(d)
+    return effects
+
+
+def summary_rows(summary: dict) -> pd.DataFrame:
+    """The nested per-model summary as a long table ``model, metric, value``."""
+    rows = []
+
+    def walk(prefix: str, obj, model: str):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v, model)
+        elif not isinstance(obj, list):
+            rows.append({"model": model, "metric": prefix, "value": obj})
+
+    for m in summary.get("models", []):
+        walk("", {k: v for k, v in m.items() if k not in ("model", "config")}, m["model"])
+    return pd.DataFrame(rows, columns=["model", "metric", "value"])
+
+
+def headline(summary: dict) -> pd.DataFrame:
+    """The headline numbers of a :func:`make_figures` summary, one row per (model, λ): mean
+    first-token accuracy with the task embedding injected into the top-k vs bottom-k vs random k
+    heads by α (at each ``gap_ks``), SITE and zero-shot, and (main λ) transfer within vs between
+    families and the α-similarity / transfer Spearman ρ."""
+    rows = []
+    for m in summary.get("models", []):
+        for lam, d in m["intra"].items():
+            row = {"model": m["model"], "sparsity": float(lam)}
+            for key, v in d.items():
+                if key.startswith("k="):
+                    tag = key[2:]
+                    row.update({f"top@{tag}": v["top"], f"bottom@{tag}": v["bottom"],
+                                f"random@{tag}": v["random"], f"k@{tag}": v["k"]})
+            row.update({"site": d.get("site"), "zero_shot": d.get("zero_shot")})
+            if float(lam) == float(m["main_sparsity"]):
+                tr = m["transfer"]["alpha"]
+                tc = m["transfer"].get("alpha_target_centred", {})
+                row.update({"transfer_within": tr["within"], "transfer_between": tr["between"],
+                            "transfer_within_centred": tc.get("within"),
+                            "transfer_between_centred": tc.get("between"),
+                            "rho_similarity_transfer":
+                                m["similarity_transfer_spearman"]["spearman"]["rho"]})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+
+# ----------------------------------------------------------------------------------------------
+# figures
+
+
+def _alpha_long(adapters: dict[str, SiteAdapter], lam: float) -> pd.DataFrame:
+    frames = []
+    for task, ad in adapters.items():
+        a = ad.alpha.detach().float().cpu()  # [n_layers, n_heads]
+        layer, head = np.divmod(np.arange(a.numel()), a.shape[1])
+        frames.append(pd.DataFrame({"task": task, "sparsity": lam, "layer": layer, "head": head,
+                                    "alpha": a.flatten().numpy()}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def model_figures(run: ModelRun) -> dict[str, tuple]:
+    """``{name: (figure, csv_frame)}`` for one model (figures from :mod:`sitelens.plotting`)."""
+    cfg = run.config
+    main = cfg.main_sparsity
+    m = run.model
+    ads = run.adapters[main]
+    out: dict[str, tuple] = {}
+
+    heat = cfg.heatmap_task
+    lam_all = [lam for lam in cfg.sparsity if heat in run.adapters[lam]]
+    out[f"alpha_heatmap_{heat}"] = (
+        alpha_heatmap(ads[heat].alpha, f"{m}: SITE α on {heat} (λ = {main:g})"),
+        pd.concat([_alpha_long({heat: run.adapters[lam][heat]}, lam) for lam in lam_all],
+                  ignore_index=True),
+    )
+
+    order = cluster_order(run.similarity["spearman"])
+    out["alpha_facets"] = (
+        alpha_facets({t: ads[t].alpha for t in order}, cols=5,
+                     title=f"{m}: α per head across tasks (λ = {main:g}; one colour scale; "
+                           "clustered by α similarity)"),
+        _alpha_long({t: ads[t] for t in order}, main),
+    )
+
+    for task, df in run.effects.items():
+        eff = torch.tensor(df["effect"].to_numpy()).reshape(run.n_layers, run.n_heads)
+        frame = df[["model", "task", "layer", "head", "effect"]].copy()
+        for lam in cfg.sparsity:
+            if task in run.adapters[lam]:
+                frame[f"alpha_{lambda_tag(lam)}"] = run.adapters[lam][task].alpha.flatten().numpy()
+        out[f"effect_vs_alpha_{task}"] = (
+            effect_vs_alpha(eff, ads[task].alpha,
+                            title=f"{m}, {task}: causal effect (corrupted {cfg.n_shots}-shot, "
+                                  f"{cfg.effect_prompts} prompts) vs α (λ = {main:g})"),
+            frame,
+        )
+
+    intra = run.intra
+    mean = intra_mean(intra)
+    n_t = len(cfg.intra_tasks)
+    out["patching_curves"] = (
+        patching_curves(mean, f"{m}: intra-task patching, mean over {n_t} tasks (rows: λ)"),
+        mean,
+    )
+    for lam in cfg.sparsity:
+        sub = intra[intra.sparsity == lam]
+        out[f"patching_curves_tasks_{lambda_tag(lam)}"] = (
+            patching_curves(sub, f"{m}: intra-task patching per task (λ = {lam:g})"),
+            sub,
+        )
+    gaps = intra_gaps(intra, intra_ks(run.n_total, cfg))
+    out["patching_gaps"] = (None, gaps)
+
+    out["inter_accuracy"] = (
+        matrix_heatmap(run.inter, f"{m}: inject B's embedding through A's α (accuracy on B)",
+                       order=order, mode="alpha", zmin=0, zmax=1),
+        run.inter,
+    )
+    out["inter_accuracy_topk"] = (
+        matrix_heatmap(run.inter, f"{m}: inject B's embedding into A's top-{cfg.inter_k} heads "
+                                  "(α = 1; accuracy on B)",
+                       order=order, mode="topk", zmin=0, zmax=1),
+        run.inter,
+    )
+    sim = run.similarity
+    long = pd.concat(
+        [sim[name].stack().rename(name) for name in sim], axis=1
+    ).rename_axis(["task_a", "task_b"]).reset_index()
+    out["alpha_similarity"] = (
+        matrix_heatmap(sim["spearman"], f"{m}: α-map similarity (Spearman ρ over heads)",
+                       order=order, value_name="Spearman ρ", zmin=-1, zmax=1,
+                       colorscale="RdBu_r"),
+        long,
+    )
+    return out
+
+
+__all__ = ["gap_k", "intra_ks", "lambda_tag", "summarize_model", "summary_rows", "headline",
+           "model_figures"]
