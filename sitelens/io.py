@@ -3,6 +3,8 @@
 - :func:`atomic_write` (and the ``_text`` / ``_json`` / ``_csv`` forms): write to a temporary
   sibling, fsync, rename over the target — a crash leaves the old file or the new one, never a
   half-written one, and no temporary file on an error.
+- :func:`atomic_write_dir`: a directory of files, filled in a temporary sibling directory and then
+  renamed into place (readers never see a half-filled one), e.g. the processed-weight cache.
 - :func:`check_output`: refuse, before any work, an output path whose suffix is not of the kind
   the command writes (``bench --out r.md`` would put CSV rows into a markdown name) or where a
   file of another kind already lies (a markdown file where the results CSV should be).
@@ -18,7 +20,9 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from sitelens.errors import OutputError
@@ -152,6 +156,33 @@ def atomic_write(path: str | Path, data: bytes) -> Path:
     return path
 
 
+def atomic_write_dir(path: str | Path, fill: Callable[[Path], None]) -> Path:
+    """Create the directory ``path`` atomically: ``fill(tmp)`` writes the files into a temporary
+    sibling directory, which is then renamed into place — readers see no directory or a complete
+    one, and an error (in ``fill`` too) leaves no temporary directory behind.
+
+    If ``path`` already exists when ``fill`` is done (a concurrent writer finished first), the
+    existing directory is kept and the new one discarded: for content that is the same whoever
+    writes it (a cache). Failures to create the directory raise :class:`OutputError`."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp", dir=path.parent))
+    except OSError as e:
+        raise OutputError(f"Cannot create a directory in {path.parent}: {e.strerror or e}. "
+                          "Choose a writable path.") from e
+    try:
+        fill(tmp)
+        if path.exists():  # a concurrent writer won; keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+            return path
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
 def atomic_write_text(path: str | Path, text: str) -> Path:
     return atomic_write(path, text.encode())
 
@@ -185,6 +216,7 @@ def locked(path: str | Path) -> Iterator[None]:
 
 
 __all__ = [
-    "KINDS", "atomic_write", "atomic_write_csv", "atomic_write_json", "atomic_write_text",
+    "KINDS", "atomic_write", "atomic_write_csv", "atomic_write_dir", "atomic_write_json",
+    "atomic_write_text",
     "check_dir", "check_output", "ensure_dir", "locked", "sniff_kind",
 ]

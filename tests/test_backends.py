@@ -79,7 +79,7 @@ def test_runtime_shape_check_names_the_hook(tiny_mha):
 
 
 def test_resolver_falls_back_and_reports_unknown_layouts(monkeypatch):
-    import sitelens.models as M
+    import sitelens.models.hooks as M
 
     bridge = tiny_model(backend="bridge")
     monkeypatch.setattr(M, "_BRIDGE_Z_CANDIDATES", ("blocks.{layer}.attn.nothing_here",))
@@ -138,7 +138,7 @@ def test_reserved_tiny_names(backend):
 
 
 def test_hooked_backend_needs_tl3(monkeypatch):
-    import sitelens.models as M
+    import sitelens.models.load as M
 
     monkeypatch.setattr(M, "has_hooked_transformer", lambda: False)
     with pytest.raises(ModelError, match=r"backend='hooked' needs HookedTransformer.*backend='bridge'"):

@@ -259,7 +259,7 @@ def test_kv_forward_comparison_catches_a_step_at_the_wrong_position(tiny, monkey
 def test_last_only_prefill_comparison_catches_the_wrong_column(tiny, monkeypatch):
     if is_bridge(tiny):
         pytest.skip("HookedTransformer only: a bridge's prefill slices the full logits")
-    import sitelens.models as M
+    import sitelens.models.kv as M
 
     real = M.unembed_last
     monkeypatch.setattr(M, "unembed_last", lambda model, resid: real(model, resid[:, :-1]))

@@ -1,0 +1,135 @@
+"""Tiny randomly initialised models for tests, built in code: no files, no network, well under a
+second. ``load_model("tiny-random")`` / ``"tiny-random-gqa"`` load them by name."""
+
+from __future__ import annotations
+
+import torch
+
+from sitelens.errors import ModelError
+from sitelens.models.load import _bridge_from_hf, _finalize, resolve_backend
+
+
+def tiny_tokenizer():
+    """A byte-level tokenizer with no merges (one token per byte) plus ``<bos>``, ``<eos>``,
+    ``<pad>`` — built in code, no files, no network."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2}
+    for ch in alphabet:
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        padding_side="left",
+    )
+
+
+def tiny_model(
+    *,
+    n_layers: int = 2,
+    n_heads: int = 4,
+    d_head: int = 8,
+    n_key_value_heads: int | None = None,
+    d_mlp: int = 64,
+    n_ctx: int = 256,
+    seed: int = 0,
+    positional: str = "rotary",
+    post_norm: bool = False,
+    backend: str | None = None,
+):
+    """A tiny randomly initialised model with :func:`tiny_tokenizer`, built in code (no files, no
+    network): a ``HookedTransformer`` (``backend="hooked"``) or a ``TransformerBridge`` around a
+    tiny Hugging Face ``LlamaForCausalLM`` (``backend="bridge"``, rotary only). Default backend:
+    :func:`default_backend`.
+
+    ``n_key_value_heads`` < ``n_heads`` gives a grouped-query (GQA) variant; 1 gives MQA.
+    ``post_norm=True`` normalizes the attention and MLP outputs before they join the residual
+    stream (``ln1_post`` / ``ln2_post``, as in Gemma 2/3); on the bridge it is a tiny
+    ``Gemma3ForCausalLM``.
+    """
+    backend = resolve_backend(backend)
+    if backend == "bridge":
+        return _tiny_bridge(
+            n_layers=n_layers, n_heads=n_heads, d_head=d_head, n_key_value_heads=n_key_value_heads,
+            d_mlp=d_mlp, n_ctx=n_ctx, seed=seed, positional=positional, post_norm=post_norm,
+        )
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    tokenizer = tiny_tokenizer()
+    cfg = HookedTransformerConfig(
+        n_layers=n_layers,
+        d_model=n_heads * d_head,
+        d_head=d_head,
+        n_heads=n_heads,
+        d_mlp=d_mlp,
+        n_ctx=n_ctx,
+        d_vocab=len(tokenizer),
+        act_fn="silu",
+        normalization_type="RMS",
+        positional_embedding_type=positional,
+        gated_mlp=True,
+        n_key_value_heads=n_key_value_heads,
+        use_normalization_before_and_after=post_norm,
+        seed=seed,
+        default_prepend_bos=True,
+        tokenizer_prepends_bos=False,
+        init_weights=True,
+        dtype=torch.float32,
+    )
+    model = HookedTransformer(cfg, tokenizer=None)
+    model.tokenizer = tokenizer  # set_tokenizer would try to reload it from a hub name
+    kind = "-postnorm" if post_norm else ""
+    model.cfg.model_name = f"tiny-{n_layers}l{n_heads}h{n_key_value_heads or n_heads}kv{kind}-s{seed}"
+    return _finalize(model)
+
+
+def _tiny_bridge(
+    *, n_layers, n_heads, d_head, n_key_value_heads, d_mlp, n_ctx, seed, positional, post_norm
+):
+    if positional != "rotary":
+        raise ModelError(
+            f"The tiny bridge model is a Llama (rotary positions); positional={positional!r} "
+            "needs backend='hooked'."
+        )
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = tiny_tokenizer()
+    d_model = n_heads * d_head
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=d_model,
+        intermediate_size=d_mlp,
+        num_hidden_layers=n_layers,
+        num_attention_heads=n_heads,
+        num_key_value_heads=n_key_value_heads or n_heads,
+        head_dim=d_head,
+        max_position_embeddings=n_ctx,
+        initializer_range=0.8 / d_model**0.5,  # the HookedTransformer tiny model's scale
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    if post_norm:
+        cfg, cls = Gemma3TextConfig(sliding_window=n_ctx, **common), Gemma3ForCausalLM
+    else:
+        cfg, cls = LlamaConfig(hidden_act="silu", **common), LlamaForCausalLM
+    cfg._attn_implementation = "eager"
+    cfg.architectures = [cls.__name__]
+    with torch.random.fork_rng(devices=[]):  # seeded, and the caller's RNG is left alone
+        torch.manual_seed(seed)
+        hf = cls(cfg).to(torch.float32).eval()
+    kind = "-postnorm" if post_norm else ""
+    name = f"tiny-{n_layers}l{n_heads}h{n_key_value_heads or n_heads}kv{kind}-s{seed}-bridge"
+    bridge = _bridge_from_hf(hf, tokenizer, name=name, prepend_bos=True, n_ctx=n_ctx)
+    return _finalize(bridge)
+
+
+__all__ = ["tiny_model", "tiny_tokenizer"]
