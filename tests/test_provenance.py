@@ -307,3 +307,21 @@ def test_two_processes_appending_lose_no_rows(tmp_path):
 
 def test_load_model_tiny_n_ctx():
     assert load_model("tiny-random", n_ctx=128).cfg.n_ctx == 128
+
+
+def test_eval_items_rows_record_their_settings(tmp_path, capsys):
+    items = tmp_path / "items.csv"
+    rc = main(["eval", "--model", "tiny-random", "--task", "antonym", "--methods", "zero-shot,icl",
+               "--limit", "3", "--n-shots", "2", "--seed", "1", "--items", str(items)])
+    assert rc == 0
+    import pandas as pd
+
+    df = pd.read_csv(items)
+    assert len(df) == 6
+    for col in ("model", "fingerprint", "task_hash", "split", "n_shots", "seed", "protocol",
+                "numerics_version", "method", "prediction"):
+        assert col in df.columns, col
+    assert (df["n_shots"] == 2).all() and (df["seed"] == 1).all()
+    assert (df["protocol"] == "default").all() and (df["model"] == "tiny-random").all()
+    assert (df["numerics_version"] == NUMERICS_VERSION).all()
+    assert df["task_hash"].iloc[0] == task_hash(load_task("antonym", seed=1))

@@ -44,6 +44,29 @@ def _summary_json(summary) -> str:
     return json.dumps(obj)
 
 
+def _with_settings(df, model, task, adapter, args):
+    """The per-item rows with the settings that made them as leading columns (model and weight
+    fingerprint, task hash, split, n_shots, seed, protocol, the adapter's fit settings, numerics
+    version), so an ``--items`` file says what it was computed with."""
+    from sitelens.models import fingerprint, model_name
+    from sitelens.provenance import NUMERICS_VERSION, settings_hash, task_hash
+
+    settings = {
+        "model": model_name(model), "fingerprint": fingerprint(model),
+        "task_hash": task_hash(task), "split": args.split,
+        "limit": -1 if args.limit is None else args.limit, "n_shots": args.n_shots,
+        "seed": args.seed, "protocol": getattr(args, "protocol", None) or (
+            adapter.meta.get("protocol", "default") if adapter is not None else "default"),
+        "adapter": "" if adapter is None else settings_hash(adapter.meta.get("hyperparameters")),
+        "numerics_version": NUMERICS_VERSION,
+    }
+    out = df.copy()
+    for i, (k, v) in enumerate(settings.items()):
+        if k not in out.columns:
+            out.insert(i, k, v)
+    return out
+
+
 def cmd_eval(args) -> int:
     """Evaluate ``--methods`` on a split of ``--task``; print the summary (``--json``: one JSON
     object) and write the per-item rows to ``--items``."""
@@ -62,7 +85,7 @@ def cmd_eval(args) -> int:
         n_shots=args.n_shots, seed=args.seed, protocol=getattr(args, "protocol", None),
     )
     if args.items:
-        atomic_write_csv(args.items, df)
+        atomic_write_csv(args.items, _with_settings(df, model, task, adapter, args))
     summary = summarize(df)
     print(_summary_json(summary) if args.json else summary.to_string(index=False))
     return 0
