@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from sitelens import baselines, metrics, patching
 from sitelens.attention import enable_fast_attention, fast_attention_enabled
 from sitelens.baselines import Fitted, HookIntervention, Method, available_methods, get_method
-from sitelens.bench import run_bench, summary_markdown
+from sitelens.bench import BenchConfig, run_bench, summary_markdown
 from sitelens.effects import EffectsConfig, head_causal_effects
 from sitelens.errors import (
     AdapterError,
@@ -125,7 +125,7 @@ __all__ = [
     "intra_task", "inter_task", "head_causal_effects", "EffectsConfig", "alpha_similarity",
     "effect_alpha_correlation", "transfer_similarity_correlation",
     # bench and figures (the figures names are imported on first access: they load plotly)
-    "run_bench", "summary_markdown", "make_figures", "FigureConfig",
+    "run_bench", "BenchConfig", "summary_markdown", "make_figures", "FigureConfig",
     # provenance: the version of the numerics that every cached result is keyed on
     "NUMERICS_VERSION",
     # errors: SitelensError and its subclasses, each message naming the fix

@@ -69,7 +69,7 @@ def _with_settings(df, model, task, adapter, args):
 
 def cmd_eval(args) -> int:
     """Evaluate ``--methods`` on a split of ``--task``; print the summary (``--json``: one JSON
-    object) and write the per-item rows to ``--items``."""
+    object) and write the per-item rows, with the settings that made them, to ``--items``."""
     from sitelens.evaluate import evaluate, summarize
     from sitelens.site import SiteAdapter
 
