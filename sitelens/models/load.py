@@ -514,6 +514,6 @@ def fingerprint(model) -> str:
 __all__ = [
     "ALLOW_DOWNLOAD_ENV", "BACKENDS", "BUNDLED_MODELS", "DEFAULT_MODEL", "DEFAULT_N_CTX",
     "TINY_MODELS", "available_models", "check_model_available", "default_backend", "fast_layout",
-    "fingerprint", "has_hooked_transformer", "hf_cached", "is_bridge", "load_model", "model_name",
+    "fingerprint", "has_hooked_transformer", "hf_cached", "load_model", "model_name",
     "prepare_bridge", "resolve_backend", "timed_load",
 ]
