@@ -167,3 +167,45 @@ def test_memory_bounded_batches_give_the_same_results(tiny_mha, monkeypatch):
     for a, b in zip(df["prediction"], df2["prediction"], strict=True):
         a, b = a.rstrip("\ufffd"), b.rstrip("\ufffd")
         assert a.startswith(b) or b.startswith(a), (a, b)
+
+
+# ----------------------------------------------------------------------------------------------
+# the hook-name vocabulary
+
+
+def test_act_name_spells_the_transformerlens_names():
+    """act_name gives exactly the HookedTransformer names sitelens used to spell by hand."""
+    from sitelens.models import act_name
+
+    layer = 3
+    assert act_name("resid_pre", layer) == f"blocks.{layer}.hook_resid_pre"
+    assert act_name("resid_post", layer) == f"blocks.{layer}.hook_resid_post"
+    assert act_name("attn_out", layer) == f"blocks.{layer}.hook_attn_out"
+    assert act_name("mlp_out", layer) == f"blocks.{layer}.hook_mlp_out"
+    for t in ("q", "k", "v", "z", "pattern", "attn_scores"):
+        assert act_name(t, layer) == f"blocks.{layer}.attn.hook_{t}"
+    assert act_name("post", layer) == act_name("mlp_post", layer) == f"blocks.{layer}.mlp.hook_post"
+    assert act_name("ln1.normalized", layer) == f"blocks.{layer}.ln1.hook_normalized"
+    assert act_name("ln1_post.scale", layer) == f"blocks.{layer}.ln1_post.hook_scale"
+    assert act_name("embed") == "hook_embed" and act_name("ln_final.scale") == "ln_final.hook_scale"
+    with pytest.raises(ValueError, match="Unknown hook kind 'nope'"):
+        act_name("nope", 0)
+    with pytest.raises(ValueError, match="needs a layer"):
+        act_name("resid_pre")
+
+
+def test_act_name_with_a_model_names_what_hook_functions_see(tiny_mha):
+    """With the model: the z resolver's name for ``z``, and on a bridge the canonical name that
+    ``hook.name`` carries inside a hook function (the HookedTransformer name otherwise)."""
+    from sitelens.models import act_name, canonical_hook_name, is_bridge
+
+    assert act_name("z", 1, tiny_mha) == z_hook_name(tiny_mha, 1)
+    name = act_name("resid_pre", 1, tiny_mha)
+    assert name == canonical_hook_name(tiny_mha, "blocks.1.hook_resid_pre")
+    assert (name != "blocks.1.hook_resid_pre") == is_bridge(tiny_mha)
+    seen = []
+    enc = encode(tiny_mha, ["Q: a\nA:"])
+    with torch.no_grad(), tiny_mha.hooks(fwd_hooks=[(act_name("resid_pre", 1),
+                                                     lambda x, hook: seen.append(hook.name))]):
+        tiny_mha(enc.tokens, attention_mask=enc.attention_mask)
+    assert seen == [name]
