@@ -206,7 +206,9 @@ def locked(path: str | Path) -> Iterator[None]:
         lock.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-        raise OutputError(f"Cannot lock {path}: {e.strerror or e}. Choose a writable path.") from e
+        raise OutputError(
+            f"Cannot write the results to {path}: {e.strerror or e}. Choose a writable path."
+        ) from e
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
