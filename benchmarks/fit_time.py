@@ -63,7 +63,7 @@ def run(args) -> Path:
 def profile(args) -> str:
     """Where the seconds of one fit go: stage 1, and stage 2 split into the frozen prefix caches,
     the forward passes (training batches and validation) and the backward passes."""
-    from sitelens import load_model, load_task, site
+    from sitelens import load_model, load_task, site, training
 
     torch.set_num_threads(args.threads)
     model = load_model(args.model)
@@ -82,8 +82,8 @@ def profile(args) -> str:
     t = time.perf_counter()
     emb = site.task_embedding(model, task)
     stage1 = time.perf_counter() - t
-    saved = site.prefix_cache, site.first_token_loss, torch.Tensor.backward
-    site.prefix_cache = timed(site.prefix_cache, "prefix caches")
+    saved = training.prefix_cache, site.first_token_loss, torch.Tensor.backward
+    training.prefix_cache = timed(training.prefix_cache, "prefix caches")
     site.first_token_loss = timed(
         site.first_token_loss, "forward passes (50 batches of 8, 6 validations of 64)"
     )
@@ -93,7 +93,7 @@ def profile(args) -> str:
         site.fit_alpha(model, task, emb)
         stage2 = time.perf_counter() - t
     finally:
-        site.prefix_cache, site.first_token_loss, torch.Tensor.backward = saved
+        training.prefix_cache, site.first_token_loss, torch.Tensor.backward = saved
     n_weights = sum(p.numel() for p in model.parameters())
     lines = [
         f"# Where a SITE fit spends its time ({args.model}, {args.profile}, {args.threads} threads)",

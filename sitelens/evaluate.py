@@ -95,7 +95,11 @@ def get_protocol(spec: str | Protocol | None = None) -> Protocol:
     return PROTOCOLS[name]
 
 
-def _hooks_for(model, intervention, seq_len: int) -> list:
+def intervention_hooks(model, intervention, seq_len: int | None) -> list:
+    """The ``(hook_name, fn)`` pairs of an intervention for a prompt batch of ``seq_len``
+    positions: none for ``None``; a :class:`HeadMix` pinned to ``seq_len`` (so it acts in the
+    prefill and never on a one-position decode step); else ``intervention(model, seq_len)`` (a
+    :class:`sitelens.baselines.HookIntervention` or any such callable)."""
     if intervention is None:
         return []
     if isinstance(intervention, HeadMix):
@@ -109,7 +113,7 @@ def last_logits(
 ) -> Float[Tensor, "batch d_vocab"]:
     """Logits at the last prompt position, under an optional intervention (only that position is
     unembedded)."""
-    with torch.no_grad(), apply_hooks(model, _hooks_for(model, intervention, enc.tokens.shape[1])):
+    with torch.no_grad(), apply_hooks(model, intervention_hooks(model, intervention, enc.tokens.shape[1])):
         return last_position_logits(model, enc)  # [batch, d_vocab]
 
 
@@ -142,7 +146,7 @@ def greedy_generate(
     eos = model.tokenizer.eos_token_id
     out: list[Tensor] = []
     done = torch.zeros(batch, dtype=torch.bool)
-    hooks = _hooks_for(model, intervention, enc.tokens.shape[1])
+    hooks = intervention_hooks(model, intervention, enc.tokens.shape[1])
     # Hooks stay on for the decode steps: prefill-only interventions (HeadMix, last-token
     # injections) are pinned to the prompt length and skip them; every-position methods (LoRA,
     # (IA)3, I2CL) must act on them.

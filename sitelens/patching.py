@@ -39,11 +39,8 @@ from sitelens.models import (
     select_cache,
 )
 from sitelens.site import SiteAdapter
-from sitelens.tasks import (
-    Task,
-    answer_token_ids,
-    zero_shot_prompt,
-)
+from sitelens.tasks import Task
+from sitelens.training import LastTokenSet
 
 SELECTIONS = ("top", "bottom", "random", "full_minus_top", "full_minus_bottom")
 REFERENCES = ("zero_shot", "site")
@@ -57,10 +54,8 @@ def _device(model):
 
 
 def _prefix(model, prompts: list[str], answers: list[int], *, batch_size: int = 64):
-    enc = encode(model, prompts)
-    cache, last = prefix_cache(model, enc, batch_size=batch_size)  # last: [n, 1]
-    ans = torch.tensor(answers, dtype=torch.long, device=last.device)  # [n]
-    return cache, last, ans
+    data = LastTokenSet.from_prompts(model, prompts, answers, batch_size=batch_size)
+    return data.cache, data.last, data.answers  # last: [n, 1], answers: [n]
 
 
 def _run_rows(
@@ -236,12 +231,11 @@ def _score_conditions(
     cache: ``(items, correct, prob, ci_lo, ci_hi)``, arrays ``[n_cond, n_items]`` / ``[n_cond]``."""
     n_cond = weights.shape[0]
     items = _items(task, split, limit)
-    prompts = [zero_shot_prompt(ex.input, template) for ex in items]
-    answers = answer_token_ids(model, [ex.output for ex in items], template)
-    cache, last, ans = _prefix(model, prompts, answers)
+    data = LastTokenSet.build(model, items, template)
     item_idx, cond_idx = _grid(n_cond, len(items))
     correct, prob = _run_rows(
-        model, cache, last, ans, item_idx, cond_idx, weights, embedding, batch_size=batch_size
+        model, data.cache, data.last, data.answers, item_idx, cond_idx, weights, embedding,
+        batch_size=batch_size,
     )
     correct = correct.reshape(n_cond, len(items)).numpy()  # [n_cond, n_items]
     prob = prob.reshape(n_cond, len(items)).numpy()  # [n_cond, n_items]

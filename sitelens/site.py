@@ -16,9 +16,8 @@ import hashlib
 import importlib.metadata
 import json
 import math
-import os
-import random
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
@@ -27,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from sitelens.errors import AdapterError, FitError, OutputError
+from sitelens.errors import AdapterError, FitError
 from sitelens.injection import HeadMix, apply_hooks
+from sitelens.io import atomic_write, ensure_dir
 from sitelens.models import (
     check_z_shape,
     encode,
@@ -39,48 +38,69 @@ from sitelens.models import (
     last_token_forward,
     length_batches,
     model_name,
-    prefix_cache,
-    select_cache,
     z_hook_name,
 )
-from sitelens.tasks import (
-    DEFAULT_TEMPLATE,
-    Example,
-    Task,
-    Template,
-    answer_token_ids,
-    embedding_prompts,
-    zero_shot_prompt,
+from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template, embedding_prompts
+from sitelens.training import (
+    BatchRows,
+    LastTokenSet,
+    RunConfig,
+    iid_batches,
+    run_training,
+    training_batches,
+    valid_items,
 )
 
 # ----------------------------------------------------------------------------------------------
 # stage 1: task embedding
 
 
+def capture_last(
+    model, prompts: Sequence[str], hook_names: Sequence[str], *, batch_size: int = 8
+) -> dict[str, Tensor]:
+    """The value of each hook at the last prompt token: ``{name: [n_prompts, ...]}`` (float32,
+    CPU, in the order of ``prompts``). Prompts of similar length share a batch; each pass ends as
+    soon as every hook has fired (:func:`~sitelens.models.forward_until`), and only the last
+    position of each hooked tensor is kept."""
+    prompts = list(prompts)
+    batches = length_batches(model, prompts, batch_size)  # similar lengths, bounded memory
+    order = [i for idx in batches for i in idx]
+    parts: dict[str, list[Tensor]] = {n: [] for n in hook_names}
+    for idx in batches:
+        enc = encode(model, [prompts[i] for i in idx])
+        buf: dict[str, Tensor] = {}
+
+        def grabber(name: str, buf=buf) -> Callable:
+            # keyed by the requested name: on a TransformerBridge ``hook.name`` is the canonical
+            # name behind an alias such as ``blocks.{l}.hook_resid_post``
+            def grab(x, hook=None):
+                buf[name] = x[:, -1].detach().float().cpu()  # [batch, ...]
+
+            return grab
+
+        with torch.no_grad():
+            forward_until(model, [(n, grabber(n)) for n in hook_names], enc.tokens,
+                          attention_mask=enc.attention_mask)
+        for n in hook_names:
+            parts[n].append(buf[n])
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[torch.tensor(order)] = torch.arange(len(order))
+    return {n: torch.cat(parts[n])[inverse] for n in hook_names}
+
+
 def last_token_z(
     model, prompts: list[str], *, batch_size: int = 8, reduce: str = "mean"
 ) -> Float[Tensor, "... n_layers n_heads d_head"]:
-    """``hook_z`` of every layer at the last prompt token. Captures only that position of that
-    hook and stops right after the last layer's ``hook_z``. ``reduce="mean"`` averages over
-    prompts; ``"none"`` returns ``[n_prompts, n_layers, n_heads, d_head]``."""
+    """``hook_z`` of every layer at the last prompt token (:func:`capture_last`; each pass stops
+    right after the last layer's ``hook_z``). ``reduce="mean"`` averages over prompts;
+    ``"none"`` returns ``[n_prompts, n_layers, n_heads, d_head]``."""
     cfg = model.cfg
-    out = torch.empty(len(prompts), cfg.n_layers, cfg.n_heads, cfg.d_head)  # [n, L, H, d_head]
-    for idx in length_batches(model, prompts, batch_size):  # similar lengths, bounded memory
-        enc = encode(model, [prompts[i] for i in idx])
-        buf: dict[int, Tensor] = {}
-
-        def grab(z, hook, layer=None, buf=buf):
-            check_z_shape(z, cfg.n_heads, cfg.d_head, hook.name)
-            buf[layer] = z[:, -1].detach().float().cpu()  # [batch, n_heads, d_head]
-
-        hooks = [
-            (z_hook_name(model, layer), lambda z, hook, layer=layer: grab(z, hook, layer))
-            for layer in range(cfg.n_layers)
-        ]
-        with torch.no_grad():  # ends right after the last layer's hook_z
-            forward_until(model, hooks, enc.tokens, attention_mask=enc.attention_mask)
-        out[idx] = torch.stack([buf[layer] for layer in range(cfg.n_layers)], dim=1)
-    return out.mean(0) if reduce == "mean" else out
+    names = [z_hook_name(model, layer) for layer in range(cfg.n_layers)]
+    acts = capture_last(model, prompts, names, batch_size=batch_size)  # {name: [n, H, d_head]}
+    for name in names:
+        check_z_shape(acts[name][:, None], cfg.n_heads, cfg.d_head, name)
+    z = torch.stack([acts[n] for n in names], dim=1)  # [n_prompts, n_layers, n_heads, d_head]
+    return z.mean(0) if reduce == "mean" else z
 
 
 def task_embedding(
@@ -195,27 +215,6 @@ class FitResult:
     seconds: float = 0.0
 
 
-def iid_batches(n_items: int, cfg: FitConfig):
-    """``cfg.steps`` batches of item indices drawn i.i.d. with replacement (the official protocol;
-    ``randrange(n)`` draws the same number as the reference's ``random.sample(range(n), 1)[0]``)."""
-    rng = random.Random(cfg.seed)
-    for _ in range(cfg.steps):
-        yield [rng.randrange(n_items) for _ in range(cfg.batch_size)]
-
-
-def training_batches(items: list, cfg: FitConfig):
-    rng = random.Random(cfg.seed)
-    pool: list[Example] = []
-    for _ in range(cfg.steps):
-        batch = []
-        while len(batch) < cfg.batch_size:
-            if not pool:
-                pool = list(items)
-                rng.shuffle(pool)
-            batch.append(pool.pop())
-        yield batch
-
-
 def fit_alpha(
     model,
     task: Task,
@@ -227,19 +226,20 @@ def fit_alpha(
 ) -> FitResult:
     """Stage 2: learn α = sigmoid(a) with the model frozen (only ``a`` gets gradients).
 
-    Default: shuffled passes, validation every ``eval_every`` steps and at the end, the best α kept.
-    :class:`OfficialFitConfig`: i.i.d. draws, validation every ``eval_every`` steps only, the α of
-    the last validation kept (the final α for 400 steps checked every 50), and no space before
-    all-digit answers in the answer token."""
+    What is SITE's own is here: the parameters ``a``, the α-mix toward the embedding at the last
+    token and the first-token loss (+ λ·mean(α)). The loop — Adam, batches, validation, which α
+    is kept — is :func:`sitelens.training.run_training`. Default: shuffled passes, validation every
+    ``eval_every`` steps and at the end, the best α kept. :class:`OfficialFitConfig`: i.i.d.
+    draws, validation every ``eval_every`` steps only, the α of the last validation kept (the
+    final α for 400 steps checked every 50), and no space before all-digit answers in the answer
+    token."""
     cfg = config or FitConfig()
     official = cfg.protocol == "official"
     if official:
         template = replace(template, bare_digits=True)
     t0 = time.perf_counter()
-    torch.manual_seed(cfg.seed)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     a = torch.full((L, H), cfg.init, requires_grad=True)  # [n_layers, n_heads]
-    opt = torch.optim.Adam([a], lr=cfg.lr)
     if not torch.isfinite(embedding).all():
         bad = int((~torch.isfinite(embedding)).sum())
         raise FitError(
@@ -247,76 +247,40 @@ def fit_alpha(
             "loss would be non-finite. Recompute it in float32 (task_embedding) or refit."
         )
     target = embedding.to(model.cfg.device)  # [n_layers, n_heads, d_head]
-
-    def prepare(items: list[Example]):
-        enc = encode(model, [zero_shot_prompt(ex.input, template) for ex in items])
-        cache, last = prefix_cache(model, enc)  # frozen prefix KV; last: [n, 1]
-        ans = torch.tensor(answer_token_ids(model, [ex.output for ex in items], template))
-        return cache, last, ans.to(model.cfg.device)
-
-    valid = (task.valid or task.train)[: cfg.n_valid]
-    v_cache, v_last, v_ans = prepare(valid)
+    valid = LastTokenSet.build(model, valid_items(task, cfg.n_valid), template)
     if official:
         batches = list(iid_batches(len(task.train), cfg))  # [steps][batch_size] indices
     else:
         batches = list(training_batches(list(range(len(task.train))), cfg))  # [steps][batch_size]
-    used = sorted({i for b in batches for i in b})
-    t_cache, t_last, t_ans = prepare([task.train[i] for i in used])
-    row = {i: r for r, i in enumerate(used)}
+    rows = BatchRows(batches)  # each training item's prefix is encoded once
+    train = LastTokenSet.build(model, [task.train[i] for i in rows.used], template)
 
-    def valid_loss(logits_a: Tensor) -> float:
-        with torch.no_grad():
-            mix = site_mix(torch.sigmoid(logits_a).to(model.cfg.device), target)
-            return first_token_loss(model, v_cache, v_last, v_ans, mix).item()
-
-    if official:  # no check before training; until the first check, the kept α is the current one
-        best, history = (float("nan"), None, 0), []
-    else:
-        best = (valid_loss(a.detach()), a.detach().clone(), 0)
-        history = [{"step": 0, "train_loss": float("nan"), "valid_loss": best[0]}]
-    bar = tqdm(total=cfg.steps, desc=f"fit α [{task.name}]", disable=not progress, leave=False)
-    for step, batch in enumerate(batches, start=1):
-        rows = torch.tensor([row[i] for i in batch])
+    def objective(batch: list[int]) -> tuple[Tensor, float]:
         alpha = torch.sigmoid(a)  # [n_layers, n_heads]
-        loss = first_token_loss(
-            model, select_cache(t_cache, rows), t_last[rows], t_ans[rows], site_mix(alpha, target)
-        )
-        total = loss + cfg.sparsity * alpha.mean()
-        if not torch.isfinite(total):
-            raise FitError(
-                f"Non-finite loss at step {step} while fitting α on {task.name!r}. Lower the "
-                "learning rate (lr), check the model dtype (float32 is safest), or the embedding."
-            )
-        opt.zero_grad()
-        total.backward()
-        opt.step()
-        if not torch.isfinite(a).all():
-            raise FitError(
-                f"α's logits became non-finite at step {step} while fitting {task.name!r}. Lower "
-                "the learning rate (lr)."
-            )
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-        rec = {"step": step, "train_loss": loss.item(), "valid_loss": float("nan")}
-        if official:
-            if step % cfg.eval_every == 0:  # every check replaces the kept α (see OfficialFitConfig)
-                rec["valid_loss"] = valid_loss(a.detach())
-                best = (rec["valid_loss"], a.detach().clone(), step)
-        elif step % cfg.eval_every == 0 or step == cfg.steps:
-            vl = valid_loss(a.detach())
-            rec["valid_loss"] = vl
-            if vl < best[0]:
-                best = (vl, a.detach().clone(), step)
-        history.append(rec)
-    bar.close()
-    if best[1] is None:  # official, no check happened: the final α
-        best = (float("nan"), a.detach().clone(), cfg.steps)
-    _, best_a, best_step = best
+        b = train.select(rows(batch))
+        loss = first_token_loss(model, b.cache, b.last, b.answers, site_mix(alpha, target))
+        return loss + cfg.sparsity * alpha.mean(), loss.item()
+
+    def valid_loss() -> float:
+        with torch.no_grad():
+            mix = site_mix(torch.sigmoid(a.detach()).to(model.cfg.device), target)
+            return first_token_loss(model, valid.cache, valid.last, valid.answers, mix).item()
+
+    run = run_training(
+        [a], batches, objective, valid_loss, snapshot=lambda: a.detach().clone(),
+        config=RunConfig(
+            lr=cfg.lr, seed=cfg.seed, eval_every=cfg.eval_every,
+            keep="last_check" if official else "best",  # official: the α of the last check
+            what="α", task=task.name, progress=progress, check_params=True,
+            hint="Lower the learning rate (lr), check the model dtype (float32 is safest), or "
+                 "the embedding.",
+        ),
+    )
     return FitResult(
-        alpha=torch.sigmoid(best_a),
-        logits=best_a,
-        history=history,
-        best_step=best_step,
+        alpha=torch.sigmoid(run.kept),
+        logits=run.kept,
+        history=run.history,
+        best_step=run.best_step,
         seconds=time.perf_counter() - t0,
     )
 
@@ -385,22 +349,16 @@ class SiteAdapter:
 
     def save(self, path: str | Path) -> Path:
         """Write ``adapter.safetensors`` + ``adapter.json`` (with a SHA-256 of the tensors),
-        each atomically (temp file + rename). An unwritable ``path`` raises :class:`OutputError`."""
+        each atomically (:func:`sitelens.io.atomic_write`). An unwritable ``path`` raises
+        :class:`OutputError`."""
         from safetensors.torch import save as st_save
 
-        path = Path(path)
-        ensure_writable_dir(path)
-        try:
-            blob = st_save({"alpha": self.alpha.contiguous().cpu(),
-                            "embedding": self.embedding.contiguous().cpu()})
-            meta = dict(self.meta, sha256=hashlib.sha256(blob).hexdigest())
-            _atomic_write(path / "adapter.safetensors", blob)
-            _atomic_write(path / "adapter.json", json.dumps(meta, indent=1).encode())
-        except OSError as e:
-            raise OutputError(
-                f"Cannot write the adapter to {path}: {e.strerror or e}. Choose a writable --out "
-                "directory."
-            ) from e
+        path = ensure_dir(path)
+        blob = st_save({"alpha": self.alpha.contiguous().cpu(),
+                        "embedding": self.embedding.contiguous().cpu()})
+        meta = dict(self.meta, sha256=hashlib.sha256(blob).hexdigest())
+        atomic_write(path / "adapter.safetensors", blob)
+        atomic_write(path / "adapter.json", json.dumps(meta, indent=1).encode())
         return path
 
     @classmethod
@@ -444,41 +402,7 @@ class SiteAdapter:
         return cls(alpha=alpha, embedding=embedding, meta=meta)
 
 
-def ensure_writable_dir(path: str | Path) -> Path:
-    """Create ``path`` (and parents) if needed and check that files can be written in it; raise
-    :class:`OutputError` naming the problem otherwise (a file in the way, no permission, ...)."""
-    path = Path(path)
-    blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
-    if blocker is not None:
-        raise OutputError(
-            f"Cannot write to {path}: {blocker} is a file, not a directory. Choose another "
-            "output directory (--out)."
-        )
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".sitelens-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise OutputError(
-            f"Cannot write to {path}: {e.strerror or e}. Choose a writable output directory (--out)."
-        ) from e
-    return path
-
-
-def _atomic_write(target: Path, data: bytes) -> None:
-    """Write ``data`` to a temp sibling, fsync, rename over ``target``: a crash leaves the old file
-    or the new one, never a half-written one (and no temp file on an error)."""
-    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+ensure_writable_dir = ensure_dir  # the name ``sitelens fit`` imports: create ``--out`` or fail early
 
 
 # ----------------------------------------------------------------------------------------------

@@ -34,7 +34,6 @@ from sitelens.baselines import (
     available_methods,
     function_vector,
     get_method,
-    head_causal_effects_fallback,
     head_outputs,
     ridge_closed_form,
 )
@@ -46,10 +45,10 @@ from sitelens.errors import FitError
 from sitelens.evaluate import evaluate
 from sitelens.injection import HeadMix, apply_hooks, head_mask
 from sitelens.models import encode, tiny_model
+from sitelens.patching import corrupted_prompts, head_causal_effects
 from sitelens.site import FitConfig, last_token_z, task_embedding
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,
-    answer_token_ids,
     few_shot_prompts,
     task_from_pairs,
     zero_shot_prompt,
@@ -277,16 +276,17 @@ def test_fv_head_outputs_pass_through_the_post_attention_norm(backend, task):
                   reduction_tolerance(H, float(parts.abs().sum(0).max())), what="FV of layer 1")
 
 
-def test_fv_fallback_causal_effects_match_single_head_patching(model, task):
+def test_fv_causal_effects_are_patchings_and_match_single_head_patching(model, task):
     L, H = model.cfg.n_layers, model.cfg.n_heads
-    mean_z = task_embedding(model, task, n_prompts=4, n_shots=2)
-    eff = head_causal_effects_fallback(model, task, mean_z, n_prompts=2, n_shots=2, seed=5,
-                                       batch_size=5)
+    f = FV(n_prompts=4, n_shots=2, n_effect_prompts=2, n_valid=8).fit(model, task, seed=5)
+    eff = head_causal_effects(model, task, n_prompts=2, n_shots=2, seed=5,
+                              embedding=f.state["mean_z"])
+    # exact: FV calls this very function with its own mean z, prompt count, shots and seed
+    assert torch.equal(f.state["effects"], eff) and f.meta["effects_source"] == "sitelens.patching"
     assert eff.shape == (L, H) and torch.isfinite(eff).all()
-    rng = random.Random(5)
-    queries = [task.train[rng.randrange(len(task.train))] for _ in range(2)]
-    prompts = few_shot_prompts(task, queries, 2, seed=6, shuffle_labels=True)
-    ans = torch.tensor(answer_token_ids(model, [q.output for q in queries]))
+    mean_z = f.state["mean_z"]
+    prompts, answers = corrupted_prompts(model, task, n_prompts=2, n_shots=2, seed=5)
+    ans = torch.tensor(answers)
     p0 = _logits(model, prompts)[:, -1].softmax(-1)[torch.arange(2), ans]
     for layer, head in [(0, 1), (L - 1, H - 1)]:
         mix = HeadMix(head_mask([(layer, head)], L, H), mean_z)
@@ -296,11 +296,7 @@ def test_fv_fallback_causal_effects_match_single_head_patching(model, task):
         # the wrong rows fail it
         assert_probs_close(eff[layer, head], (p - p0).mean(), model, mass=float(p.mean() + p0.mean()),
                            scale=logit_scale(model, prompts, (None, mix)),
-                           what=f"fallback effect of L{layer}H{head}")
-
-
-# ----------------------------------------------------------------------------------------------
-# TV
+                           what=f"causal effect of L{layer}H{head}")
 
 
 def test_tv_replaces_exactly_one_state(model, task):

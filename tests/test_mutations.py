@@ -168,7 +168,7 @@ def inject_one_position_early(monkeypatch, *, bridge_only: bool = False):
     injects at -2 instead of -1 (on a TransformerBridge only, with ``bridge_only``)."""
     E = importlib.import_module("sitelens.evaluate")  # the module (sitelens.evaluate is also a function)
 
-    real = E._hooks_for
+    real = E.intervention_hooks
 
     def hooks_for(model, intervention, seq_len):
         if isinstance(intervention, HeadMix) and (is_bridge(model) or not bridge_only):
@@ -176,7 +176,7 @@ def inject_one_position_early(monkeypatch, *, bridge_only: bool = False):
             return HeadMix(intervention.weights, intervention.targets, early, seq_len).hooks(model)
         return real(model, intervention, seq_len)
 
-    monkeypatch.setattr(E, "_hooks_for", hooks_for)
+    monkeypatch.setattr(E, "intervention_hooks", hooks_for)
 
 
 class _RowShiftedMix(HeadMix):

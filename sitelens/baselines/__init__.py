@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import difflib
 
-from sitelens.baselines.base import Fitted, HookIntervention, Method
-from sitelens.baselines.fv import FV, function_vector, head_causal_effects_fallback, head_outputs
+from sitelens.baselines.base import FitParts, Fitted, HookIntervention, Method
+from sitelens.baselines.fv import FV, function_vector, head_outputs
 from sitelens.baselines.i2cl import I2CL
 from sitelens.baselines.ia3 import IA3
 from sitelens.baselines.icl import ICL
@@ -77,7 +77,7 @@ def get_method(method: str | Method, /, **kwargs) -> Method:
 
 
 __all__ = [
-    "FV", "I2CL", "IA3", "ICL", "LTV", "METHODS", "MTV", "SITE", "TV", "Fitted",
+    "FV", "I2CL", "IA3", "ICL", "LTV", "METHODS", "MTV", "SITE", "TV", "FitParts", "Fitted",
     "HookIntervention", "LoRA", "Method", "ZeroShot", "available_methods", "function_vector",
-    "get_method", "head_causal_effects_fallback", "head_outputs", "ridge_closed_form",
+    "get_method", "head_outputs", "ridge_closed_form",
 ]

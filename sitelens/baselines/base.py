@@ -28,29 +28,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from sitelens.errors import FitError, TaskError
+from sitelens.errors import FitError
+from sitelens.evaluate import intervention_hooks
 from sitelens.injection import HeadMix, apply_hooks
-from sitelens.models import (
-    encode,
-    forward_until,
-    last_position_logits,
-    last_token_forward,
-    length_batches,
-    prefix_cache,
-)
+from sitelens.models import act_name, encode, last_position_logits
 from sitelens.site import FitConfig, training_batches
-from sitelens.tasks import (
-    DEFAULT_TEMPLATE,
-    Example,
-    Task,
-    Template,
-    answer_token_ids,
-    zero_shot_prompt,
-)
+from sitelens.site import capture_last as capture_last  # re-exported: the baselines' old import
+from sitelens.tasks import DEFAULT_TEMPLATE, Example, Task, Template, answer_token_ids, zero_shot_prompt
+from sitelens.training import LastTokenSet, RunConfig, run_training, valid_items
 
 Hook = tuple[str, Callable]
 SCOPES = ("none", "prefill", "all")
@@ -125,19 +113,28 @@ class Fitted:
         return [zero_shot_prompt(ex.input, template) for ex in items]
 
     def hooks(self, model, seq_len: int | None) -> list[Hook]:
-        """The hooks for a prompt batch of ``seq_len`` positions (a HeadMix is pinned to it)."""
-        inter = self.intervention
-        if inter is None:
-            return []
-        if isinstance(inter, HeadMix):
-            return HeadMix(inter.weights, inter.targets, inter.positions, seq_len).hooks(model)
-        return inter(model, seq_len)
+        """The hooks for a prompt batch of ``seq_len`` positions (a HeadMix is pinned to it;
+        :func:`sitelens.evaluate.intervention_hooks`)."""
+        return intervention_hooks(model, self.intervention, seq_len)
+
+
+@dataclass
+class FitParts:
+    """What :meth:`Method._fit` returns: the fields of :class:`Fitted` that are the method's own
+    (:meth:`Method.fit` adds the name and the wall time)."""
+
+    intervention: HeadMix | HookIntervention | None = None
+    prompt_fn: Callable[[Sequence[Example]], list[str]] | None = None
+    n_params: int = 0
+    state: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)
 class Method:
     """Base class: hyperparameters as fields, ``name`` overridable (``LoRA(rank=4,
-    name="lora-r4")``)."""
+    name="lora-r4")``). A method implements :meth:`_fit`; :meth:`fit` times it and wraps its
+    parts as a :class:`Fitted`."""
 
     name: str = "method"
 
@@ -150,6 +147,19 @@ class Method:
         template: Template = DEFAULT_TEMPLATE,
         progress: bool = False,
     ) -> Fitted:
+        """Fit on ``task`` (``seed`` seeds every draw; ``progress`` shows a bar where training
+        runs). ``fit_seconds`` is the wall time of the whole call."""
+        t0 = time.perf_counter()
+        parts = self._fit(model, task, seed=seed, template=template, progress=progress)
+        return Fitted(
+            self.name, intervention=parts.intervention, prompt_fn=parts.prompt_fn,
+            n_params=parts.n_params, fit_seconds=time.perf_counter() - t0, state=parts.state,
+            meta=parts.meta,
+        )
+
+    def _fit(self, model, task: Task, seed: int, template: Template, progress: bool) -> FitParts:
+        """The method's own work: what it runs (intervention or prompts), its trainable-parameter
+        count, fitted state and metadata."""
         raise NotImplementedError
 
 
@@ -168,22 +178,21 @@ class TrainedMethod(Method):
     eval_every: int = 10
     n_valid: int = 64
 
-    def _fit_hooks(
+    def _train_hooks(
         self,
         model,
         task: Task,
         params: dict[str, Tensor],
         hooks_of: Callable[[Any, dict[str, Tensor]], list[Hook]],
         *,
-        t0: float,
         seed: int,
         template: Template,
         progress: bool,
         state: dict | None = None,
         meta: dict | None = None,
-    ) -> Fitted:
-        """Train ``params`` of the every-position hooks ``hooks_of(model, params)`` and wrap the
-        best ones (lowest validation loss) as a :class:`Fitted` with ``scope="all"``.
+    ) -> FitParts:
+        """Train ``params`` of the every-position hooks ``hooks_of(model, params)`` and keep the
+        best ones (lowest validation loss) as an intervention with ``scope="all"``.
 
         ``self.lr`` may be a tuple of learning rates: each is trained from the same initial
         ``params`` and the run with the lowest validation loss is kept (a run whose loss turns
@@ -198,7 +207,7 @@ class TrainedMethod(Method):
                     lambda p: hooks_of(model, p), lr=lr, n_examples=self.n_examples,
                     batch_size=self.batch_size, eval_every=self.eval_every,
                     n_valid=self.n_valid, seed=seed, template=template, progress=progress,
-                    desc=f"fit {self.name} lr={lr:g}",
+                    what=f"{self.name} lr={lr:g}",
                 )
             except FitError as e:
                 if len(lrs) == 1:
@@ -210,11 +219,9 @@ class TrainedMethod(Method):
             raise FitError(f"Every learning rate in {lrs} diverged on {task.name!r}: " + "; ".join(errors))
         _, lr, res = min(runs, key=lambda r: (r[0], r[1]))  # ties: the smaller lr
         best = res.params
-        return Fitted(
-            self.name,
+        return FitParts(
             intervention=HookIntervention(lambda m, seq_len: hooks_of(m, best), scope="all"),
             n_params=count_params(best),
-            fit_seconds=time.perf_counter() - t0,
             state={"params": best, "history": res.history, "best_step": res.best_step, "lr": lr,
                    "lr_search": [{"lr": r_lr, "valid_loss": vl, "best_step": r.best_step}
                                  for vl, r_lr, r in runs],
@@ -239,7 +246,7 @@ def resid_hook_name(layer: int, point: str = "resid_pre") -> str:
     """``blocks.{layer}.hook_resid_pre`` / ``hook_resid_post``."""
     if point not in ("resid_pre", "resid_mid", "resid_post"):
         raise ValueError(f"point must be resid_pre, resid_mid or resid_post, got {point!r}")
-    return f"blocks.{layer}.hook_{point}"
+    return act_name(point, layer)
 
 
 def acts_now(x: Tensor, seq_len: int | None) -> bool:
@@ -247,17 +254,25 @@ def acts_now(x: Tensor, seq_len: int | None) -> bool:
     return seq_len is None or x.shape[1] == seq_len
 
 
-def last_add_hook(vector: Float[Tensor, " d_model"], seq_len: int | None) -> Callable:
-    """A hook adding ``vector`` at the last position (prefill only)."""
+def last_token_hook(
+    update: Callable[[Float[Tensor, "batch d_model"]], Tensor], seq_len: int | None
+) -> Callable:
+    """A hook setting the last position's state ``h`` to ``update(h)`` (prefill only; the hooked
+    tensor is copied, never written in place)."""
 
     def fn(x: Float[Tensor, "batch pos d_model"], hook=None):
         if not acts_now(x, seq_len):
             return x
         x = x.clone()
-        x[:, -1] = x[:, -1] + vector.to(x.dtype)  # [batch, d_model]
+        x[:, -1] = update(x[:, -1])  # [batch, d_model]
         return x
 
     return fn
+
+
+def last_add_hook(vector: Float[Tensor, " d_model"], seq_len: int | None) -> Callable:
+    """A hook adding ``vector`` at the last position (prefill only)."""
+    return last_token_hook(lambda h: h + vector.to(h.dtype), seq_len)
 
 
 def sample_items(items: Sequence[Example], n: int, seed: int) -> list[Example]:
@@ -266,76 +281,8 @@ def sample_items(items: Sequence[Example], n: int, seed: int) -> list[Example]:
     return random.Random(seed).sample(items, min(n, len(items)))
 
 
-def valid_items(task: Task, n_valid: int) -> list[Example]:
-    """The first ``n_valid`` validation items (train items when the task has no valid split)."""
-    items = (task.valid or task.train)[:n_valid]
-    if not items:
-        raise TaskError(f"Task {task.name!r} has no items to validate on.")
-    return list(items)
-
-
-def capture_last(
-    model, prompts: Sequence[str], hook_names: Sequence[str], *, batch_size: int = 8
-) -> dict[str, Tensor]:
-    """The value of each hook at the last prompt token: ``{name: [n_prompts, ...]}`` (float32,
-    CPU). Each pass ends as soon as every hook has fired (:func:`~sitelens.models.forward_until`)."""
-    prompts = list(prompts)
-    batches = length_batches(model, prompts, batch_size)  # similar lengths, bounded memory
-    order = [i for idx in batches for i in idx]
-    parts: dict[str, list[Tensor]] = {n: [] for n in hook_names}
-    for idx in batches:
-        enc = encode(model, [prompts[i] for i in idx])
-        buf: dict[str, Tensor] = {}
-
-        def grabber(name: str, buf=buf) -> Callable:
-            # keyed by the requested name: on a TransformerBridge ``hook.name`` is the canonical
-            # name behind an alias such as ``blocks.{l}.hook_resid_post``
-            def grab(x, hook=None):
-                buf[name] = x[:, -1].detach().float().cpu()  # [batch, ...]
-
-            return grab
-
-        with torch.no_grad():
-            forward_until(model, [(n, grabber(n)) for n in hook_names], enc.tokens,
-                          attention_mask=enc.attention_mask)
-        for n in hook_names:
-            parts[n].append(buf[n])
-    inverse = torch.empty(len(order), dtype=torch.long)
-    inverse[torch.tensor(order)] = torch.arange(len(order))
-    return {n: torch.cat(parts[n])[inverse] for n in hook_names}
-
-
 # ----------------------------------------------------------------------------------------------
-# last-token scoring (interventions that touch only the last prompt token)
-
-
-@dataclass
-class LastTokenSet:
-    """Zero-shot prompts of some items as a frozen prefix KV cache plus their last tokens and
-    first-answer-token ids: an intervention at the last token re-runs only that token."""
-
-    cache: Any
-    last: Int[Tensor, "n 1"]
-    answers: Int[Tensor, " n"]
-
-    @classmethod
-    def build(cls, model, items: Sequence[Example], template: Template = DEFAULT_TEMPLATE):
-        enc = encode(model, [zero_shot_prompt(ex.input, template) for ex in items])
-        cache, last = prefix_cache(model, enc)
-        ans = torch.tensor(answer_token_ids(model, [ex.output for ex in items], template))
-        return cls(cache, last, ans.to(model.cfg.device))
-
-    def logits(self, model, hooks: list[Hook]) -> Float[Tensor, "n d_vocab"]:
-        with apply_hooks(model, hooks):
-            out = last_token_forward(model, self.cache, self.last)  # [n, 1, d_vocab]
-        return out[:, -1].float()
-
-    def score(self, model, hooks: list[Hook]) -> tuple[float, float]:
-        """``(first-token accuracy, mean cross-entropy)`` under ``hooks`` (no gradients)."""
-        with torch.no_grad():
-            logits = self.logits(model, hooks)  # [n, d_vocab]
-        acc = float((logits.argmax(-1) == self.answers).float().mean())
-        return acc, float(F.cross_entropy(logits, self.answers))
+# layer selection (interventions that touch only the last prompt token)
 
 
 def select_layer(
@@ -388,20 +335,18 @@ def train_hook_params(
     seed: int = 0,
     template: Template = DEFAULT_TEMPLATE,
     progress: bool = False,
-    desc: str = "fit",
+    what: str = "hooks",
 ) -> TrainResult:
     """Adam on ``params`` (the model frozen) with SITE's loss: the cross-entropy of the first answer
     token after zero-shot prompts, over the same training batches as :func:`sitelens.site.fit_alpha`
-    with the same ``seed``/``n_examples``/``batch_size``. Full forward passes (the hooks act at
-    every position). The parameters with the best validation loss are returned (detached)."""
+    with the same ``seed``/``n_examples``/``batch_size``, run by
+    :func:`sitelens.training.run_training`. Full forward passes (the hooks act at every position).
+    The parameters with the best validation loss are returned (detached); ``what`` names the run
+    in the progress bar and in errors."""
     t0 = time.perf_counter()
-    torch.manual_seed(seed)
-    cfg = FitConfig(lr=lr, n_examples=n_examples, batch_size=batch_size, eval_every=eval_every,
-                    n_valid=n_valid, seed=seed)
-    batches = list(training_batches(list(range(len(task.train))), cfg))  # [steps][batch_size]
-    for p in params.values():
-        p.requires_grad_(True)
-    opt = torch.optim.Adam(list(params.values()), lr=lr)
+    plan = FitConfig(lr=lr, n_examples=n_examples, batch_size=batch_size, eval_every=eval_every,
+                     n_valid=n_valid, seed=seed)
+    batches = list(training_batches(list(range(len(task.train))), plan))  # [steps][batch_size]
     dev = model.cfg.device
 
     def loss_on(items: Sequence[Example]) -> Tensor:
@@ -420,34 +365,17 @@ def train_hook_params(
                 for s in range(0, len(valid), 32)
             ) / len(valid))
 
-    def snapshot() -> dict[str, Tensor]:
-        return {k: v.detach().clone() for k, v in params.items()}
-
-    best = (valid_loss(), snapshot(), 0)
-    history = [{"step": 0, "train_loss": float("nan"), "valid_loss": best[0]}]
-    bar = tqdm(total=len(batches), desc=f"{desc} [{task.name}]", disable=not progress, leave=False)
-    for step, batch in enumerate(batches, start=1):
+    def objective(batch: list[int]) -> tuple[Tensor, float]:
         loss = loss_on([task.train[i] for i in batch])
-        if not torch.isfinite(loss):
-            raise FitError(
-                f"Non-finite loss at step {step} while fitting {desc} on {task.name!r}. Lower the "
-                "learning rate (lr) or use a float32 model."
-            )
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        bar.update(1)
-        rec = {"step": step, "train_loss": loss.item(), "valid_loss": float("nan")}
-        if step % eval_every == 0 or step == len(batches):
-            vl = valid_loss()
-            rec["valid_loss"] = vl
-            if vl < best[0]:
-                best = (vl, snapshot(), step)
-        history.append(rec)
-    bar.close()
-    for p in params.values():
-        p.requires_grad_(False)
-    return TrainResult(best[1], history, best[2], time.perf_counter() - t0)
+        return loss, loss.item()
+
+    run = run_training(
+        list(params.values()), batches, objective, valid_loss,
+        snapshot=lambda: {k: v.detach().clone() for k, v in params.items()},
+        config=RunConfig(lr=lr, seed=seed, eval_every=eval_every, what=what, task=task.name,
+                         progress=progress),
+    )
+    return TrainResult(run.kept, run.history, run.best_step, time.perf_counter() - t0)
 
 
 def count_params(params: dict[str, Tensor]) -> int:

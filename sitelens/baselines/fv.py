@@ -7,8 +7,8 @@ residual stream at the last prompt token.
    output before adding it to the residual stream (Gemma 2/3's ``ln1_post``), the write passes
    through that norm at the prompt's own scale: ``g ⊙ (z W_O) / rms(attn_out)``, so that the heads of
    a layer sum to its ``hook_attn_out`` (less ``b_O``).                     -> [n_layers, n_heads, d_model]
-2. causal effects ``[n_layers, n_heads]``: :func:`sitelens.patching.head_causal_effects` when that
-   module exists, else :func:`head_causal_effects_fallback`, or precomputed (``FV(effects=...)``).
+2. causal effects ``[n_layers, n_heads]``: :func:`sitelens.patching.head_causal_effects` with the
+   mean z of step 1 (``n_effect_prompts`` corrupted prompts), or precomputed (``FV(effects=...)``).
 3. FV = Σ over the top ``k`` heads of ``out[l, h]``                                  -> [d_model]
 4. intervention: ``blocks.{ℓ}.hook_resid_pre`` (or ``resid_post``) += FV at the last prompt token,
    prefill only; ℓ has the best validation first-token accuracy.
@@ -18,9 +18,6 @@ Trainable parameters: 0 (a mean, k head choices and a layer); ``d_model`` stored
 
 from __future__ import annotations
 
-import inspect
-import random
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,100 +26,29 @@ from jaxtyping import Float
 from torch import Tensor
 
 from sitelens.baselines.base import (
-    Fitted,
+    FitParts,
     HookIntervention,
     Method,
-    capture_last,
     last_add_hook,
     resid_hook_name,
     select_layer,
-    valid_items,
 )
-from sitelens.injection import HeadMix, apply_hooks
-from sitelens.models import (
-    cache_rows_per_batch,
-    check_z_shape,
-    encode,
-    last_token_forward,
-    prefix_cache,
-    select_cache,
-    z_hook_name,
-)
-from sitelens.tasks import (
-    DEFAULT_TEMPLATE,
-    Task,
-    Template,
-    answer_token_ids,
-    embedding_prompts,
-    few_shot_prompts,
-)
+from sitelens.models import check_z_shape, z_hook_name
+from sitelens.patching import head_causal_effects
+from sitelens.site import capture_last
+from sitelens.tasks import Task, Template, embedding_prompts
+from sitelens.training import valid_items
 
 
-def head_causal_effects_fallback(
-    model,
-    task: Task,
-    mean_z: Float[Tensor, "n_layers n_heads d_head"],
-    *,
-    n_prompts: int = 16,
-    n_shots: int = 10,
-    seed: int = 0,
-    template: Template = DEFAULT_TEMPLATE,
-    batch_size: int = 64,
+def _causal_effects(
+    model, task: Task, mean_z: Float[Tensor, "n_layers n_heads d_head"], *, n_prompts: int,
+    n_shots: int, seed: int, template: Template,
 ) -> Float[Tensor, "n_layers n_heads"]:
-    """The average indirect effect of each head: on ``n_prompts`` corrupted few-shot prompts
-    (shuffled demonstration labels, queries from train), ``P(answer | z[l, h] ← mean_z[l, h] at the
-    last token) − P(answer | corrupted)``. One row per (prompt, head) pair, ``batch_size`` rows per
-    last-token forward pass over a frozen prefix cache."""
-    cfg = model.cfg
-    L, H = cfg.n_layers, cfg.n_heads
-    rng = random.Random(seed)
-    queries = [task.train[rng.randrange(len(task.train))] for _ in range(n_prompts)]
-    prompts = few_shot_prompts(
-        task, queries, n_shots, seed=seed + 1, template=template, shuffle_labels=True
-    )
-    enc = encode(model, prompts)
-    ans = torch.tensor(answer_token_ids(model, [q.output for q in queries], template))
-    target = mean_z.to(cfg.device)  # [n_layers, n_heads, d_head]
-    with torch.no_grad():
-        cache, last = prefix_cache(model, enc)
-        base = last_token_forward(model, cache, last)[:, -1].float().softmax(-1)  # [n, d_vocab]
-        p0 = base[torch.arange(len(ans)), ans]  # [n]
-        pairs = [(i, j) for i in range(len(prompts)) for j in range(L * H)]
-        effects = torch.zeros(L * H, dtype=torch.float64)  # [n_layers * n_heads]
-        batch_size = cache_rows_per_batch(cache, batch_size)  # bounded copy of long prefixes
-        for s in range(0, len(pairs), batch_size):
-            chunk = pairs[s : s + batch_size]
-            rows = torch.tensor([i for i, _ in chunk])
-            heads = torch.tensor([j for _, j in chunk])
-            w = torch.zeros(len(chunk), L * H, device=cfg.device)  # [rows, L*H]
-            w[torch.arange(len(chunk)), heads] = 1.0
-            mix = HeadMix(w.view(len(chunk), L, H), target)
-            with apply_hooks(model, mix.hooks(model)):
-                out = last_token_forward(model, select_cache(cache, rows), last[rows])
-            p = out[:, -1].float().softmax(-1)[torch.arange(len(chunk)), ans[rows]]  # [rows]
-            effects.index_add_(0, heads, (p - p0[rows]).double().cpu())
-    return (effects / len(prompts)).float().view(L, H)
-
-
-def _causal_effects(model, task, mean_z, *, n_prompts, n_shots, seed, template):
-    """``sitelens.patching.head_causal_effects`` if present (given our mean z, prompt count,
-    seed, shots and template where it takes them; its own defaults otherwise), else the fallback
-    above."""
-    try:
-        from sitelens.patching import head_causal_effects
-    except ImportError:
-        head_causal_effects = None
-    if head_causal_effects is None:
-        return head_causal_effects_fallback(
-            model, task, mean_z, n_prompts=n_prompts, n_shots=n_shots, seed=seed,
-            template=template,
-        ), "fallback"
-    accepted = inspect.signature(head_causal_effects).parameters
-    wanted = {"seed": seed, "n_shots": n_shots, "template": template, "n_prompts": n_prompts,
-              "embedding": mean_z}
-    kw = {k: v for k, v in wanted.items() if k in accepted}
-    out = head_causal_effects(model, task, **kw)
-    return torch.as_tensor(out, dtype=torch.float32).cpu(), "sitelens.patching"
+    """:func:`sitelens.patching.head_causal_effects` with our mean z, prompt count, shots, seed
+    and template (float32, CPU)."""
+    effects = head_causal_effects(model, task, n_prompts=n_prompts, n_shots=n_shots, seed=seed,
+                                  template=template, embedding=mean_z)  # [n_layers, n_heads]
+    return torch.as_tensor(effects, dtype=torch.float32).cpu()
 
 
 def _post_attn_scale_name(layer: int) -> str:
@@ -195,22 +121,13 @@ class FV(Method):
     k: int = 10  # heads summed into the vector
     n_prompts: int = 50  # clean few-shot prompts for the mean z
     n_shots: int = 10
-    n_effect_prompts: int = 16  # corrupted prompts for the fallback causal-effect routine
+    n_effect_prompts: int = 16  # corrupted prompts for the causal effects
     effects: Tensor | None = None  # precomputed [n_layers, n_heads] causal effects
     layers: Sequence[int] | None = None  # candidate layers (None: all)
     point: str = "resid_pre"
     n_valid: int = 64
 
-    def fit(
-        self,
-        model,
-        task: Task,
-        *,
-        seed: int = 0,
-        template: Template = DEFAULT_TEMPLATE,
-        progress: bool = False,
-    ) -> Fitted:
-        t0 = time.perf_counter()
+    def _fit(self, model, task: Task, seed: int, template: Template, progress: bool) -> FitParts:
         cfg = model.cfg
         prompts = embedding_prompts(task, self.n_prompts, self.n_shots, seed=seed,
                                     template=template)
@@ -218,10 +135,11 @@ class FV(Method):
         if self.effects is not None:
             effects, source = torch.as_tensor(self.effects).float().cpu(), "given"
         else:
-            effects, source = _causal_effects(
+            effects = _causal_effects(
                 model, task, mean_z, n_prompts=self.n_effect_prompts, n_shots=self.n_shots,
                 seed=seed, template=template,
             )
+            source = "sitelens.patching"
         if tuple(effects.shape) != (cfg.n_layers, cfg.n_heads):
             raise ValueError(
                 f"causal effects must be [n_layers, n_heads] = [{cfg.n_layers}, {cfg.n_heads}], "
@@ -237,11 +155,9 @@ class FV(Method):
             lambda lay: fv_intervention(vector, lay, self.point)(model, None),
             layers, template=template,
         )
-        return Fitted(
-            self.name,
+        return FitParts(
             intervention=fv_intervention(vector, layer, self.point),
             n_params=0,
-            fit_seconds=time.perf_counter() - t0,
             state={"vector": vector, "layer": layer, "heads": heads, "effects": effects,
                    "mean_z": mean_z, "head_outputs": outputs},
             meta={"stored_numbers": cfg.d_model, "effects_source": source,

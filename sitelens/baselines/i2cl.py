@@ -17,19 +17,14 @@ Trainable parameters: ``4 · n_layers`` (λ and β per layer and module).
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from sitelens.baselines.base import (
-    Fitted,
-    Hook,
-    TrainedMethod,
-    capture_last,
-)
+from sitelens.baselines.base import FitParts, Hook, TrainedMethod
+from sitelens.site import capture_last
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
 
 MODULES = ("attn", "mlp")
@@ -80,27 +75,21 @@ def i2cl_hooks(model, vectors: Tensor, params: dict[str, Tensor]) -> list[Hook]:
 
 @dataclass(kw_only=True)
 class I2CL(TrainedMethod):
+    """I2CL: context vectors from ``n_demos`` demonstrations; λ starts at ``lam_init`` and β at
+    ``beta_init``, both trained (:class:`~sitelens.baselines.base.TrainedMethod` fields)."""
+
     name: str = "i2cl"
     n_demos: int = 10
     lam_init: float = 0.1
     beta_init: float = 1.0
     lr: float = 0.01
 
-    def fit(
-        self,
-        model,
-        task: Task,
-        *,
-        seed: int = 0,
-        template: Template = DEFAULT_TEMPLATE,
-        progress: bool = False,
-    ) -> Fitted:
-        t0 = time.perf_counter()
+    def _fit(self, model, task: Task, seed: int, template: Template, progress: bool) -> FitParts:
         vectors = context_vectors(model, task, n_demos=self.n_demos, seed=seed,
                                   template=template)  # [2, n_layers, d_model]
         params = init_i2cl(model, self.lam_init, self.beta_init)
-        return self._fit_hooks(
-            model, task, params, lambda m, p: i2cl_hooks(m, vectors, p), t0=t0, seed=seed,
+        return self._train_hooks(
+            model, task, params, lambda m, p: i2cl_hooks(m, vectors, p), seed=seed,
             template=template, progress=progress, state={"vectors": vectors},
             meta={"stored_numbers": vectors.numel()},
         )

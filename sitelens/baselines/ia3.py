@@ -11,19 +11,14 @@ Trainable parameters: ``n_layers · (2 · n_kv_heads · d_head + d_mlp)``.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from sitelens.baselines.base import (
-    Fitted,
-    Hook,
-    TrainedMethod,
-)
+from sitelens.baselines.base import FitParts, Hook, TrainedMethod
 from sitelens.baselines.lora import heads_of
-from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
+from sitelens.tasks import Task, Template
 
 
 def init_ia3(model) -> dict[str, Tensor]:
@@ -53,23 +48,17 @@ def ia3_hooks(model, params: dict[str, Tensor]) -> list[Hook]:
 
 @dataclass(kw_only=True)
 class IA3(TrainedMethod):
+    """(IA)3: unit scales on k, v and the MLP activations, trained like every
+    :class:`~sitelens.baselines.base.TrainedMethod` (``lr``, ``n_examples``, ...)."""
+
     name: str = "ia3"
     lr: float = 0.01
 
-    def fit(
-        self,
-        model,
-        task: Task,
-        *,
-        seed: int = 0,
-        template: Template = DEFAULT_TEMPLATE,
-        progress: bool = False,
-    ) -> Fitted:
-        t0 = time.perf_counter()
+    def _fit(self, model, task: Task, seed: int, template: Template, progress: bool) -> FitParts:
         if model.cfg.d_mlp is None or model.cfg.attn_only:
             raise ValueError("(IA)3 needs a model with MLP blocks.")
         params = init_ia3(model)
-        return self._fit_hooks(
-            model, task, params, ia3_hooks, t0=t0, seed=seed, template=template,
+        return self._train_hooks(
+            model, task, params, ia3_hooks, seed=seed, template=template,
             progress=progress,
         )

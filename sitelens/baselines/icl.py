@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sitelens.baselines.base import Fitted, Method
-from sitelens.tasks import DEFAULT_TEMPLATE, Example, Task, Template, few_shot_prompts
+from sitelens.baselines.base import FitParts, Method
+from sitelens.tasks import Example, Task, Template, few_shot_prompts
 
 
 @dataclass(kw_only=True)
@@ -15,19 +15,11 @@ class ICL(Method):
     name: str = "icl"
     n_shots: int = 10
 
-    def fit(
-        self,
-        model,
-        task: Task,
-        *,
-        seed: int = 0,
-        template: Template = DEFAULT_TEMPLATE,
-        progress: bool = False,
-    ) -> Fitted:
+    def _fit(self, model, task: Task, seed: int, template: Template, progress: bool) -> FitParts:
         n_shots = self.n_shots
 
         def prompt_fn(items: Sequence[Example]) -> list[str]:
             return few_shot_prompts(task, list(items), n_shots, seed=seed, template=template)
 
         meta = {"n_shots": n_shots, "stored_numbers": 0}
-        return Fitted(self.name, prompt_fn=prompt_fn, meta=meta)
+        return FitParts(prompt_fn=prompt_fn, meta=meta)

@@ -20,20 +20,15 @@ Trainable parameters: ``n_layers · Σ_t r · (d_model + n_heads_t · d_head)`` 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from sitelens.baselines.base import (
-    Fitted,
-    Hook,
-    TrainedMethod,
-)
+from sitelens.baselines.base import FitParts, Hook, TrainedMethod
 from sitelens.models import position_wise
-from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
+from sitelens.tasks import Task, Template
 
 TARGETS = ("q", "k", "v")
 
@@ -98,26 +93,20 @@ def lora_hooks(model, params: dict[str, Tensor], scaling: float) -> list[Hook]:
 
 @dataclass(kw_only=True)
 class LoRA(TrainedMethod):
+    """LoRA of ``rank`` on the ``targets`` projections, scaled by ``alpha / rank``; ``lr`` may
+    be a tuple (one run each, the lowest validation loss kept)."""
+
     name: str = "lora"
     rank: int = 8
     alpha: float = 16.0
     targets: tuple[str, ...] = ("q", "v")
     lr: float | tuple[float, ...] = 1e-3
 
-    def fit(
-        self,
-        model,
-        task: Task,
-        *,
-        seed: int = 0,
-        template: Template = DEFAULT_TEMPLATE,
-        progress: bool = False,
-    ) -> Fitted:
-        t0 = time.perf_counter()
+    def _fit(self, model, task: Task, seed: int, template: Template, progress: bool) -> FitParts:
         scaling = self.alpha / self.rank
         params = init_lora(model, self.rank, self.targets, seed)
-        return self._fit_hooks(
-            model, task, params, lambda m, p: lora_hooks(m, p, scaling), t0=t0, seed=seed,
+        return self._train_hooks(
+            model, task, params, lambda m, p: lora_hooks(m, p, scaling), seed=seed,
             template=template, progress=progress, state={"scaling": scaling},
             meta={"rank": self.rank, "targets": list(self.targets)},
         )

@@ -13,7 +13,6 @@ Trainable parameters: ``d_model²`` (fitted in closed form).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,17 +20,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from sitelens.baselines.base import (
-    Fitted,
-    HookIntervention,
-    Method,
-    acts_now,
-    capture_last,
-    resid_hook_name,
-    sample_items,
-)
+from sitelens.baselines.base import FitParts, HookIntervention, Method, last_token_hook, sample_items
 from sitelens.errors import TaskError
-from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template, few_shot_prompts, zero_shot_prompt
+from sitelens.models import act_name
+from sitelens.site import capture_last
+from sitelens.tasks import Task, Template, few_shot_prompts, zero_shot_prompt
 
 
 def ridge_closed_form(
@@ -46,40 +39,27 @@ def ridge_closed_form(
 
 
 def ltv_hook(W: Float[Tensor, "d_model d_model"], seq_len: int | None) -> Callable:
-    def fn(x: Float[Tensor, "batch pos d_model"], hook=None):
-        if not acts_now(x, seq_len):
-            return x
-        x = x.clone()
-        h = x[:, -1]  # [batch, d_model]
-        x[:, -1] = h + h @ W.to(x.dtype).T  # [batch, d_model]
-        return x
-
-    return fn
+    """``h ← h + W·h`` at the last position (prefill only)."""
+    return last_token_hook(lambda h: h + h @ W.to(h.dtype).T, seq_len)  # [batch, d_model]
 
 
 def ltv_intervention(W: Tensor, layer: int) -> HookIntervention:
-    name = resid_hook_name(layer, "resid_post")
+    name = act_name("resid_post", layer)
     return HookIntervention(lambda model, seq_len: [(name, ltv_hook(W, seq_len))])
 
 
 @dataclass(kw_only=True)
 class LTV(Method):
+    """LTV: the ridge map (penalty ``lam``) fitted on ``n_queries`` train queries, zero-shot vs
+    ``n_shots``-shot, at block ``layer``."""
+
     name: str = "ltv"
     lam: float = 5.0
     n_queries: int = 256
     n_shots: int = 10
     layer: int | None = None  # None: the final block
 
-    def fit(
-        self,
-        model,
-        task: Task,
-        *,
-        seed: int = 0,
-        template: Template = DEFAULT_TEMPLATE,
-        progress: bool = False,
-    ) -> Fitted:
-        t0 = time.perf_counter()
+    def _fit(self, model, task: Task, seed: int, template: Template, progress: bool) -> FitParts:
         L = model.cfg.n_layers
         layer = L - 1 if self.layer is None else self.layer
         if not -L <= layer < L:
@@ -89,17 +69,15 @@ class LTV(Method):
         if len(queries) < 2:
             raise TaskError(f"LTV needs at least 2 training queries; {task.name!r} has "
                             f"{len(queries)}.")
-        name = resid_hook_name(layer, "resid_post")
+        name = act_name("resid_post", layer)
         zs = [zero_shot_prompt(q.input, template) for q in queries]
         icl = few_shot_prompts(task, queries, self.n_shots, seed=seed + 1, template=template)
         X = capture_last(model, zs, [name])[name]  # [n, d_model]
         Y = capture_last(model, icl, [name])[name] - X  # [n, d_model]
         W = ridge_closed_form(X, Y, self.lam).to(model.cfg.device)  # [d_model, d_model]
-        return Fitted(
-            self.name,
+        return FitParts(
             intervention=ltv_intervention(W, layer),
             n_params=W.numel(),
-            fit_seconds=time.perf_counter() - t0,
             state={"W": W, "layer": layer, "X": X, "Y": Y},
             meta={"stored_numbers": W.numel(), "lam": self.lam, "n_queries": len(queries)},
         )

@@ -6,12 +6,11 @@ Trainable parameters: ``n_layers × n_heads`` (α); the task embedding is a mean
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 
-from sitelens.baselines.base import Fitted, Method
+from sitelens.baselines.base import FitParts, Method
 from sitelens.site import FitConfig, fit_site
-from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
+from sitelens.tasks import Task, Template
 
 
 @dataclass(kw_only=True)
@@ -21,26 +20,15 @@ class SITE(Method):
     n_shots: int = 10
     config: FitConfig = field(default_factory=FitConfig)  # its seed is replaced by fit's seed
 
-    def fit(
-        self,
-        model,
-        task: Task,
-        *,
-        seed: int = 0,
-        template: Template = DEFAULT_TEMPLATE,
-        progress: bool = False,
-    ) -> Fitted:
-        t0 = time.perf_counter()
+    def _fit(self, model, task: Task, seed: int, template: Template, progress: bool) -> FitParts:
         adapter = fit_site(
             model, task, n_prompts=self.n_prompts, n_shots=self.n_shots,
             config=replace(self.config, seed=seed), template=template, progress=progress,
         )
         L, H, d = adapter.embedding.shape
-        return Fitted(
-            self.name,
+        return FitParts(
             intervention=adapter.mix(),
             n_params=L * H,
-            fit_seconds=time.perf_counter() - t0,
             state={"adapter": adapter},
             meta={"stored_numbers": L * H * d, "best_step": adapter.meta.get("best_step")},
         )

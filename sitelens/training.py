@@ -1,0 +1,254 @@
+"""The one training runner (SITE's stage 2 and the trained baselines) and the data it trains on.
+
+- :class:`LastTokenSet`: prompts encoded once into a frozen prefix KV cache, plus their last
+  tokens and the first token of each answer. An intervention that acts only at the last prompt
+  token re-runs just that token (:meth:`LastTokenSet.logits`). SITE's stage 2, MTV, the baselines'
+  layer selection and activation patching score items this way.
+- :func:`training_batches` / :func:`iid_batches`: the seeded training batches (item indices);
+  :class:`BatchRows` maps them onto a :class:`LastTokenSet` built once on the items they use.
+- :func:`run_training`: Adam on some parameters (the model frozen), one step per batch, the
+  validation loss every ``eval_every`` steps, and the parameters kept by
+  :attr:`RunConfig.keep`: the best on validation (``"best"``) or those of the last check
+  (``"last_check"``, the official SITE protocol). A progress bar, a history of every step.
+
+A method hands the runner only what is its own: an ``objective(batch)`` (the loss to minimize,
+e.g. SITE's first-token cross-entropy under the α-mix), a ``valid_loss()`` and a ``snapshot()``
+of what to keep.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from sitelens.errors import FitError, TaskError
+from sitelens.injection import apply_hooks
+from sitelens.models import encode, last_token_forward, prefix_cache, select_cache
+from sitelens.tasks import DEFAULT_TEMPLATE, Example, Task, Template, answer_token_ids, zero_shot_prompt
+
+Hook = tuple[str, Callable]
+T = TypeVar("T")
+
+# ----------------------------------------------------------------------------------------------
+# the data: last-token sets
+
+
+@dataclass
+class LastTokenSet:
+    """Prompts as a frozen prefix KV cache (every position but the last) plus their last tokens
+    and the first answer token of each: an intervention at the last prompt token re-runs only that
+    token (:func:`sitelens.models.prefix_cache`)."""
+
+    cache: Any
+    last: Int[Tensor, "n 1"]
+    answers: Int[Tensor, " n"]
+
+    @classmethod
+    def build(
+        cls, model, items: Sequence[Example], template: Template = DEFAULT_TEMPLATE
+    ) -> LastTokenSet:
+        """The zero-shot prompts of ``items`` and the first tokens of their answers."""
+        prompts = [zero_shot_prompt(ex.input, template) for ex in items]
+        answers = answer_token_ids(model, [ex.output for ex in items], template)
+        return cls.from_prompts(model, prompts, answers)
+
+    @classmethod
+    def from_prompts(
+        cls, model, prompts: Sequence[str], answers: Sequence[int], *, batch_size: int = 64
+    ) -> LastTokenSet:
+        """Any prompts (e.g. corrupted few-shot ones) with the answer token id of each;
+        ``batch_size`` bounds the rows of one prefix pass."""
+        enc = encode(model, list(prompts))
+        cache, last = prefix_cache(model, enc, batch_size=batch_size)  # last: [n, 1]
+        return cls(cache, last, torch.tensor(answers, dtype=torch.long, device=last.device))
+
+    def __len__(self) -> int:
+        return len(self.answers)
+
+    def select(self, rows: Int[Tensor, " rows"]) -> LastTokenSet:
+        """Rows ``rows`` (repeats allowed) as a new set; the cache rows are copied."""
+        return LastTokenSet(select_cache(self.cache, rows), self.last[rows], self.answers[rows])
+
+    def logits(self, model, hooks: list[Hook]) -> Float[Tensor, "n d_vocab"]:
+        """Float32 logits at the last prompt token under ``hooks`` (gradients flow if enabled)."""
+        with apply_hooks(model, hooks):
+            out = last_token_forward(model, self.cache, self.last)  # [n, 1, d_vocab]
+        return out[:, -1].float()
+
+    def score(self, model, hooks: list[Hook]) -> tuple[float, float]:
+        """``(first-token accuracy, mean cross-entropy)`` under ``hooks`` (no gradients)."""
+        with torch.no_grad():
+            logits = self.logits(model, hooks)  # [n, d_vocab]
+        acc = float((logits.argmax(-1) == self.answers).float().mean())
+        return acc, float(F.cross_entropy(logits, self.answers))
+
+
+def valid_items(task: Task, n_valid: int) -> list[Example]:
+    """The first ``n_valid`` validation items (train items when the task has no valid split)."""
+    items = (task.valid or task.train)[:n_valid]
+    if not items:
+        raise TaskError(f"Task {task.name!r} has no items to validate on.")
+    return list(items)
+
+
+# ----------------------------------------------------------------------------------------------
+# seeded batches
+
+
+class BatchPlan(Protocol):
+    """What the batch generators read (a :class:`sitelens.site.FitConfig` is one)."""
+
+    steps: int
+    batch_size: int
+    seed: int
+
+
+def training_batches(items: list, plan: BatchPlan) -> Iterator[list]:
+    """``plan.steps`` batches of ``plan.batch_size`` items: shuffled passes over ``items``
+    (``random.Random(plan.seed)``; a new shuffle whenever the pool runs out)."""
+    rng = random.Random(plan.seed)
+    pool: list = []
+    for _ in range(plan.steps):
+        batch = []
+        while len(batch) < plan.batch_size:
+            if not pool:
+                pool = list(items)
+                rng.shuffle(pool)
+            batch.append(pool.pop())
+        yield batch
+
+
+def iid_batches(n_items: int, plan: BatchPlan) -> Iterator[list[int]]:
+    """``plan.steps`` batches of item indices drawn i.i.d. with replacement (the official
+    protocol; ``randrange(n)`` draws the same number as the reference's
+    ``random.sample(range(n), 1)[0]``)."""
+    rng = random.Random(plan.seed)
+    for _ in range(plan.steps):
+        yield [rng.randrange(n_items) for _ in range(plan.batch_size)]
+
+
+class BatchRows:
+    """The distinct items that ``batches`` use (``used``, sorted) and, for one batch, their rows in
+    a set built on ``used`` only (each item's prefix is then encoded once)."""
+
+    def __init__(self, batches: Sequence[Sequence[int]]):
+        self.used = sorted({i for b in batches for i in b})
+        self._row = {i: r for r, i in enumerate(self.used)}
+
+    def __call__(self, batch: Sequence[int]) -> Int[Tensor, " batch"]:
+        return torch.tensor([self._row[i] for i in batch])
+
+
+# ----------------------------------------------------------------------------------------------
+# the runner
+
+KEEP = ("best", "last_check")
+
+
+@dataclass
+class RunConfig:
+    """How :func:`run_training` runs.
+
+    keep: ``"best"``: validate before training, every ``eval_every`` steps and after the last
+        step, and keep the parameters with the lowest validation loss (the first on ties).
+        ``"last_check"``: validate every ``eval_every`` steps only and keep the parameters of the
+        last check (the final ones when no check happens) — the official SITE protocol
+        (:class:`sitelens.site.OfficialFitConfig`).
+    metric: the name under which each step's number from ``objective`` enters the history.
+    what, task: named in the progress bar (``fit {what} [{task}]``) and in errors.
+    hint: the fix an error about a non-finite loss suggests.
+    check_params: also fail when a step leaves non-finite parameters.
+    """
+
+    lr: float
+    seed: int = 0
+    eval_every: int = 10
+    keep: str = "best"
+    metric: str = "train_loss"
+    what: str = "parameters"
+    task: str = ""
+    hint: str = "Lower the learning rate (lr) or use a float32 model."
+    check_params: bool = False
+    progress: bool = False
+
+    def __post_init__(self):
+        if self.keep not in KEEP:
+            raise ValueError(f"RunConfig.keep must be one of {KEEP}, got {self.keep!r}.")
+
+
+@dataclass
+class TrainRun(Generic[T]):
+    """What :func:`run_training` kept (``kept``: a ``snapshot()``), when (``best_step``; 0 = before
+    training), its validation loss (NaN when never checked) and a record per step."""
+
+    kept: T
+    best_step: int
+    valid_loss: float
+    history: list[dict] = field(default_factory=list)
+
+
+def run_training(
+    params: Sequence[Tensor],
+    batches: Sequence[Sequence[int]],
+    objective: Callable[[Sequence[int]], tuple[Tensor, float]],
+    valid_loss: Callable[[], float],
+    snapshot: Callable[[], T],
+    config: RunConfig,
+) -> TrainRun[T]:
+    """Adam (``config.lr``) on ``params``, one step per batch, seeded with ``config.seed``.
+
+    ``objective(batch)`` returns the scalar to minimize and a number for the history (under
+    ``config.metric``); ``valid_loss()`` scores the current parameters; ``snapshot()`` copies what
+    to keep. Each step: objective, a :class:`FitError` if it is non-finite, ``zero_grad``,
+    ``backward``, ``step``; then the validation schedule of ``config.keep``. The history holds
+    ``{"step", metric, "valid_loss"}`` per step (NaN where not checked) and, with
+    ``keep="best"``, a step-0 record of the check before training."""
+    cfg = config
+    torch.manual_seed(cfg.seed)
+    params = list(params)
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.Adam(params, lr=cfg.lr)
+    history: list[dict] = []
+    best: tuple[float, Any, int] | None = None  # (valid loss, snapshot, step)
+    if cfg.keep == "best":
+        best = (valid_loss(), snapshot(), 0)
+        history.append({"step": 0, cfg.metric: float("nan"), "valid_loss": best[0]})
+    with tqdm(total=len(batches), desc=f"fit {cfg.what} [{cfg.task}]", disable=not cfg.progress,
+              leave=False) as bar:
+        for step, batch in enumerate(batches, start=1):
+            total, value = objective(batch)
+            if not torch.isfinite(total):
+                raise FitError(f"Non-finite loss at step {step} while fitting {cfg.what} on "
+                               f"{cfg.task!r}. {cfg.hint}")
+            opt.zero_grad()
+            total.backward()
+            opt.step()
+            if cfg.check_params and not all(bool(torch.isfinite(p).all()) for p in params):
+                raise FitError(f"The parameters of {cfg.what} became non-finite at step {step} while "
+                               f"fitting {cfg.task!r}. Lower the learning rate (lr).")
+            bar.update(1)
+            bar.set_postfix({cfg.metric: f"{value:.3f}"})
+            rec = {"step": step, cfg.metric: value, "valid_loss": float("nan")}
+            if cfg.keep == "last_check":
+                if step % cfg.eval_every == 0:  # every check replaces what is kept
+                    rec["valid_loss"] = valid_loss()
+                    best = (rec["valid_loss"], snapshot(), step)
+            elif step % cfg.eval_every == 0 or step == len(batches):
+                rec["valid_loss"] = valid_loss()
+                if rec["valid_loss"] < best[0]:
+                    best = (rec["valid_loss"], snapshot(), step)
+            history.append(rec)
+    for p in params:
+        p.requires_grad_(False)
+    if best is None:  # "last_check" and no check happened: the final parameters
+        best = (float("nan"), snapshot(), len(batches))
+    return TrainRun(kept=best[1], best_step=best[2], valid_loss=best[0], history=history)
