@@ -228,7 +228,10 @@ def _alpha_long(adapters: dict[str, SiteAdapter], lam: float) -> pd.DataFrame:
 
 
 def model_figures(run: ModelRun) -> dict[str, tuple]:
-    """``{name: (figure, csv_frame)}`` for one model (figures from :mod:`sitelens.plotting`)."""
+    """``{name: (figure, csv_frame)}`` for one model (figures from :mod:`sitelens.plotting`).
+
+    Long (about 70 lines) on purpose: one short block per figure of ``figures/{model}/``, in the
+    order the docs list them, so that a figure and the frame behind it are read side by side."""
     cfg = run.config
     main = cfg.main_sparsity
     m = run.model
