@@ -33,7 +33,7 @@ from sitelens.baselines.base import (
     resid_hook_name,
     select_layer,
 )
-from sitelens.models import check_z_shape, z_hook_name
+from sitelens.models import act_name, check_z_shape, z_hook_name
 from sitelens.patching import head_causal_effects
 from sitelens.site import capture_last
 from sitelens.tasks import Task, Template, embedding_prompts
@@ -53,7 +53,7 @@ def _causal_effects(
 
 def _post_attn_scale_name(layer: int) -> str:
     """The hook of block ``layer``'s post-attention norm scale (its per-position RMS)."""
-    return f"blocks.{layer}.ln1_post.hook_scale"
+    return act_name("ln1_post.scale", layer)
 
 
 def _post_attn_norm_gain(model, layer: int) -> Tensor | None:

@@ -24,6 +24,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from sitelens.baselines.base import FitParts, Hook, TrainedMethod
+from sitelens.models import act_name
 from sitelens.site import capture_last
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
 
@@ -31,7 +32,7 @@ MODULES = ("attn", "mlp")
 
 
 def i2cl_hook_names(layer: int) -> tuple[str, str]:
-    return f"blocks.{layer}.hook_attn_out", f"blocks.{layer}.hook_mlp_out"
+    return act_name("attn_out", layer), act_name("mlp_out", layer)
 
 
 def context_vectors(

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from sitelens.baselines.base import FitParts, Hook, TrainedMethod
 from sitelens.baselines.lora import heads_of
+from sitelens.models import act_name
 from sitelens.tasks import Task, Template
 
 
@@ -35,9 +36,9 @@ def ia3_hooks(model, params: dict[str, Tensor]) -> list[Hook]:
     """Hooks rescaling k, v and the MLP activations at every position (no prefill guard)."""
     hooks = []
     for layer in range(model.cfg.n_layers):
-        for key, name in (("k", f"blocks.{layer}.attn.hook_k"),
-                          ("v", f"blocks.{layer}.attn.hook_v"),
-                          ("ff", f"blocks.{layer}.mlp.hook_post")):
+        for key, name in (("k", act_name("k", layer)),
+                          ("v", act_name("v", layer)),
+                          ("ff", act_name("mlp_post", layer))):
 
             def fn(x, hook=None, key=key, layer=layer):
                 return x * params[key][layer].to(x.device, x.dtype)  # broadcast over batch, pos

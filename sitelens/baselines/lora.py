@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from sitelens.baselines.base import FitParts, Hook, TrainedMethod
-from sitelens.models import position_wise
+from sitelens.models import act_name, position_wise
 from sitelens.tasks import Task, Template
 
 TARGETS = ("q", "k", "v")
@@ -43,8 +43,8 @@ def heads_of(model, target: str) -> int:
 
 
 def input_hook_name(model, layer: int) -> str:
-    name = f"blocks.{layer}.ln1.hook_normalized"
-    return name if name in model.hook_dict else f"blocks.{layer}.hook_resid_pre"
+    name = act_name("ln1.normalized", layer)
+    return name if name in model.hook_dict else act_name("resid_pre", layer)
 
 
 def init_lora(
@@ -87,7 +87,7 @@ def lora_hooks(model, params: dict[str, Tensor], scaling: float) -> list[Hook]:
                 delta = (store["x"].to(y.dtype) @ A) @ B  # [batch, pos, n_heads_t * d_head]
                 return y + scaling * delta.view(y.shape)  # [batch, pos, n_heads_t, d_head]
 
-            hooks.append((f"blocks.{layer}.attn.hook_{t}", add))
+            hooks.append((act_name(t, layer), add))
     return hooks
 
 
