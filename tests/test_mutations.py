@@ -419,13 +419,15 @@ def test_fv_comparison_catches_the_vector_added_one_position_early(baseline_setu
         TBL.test_fv_adds_exactly_the_summed_head_outputs(model, task)
 
 
-def test_fv_fallback_effects_comparison_catches_weights_on_the_wrong_rows(baseline_setup, monkeypatch):
-    import sitelens.baselines.fv as fv
+def test_fv_effects_comparison_catches_weights_on_the_wrong_rows(baseline_setup, monkeypatch):
+    # FV's causal effects come from sitelens.patching (its own fallback is gone): shifting the
+    # rows of patching's batched HeadMix must break the single-head comparison of test_baselines
+    from sitelens import patching as P
 
     model, task = baseline_setup
-    monkeypatch.setattr(fv, "HeadMix", _RowShiftedMix)
+    monkeypatch.setattr(P, "HeadMix", _RowShiftedMix)
     with pytest.raises(AssertionError, match=CAUGHT):
-        TBL.test_fv_fallback_causal_effects_match_single_head_patching(model, task)
+        TBL.test_fv_causal_effects_are_patchings_and_match_single_head_patching(model, task)
 
 
 # ----------------------------------------------------------------------------------------------
