@@ -1,7 +1,10 @@
 """The common interface of every baseline, and the helpers the baselines share.
 
 A method is a small dataclass of hyperparameters with a ``name`` and
-``fit(model, task, *, seed=0, template=DEFAULT_TEMPLATE, progress=False) -> Fitted``.
+``fit(model, task, *, seed=0, template=DEFAULT_TEMPLATE, progress=False) -> Fitted``. Each method
+file implements only ``_fit(model, task, seed, template, progress) -> FitParts`` (what it runs,
+its parameter count, state and metadata); :meth:`Method.fit` times it and builds the
+:class:`Fitted`. Trained methods run on :func:`sitelens.training.run_training`, SITE's runner.
 
 Intervention semantics (``Fitted.scope``):
 
@@ -35,10 +38,10 @@ from sitelens.errors import FitError
 from sitelens.evaluate import intervention_hooks
 from sitelens.injection import HeadMix, apply_hooks
 from sitelens.models import act_name, encode, last_position_logits
-from sitelens.site import FitConfig, training_batches
+from sitelens.site import FitConfig
 from sitelens.site import capture_last as capture_last  # re-exported: the baselines' old import
 from sitelens.tasks import DEFAULT_TEMPLATE, Example, Task, Template, answer_token_ids, zero_shot_prompt
-from sitelens.training import LastTokenSet, RunConfig, run_training, valid_items
+from sitelens.training import LastTokenSet, RunConfig, run_training, training_batches, valid_items
 
 Hook = tuple[str, Callable]
 SCOPES = ("none", "prefill", "all")
