@@ -92,16 +92,21 @@ def check_output(path: str | Path, kind: str, *, option: str = "--out") -> Path:
     return path
 
 
-def check_dir(path: str | Path, *, option: str = "--out") -> Path:
-    """Raise :class:`OutputError` unless the directory ``path`` could be created and written,
-    without creating anything (so a later failure leaves nothing behind)."""
-    path = Path(path)
+def _no_file_in_the_way(path: Path, option: str) -> None:
+    """Raise :class:`OutputError` if ``path`` or one of its parents is a file, not a directory."""
     blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         raise OutputError(
             f"Cannot write to {path}: {blocker} is a file, not a directory. Choose another "
             f"output directory ({option})."
         )
+
+
+def check_dir(path: str | Path, *, option: str = "--out") -> Path:
+    """Raise :class:`OutputError` unless the directory ``path`` could be created and written,
+    without creating anything (so a later failure leaves nothing behind)."""
+    path = Path(path)
+    _no_file_in_the_way(path, option)
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not os.access(existing, os.W_OK | os.X_OK):
         raise OutputError(
@@ -114,12 +119,7 @@ def check_dir(path: str | Path, *, option: str = "--out") -> Path:
 def ensure_dir(path: str | Path, *, option: str = "--out") -> Path:
     """Create the directory ``path`` (and parents) and check that files can be written in it."""
     path = Path(path)
-    blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
-    if blocker is not None:
-        raise OutputError(
-            f"Cannot write to {path}: {blocker} is a file, not a directory. Choose another "
-            f"output directory ({option})."
-        )
+    _no_file_in_the_way(path, option)
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".sitelens-write-test-{os.getpid()}"

@@ -61,7 +61,6 @@ import hashlib
 import importlib.metadata
 import json
 import math
-import os
 import platform
 import shutil
 from pathlib import Path
@@ -72,6 +71,7 @@ import torch
 from sitelens import provenance
 from sitelens.evaluate import evaluate, newline_ids
 from sitelens.injection import apply_hooks
+from sitelens.io import atomic_write
 from sitelens.models import encode, fingerprint, kv_forward, new_kv_cache, token_ids
 from sitelens.site import FitConfig, SiteAdapter, fit_alpha, task_embedding
 from sitelens.tasks import Template, answer_token_ids, few_shot_prompts, load_task, zero_shot_prompt
@@ -331,16 +331,7 @@ def metadata(model, snap: dict) -> dict:
 
 
 def _atomic_write(target: Path, data: bytes) -> None:
-    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write(target, data)  # sitelens.io: temp sibling, fsync, rename
 
 
 def save_golden(model, snap: dict, directory: Path = GOLDEN_DIR) -> dict:
