@@ -78,10 +78,11 @@ class LastTokenSet:
         return LastTokenSet(select_cache(self.cache, rows), self.last[rows], self.answers[rows])
 
     def logits(self, model, hooks: list[Hook]) -> Float[Tensor, "n d_vocab"]:
-        """Float32 logits at the last prompt token under ``hooks`` (gradients flow if enabled)."""
+        """Logits at the last prompt token under ``hooks``, in float32 (float64 stays float64);
+        gradients flow if enabled."""
         with apply_hooks(model, hooks):
             out = last_token_forward(model, self.cache, self.last)  # [n, 1, d_vocab]
-        return out[:, -1].float()
+        return out[:, -1].to(torch.promote_types(out.dtype, torch.float32))
 
     def score(self, model, hooks: list[Hook]) -> tuple[float, float]:
         """``(first-token accuracy, mean cross-entropy)`` under ``hooks`` (no gradients)."""

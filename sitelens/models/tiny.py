@@ -43,6 +43,9 @@ def tiny_model(
     positional: str = "rotary",
     post_norm: bool = False,
     backend: str | None = None,
+    attn_only: bool = False,
+    normalization: str | None = "RMS",
+    dtype: torch.dtype = torch.float32,
 ):
     """A tiny randomly initialised model with :func:`tiny_tokenizer`, built in code (no files, no
     network): a ``HookedTransformer`` (``backend="hooked"``) or a ``TransformerBridge`` around a
@@ -53,8 +56,15 @@ def tiny_model(
     ``post_norm=True`` normalizes the attention and MLP outputs before they join the residual
     stream (``ln1_post`` / ``ln2_post``, as in Gemma 2/3); on the bridge it is a tiny
     ``Gemma3ForCausalLM``.
+
+    ``HookedTransformer`` only (tests of exact identities): ``attn_only=True`` drops the MLPs,
+    ``normalization=None`` the norms (then the logits are linear in each head's ``z`` in a
+    one-layer model), ``dtype=torch.float64`` for finite differences.
     """
     backend = resolve_backend(backend)
+    if backend == "bridge" and (attn_only or normalization != "RMS" or dtype != torch.float32):
+        raise ModelError("attn_only, normalization and dtype are HookedTransformer-only options "
+                         "of tiny_model; pass backend='hooked'.")
     if backend == "bridge":
         return _tiny_bridge(
             n_layers=n_layers, n_heads=n_heads, d_head=d_head, n_key_value_heads=n_key_value_heads,
@@ -72,7 +82,8 @@ def tiny_model(
         n_ctx=n_ctx,
         d_vocab=len(tokenizer),
         act_fn="silu",
-        normalization_type="RMS",
+        normalization_type=normalization,
+        attn_only=attn_only,
         positional_embedding_type=positional,
         gated_mlp=True,
         n_key_value_heads=n_key_value_heads,
@@ -81,11 +92,13 @@ def tiny_model(
         default_prepend_bos=True,
         tokenizer_prepends_bos=False,
         init_weights=True,
-        dtype=torch.float32,
+        dtype=dtype,
     )
     model = HookedTransformer(cfg, tokenizer=None)
     model.tokenizer = tokenizer  # set_tokenizer would try to reload it from a hub name
-    kind = "-postnorm" if post_norm else ""
+    kind = ("-postnorm" if post_norm else "") + ("-attnonly" if attn_only else "")
+    kind += "" if normalization == "RMS" else f"-{normalization or 'nonorm'}"
+    kind += "" if dtype == torch.float32 else f"-{str(dtype).removeprefix('torch.')}"
     model.cfg.model_name = f"tiny-{n_layers}l{n_heads}h{n_key_value_heads or n_heads}kv{kind}-s{seed}"
     return _finalize(model)
 

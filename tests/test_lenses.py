@@ -1,0 +1,286 @@
+"""Unit tests of the head-importance lenses (sitelens.lenses) on tiny random models.
+
+Tolerances: exact identities (AtP on a model linear in the patched head, DLA summing to the direct
+effect) are compared with bounds from tests/tolerances.py (float32 rounding of a forward pass at
+the reference's scale); the finite-difference check runs in float64, where rounding is ~1e-16 and
+the central difference's truncation error is ε²/6·|f'''| with ε = 1e-4 (~1e-9 for these
+logits), so a 1e-6 relative bound is 1000× the expected error and still far below a wrong
+gradient (a wrong target or sign changes it by O(1))."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from tolerances import assert_logits_close, assert_probs_close, assert_within, logit_scale
+
+from sitelens import FitConfig, fit_site, load_task
+from sitelens.errors import OutputError
+from sitelens.injection import HeadMix
+from sitelens.lenses import (
+    AblationConfig,
+    AttributionConfig,
+    HeadScores,
+    alpha_gradient,
+    alpha_over_seeds,
+    attribution_patching,
+    direct_logit_attribution,
+    exact_effects,
+    head_ablation,
+    head_logit_lens,
+    head_scores,
+    mix_gradients,
+    parse_lenses,
+    rank_stability,
+)
+from sitelens.models import tiny_model
+from sitelens.site import task_embedding
+from sitelens.tasks import zero_shot_prompt
+from sitelens.training import LastTokenSet
+
+SMALL = AttributionConfig(n_prompts=4, n_shots=2, n_mean_prompts=4, n_boot=50, n_alpha_items=6)
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_task("antonym")
+
+
+def _zero_shot_set(model, task, n=5):
+    return LastTokenSet.build(model, task.train[:n])
+
+
+# ----------------------------------------------------------------------------------------------
+# HeadScores
+
+
+def test_head_scores_roundtrip_top_and_groups(tmp_path):
+    m = torch.arange(12, dtype=torch.float32).reshape(3, 4)  # [n_layers, n_heads]
+    s = HeadScores.from_map(m, model="m", task="t", lens="x", ci_low=m - 1, ci_high=m + 1,
+                            forward_passes=2, backward_passes=1, seconds=0.5, meta={"a": 1})
+    assert len(s) == 12 and s.shape == (3, 4)
+    assert torch.equal(s.map(), m) and torch.equal(s.map(column="ci_low"), m - 1)
+    assert s.top(2) == [(2, 3, 11.0), (2, 2, 10.0)]
+    g = s.by_kv_group(2)  # query heads 0,1 -> group 0; 2,3 -> group 1
+    assert g.loc[(g.layer == 1) & (g.kv_group == 1), "score"].item() == 6 + 7
+    assert g.loc[(g.layer == 0) & (g.kv_group == 0), "score"].item() == 0 + 1
+    path = s.to_csv(tmp_path / "s.csv")
+    back = HeadScores.read_csv(path)
+    assert torch.equal(back.map(), m) and json.loads(back.df.meta[0]) == {"a": 1}
+    both = HeadScores.concat([s, HeadScores.from_map(-m, model="m", task="t", lens="y")])
+    assert both.lenses == ["x", "y"] and torch.equal(both.map("y"), -m)
+    with pytest.raises(ValueError, match="Name the lens"):
+        both.map()
+    with pytest.raises(ValueError, match="does not divide"):
+        s.by_kv_group(3)
+    pd.DataFrame({"a": [1]}).to_csv(tmp_path / "bad.csv")
+    with pytest.raises(OutputError, match="not a HeadScores table"):
+        HeadScores.read_csv(tmp_path / "bad.csv")
+
+
+def test_parse_lenses():
+    assert parse_lenses(["atp", "ablation"]) == ["atp", "ablation-mean", "ablation-zero"]
+    with pytest.raises(ValueError, match="Unknown lens 'atq'"):
+        parse_lenses(["atq"])
+
+
+# ----------------------------------------------------------------------------------------------
+# gradient lenses
+
+
+def test_mix_gradient_equals_central_finite_difference(task):
+    """∂ log p / ∂w[l, h] at w = 0 (the α-gradient) against (f(+ε) − f(−ε)) / 2ε, per prompt and
+    head, in float64 on a two-layer model with MLPs and norms (a fully nonlinear path)."""
+    model = tiny_model(n_layers=2, n_heads=4, d_head=8, seed=1, dtype=torch.float64, backend="hooked")
+    t = task_embedding(model, task, n_prompts=4, n_shots=2).double() * 3  # [L, H, d_head]
+    data = _zero_shot_set(model, task)
+    g = mix_gradients(model, data, t, metric="logprob")[0].double()  # [n, L, H]
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    eps = 1e-4
+    fd = torch.empty_like(g)
+    for j in range(L * H):
+        w = torch.zeros(L * H, dtype=torch.float64)
+        w[j] = eps
+        f = []
+        for sign in (1, -1):
+            mix = HeadMix(weights=(sign * w).reshape(L, H), targets=t)
+            with torch.no_grad():
+                logits = data.logits(model, mix.hooks(model))  # [n, d_vocab]
+            f.append(torch.log_softmax(logits, -1).gather(1, data.answers[:, None])[:, 0])
+        fd[:, j // H, j % H] = (f[0] - f[1]) / (2 * eps)
+    scale = float(fd.abs().max())
+    assert scale > 1e-3  # the check is not vacuous
+    assert_within(g, fd, 1e-6 * scale, what="mix gradient vs central difference", scale=scale)
+    # a wrong target (the gradient toward 0 instead of t) is caught
+    wrong = mix_gradients(model, data, torch.zeros_like(t), metric="logprob")[0].double()
+    assert (wrong - fd).abs().max() > 100 * 1e-6 * scale
+
+
+def test_atp_equals_exact_patching_on_a_model_linear_in_the_head(task):
+    """One attention-only layer without norms: the answer logit is linear in each head's
+    last-token z (z → W_O → residual → W_U), so the first-order estimate is exact: AtP of the
+    logit equals the logit change of patching that head alone."""
+    model = tiny_model(n_layers=1, n_heads=4, d_head=8, seed=2, attn_only=True,
+                       normalization=None, backend="hooked")
+    t = torch.randn(1, 4, 8, generator=torch.Generator().manual_seed(0))  # [L, H, d_head]
+    data = _zero_shot_set(model, task)
+    atp = mix_gradients(model, data, t, metric="logit")[0]  # [n, 1, H]
+    with torch.no_grad():
+        base = data.logits(model, []).gather(1, data.answers[:, None])[:, 0]  # [n]
+        exact = []
+        for h in range(4):
+            w = torch.zeros(1, 4)
+            w[0, h] = 1
+            lg = data.logits(model, HeadMix(weights=w, targets=t).hooks(model))
+            exact.append(lg.gather(1, data.answers[:, None])[:, 0] - base)
+    exact = torch.stack(exact, 1)[:, None]  # [n, 1, H]
+    assert float(exact.abs().max()) > 1e-3
+    # both are differences of logits at the reference's logit scale
+    scale = float(data.logits(model, []).abs().max())
+    assert_logits_close(atp, exact, model, what="AtP vs exact patching (linear model)", depth=1)
+    assert scale > 0
+    # on a nonlinear model (norms, MLPs, softmax metric) they differ: the test can fail
+    nonlin = tiny_model(n_layers=2, n_heads=4, d_head=8, seed=2, backend="hooked")
+    d2 = _zero_shot_set(nonlin, task)
+    t2 = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(0)) * 5
+    g2 = mix_gradients(nonlin, d2, t2, metric="logprob")[0]
+    with torch.no_grad():
+        w = torch.zeros(2, 4)
+        w[1, 0] = 1
+        lp = torch.log_softmax(d2.logits(nonlin, HeadMix(weights=w, targets=t2).hooks(nonlin)), -1)
+        lp0 = torch.log_softmax(d2.logits(nonlin, []), -1)
+    ex = (lp - lp0).gather(1, d2.answers[:, None])[:, 0]
+    assert (g2[:, 1, 0] - ex).abs().max() > 1e-4
+
+
+def test_grad_drop_zeroes_own_layer_and_atp_star_formula(tiny_mha, task):
+    t = task_embedding(tiny_mha, task, n_prompts=4, n_shots=2)
+    data = _zero_shot_set(tiny_mha, task)
+    g = mix_gradients(tiny_mha, data, t, metric="prob", drop_layers=[None, 0, 1])  # [3, n, L, H]
+    assert torch.all(g[1, :, 0] == 0) and torch.all(g[2, :, 1] == 0)  # own layer dropped
+    # the last layer's heads write straight to the logits: dropping layer 0 leaves them alone
+    assert torch.equal(g[1, :, 1], g[0, :, 1])
+    s = attribution_patching(tiny_mha, task, t, SMALL, grad_drop=True)
+    p = attribution_patching(tiny_mha, task, t, SMALL)
+    assert s.df.backward_passes[0] == 3 * p.df.backward_passes[0]
+    assert torch.equal(torch.sign(s.map()), torch.sign(p.map()))
+
+
+def test_atp_costs_at_most_three_passes_per_batch(tiny, task):
+    s = attribution_patching(tiny, task, None, SMALL)
+    assert len(s) == tiny.cfg.n_layers * tiny.cfg.n_heads
+    # one prefix pass + one last-token forward, one backward (all prompts in one batch)
+    assert s.df.forward_passes[0] + s.df.backward_passes[0] <= 3
+    assert (s.df.ci_low <= s.df.score + 1e-12).all() and (s.df.score <= s.df.ci_high + 1e-12).all()
+
+
+def test_alpha_gradient_sign_matches_the_fitted_direction(tiny_mha, task):
+    """The α-gradient is −∂CE/∂α at α = 0: one small step of α along it lowers the loss."""
+    t = task_embedding(tiny_mha, task, n_prompts=4, n_shots=2)
+    s = alpha_gradient(tiny_mha, task, t, SMALL)
+    g = s.map()  # [L, H]
+    data = LastTokenSet.build(tiny_mha, task.train[: SMALL.n_alpha_items])
+
+    def ce(alpha):
+        with torch.no_grad():
+            lg = data.logits(tiny_mha, HeadMix(weights=alpha, targets=t).hooks(tiny_mha))
+        return float(torch.nn.functional.cross_entropy(lg, data.answers))
+
+    step = 1e-2 * g / g.abs().max()
+    assert ce(step.clamp(min=0)) < ce(torch.zeros_like(g))
+
+
+# ----------------------------------------------------------------------------------------------
+# ablation, effect, DLA
+
+
+def test_ablation_batched_equals_serial_loop(tiny, task):
+    cfg = AblationConfig(n_prompts=3, n_shots=2, n_boot=20)
+    scale = logit_scale(tiny, ["a:b\nc:"])
+    for ref in ("mean", "zero"):
+        a, pa = head_ablation(tiny, task, cfg, reference=ref, return_per_prompt=True)
+        b, pb = head_ablation(tiny, task, cfg, reference=ref, return_per_prompt=True, batched=False)
+        assert a.lenses == [f"ablation-{ref}"]
+        # differences of two probabilities each ≤ the clean one: mass = 2·max p
+        mass = 2 * float(json.loads(a.df.meta[0])["baseline_prob"]) + float(pa.abs().max())
+        assert_probs_close(pa, pb, tiny, what=f"ablation-{ref} batched vs serial",
+                           scale=max(scale, 1.0), mass=mass)
+        assert float(pa.abs().max()) > 0  # ablating a head changes something
+
+
+def test_exact_effects_lens_is_head_causal_effects(tiny_mha, task):
+    from sitelens.effects import head_causal_effects
+
+    s = exact_effects(tiny_mha, task, None, SMALL)
+    ref = head_causal_effects(tiny_mha, task, SMALL)
+    assert torch.equal(s.map(), ref.float())
+    assert s.df.forward_passes[0] > 0
+
+
+def test_dla_sums_to_the_direct_effect_of_the_injection(task):
+    """One attention-only layer with an RMS final norm: the injection changes the final residual
+    stream only through the heads' writes, so Σ_heads DLA equals the change of the final residual
+    stream, through the injected run's frozen final-norm scale, read by W_U at the answer."""
+    model = tiny_model(n_layers=1, n_heads=4, d_head=8, n_key_value_heads=2, seed=3,
+                       attn_only=True, backend="hooked")
+    ad = fit_site(model, task, n_prompts=4, n_shots=2, config=FitConfig(n_examples=8))
+    ad.alpha = torch.full_like(ad.alpha, 0.7)
+    s, per = direct_logit_attribution(model, task, ad, limit=6, n_boot=20, return_per_item=True)
+    items = task.test[:6]
+    prompts = [zero_shot_prompt(ex.input, ad.template) for ex in items]
+    data = LastTokenSet.build(model, items, ad.template)
+    caches = {}
+    for name, hooks in (("clean", []), ("inj", ad.mix().hooks(model))):
+        store = {}
+
+        def grab(key, store=store):
+            def fn(x, hook=None):
+                store[key] = x[:, -1].detach()
+            return fn
+
+        with torch.no_grad():
+            data.logits(model, hooks + [("ln_final.hook_scale", grab("scale")),
+                                        ("blocks.0.hook_resid_post", grab("resid"))])
+        caches[name] = store
+    d_resid = caches["inj"]["resid"] - caches["clean"]["resid"]  # [n, d_model]
+    direct = ((d_resid / caches["inj"]["scale"]) @ model.W_U)  # [n, d_vocab]
+    direct = direct.gather(1, data.answers[:, None])[:, 0]  # [n]
+    assert len(prompts) == 6 and float(direct.abs().max()) > 1e-3
+    assert_logits_close(per.sum((1, 2)), direct, model, what="Σ DLA vs direct effect", depth=1)
+    # a DLA that forgot α (the whole write t − z) would not sum to it
+    assert (per.sum((1, 2)) / 0.7 - direct).abs().max() > 1e-3
+    lens = head_logit_lens(model, ad.embedding, k=3)
+    assert len(lens) == 1 * 4 * 3 and set(lens["rank"]) == {0, 1, 2}
+
+
+# ----------------------------------------------------------------------------------------------
+# α over seeds and the driver
+
+
+def test_alpha_over_seeds_matches_single_fits_and_reports_stability(tiny_mha, task):
+    cfg = FitConfig(n_examples=8)
+    run = alpha_over_seeds(tiny_mha, task, seeds=(0, 1, 2), config=cfg, n_prompts=4, n_shots=2)
+    one = fit_site(tiny_mha, task, n_prompts=4, n_shots=2, config=FitConfig(n_examples=8, seed=1))
+    assert torch.equal(run.alphas[1], one.alpha.float())
+    assert torch.allclose(run.scores.map(), run.alphas.mean(0))  # a mean of 3: float32 rounding
+    lo, hi = run.scores.map(column="ci_low"), run.scores.map(column="ci_high")
+    assert torch.all(lo <= run.mean + 1e-7) and torch.all(run.mean <= hi + 1e-7)
+    assert len(run.stability) == 3 and run.stability.spearman.between(-1, 1).all()
+    st = rank_stability([torch.arange(6.0).reshape(2, 3)] * 2, k=2)
+    assert st.spearman[0] == pytest.approx(1.0) and st.top2_jaccard[0] == 1.0
+    assert run.uncertain().dtype == torch.bool
+
+
+def test_head_scores_runs_every_lens_with_shared_inputs(tiny_mha, task):
+    run = head_scores(
+        tiny_mha, task, seeds=(0, 1), fit_config=FitConfig(n_examples=8), attribution=SMALL,
+        ablation=AblationConfig(n_prompts=3, n_shots=2, n_boot=20),
+        lenses=["alpha", "alpha-grad", "atp", "effect", "ablation"],
+    )
+    s = run.scores
+    assert s.lenses == ["alpha", "alpha-grad", "atp", "effect", "ablation-mean", "ablation-zero"]
+    n = tiny_mha.cfg.n_layers * tiny_mha.cfg.n_heads
+    assert (s.df.groupby("lens").size() == n).all()
+    assert torch.equal(run.embedding, run.alpha.adapters[0].embedding)
+    assert np.isfinite(s.df.score).all()
