@@ -284,3 +284,63 @@ def test_head_scores_runs_every_lens_with_shared_inputs(tiny_mha, task):
     assert (s.df.groupby("lens").size() == n).all()
     assert torch.equal(run.embedding, run.alpha.adapters[0].embedding)
     assert np.isfinite(s.df.score).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# comparing lenses, plots
+
+
+def test_certify_top_k_logic():
+    from sitelens.lenses.compare import certify_top_k
+
+    exact = np.arange(100, dtype=float)[::-1].copy()  # head 0 best
+    calls = []
+
+    def exact_of(idx):
+        calls.append(list(idx))
+        return exact[np.asarray(idx)]
+
+    good = certify_top_k(exact + 0.01, exact_of, k=10, budget=0.3)
+    assert good["certified"] and good["rounds"] == 1 and sorted(good["top"]) == list(range(10))
+    # a fast lens that ranks the true top-10 last never certifies within the budget
+    calls.clear()
+    bad = certify_top_k(-exact, exact_of, k=10, budget=0.3, step=5)
+    assert not bad["certified"] and len(bad["verified"]) == 30 and not set(bad["top"]) & set(range(10))
+    assert [len(c) for c in calls] == [10, 5, 5, 5, 5]  # k first, then step at a time
+
+
+def test_certified_top_k_verifies_with_exact_values(tiny_mha, task):
+    from sitelens.lenses.compare import certified_top_k
+
+    emb = task_embedding(tiny_mha, task, n_prompts=4, n_shots=2)
+    fast = attribution_patching(tiny_mha, task, emb, SMALL)
+    full = exact_effects(tiny_mha, task, emb, SMALL).map().flatten()
+    out = certified_top_k(tiny_mha, task, fast, emb, SMALL, k=3, budget=0.5, step=1)
+    assert 3 <= len(out["verified"]) <= 4 and out["rows"] < (8 + 1) * SMALL.n_prompts
+    scale = logit_scale(tiny_mha, ["a:b\nc:"])
+    assert_probs_close(torch.tensor(out["exact"]), full[out["verified"]], tiny_mha,
+                       what="certified exact vs full exact", scale=max(scale, 1.0),
+                       mass=2 * float(full.abs().max()) + 1e-3)
+
+
+def test_lens_agreement_and_plots():
+    from sitelens.lenses.compare import lens_agreement
+    from sitelens.lenses.plots import agreement_matrix, alpha_uncertainty, lens_maps
+
+    m = torch.rand(3, 4, generator=torch.Generator().manual_seed(0))
+    s = HeadScores.concat([
+        HeadScores.from_map(m, model="m", task="t", lens="a", ci_low=m - 0.1, ci_high=m + 0.1),
+        HeadScores.from_map(2 * m + 1, model="m", task="t", lens="b"),
+        HeadScores.from_map(-m, model="m", task="t", lens="c"),
+    ])
+    ag = lens_agreement(s, k=3)
+    row = ag.set_index(["lens_a", "lens_b"])
+    assert row.loc[("a", "b"), "spearman"] == pytest.approx(1.0)
+    assert row.loc[("a", "b"), "top3_jaccard"] == 1.0
+    assert row.loc[("a", "c"), "spearman"] == pytest.approx(-1.0)
+    fig, frame = agreement_matrix(ag, ["a", "b", "c"])
+    assert len(fig.data) == 1 and frame.shape[0] == 9
+    assert len(lens_maps(s).data) == 3
+    unc = alpha_uncertainty(s, lens="a")
+    masked = np.asarray(unc.data[0].z, dtype=float)
+    assert np.isnan(masked).sum() == int(((m - 0.1 <= 0.5) & (m + 0.1 >= 0.5)).sum())

@@ -1,0 +1,246 @@
+"""The report of ``benchmarks/heads.py``: reads ``results/heads/{model}/{task}/`` and writes
+
+- ``results/heads_exact_vs_fast.{csv,md}``: every fast lens against exact activation patching
+  (``effect``) per model × task: Spearman, top-10 recall, forward/backward passes, seconds; and
+  **certified top-k** with AtP / AtP* as the candidate lens;
+- ``results/heads_schedule.{csv,md}``: the intra-task experiment at λ = 0 (top-10 / bottom-10 /
+  random-10 α heads, default vs official schedule, over fit seeds), α's seed stability, and the
+  top-10 heads of every lens injected with α = 1;
+- ``results/heads_agreement.{csv,md}`` and ``figures/lens_agreement.{png,html,csv}``: Spearman and
+  top-10 Jaccard of every pair of lenses, averaged over tasks (with the spread over tasks).
+
+Certified top-k (:func:`sitelens.lenses.compare.certify_top_k`): rank heads by the fast lens;
+verify exactly (one row per head and prompt, as ``effect`` does) the best-ranked heads, k at a
+time, up to 15% of all heads; the residual bound ``r`` is the largest |exact − fast| among
+verified heads; the exact top-k is *certified* when the k-th best verified exact effect exceeds
+``fast + r`` of every unverified head. The exact values of the verified heads are read from the
+full exact run (each row of that run is one head on one prompt, independent of the other rows, so
+verifying a subset gives the same numbers); the cost is counted as the rows that subset needs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sitelens.lenses import HeadScores
+from sitelens.lenses.compare import certify_top_k, lens_agreement
+from sitelens.lenses.plots import agreement_matrix
+from sitelens.metrics import correlation
+
+FAST = ("alpha", "alpha-official", "alpha-grad", "atp", "atp-star", "ablation-mean",
+        "ablation-zero", "dla")
+ORDER = ("effect", "atp", "atp-star", "alpha-grad", "alpha", "alpha-official", "ablation-mean",
+         "ablation-zero", "dla")
+
+
+def _md(df: pd.DataFrame) -> str:
+    head = "| " + " | ".join(map(str, df.columns)) + " |"
+    rule = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, rule, *body])
+
+
+def load_units(out: Path) -> dict[tuple[str, str], dict]:
+    units = {}
+    for meta in sorted((out / "heads").glob("*/*/meta.json")):
+        d = meta.parent
+        if ".stale-" in d.name or ".tmp" in d.name:
+            continue
+        units[(d.parent.name, d.name)] = {
+            "scores": pd.read_csv(d / "scores.csv"),
+            "intra": pd.read_csv(d / "intra.csv"),
+            "stability": pd.read_csv(d / "stability.csv"),
+            "meta": json.loads(meta.read_text()),
+        }
+    return units
+
+
+def _map(scores: pd.DataFrame, lens: str) -> np.ndarray:
+    d = scores[scores.lens == lens].sort_values(["layer", "head"])
+    return d["score"].to_numpy(dtype=float)
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    return correlation(a, b, "spearman")
+
+
+def _top(a: np.ndarray, k: int) -> set[int]:
+    return set(np.argsort(-np.nan_to_num(a, nan=-np.inf), kind="stable")[:k].tolist())
+
+
+def certified(fast: np.ndarray, exact: np.ndarray, n_prompts: int, k: int = 10,
+              budget: float = 0.15) -> dict:
+    """:func:`sitelens.lenses.compare.certify_top_k` with the exact values read from the full
+    exact run; rows counted as that loop would run them (one unpatched row per prompt per round)."""
+    c = certify_top_k(fast, lambda idx: exact[np.asarray(idx)], k=k, budget=budget)
+    found = set(c["top"]) & _top(exact, k)
+    n = len(fast)
+    return {"verified": len(c["verified"]), "verified_share": len(c["verified"]) / n,
+            "recall": len(found) / k, "certified": c["certified"], "rounds": c["rounds"],
+            "rows": (len(c["verified"]) + c["rounds"]) * n_prompts}
+
+
+def exact_vs_fast(units, k: int = 10) -> tuple[pd.DataFrame, pd.DataFrame]:
+    rows, cert = [], []
+    for (model, task), u in units.items():
+        s = u["scores"]
+        ex = _map(s, "effect")
+        e_row = s[s.lens == "effect"].iloc[0]
+        n_heads = len(ex)
+        meta = json.loads(e_row["meta"])
+        for lens in FAST:
+            if lens not in set(s.lens):
+                continue
+            f = _map(s, lens)
+            r = s[s.lens == lens].iloc[0]
+            rows.append({"model": model, "task": task, "lens": lens,
+                         "spearman": _spearman(f, ex), f"top{k}_recall": len(_top(f, k) & _top(ex, k)) / k,
+                         "forward_passes": int(r.forward_passes),
+                         "backward_passes": int(r.backward_passes), "seconds": float(r.seconds),
+                         "exact_forward_passes": int(e_row.forward_passes),
+                         "exact_rows": int(meta["rows"]), "exact_seconds": float(e_row.seconds)})
+        for lens in ("atp", "atp-star"):
+            if lens in set(s.lens):
+                c = certified(_map(s, lens), ex, meta["n_prompts"], k)
+                cert.append({"model": model, "task": task, "lens": lens, **c,
+                             "exact_rows_share": c["rows"] / meta["rows"], "n_heads": n_heads})
+    return pd.DataFrame(rows), pd.DataFrame(cert)
+
+
+def agreement(units, k: int = 10) -> pd.DataFrame:
+    table = HeadScores.concat([HeadScores(u["scores"]) for u in units.values()])
+    return lens_agreement(table, k, lenses=list(ORDER))
+
+
+def _boot_mean(x: np.ndarray, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    x = np.asarray(x, dtype=float)
+    x = x[np.isfinite(x)]
+    if len(x) == 0:
+        return float("nan"), float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    m = x[rng.integers(0, len(x), (n_boot, len(x)))].mean(1)
+    return float(x.mean()), float(np.quantile(m, 0.025)), float(np.quantile(m, 0.975))
+
+
+def schedule(units, k: int = 10) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(per model × schedule × selection: mean first-token accuracy over tasks, 95% bootstrap CI
+    over tasks of the seed-averaged accuracy; per model × lens: the lens's top-k / bottom-k;
+    per model × schedule: seed stability)."""
+    intra = pd.concat([u["intra"].assign(model_key=m) for (m, _), u in units.items()],
+                      ignore_index=True)
+    a = intra[intra.kind == "alpha_fit"]
+    a = a[(a.k == k) | a.selection.isin(["site", "zero_shot"])]
+    per_task = a.groupby(["model_key", "schedule", "selection", "task"])["accuracy"].mean()
+    rows = []
+    for (model, sched, sel), g in per_task.groupby(level=[0, 1, 2]):
+        m, lo, hi = _boot_mean(g.to_numpy())
+        n_fits = a[(a.model_key == model) & (a.schedule == sched)].fit_seed.nunique()
+        rows.append({"model": model, "schedule": sched, "selection": sel, "accuracy": m,
+                     "ci_low": lo, "ci_high": hi, "n_tasks": len(g), "n_seeds": n_fits})
+    sched_df = pd.DataFrame(rows)
+    lt = intra[(intra.kind == "lens_topk") & (intra.k == k)]
+    per = lt.groupby(["model_key", "lens", "selection", "task"])["accuracy"].mean()
+    rows = []
+    for (model, lens, sel), g in per.groupby(level=[0, 1, 2]):
+        m, lo, hi = _boot_mean(g.to_numpy())
+        rows.append({"model": model, "lens": lens, "selection": sel, "accuracy": m,
+                     "ci_low": lo, "ci_high": hi, "n_tasks": len(g)})
+    lens_df = pd.DataFrame(rows)
+    st = pd.concat([u["stability"].assign(model=m, task=t) for (m, t), u in units.items()],
+                   ignore_index=True)
+    stab = st.groupby(["model", "schedule"]).agg(
+        spearman=("spearman", "mean"), spearman_min=("spearman", "min"),
+        **{f"top{k}_jaccard": (f"top{k}_jaccard", "mean")}, pairs=("spearman", "size")).reset_index()
+    return sched_df, lens_df, stab
+
+
+def write_report(out: Path, figures: Path, k: int = 10) -> None:
+    from sitelens.export import FigureWriter
+    from sitelens.io import atomic_write_csv, atomic_write_text
+
+    units = load_units(out)
+    if not units:
+        print("no units yet")
+        return
+    evf, cert = exact_vs_fast(units, k)
+    agree = agreement(units, k)
+    sched, lens_top, stab = schedule(units, k)
+    atomic_write_csv(out / "heads_exact_vs_fast.csv", evf)
+    atomic_write_csv(out / "heads_certified_topk.csv", cert)
+    atomic_write_csv(out / "heads_agreement.csv", agree)
+    atomic_write_csv(out / "heads_schedule.csv", sched)
+    atomic_write_csv(out / "heads_lens_topk.csv", lens_top)
+    atomic_write_csv(out / "heads_stability.csv", stab)
+
+    summ = evf.groupby(["model", "lens"]).agg(
+        tasks=("task", "size"), spearman_median=("spearman", "median"),
+        spearman_min=("spearman", "min"), tasks_rho_ge_0_8=("spearman", lambda x: int((x >= 0.8).sum())),
+        **{f"top{k}_recall": (f"top{k}_recall", "mean")},
+        forward=("forward_passes", "median"), backward=("backward_passes", "median"),
+        seconds=("seconds", "median"), exact_forward=("exact_forward_passes", "median"),
+        exact_rows=("exact_rows", "median"), exact_seconds=("exact_seconds", "median"),
+    ).reset_index().round(3)
+    csum = cert.groupby(["model", "lens"]).agg(
+        tasks=("task", "size"), recall=("recall", "mean"), certified=("certified", "sum"),
+        verified_share=("verified_share", "mean"), exact_rows_share=("exact_rows_share", "mean"),
+    ).reset_index().round(3)
+    tasks = sorted({t for _, t in units})
+    models = sorted({m for m, _ in units})
+    atomic_write_text(out / "heads_exact_vs_fast.md", "\n".join([
+        "# Exact vs fast head-importance lenses", "",
+        f"Models: {', '.join(models)}; tasks ({len(tasks)}): {', '.join(tasks)}. Written by "
+        "`python benchmarks/heads.py` (see its docstring for every setting); per-task rows in "
+        "`heads_exact_vs_fast.csv`.", "",
+        "Each fast lens against exact activation patching (`effect`, one forward row per head and "
+        "corrupted prompt): Spearman over all heads (median and minimum over tasks, tasks with "
+        f"ρ ≥ 0.8), mean top-{k} recall; passes and seconds are medians per task (forward passes "
+        "are calls of the model: prefix-cache passes plus last-token passes; `exact_rows` are the "
+        "single-token rows those passes ran).", "", _md(summ), "",
+        f"## Certified top-{k}", "",
+        "Candidates ranked by AtP / AtP*; the best-ranked heads are verified exactly until the "
+        f"exact top-{k} is certified (the k-th verified exact effect above every unverified head's "
+        "fast score plus the largest residual seen) or 15% of the heads are verified. "
+        f"`recall`: share of the exact top-{k} found; `certified`: tasks where the certificate "
+        "held within the budget; `exact_rows_share`: exact rows needed / rows of the full exact "
+        "run.", "", _md(csum), ""]))
+
+    def fmt(r):
+        return f"{r.accuracy:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
+
+    sp = sched.assign(v=sched.apply(fmt, axis=1)).pivot_table(
+        index=["model", "schedule"], columns="selection", values="v", aggfunc="first").reset_index()
+    lp = lens_top.assign(v=lens_top.apply(fmt, axis=1)).pivot_table(
+        index=["model", "lens"], columns="selection", values="v", aggfunc="first").reset_index()
+    atomic_write_text(out / "heads_schedule.md", "\n".join([
+        "# Does α pick the heads that carry the task? (λ = 0)", "",
+        f"Intra-task patching ({len(tasks)} tasks, first-token accuracy on the first 40 test "
+        f"items): inject the task embedding with α = 1 into only the top-{k}, bottom-{k} or "
+        f"{k} random heads (3 draws) by the fitted α, or the full α (`site`). `default`: "
+        "`FitConfig()` (50 steps of batch 8, the best-validation α); `official`: the paper code's "
+        "schedule (400 steps of batch 1, the final α). Mean over tasks of the seed-averaged "
+        "accuracy, 95% bootstrap CI over tasks. Written by `python benchmarks/heads.py`.", "",
+        _md(sp), "", "## α's stability over seeds", "",
+        f"Mean (and minimum) Spearman of every pair of fit seeds, mean top-{k} Jaccard.", "",
+        _md(stab.round(3)), "", f"## The top-{k} heads of every lens", "",
+        f"The same injection (α = 1, the first default fit's embedding) into the top-{k} / "
+        f"bottom-{k} heads of each lens's map.", "", _md(lp), ""]))
+
+    fig, frame = agreement_matrix(agree, list(ORDER))
+    figures.mkdir(parents=True, exist_ok=True)
+    w = FigureWriter()
+    try:
+        w.write(fig, frame, figures / "lens_agreement")
+    finally:
+        w.close()
+    mean = frame[frame.lens_a < frame.lens_b]
+    atomic_write_text(out / "heads_agreement.md", "\n".join([
+        "# Agreement across lenses", "",
+        f"Spearman ρ between the head maps of every pair of lenses, mean ± sd over {len(tasks)} "
+        f"tasks (per-task rows with top-{k} Jaccard: `heads_agreement.csv`; figure: "
+        "`figures/lens_agreement.png`).", "",
+        _md(mean.round(3)[["model", "lens_a", "lens_b", "spearman_mean", "spearman_sd"]]), ""]))
+    print(f"report: {len(units)} units -> {out}")
