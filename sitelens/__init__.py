@@ -3,8 +3,9 @@ mechanistic checks of the learned head weights.
 
 ``import sitelens as sl`` gives the public API, :data:`__all__`, grouped below as in the source:
 models, tasks, SITE (stage 1, stage 2, the adapter, the intervention primitive), evaluation,
-baselines, patching and analysis, bench and figures, provenance, errors. The modules behind the
-names hold more (``sitelens.models``, ``sitelens.patching``, ...; see the API reference).
+baselines, patching and analysis, head-importance lenses, bench and figures, provenance, errors.
+The modules behind the names hold more (``sitelens.models``, ``sitelens.patching``,
+``sitelens.lenses``, ...; see the API reference).
 
 Plots need plotly, which ``import sitelens`` does not load: :mod:`sitelens.plotting`,
 :mod:`sitelens.figures`, :func:`make_figures` and :class:`FigureConfig` are imported on first
@@ -16,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from sitelens import baselines, metrics, patching
+from sitelens import baselines, lenses, metrics, patching
 from sitelens.attention import enable_fast_attention, fast_attention_enabled
 from sitelens.baselines import Fitted, HookIntervention, Method, available_methods, get_method
 from sitelens.bench import BenchConfig, run_bench, summary_markdown
@@ -42,6 +43,7 @@ from sitelens.evaluate import (
     summarize,
 )
 from sitelens.injection import HeadMix, apply_hooks, head_mask
+from sitelens.lenses import HeadScores, head_scores
 from sitelens.metrics import bootstrap_ci, dntp
 from sitelens.models import (
     DEFAULT_MODEL,
@@ -124,6 +126,9 @@ __all__ = [
     # patching and analysis: intra / inter-task patching, per-head causal effects, α statistics
     "intra_task", "inter_task", "head_causal_effects", "EffectsConfig", "alpha_similarity",
     "effect_alpha_correlation", "transfer_similarity_correlation",
+    # lenses: which heads matter, several answers (α, gradients, ablation, effects, logit
+    # attribution) in one table with their intervals and cost
+    "head_scores", "HeadScores",
     # bench and figures (the figures names are imported on first access: they load plotly)
     "run_bench", "BenchConfig", "summary_markdown", "make_figures", "FigureConfig",
     # provenance: the version of the numerics that every cached result is keyed on
@@ -132,5 +137,5 @@ __all__ = [
     "SitelensError", "AdapterError", "FitError", "MethodError", "ModelError", "OutputError",
     "PromptTooLongError", "TaskError", "TokenizationError", "UsageError",
     # submodules (plotting and figures imported on first access)
-    "baselines", "metrics", "patching", "plotting", "figures",
+    "baselines", "lenses", "metrics", "patching", "plotting", "figures",
 ]

@@ -25,11 +25,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sitelens.cli import build_parser, main
+from sitelens.lenses import ALIASES, LENSES
 from sitelens.models import BUNDLED_MODELS, TINY_MODELS
 from sitelens.tasks import builtin_tasks
 
 TASKS = set(builtin_tasks())
 MODELS = set(BUNDLED_MODELS) | set(TINY_MODELS)
+LENS_NAMES = set(LENSES) | set(ALIASES)
 
 # A valid command line per subcommand (tiny model, outputs in the working directory); each case
 # appends ``--option=BAD``, which overrides the value given here.
@@ -45,6 +47,8 @@ BASE = {
                     "--out", "x.csv"],
     "patch effects": ["patch", "effects", "--model", "tiny-random", "--task", "antonym",
                       "--out", "e.csv"],
+    "heads": ["heads", "--model", "tiny-random", "--task", "antonym", "--lenses", "alpha-grad",
+              "--out", "h.csv"],
     "figures": ["figures", "--models", "tiny-random", "--tasks", "antonym,first_letter",
                 "--out", "figs"],
 }
@@ -173,6 +177,7 @@ BAD_LAMBDAS = bad_list(_lambda_ok, ["0", "5", "0.5"])
 BAD_BENCH_METHODS = bad_list(lambda s: s in {"zero-shot", "icl", "site", "fv", "tv", "ltv", "mtv",
                                                "i2cl", "lora", "ia3"}, ["zero-shot", "icl"])
 BAD_EVAL_METHODS = bad_list(lambda s: s in {"zero-shot", "icl", "site"}, ["zero-shot", "icl"])
+BAD_LENSES = bad_list(lambda s: s in LENS_NAMES, ["alpha", "atp", "ablation"])
 BAD_MODEL = _TEXT.filter(lambda s: s not in MODELS)
 BAD_MODELS = bad_list(lambda s: s in MODELS, ["tiny-random", "tiny-random-gqa"])
 BAD_TASK = _TEXT.filter(lambda s: s not in TASKS)
@@ -195,8 +200,9 @@ def bad_choice(choices):
 KINDS = {
     "pos": BAD_POS, "seed": BAD_SEED, "threads": BAD_THREADS, "lr": BAD_LR, "finite": BAD_FINITE,
     "ks": BAD_KS, "lambdas": BAD_LAMBDAS, "bench_methods": BAD_BENCH_METHODS,
-    "eval_methods": BAD_EVAL_METHODS, "model": BAD_MODEL, "models": BAD_MODELS, "task": BAD_TASK,
-    "task_list": BAD_TASK_LIST, "bench_tasks": BAD_BENCH_TASKS, "subset": BAD_SUBSET,
+    "eval_methods": BAD_EVAL_METHODS, "lenses": BAD_LENSES, "model": BAD_MODEL,
+    "models": BAD_MODELS, "task": BAD_TASK, "task_list": BAD_TASK_LIST,
+    "bench_tasks": BAD_BENCH_TASKS, "subset": BAD_SUBSET,
 }
 
 NAMED_BY_LOADER = {"model", "models", "task", "task_list", "bench_tasks"}
@@ -216,6 +222,10 @@ OPTIONS = {
                     ("--threads", "threads")] + FIT,
     "patch effects": COMMON + [("--n-prompts", "pos"), ("--n-shots", "pos"),
                                ("--n-mean-prompts", "pos"), ("--top", "pos")],
+    "heads": COMMON + [("--lenses", "lenses"), ("--seeds", "pos"), ("--n-prompts", "pos"),
+                       ("--n-shots", "pos"), ("--n-mean-prompts", "pos"), ("--limit", "pos"),
+                       ("--n-boot", "pos"), ("--lr", "lr"), ("--n-examples", "pos"),
+                       ("--batch-size", "pos"), ("--sparsity", "finite")],
     "figures": [("--models", "models"), ("--tasks", "task_list"), ("--intra-tasks", "subset"),
                 ("--effect-tasks", "subset"), ("--limit", "pos"), ("--sparsity", "lambdas"),
                 ("--n-examples", "pos"), ("--n-prompts", "pos"), ("--n-shots", "pos"),
@@ -226,7 +236,8 @@ OPTIONS = {
 PATH_OPTIONS = {("fit", "--out"), ("eval", "--items"), ("eval", "--adapter"), ("bench", "--out"),
                 ("bench", "--tasks-dir"), ("patch intra", "--adapter"), ("patch intra", "--out"),
                 ("patch inter", "--adapters"), ("patch inter", "--out"),
-                ("patch effects", "--adapter"), ("patch effects", "--out"), ("figures", "--out")}
+                ("patch effects", "--adapter"), ("patch effects", "--out"), ("heads", "--adapter"),
+                ("heads", "--out"), ("figures", "--out")}
 
 
 def _subparsers():
@@ -363,6 +374,27 @@ EXPLICIT = [
     ("seed-too-big", BASE["eval"] + ["--seed", str(2**32)], ["--seed"], None),
     ("threads-0", BASE["bench"] + ["--threads", "0"], ["--threads"], None),
     ("n-ctx-0", BASE["bench"] + ["--n-ctx", "0"], ["--n-ctx"], None),
+    # heads: lens names (sitelens.lenses.parse_lenses), seeds, shots, option combinations
+    ("heads-unknown-lens", BASE["heads"] + ["--lenses", "alpha,atp*"],
+     ["argument --lenses", "Unknown lens 'atp*'", "alpha-grad"], None),
+    ("heads-typo-lens", BASE["heads"] + ["--lenses", "ablation-man"], ["Unknown lens 'ablation-man'"],
+     None),
+    ("heads-duplicate-lens", BASE["heads"] + ["--lenses", "dla,dla"], ["'dla' twice"], None),
+    ("heads-empty-lenses", BASE["heads"] + ["--lenses", ","], ["--lenses", "at least one lens"], None),
+    ("heads-missing-lenses", ["heads", "--task", "antonym", "--out", "h.csv"],
+     ["required: --lenses", "sitelens heads --help"], None),
+    ("heads-missing-out", ["heads", "--task", "antonym", "--lenses", "atp"], ["required: --out"], None),
+    ("heads-seeds-0", BASE["heads"] + ["--seeds", "0"], ["argument --seeds", "'0'"], None),
+    ("heads-seeds-negative", BASE["heads"] + ["--seeds=-3"], ["argument --seeds"], None),
+    ("heads-seeds-past-max", BASE["heads"] + ["--seed", str(2**32 - 1), "--seeds", "2"],
+     ["--seeds 2 runs up to seed 4294967296"], None),
+    ("heads-too-many-shots", BASE["heads"] + ["--n-shots", "500"], ["Asked for 500 demonstrations"],
+     None),
+    ("heads-protocol", BASE["heads"] + ["--protocol", "paper"], ["invalid choice: 'paper'"], None),
+    ("heads-lr-nan", BASE["heads"] + ["--lr", "nan"], ["FitConfig.lr must be a positive finite"],
+     None),
+    ("heads-unknown-model", BASE["heads"] + ["--model", "tiny-randm"], ["Unknown model 'tiny-randm'"],
+     None),
 ]
 
 PATHS = [
@@ -398,6 +430,16 @@ PATHS = [
      ["is not an adapter directory"], None),
     ("effects-out-blocked", BASE["patch effects"] + ["--out", "f.txt/e.csv"], ["f.txt"],
      _file("f.txt")),
+    ("heads-out-is-dir", BASE["heads"] + ["--out", "h.csv"], ["is a directory"], _dir("h.csv")),
+    ("heads-out-not-csv", BASE["heads"] + ["--out", "h.json"], ["must be a csv file"], None),
+    ("heads-out-empty", BASE["heads"] + ["--out", ""], ["--out is empty"], None),
+    ("heads-out-blocked", BASE["heads"] + ["--out", "f.txt/h.csv"], ["f.txt is a file"],
+     _file("f.txt")),
+    ("heads-out-other-kind", BASE["heads"] + ["--out", "h.csv"], ["already holds"],
+     _file("h.csv", '{"a": 1}')),
+    ("heads-adapter-missing", BASE["heads"] + ["--adapter", "nope"], ["is not an adapter directory"],
+     None),
+    ("heads-adapter-corrupted", BASE["heads"] + ["--adapter", "ad"], ["is corrupted"], _bad_adapter),
 ]
 
 
@@ -424,6 +466,24 @@ def test_help_still_exits_0():
 def test_k_beyond_the_heads(argv):
     """Needs the model (its head count): checked right after the load, before any fit or output."""
     _rejected(argv, "more than the 8 attention heads of tiny-random", "between 1 and 8")
+
+
+def test_heads_dla_needs_a_hooked_transformer(monkeypatch):
+    """dla reads W_O, W_U and the norms: refused before the load when models load as bridges."""
+    monkeypatch.setenv("SITELENS_BACKEND", "bridge")
+    _rejected(BASE["heads"] + ["--lenses", "atp,dla"], "--lenses dla", "SITELENS_BACKEND=hooked")
+    monkeypatch.delenv("SITELENS_BACKEND")  # the default backend: bridge on TransformerLens 4
+    monkeypatch.setattr("sitelens.models.load.has_hooked_transformer", lambda: False)
+    _rejected(BASE["heads"] + ["--lenses", "dla"], "--lenses dla", "drop dla")
+
+
+def test_heads_lens_error_is_parse_lenses_error():
+    """The parser's message for a bad lens is the library's own (sitelens.lenses.parse_lenses)."""
+    from sitelens.lenses import parse_lenses
+
+    with pytest.raises(ValueError) as e:
+        parse_lenses(["nope"])
+    _rejected(BASE["heads"] + ["--lenses", "nope"], str(e.value))
 
 
 @pytest.fixture

@@ -8,6 +8,9 @@ Subcommands:
 - ``sitelens bench``: models × tasks × methods into one resumable results table;
 - ``sitelens patch intra | inter | effects``: activation patching (top-k / bottom-k / random-k
   heads by α, cross-task transfer, per-head causal effects);
+- ``sitelens heads``: which heads matter, scored by several lenses (learned α over seeds, α and
+  attribution-patching gradients, ablation, exact effects, direct logit attribution) into one
+  :class:`~sitelens.lenses.HeadScores` CSV;
 - ``sitelens figures``: reproduce ``figures/`` from real runs (resumable).
 
 Bad input is refused before any model is loaded and before anything is written: one line on
@@ -18,8 +21,8 @@ the ``bench`` / ``figures`` runners it calls) prints and writes the files, throu
 Modules: :mod:`~sitelens.cli.parser` (the parser: one-line usage errors, typed options),
 :mod:`~sitelens.cli.validate` (the checks before a model loads), :mod:`~sitelens.cli.common`
 (loading, fitting from the options, JSON rounding), and the commands: :mod:`~sitelens.cli.fit_eval`
-(fit, eval, demo), :mod:`~sitelens.cli.patch` (patch), :mod:`~sitelens.cli.runners` (bench,
-figures).
+(fit, eval, demo), :mod:`~sitelens.cli.patch` (patch), :mod:`~sitelens.cli.heads` (heads),
+:mod:`~sitelens.cli.runners` (bench, figures).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import sys
 
 from sitelens.cli.common import setup_torch
 from sitelens.cli.fit_eval import cmd_demo, cmd_eval, cmd_fit
+from sitelens.cli.heads import cmd_heads
 from sitelens.cli.parser import build_parser, one_line
 from sitelens.cli.patch import cmd_patch
 from sitelens.cli.runners import cmd_bench, cmd_figures
@@ -40,6 +44,7 @@ COMMANDS = {
     "bench": cmd_bench,
     "demo": cmd_demo,
     "patch": cmd_patch,
+    "heads": cmd_heads,
     "figures": cmd_figures,
 }
 
@@ -63,5 +68,5 @@ def main(argv: list[str] | None = None) -> int:
 
 __all__ = [
     "COMMANDS", "build_parser", "check_outputs", "cmd_bench", "cmd_demo", "cmd_eval", "cmd_figures",
-    "cmd_fit", "cmd_patch", "main", "validate",
+    "cmd_fit", "cmd_heads", "cmd_patch", "main", "validate",
 ]

@@ -1,5 +1,5 @@
-"""Helpers the subcommands share: torch set-up, loading the task and model, fitting SITE from the
-fit options, and rounding numbers for ``--json`` output."""
+"""Helpers the subcommands share: torch set-up, loading the task and model, the fit options as a
+``FitConfig`` (and fitting SITE with them), and rounding numbers for ``--json`` output."""
 
 from __future__ import annotations
 
@@ -36,23 +36,31 @@ def load_task_and_model(args, check=None):
     return model, task
 
 
-def fit_from_args(model, task, args, progress=True):
-    """:func:`sitelens.site.fit_site` with the fit options of ``args`` (defaults where a command
-    has none of them); ``--protocol official`` uses ``FitConfig.official`` and, unless
+def fit_config_from_args(args):
+    """The :class:`~sitelens.site.FitConfig` of the fit options of ``args`` (defaults where a
+    command has none of them); ``--protocol official`` uses ``FitConfig.official`` and, unless
     ``--batch-size`` was given, batch size 1."""
-    from sitelens.site import FitConfig, fit_site
+    from sitelens.site import FitConfig
 
     official = getattr(args, "protocol", "default") == "official"
     batch_size = getattr(args, "batch_size", 8)
     if official and isinstance(batch_size, DefaultInt):
         batch_size = 1
-    cfg = (FitConfig.official if official else FitConfig)(
+    return (FitConfig.official if official else FitConfig)(
         lr=getattr(args, "lr", 0.2),
         n_examples=getattr(args, "n_examples", 400),
         batch_size=int(batch_size),
         sparsity=getattr(args, "sparsity", 0.0),
         seed=args.seed,
     )
+
+
+def fit_from_args(model, task, args, progress=True):
+    """:func:`sitelens.site.fit_site` with the fit options of ``args``
+    (:func:`fit_config_from_args`)."""
+    from sitelens.site import fit_site
+
+    cfg = fit_config_from_args(args)
     return fit_site(
         model, task, n_prompts=getattr(args, "n_prompts", 50),
         n_shots=getattr(args, "n_shots", 10), config=cfg, progress=progress,

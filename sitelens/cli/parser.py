@@ -3,7 +3,8 @@
 :func:`build_parser` makes the parser of every subcommand. Usage errors print ONE line on stderr,
 ``sitelens: error: ... (see `sitelens CMD --help`)``, and exit with status 2
 (:class:`OneLineErrorParser`). Every number and list is checked while parsing: counts >= 1, seeds
-and thread counts in range, finite λ, no duplicates in comma-separated lists, known method names.
+and thread counts in range, finite λ, no duplicates in comma-separated lists, known method and lens
+names.
 Checks that need files, tasks or models run later (:mod:`sitelens.cli.validate`).
 """
 
@@ -16,8 +17,10 @@ from collections.abc import Callable
 DESCRIPTION = (
     "The sitelens command line. fit: fit a SITE adapter and save it; eval: zero-shot / ICL / SITE "
     "on a task; demo: fit and compare on a built-in task; bench: models x tasks x methods into one "
-    "resumable table; patch intra|inter|effects: activation patching; figures: reproduce figures/ "
-    "from real runs (resumable). Bad input prints one line, `sitelens: error: ...`, and exits 2."
+    "resumable table; patch intra|inter|effects: activation patching; heads: which heads matter, "
+    "scored by several lenses (alpha, gradients, attribution patching, ablation, exact effects, "
+    "direct logit attribution); figures: reproduce figures/ from real runs (resumable). Bad input "
+    "prints one line, `sitelens: error: ...`, and exits 2."
 )
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 
@@ -155,6 +158,16 @@ def _method_checker(registry: str) -> Callable[[str], None]:
     return check
 
 
+def _check_lens(x: str) -> None:
+    """A lens name :func:`sitelens.lenses.parse_lenses` knows (``ablation`` = both ablations)."""
+    from sitelens.lenses import parse_lenses
+
+    try:
+        parse_lenses([x])
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _any_name(x: str) -> None:
     """Any item is accepted (names of models and tasks are checked before the model loads)."""
 
@@ -164,6 +177,7 @@ LAMBDAS = csv_list_of(_check_lambda, "λ")
 BENCH_METHODS = csv_list_of(_method_checker("bench"), "method")
 EVAL_METHODS = csv_list_of(_method_checker("eval"), "method")
 NAMES = csv_list_of(_any_name, "name")
+LENS_NAMES = csv_list_of(_check_lens, "lens")
 
 
 class DefaultInt(int):
@@ -314,6 +328,41 @@ def _add_patch(sub) -> None:
     _add_patch_effects(psub)
 
 
+def _add_heads(sub) -> None:
+    p = sub.add_parser("heads", help="which heads matter: per-head scores of several lenses")
+    add_common_options(p)
+    p.add_argument("--lenses", required=True, type=LENS_NAMES,
+                   help="comma-separated lenses: alpha, alpha-grad, atp, atp-star, ablation-mean, "
+                        "ablation-zero (ablation = both), effect, dla")
+    p.add_argument("--seeds", type=POSITIVE_INT, default=5,
+                   help="SITE fits of the alpha lens, seeds SEED, SEED+1, ... (dla alone: one)")
+    p.add_argument("--n-prompts", type=POSITIVE_INT, default=16,
+                   help="corrupted prompts (atp, atp-star, effect) and clean prompts (ablation)")
+    p.add_argument("--n-shots", type=POSITIVE_INT, default=10)
+    p.add_argument("--n-mean-prompts", type=POSITIVE_INT, default=50,
+                   help="few-shot prompts of stage 1 (the task embedding) in every fit, and of the "
+                        "embedding when nothing is fitted and there is no --adapter")
+    p.add_argument("--limit", type=POSITIVE_INT, default=64,
+                   help="zero-shot train items of alpha-grad")
+    p.add_argument("--n-boot", type=POSITIVE_INT, default=1000,
+                   help="bootstrap resamples of the intervals")
+    p.add_argument("--lr", type=float, default=0.2)
+    p.add_argument("--n-examples", type=POSITIVE_INT, default=400,
+                   help="training examples in stage 2 of each fit")
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=DefaultInt(8),
+                   help="stage-2 batch size (default 8; 1 with --protocol official)")
+    p.add_argument("--sparsity", type=LAMBDA, default=0.0, help="λ of the λ·mean(α) penalty")
+    p.add_argument("--protocol", choices=["default", "official"], default="default",
+                   help="stage 2 of the fits as sitelens does it or as the paper's code does")
+    p.add_argument("--adapter", help="adapter directory: its embedding feeds alpha-grad, atp, "
+                                     "atp-star and effect, its α the dla lens (default: the first "
+                                     "seed's fit, else the task embedding)")
+    p.add_argument("--out", required=True, help="write the HeadScores table to this CSV")
+    p.add_argument("--json", action="store_true",
+                   help='print {"model", "task", "lenses": {lens: {"top": [[layer, head, score], '
+                        '...], "forward_passes", "backward_passes", "seconds"}}, "alpha_stability"}')
+
+
 def _add_figures(sub) -> None:
     p = sub.add_parser("figures", help="reproduce figures/ from real runs (resumable)")
     p.add_argument("--out", default="figures", help="output directory (cells cached in OUT/.runs)")
@@ -339,12 +388,12 @@ def _add_figures(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``sitelens`` parser: subcommands fit, eval, bench, demo, patch (intra, inter, effects)
-    and figures; ``args.cmd`` names the subcommand (``args.patch_cmd`` the patch one)."""
+    """The ``sitelens`` parser: subcommands fit, eval, bench, demo, patch (intra, inter, effects),
+    heads and figures; ``args.cmd`` names the subcommand (``args.patch_cmd`` the patch one)."""
     ap = OneLineErrorParser(prog="sitelens", description=DESCRIPTION)
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=OneLineErrorParser,
                             metavar="COMMAND")
-    for add in (_add_fit, _add_eval, _add_bench, _add_demo, _add_patch, _add_figures):
+    for add in (_add_fit, _add_eval, _add_bench, _add_demo, _add_patch, _add_heads, _add_figures):
         add(sub)
     return ap
 

@@ -3,7 +3,8 @@
 :func:`validate` checks what the parser cannot: path arguments, the fit options (``FitConfig``'s
 own checks), model names (bundled, TransformerLens names in the local Hugging Face cache, HF
 directories), tasks (loaded here, cheap, and kept on ``args`` for the command), enough training
-items for ``--n-shots``, adapter directories, option combinations. :func:`check_outputs` refuses
+items for ``--n-shots``, adapter directories, option combinations (:func:`check_heads_options`
+for ``sitelens heads``). :func:`check_outputs` refuses
 output paths of the wrong kind. :func:`check_heads` is the one check that needs the model (k at
 most its number of heads); the commands call it right after the load. Each raises a
 :class:`~sitelens.errors.SitelensError`, which :func:`sitelens.cli.main` prints as one line.
@@ -18,7 +19,7 @@ from sitelens.errors import UsageError
 from sitelens.io import check_dir, check_output
 
 # the commands that take one --task
-_ONE_TASK_COMMANDS = ("fit", "eval", "demo", "patch intra", "patch effects")
+_ONE_TASK_COMMANDS = ("fit", "eval", "demo", "patch intra", "patch effects", "heads")
 
 
 def check_path_arg(value: str, option: str) -> None:
@@ -190,6 +191,22 @@ def _check_adapters(args) -> None:
             SiteAdapter.load(d)
 
 
+def check_heads_options(args) -> None:
+    """``sitelens heads``: the seeds ``--seed`` .. ``--seed + --seeds - 1`` are valid seeds, and the
+    ``dla`` lens, which reads ``W_O``, ``W_U`` and the norms, gets a ``HookedTransformer``."""
+    from sitelens.lenses import parse_lenses
+    from sitelens.models import resolve_backend
+
+    last = args.seed + args.seeds - 1
+    if last > 2**32 - 1:
+        raise UsageError(f"--seed {args.seed} with --seeds {args.seeds} runs up to seed {last}, "
+                         "beyond 4294967295; use a smaller --seed or fewer --seeds.")
+    if "dla" in parse_lenses(split_csv(args.lenses)) and resolve_backend(None) != "hooked":
+        raise UsageError("--lenses dla reads W_O, W_U and the norms of a HookedTransformer, but "
+                         "models load on the bridge backend here; set SITELENS_BACKEND=hooked "
+                         "(TransformerLens 3.x) or drop dla from --lenses.")
+
+
 def validate(args) -> None:
     """Everything that can be checked before a model is loaded and before anything is written:
     path arguments, fit options, model names, tasks (loaded and kept for the command), enough
@@ -202,6 +219,8 @@ def validate(args) -> None:
     tasks = _load_tasks(args, cmd)
     _check_n_shots(args, cmd, tasks)
     _check_adapters(args)
+    if cmd == "heads":
+        check_heads_options(args)
 
 
 def check_outputs(args) -> None:
@@ -209,7 +228,7 @@ def check_outputs(args) -> None:
     kind lies (:func:`sitelens.io.check_output`); output directories must be writable."""
     if getattr(args, "items", None):
         check_output(args.items, "csv", option="--items")
-    if args.cmd == "patch" and getattr(args, "out", None):
+    if args.cmd in ("patch", "heads") and getattr(args, "out", None):
         check_output(args.out, "csv")
     if args.cmd in ("fit", "figures"):
         check_dir(args.out)

@@ -1,0 +1,93 @@
+"""``sitelens heads`` end to end on the tiny test model: every requested lens scores every head
+into one CSV (:class:`sitelens.lenses.HeadScores`), ``--json`` prints one strict JSON object
+(no NaN), and the plain summary lists the top heads of each lens."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sitelens.cli import main
+from sitelens.lenses import LENSES, HeadScores
+
+# small settings: 2 α fits of 2 steps, 4 prompts of 2 shots, 8 alpha-grad items, 50 resamples
+SMALL = ["--model", "tiny-random", "--task", "antonym", "--seeds", "2", "--n-prompts", "4",
+         "--n-shots", "2", "--n-mean-prompts", "4", "--limit", "8", "--n-examples", "8",
+         "--batch-size", "4", "--n-boot", "50", "--threads", "1"]
+ALL = "alpha,alpha-grad,atp,atp-star,ablation,effect,dla"
+
+
+def _no_nan(name: str):
+    raise AssertionError(f"--json printed {name}, which is not JSON")
+
+
+@pytest.fixture(scope="module")
+def tiny_shape() -> tuple[int, int]:
+    from sitelens.models import load_model
+
+    cfg = load_model("tiny-random").cfg
+    return cfg.n_layers, cfg.n_heads
+
+
+def test_heads_every_lens_json(tmp_path, capsys, tiny_shape):
+    out = tmp_path / "scores.csv"
+    assert main(["heads", *SMALL, "--lenses", ALL, "--out", str(out), "--json"]) == 0
+    captured = capsys.readouterr()
+    obj = json.loads(captured.out, parse_constant=_no_nan)  # one object, NaN as null
+
+    L, H = tiny_shape
+    table = HeadScores.read_csv(out)
+    assert table.lenses == list(LENSES)  # ablation = ablation-mean + ablation-zero, in order
+    assert len(table) == len(LENSES) * L * H
+    for lens in LENSES:
+        d = table.lens(lens).df
+        assert len(d) == L * H and not d.duplicated(["layer", "head"]).any(), lens
+        assert d["score"].notna().all(), lens
+    assert set(table.df["model"]) == {"tiny-random"} and set(table.df["task"]) == {"antonym"}
+
+    assert obj["model"] == "tiny-random" and obj["task"] == "antonym"
+    assert list(obj["lenses"]) == list(LENSES)
+    for lens, d in obj["lenses"].items():
+        assert len(d["top"]) == min(10, L * H), lens
+        assert all(0 <= layer < L and 0 <= head < H for layer, head, _ in d["top"]), lens
+        assert [s for *_, s in d["top"]] == sorted((s for *_, s in d["top"]), reverse=True), lens
+        assert d["forward_passes"] >= 0 and d["backward_passes"] >= 0 and d["seconds"] >= 0
+    assert obj["lenses"]["atp"]["backward_passes"] >= 1
+    assert obj["lenses"]["effect"]["backward_passes"] == 0
+    assert set(obj["alpha_stability"]) == {"spearman_mean", "top10_jaccard_mean"}
+    assert "wrote" in captured.err
+
+
+def test_heads_summary_table(tmp_path, capsys, tiny_shape):
+    """Without --json: one row per lens with its top-5 heads; no α stability without α."""
+    out = tmp_path / "sub" / "h.csv"
+    assert main(["heads", *SMALL, "--lenses", "atp,dla", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert "top-5 heads" in lines[1]
+    assert [line.split()[0] for line in lines[2:]] == ["atp", "dla"]
+    assert "α over seeds" not in text
+    assert len(HeadScores.read_csv(out)) == 2 * tiny_shape[0] * tiny_shape[1]
+
+
+def test_heads_with_adapter(tmp_path, capsys):
+    """--adapter: its α feeds dla and its embedding the other lenses (no fit); an adapter of
+    another model is refused after the load with one line, and nothing is written."""
+    ad = tmp_path / "ad"
+    assert main(["fit", "--model", "tiny-random", "--task", "antonym", "--n-prompts", "4",
+                 "--n-shots", "2", "--n-examples", "8", "--batch-size", "4", "--out", str(ad)]) == 0
+    out = tmp_path / "h.csv"
+    capsys.readouterr()
+    assert main(["heads", *SMALL, "--lenses", "dla,effect", "--adapter", str(ad), "--out", str(out),
+                 "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out, parse_constant=_no_nan)
+    assert list(obj["lenses"]) == ["dla", "effect"] and "alpha_stability" not in obj
+
+    other = tmp_path / "other.csv"
+    argv = ["heads", *SMALL, "--lenses", "dla", "--adapter", str(ad), "--out", str(other)]
+    argv[argv.index("tiny-random")] = "tiny-random-gqa"
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sitelens: error: "), err
+    assert not other.exists()
