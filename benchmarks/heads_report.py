@@ -11,7 +11,7 @@
 
 Certified top-k (:func:`sitelens.lenses.compare.certify_top_k`): rank heads by the fast lens;
 verify exactly (one row per head and prompt, as ``effect`` does) the best-ranked heads, k at a
-time, up to 15% of all heads; the residual bound ``r`` is the largest |exact − fast| among
+time, up to 15% of the full exact run's rows; the residual bound ``r`` is the largest |exact − fast| among
 verified heads; the exact top-k is *certified* when the k-th best verified exact effect exceeds
 ``fast + r`` of every unverified head. The exact values of the verified heads are read from the
 full exact run (each row of that run is one head on one prompt, independent of the other rows, so
@@ -75,13 +75,16 @@ def _top(a: np.ndarray, k: int) -> set[int]:
 def certified(fast: np.ndarray, exact: np.ndarray, n_prompts: int, k: int = 10,
               budget: float = 0.15) -> dict:
     """:func:`sitelens.lenses.compare.certify_top_k` with the exact values read from the full
-    exact run; rows counted as that loop would run them (one unpatched row per prompt per round)."""
-    c = certify_top_k(fast, lambda idx: exact[np.asarray(idx)], k=k, budget=budget)
-    found = set(c["top"]) & _top(exact, k)
+    exact run; rows counted as :func:`~sitelens.lenses.compare.certified_top_k` runs them (one
+    unpatched row per prompt, then one per verified head and prompt). ``budget`` is a share of
+    the full exact run's rows ``(n_heads + 1) × n_prompts``."""
     n = len(fast)
+    max_heads = int(np.floor(budget * (n + 1))) - 1
+    c = certify_top_k(fast, lambda idx: exact[np.asarray(idx)], k=k, budget=max_heads / n)
+    found = set(c["top"]) & _top(exact, k)
     return {"verified": len(c["verified"]), "verified_share": len(c["verified"]) / n,
             "recall": len(found) / k, "certified": c["certified"], "rounds": c["rounds"],
-            "rows": (len(c["verified"]) + c["rounds"]) * n_prompts}
+            "rows": (len(c["verified"]) + 1) * n_prompts}
 
 
 def exact_vs_fast(units, k: int = 10) -> tuple[pd.DataFrame, pd.DataFrame]:

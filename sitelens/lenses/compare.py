@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sitelens.effects import EffectsConfig, _batched_answer_probs, _ForwardPassCounter, corrupted_prompts
+from sitelens.effects import EffectsConfig, _ForwardPassCounter, corrupted_prompts
 from sitelens.lenses.scores import HeadScores
 from sitelens.metrics import correlation
 
@@ -54,7 +54,7 @@ def certify_top_k(fast: np.ndarray, exact_of, k: int = 10, budget: float = 0.15,
     fast = np.asarray(fast, dtype=float)
     n = len(fast)
     order = np.argsort(-fast, kind="stable")
-    limit = min(n, max(k, int(np.floor(budget * n))))
+    limit = min(n, max(k, int(np.floor(budget * n + 1e-9))))
     step = step or k
     verified: list[int] = []
     exact: list[float] = []
@@ -83,27 +83,42 @@ def certified_top_k(
 ) -> dict:
     """Certified top-k heads of exact activation patching (the ``effect`` lens, same corrupted
     prompts and embedding as ``config``) using ``fast`` (one lens, e.g. ``atp``) to choose which
-    heads to verify. Returns :func:`certify_top_k`'s dict with ``top`` as ``(layer, head)`` pairs,
-    plus ``forward_passes``, ``rows`` (single-token rows run), ``seconds``."""
+    heads to verify. The prefix KV cache and the unpatched row of each prompt are computed once;
+    each round runs one last-token row per (prompt, new head). Returns :func:`certify_top_k`'s
+    dict with ``top`` as ``(layer, head)`` pairs, plus ``forward_passes``, ``rows``
+    (single-token rows run: ``(verified + 1) × n_prompts``), ``seconds``."""
+    from sitelens.patching import _prefix, _run_rows
+
     cfg = config or EffectsConfig()
     L, H = model.cfg.n_layers, model.cfg.n_heads
     f = fast.map().flatten().numpy()  # [n_layers * n_heads]
-    prompts, answers = corrupted_prompts(model, task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots,
-                                         split=cfg.split, seed=cfg.seed, template=cfg.template)
-    emb = embedding.to(model.cfg.device)
-    rows = 0
-
-    def exact_of(idx):
-        nonlocal rows
-        onehots = torch.zeros(len(idx), L * H)
-        onehots[torch.arange(len(idx)), torch.as_tensor(idx)] = 1
-        base, patched = _batched_answer_probs(model, prompts, answers, onehots.reshape(-1, L, H),
-                                              emb, cfg.batch_size)
-        rows += (len(idx) + 1) * len(prompts)
-        return (patched - base[:, None]).mean(0).numpy()  # [len(idx)]
-
+    emb = embedding.to(model.cfg.device)  # [n_layers, n_heads, d_head]
     t0 = time.perf_counter()
     with _ForwardPassCounter(model) as passes:
+        prompts, answers = corrupted_prompts(
+            model, task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, split=cfg.split,
+            seed=cfg.seed, template=cfg.template)
+        cache, last, ans = _prefix(model, prompts, answers)
+        n = len(prompts)
+
+        def run(weights: torch.Tensor) -> torch.Tensor:  # weights [c, L, H] -> probs [n, c]
+            c = weights.shape[0]
+            item = torch.arange(n).repeat_interleave(c)  # [n * c], prompt-major
+            cond = torch.arange(c).repeat(n)  # [n * c]
+            _, prob = _run_rows(model, cache, last, ans, item, cond, weights, emb,
+                                batch_size=cfg.batch_size)
+            return prob.reshape(n, c)
+
+        base = run(torch.zeros(1, L, H))[:, 0]  # [n_prompts]
+        rows = n
+
+        def exact_of(idx):
+            nonlocal rows
+            onehots = torch.zeros(len(idx), L * H)  # [c, L * H]
+            onehots[torch.arange(len(idx)), torch.as_tensor(idx)] = 1
+            rows += len(idx) * n
+            return (run(onehots.reshape(-1, L, H)) - base[:, None]).mean(0).numpy()  # [c]
+
         out = certify_top_k(f, exact_of, k=k, budget=budget, step=step)
     out["top"] = [(i // H, i % H) for i in out["top"]]
     out.update(forward_passes=passes.count, rows=rows, seconds=time.perf_counter() - t0)
