@@ -307,6 +307,18 @@ def test_certify_top_k_logic():
     bad = certify_top_k(-exact, exact_of, k=10, budget=0.3, step=5)
     assert not bad["certified"] and len(bad["verified"]) == 30 and not set(bad["top"]) & set(range(10))
     assert [len(c) for c in calls] == [10, 5, 5, 5, 5]  # k first, then step at a time
+    # errors proportional to the effect: the relative rule certifies where the absolute one,
+    # bounding every head by the largest absolute residual, cannot
+    decay = 0.7 ** np.arange(100)  # effects spread over orders of magnitude
+
+    def decay_of(idx):
+        return decay[np.asarray(idx)]
+
+    prop = decay * (1 + 0.1 * (-1) ** np.arange(100))  # ±10% error
+    assert certify_top_k(prop, decay_of, k=10, budget=0.3, rule="relative")["certified"]
+    assert not certify_top_k(prop, decay_of, k=10, budget=0.3, rule="absolute")["certified"]
+    with pytest.raises(ValueError, match="rule"):
+        certify_top_k(prop, decay_of, rule="loose")
 
 
 def test_certified_top_k_verifies_with_exact_values(tiny_mha, task):

@@ -45,12 +45,19 @@ def lens_agreement(scores: HeadScores, k: int = 10, lenses: list[str] | None = N
     return pd.DataFrame(rows)
 
 
-def certify_top_k(fast: np.ndarray, exact_of, k: int = 10, budget: float = 0.15, step: int | None = None
-                  ) -> dict:
+def certify_top_k(fast: np.ndarray, exact_of, k: int = 10, budget: float = 0.15,
+                  step: int | None = None, rule: str = "absolute") -> dict:
     """The certification loop on flat arrays. ``exact_of(idx) -> values`` returns the exact
     scores of the heads ``idx`` (called once per round with the new heads only). Returns
     ``verified`` (flat indices, in verification order), ``exact`` (their values), ``top``
-    (the k best verified), ``certified``, ``residual``, ``rounds`` (calls of ``exact_of``)."""
+    (the k best verified), ``certified``, ``residual``, ``rounds`` (calls of ``exact_of``).
+
+    ``rule``: how an unverified head's exact score is bounded from its fast score ``f``:
+    ``"absolute"`` ``f + r`` with ``r`` the largest ``|exact − fast|`` seen; ``"relative"``
+    ``f + ρ·|f|`` with ``ρ`` the largest ``|exact − fast| / |fast|`` seen (errors proportional
+    to the effect, as a first-order estimate's are when it is not saturated)."""
+    if rule not in ("absolute", "relative"):
+        raise ValueError(f"rule must be 'absolute' or 'relative', got {rule!r}.")
     fast = np.asarray(fast, dtype=float)
     n = len(fast)
     order = np.argsort(-fast, kind="stable")
@@ -65,10 +72,14 @@ def certify_top_k(fast: np.ndarray, exact_of, k: int = 10, budget: float = 0.15,
         exact += [float(v) for v in exact_of(new)]
         verified += [int(i) for i in new]
         ev, fv = np.array(exact), fast[verified]
-        r = float(np.max(np.abs(ev - fv)))
+        if rule == "absolute":
+            r = float(np.max(np.abs(ev - fv)))
+        else:
+            r = float(np.max(np.abs(ev - fv) / np.maximum(np.abs(fv), 1e-12)))
         kth = np.sort(ev)[::-1][min(k, len(ev)) - 1]
         rest = order[len(verified):]
-        if len(verified) >= k and (len(rest) == 0 or kth > float(np.max(fast[rest])) + r):
+        bound = fast[rest] + (r if rule == "absolute" else r * np.abs(fast[rest]))
+        if len(verified) >= k and (len(rest) == 0 or kth > float(np.max(bound))):
             certified = True
             break
     ev = np.array(exact)
@@ -79,7 +90,7 @@ def certify_top_k(fast: np.ndarray, exact_of, k: int = 10, budget: float = 0.15,
 
 def certified_top_k(
     model, task, fast: HeadScores, embedding, config: EffectsConfig | None = None, *,
-    k: int = 10, budget: float = 0.15, step: int | None = None,
+    k: int = 10, budget: float = 0.15, step: int | None = None, rule: str = "absolute",
 ) -> dict:
     """Certified top-k heads of exact activation patching (the ``effect`` lens, same corrupted
     prompts and embedding as ``config``) using ``fast`` (one lens, e.g. ``atp``) to choose which
@@ -119,7 +130,7 @@ def certified_top_k(
             rows += len(idx) * n
             return (run(onehots.reshape(-1, L, H)) - base[:, None]).mean(0).numpy()  # [c]
 
-        out = certify_top_k(f, exact_of, k=k, budget=budget, step=step)
+        out = certify_top_k(f, exact_of, k=k, budget=budget, step=step, rule=rule)
     out["top"] = [(i // H, i % H) for i in out["top"]]
     out.update(forward_passes=passes.count, rows=rows, seconds=time.perf_counter() - t0)
     return out
