@@ -7,7 +7,10 @@
   random-10 α heads, default vs official schedule, over fit seeds), α's seed stability, and the
   top-10 heads of every lens injected with α = 1;
 - ``results/heads_agreement.{csv,md}`` and ``figures/lens_agreement.{png,html,csv}``: Spearman and
-  top-10 Jaccard of every pair of lenses, averaged over tasks (with the spread over tasks).
+  top-10 Jaccard of every pair of lenses, averaged over tasks (with the spread over tasks);
+- ``figures/{model}/alpha_uncertainty_antonym`` (α over seeds: mean, heads whose interval holds
+  0.5 masked, interval width) and ``figures/{model}/lens_maps_antonym`` (every lens, percentile
+  ranks on one colour scale).
 
 Certified top-k (:func:`sitelens.lenses.compare.certify_top_k`): rank heads by the fast lens;
 verify exactly (one row per head and prompt, as ``effect`` does) the best-ranked heads, k at a
@@ -28,7 +31,7 @@ import pandas as pd
 
 from sitelens.lenses import HeadScores
 from sitelens.lenses.compare import certify_top_k, lens_agreement
-from sitelens.lenses.plots import agreement_matrix
+from sitelens.lenses.plots import agreement_matrix, alpha_uncertainty, lens_maps
 from sitelens.metrics import correlation
 
 FAST = ("alpha", "alpha-official", "alpha-grad", "atp", "atp-star", "ablation-mean",
@@ -162,7 +165,7 @@ def schedule(units, k: int = 10) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFra
     return sched_df, lens_df, stab
 
 
-def write_report(out: Path, figures: Path, k: int = 10) -> None:
+def write_report(out: Path, figures: Path, k: int = 10, heatmap_task: str = "antonym") -> None:
     from sitelens.export import FigureWriter
     from sitelens.io import atomic_write_csv, atomic_write_text
 
@@ -240,6 +243,14 @@ def write_report(out: Path, figures: Path, k: int = 10) -> None:
     w = FigureWriter()
     try:
         w.write(fig, frame, figures / "lens_agreement")
+        for (model, task), u in units.items():
+            if task != heatmap_task:
+                continue
+            hs = HeadScores(u["scores"])
+            w.write(alpha_uncertainty(hs, "alpha"), hs.lens("alpha").df,
+                    figures / model / f"alpha_uncertainty_{task}")
+            w.write(lens_maps(hs, [x for x in ORDER if x in hs.lenses]), hs.df,
+                    figures / model / f"lens_maps_{task}")
     finally:
         w.close()
     mean = frame[frame.lens_a < frame.lens_b]

@@ -34,10 +34,16 @@ from sitelens.lenses import (
     parse_lenses,
     rank_stability,
 )
-from sitelens.models import tiny_model
+from sitelens.models import has_hooked_transformer, tiny_model
 from sitelens.site import task_embedding
 from sitelens.tasks import zero_shot_prompt
 from sitelens.training import LastTokenSet
+
+hooked_only = pytest.mark.skipif(
+    not has_hooked_transformer(),
+    reason="needs HookedTransformer (attention-only / norm-free / float64 tiny models); "
+           "TransformerLens 4 has only the bridge",
+)
 
 SMALL = AttributionConfig(n_prompts=4, n_shots=2, n_mean_prompts=4, n_boot=50, n_alpha_items=6)
 
@@ -89,6 +95,7 @@ def test_parse_lenses():
 # gradient lenses
 
 
+@hooked_only
 def test_mix_gradient_equals_central_finite_difference(task):
     """∂ log p / ∂w[l, h] at w = 0 (the α-gradient) against (f(+ε) − f(−ε)) / 2ε, per prompt and
     head, in float64 on a two-layer model with MLPs and norms (a fully nonlinear path)."""
@@ -117,6 +124,7 @@ def test_mix_gradient_equals_central_finite_difference(task):
     assert (wrong - fd).abs().max() > 100 * 1e-6 * scale
 
 
+@hooked_only
 def test_atp_equals_exact_patching_on_a_model_linear_in_the_head(task):
     """One attention-only layer without norms: the answer logit is linear in each head's
     last-token z (z → W_O → residual → W_U), so the first-order estimate is exact: AtP of the
@@ -218,6 +226,7 @@ def test_exact_effects_lens_is_head_causal_effects(tiny_mha, task):
     assert s.df.forward_passes[0] > 0
 
 
+@hooked_only
 def test_dla_sums_to_the_direct_effect_of_the_injection(task):
     """One attention-only layer with an RMS final norm: the injection changes the final residual
     stream only through the heads' writes, so Σ_heads DLA equals the change of the final residual
