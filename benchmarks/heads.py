@@ -11,7 +11,8 @@ rerun when its ``meta.json`` has the same settings hash:
 - ``scores.csv`` (:class:`sitelens.lenses.HeadScores`): ``alpha`` (SITE α, mean and 95%
   t-interval over ``--seeds`` fits with the default protocol, ``FitConfig()``: 50 steps of batch 8,
   best validation α), ``alpha-official`` (``--official-seeds`` fits with the paper code's schedule,
-  ``FitConfig.official()``: 400 steps of batch 1, final α), and with the first default fit's
+  ``FitConfig.official()``: 400 steps of batch 1, final α; on the first ``--official-tasks``
+  tasks only, to bound the cost), and with the first default fit's
   embedding: ``alpha-grad``, ``atp``, ``atp-star``, ``effect`` (exact), ``ablation-mean``,
   ``ablation-zero``, ``dla``;
 - ``stability.csv``: Spearman and top-10 Jaccard of every pair of seeds, per schedule;
@@ -52,6 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--tasks", default=",".join(TASKS))
     p.add_argument("--seeds", type=int, default=5, help="default-protocol fits per task")
     p.add_argument("--official-seeds", type=int, default=3, help="official-protocol fits per task")
+    p.add_argument("--official-tasks", type=int, default=4,
+                   help="official-protocol fits on the first N tasks only (the schedule experiment)")
     p.add_argument("--limit", type=int, default=40, help="test items of intra-task patching")
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--threads", type=int, default=1)
@@ -59,6 +62,13 @@ def parse_args(argv=None):
     p.add_argument("--tiny", action="store_true", help="tiny random model, tiny sizes, k = 3 (smoke test)")
     p.add_argument("--out", default=str(HERE / "results"))
     return p.parse_args(argv)
+
+
+def official_seeds(args, task) -> int:
+    """Official-protocol fits of ``task``: ``--official-seeds`` on the first ``--official-tasks``
+    tasks, none on the others."""
+    names = [t for t in args.tasks.split(",") if t]
+    return args.official_seeds if task.name in names[: args.official_tasks] else 0
 
 
 def settings(args, model, task) -> dict:
@@ -70,7 +80,7 @@ def settings(args, model, task) -> dict:
     att, abl = configs(args)
     return {
         "model": args.model_name, "fingerprint": fingerprint(model), "task": task.name,
-        "task_hash": task_hash(task), "seeds": args.seeds, "official_seeds": args.official_seeds,
+        "task_hash": task_hash(task), "seeds": args.seeds, "official_seeds": official_seeds(args, task),
         "limit": args.limit, "k": args.k, "fit": asdict(fit_config(args)),
         "official": asdict(fit_config(args, official=True)), "attribution": asdict(att),
         "ablation": asdict(abl), "numerics_version": NUMERICS_VERSION, "tiny": args.tiny,
@@ -122,16 +132,15 @@ def run_unit(args, model, task, path: Path) -> None:
     att, abl = configs(args)
     n_prompts, n_shots = att.n_mean_prompts, att.n_shots
     t0 = time.perf_counter()
-    runs = {
-        "default": alpha_over_seeds(model, task, range(args.seeds), fit_config(args),
-                                    n_prompts=n_prompts, n_shots=n_shots, k=args.k),
-        "official": alpha_over_seeds(model, task, range(args.official_seeds),
-                                     fit_config(args, official=True), n_prompts=n_prompts,
-                                     n_shots=n_shots, k=args.k, lens="alpha-official"),
-    }
+    runs = {"default": alpha_over_seeds(model, task, range(args.seeds), fit_config(args),
+                                        n_prompts=n_prompts, n_shots=n_shots, k=args.k)}
+    if official_seeds(args, task):
+        runs["official"] = alpha_over_seeds(model, task, range(official_seeds(args, task)),
+                                            fit_config(args, official=True), n_prompts=n_prompts,
+                                            n_shots=n_shots, k=args.k, lens="alpha-official")
     ad0 = runs["default"].adapters[0]
     emb = ad0.embedding
-    parts = [runs["default"].scores, runs["official"].scores,
+    parts = [r.scores for r in runs.values()] + [
              alpha_gradient(model, task, emb, att),
              attribution_patching(model, task, emb, att),
              attribution_patching(model, task, emb, att, grad_drop=True),
@@ -150,7 +159,7 @@ def run_unit(args, model, task, path: Path) -> None:
             df = intra_task(model, task, ad, ks=[args.k], n_random_seeds=3, limit=args.limit,
                             reverse=False, seed=0)
             intra.append(df.assign(kind="alpha_fit", schedule=sched, fit_seed=seed, lens="alpha"))
-    for lens in LENS_TOPK:
+    for lens in [x for x in LENS_TOPK if x in scores.lenses]:
         m = scores.map(lens)  # [n_layers, n_heads]
         m = torch.nan_to_num(m, nan=float("-inf"))
         ad = SiteAdapter(alpha=m, embedding=emb, meta=ad0.meta)
