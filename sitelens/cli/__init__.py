@@ -11,7 +11,8 @@ Subcommands:
 - ``sitelens heads``: which heads matter, scored by several lenses (learned α over seeds, α and
   attribution-patching gradients, ablation, exact effects, direct logit attribution) into one
   :class:`~sitelens.lenses.HeadScores` CSV;
-- ``sitelens figures``: reproduce ``figures/`` from real runs (resumable).
+- ``sitelens figures``: reproduce ``figures/`` from real runs (resumable);
+- ``sitelens atlas``: the head atlas, one self-contained HTML page (``--refit`` rebuilds its data).
 
 Bad input is refused before any model is loaded and before anything is written: one line on
 stderr, ``sitelens: error: ...``, and exit status 2. The library returns data; this package (and
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import sys
 
+from sitelens.cli.atlas import cmd_atlas
 from sitelens.cli.common import setup_torch
 from sitelens.cli.fit_eval import cmd_demo, cmd_eval, cmd_fit
 from sitelens.cli.heads import cmd_heads
@@ -46,6 +48,7 @@ COMMANDS = {
     "patch": cmd_patch,
     "heads": cmd_heads,
     "figures": cmd_figures,
+    "atlas": cmd_atlas,
 }
 
 

@@ -363,6 +363,26 @@ def _add_heads(sub) -> None:
                         '...], "forward_passes", "backward_passes", "seconds"}}, "alpha_stability"}')
 
 
+def _add_atlas(sub) -> None:
+    p = sub.add_parser("atlas", help="the head atlas: one self-contained HTML page (no server)")
+    p.add_argument("--out", required=True, help="the HTML file to write")
+    p.add_argument("--data", default="figures/atlas",
+                   help="atlas tables, one folder per model (default figures/atlas)")
+    p.add_argument("--models", type=NAMES, default=None,
+                   help="comma-separated models (default: every folder under --data; with "
+                        "--refit: smollm2-135m-instruct,gemma-3-270m)")
+    p.add_argument("--refit", action="store_true",
+                   help="fit and measure the atlas from --tasks-dir first (cached fits reused)")
+    p.add_argument("--tasks-dir", default="../shared/datasets/fv",
+                   help="FV-layout task folders for --refit (SmolLM2: all, Gemma: abstractive)")
+    p.add_argument("--seeds", type=POSITIVE_INT, default=1, help="SITE fits per task with --refit")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=POSITIVE_INT, default=20,
+                   help="test items per target task in the transfer measurement (--refit)")
+    p.add_argument("--cache-dir", default="runs/atlas", help="cached fits of --refit")
+    p.add_argument("--threads", type=THREADS, default=None)
+
+
 def _add_figures(sub) -> None:
     p = sub.add_parser("figures", help="reproduce figures/ from real runs (resumable)")
     p.add_argument("--out", default="figures", help="output directory (cells cached in OUT/.runs)")
@@ -393,7 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = OneLineErrorParser(prog="sitelens", description=DESCRIPTION)
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=OneLineErrorParser,
                             metavar="COMMAND")
-    for add in (_add_fit, _add_eval, _add_bench, _add_demo, _add_patch, _add_heads, _add_figures):
+    for add in (_add_fit, _add_eval, _add_bench, _add_demo, _add_patch, _add_heads, _add_figures,
+                _add_atlas):
         add(sub)
     return ap
 

@@ -221,6 +221,28 @@ def validate(args) -> None:
     _check_adapters(args)
     if cmd == "heads":
         check_heads_options(args)
+    if cmd == "atlas":
+        check_atlas_options(args)
+
+
+def check_atlas_options(args) -> None:
+    """``sitelens atlas``: the tables exist (or ``--refit`` with a task folder that exists)."""
+    from pathlib import Path
+
+    from sitelens.errors import OutputError, TaskError
+
+    if args.refit:
+        if not Path(args.tasks_dir).is_dir():
+            raise TaskError(f"--tasks-dir {args.tasks_dir} is not a directory; pass the FV-layout "
+                            "task folders, e.g. --tasks-dir ../shared/datasets/fv.")
+        return
+    root = Path(args.data)
+    wanted = split_csv(args.models) or ([p.name for p in root.iterdir() if p.is_dir()]
+                                        if root.is_dir() else [])
+    missing = [m for m in wanted if not (root / m / "summary.json").exists()]
+    if not wanted or missing:
+        raise OutputError(f"No atlas tables for {', '.join(missing) or 'any model'} under {root}; "
+                          "build them with `sitelens atlas --refit` (or point --data at them).")
 
 
 def check_outputs(args) -> None:
@@ -230,6 +252,8 @@ def check_outputs(args) -> None:
         check_output(args.items, "csv", option="--items")
     if args.cmd in ("patch", "heads") and getattr(args, "out", None):
         check_output(args.out, "csv")
+    if args.cmd == "atlas":
+        check_output(args.out, "html")
     if args.cmd in ("fit", "figures"):
         check_dir(args.out)
 

@@ -1,0 +1,105 @@
+"""The head atlas: every head of every task, explorable in a browser page and in Jupyter.
+
+- :mod:`~sitelens.atlas.data`: fit and measure (:func:`build_atlas_data`), keep the tables small
+  (:class:`AtlasData`, ``figures/atlas/{model}/``);
+- :mod:`~sitelens.atlas.views`: the payload and the lookups both front ends show;
+- :mod:`~sitelens.atlas.html`: ``sitelens atlas`` — one self-contained HTML file;
+- :mod:`~sitelens.atlas.widget`: :func:`explore` — the same views as a Jupyter widget.
+
+:func:`refit_atlas` rebuilds the data of the bundled models from an FV-layout task folder
+(SmolLM2: every task; Gemma-3-270M: the abstractive ones; duplicate items dropped, as
+``--dedupe`` does), reusing cached fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from sitelens.atlas.data import AtlasConfig, AtlasData, build_atlas_data, task_family
+from sitelens.atlas.html import build_atlas_html
+from sitelens.atlas.views import head_card, overview, pair_view, payload, task_map
+
+# which FV tasks each bundled model's atlas covers (as in the committed benchmarks)
+ATLAS_MODELS: dict[str, str] = {"smollm2-135m-instruct": "all", "gemma-3-270m": "abstractive"}
+DEFAULT_DATA_DIR = Path("figures/atlas")
+
+
+def atlas_task_dirs(tasks_dir: str | Path, which: str = "all") -> list[Path]:
+    """The FV-layout task folders under ``tasks_dir`` (sorted), all or only the abstractive ones."""
+    from sitelens.bench import FV_EXTRACTIVE
+    from sitelens.errors import TaskError
+
+    root = Path(tasks_dir)
+    dirs = sorted(p for p in root.iterdir() if p.is_dir() and (p / "train.json").exists()) \
+        if root.is_dir() else []
+    if not dirs:
+        raise TaskError(f"No FV-layout task folders (TASK/train.json) under {root}; pass "
+                        "--tasks-dir ../shared/datasets/fv.")
+    if which == "abstractive":
+        dirs = [p for p in dirs if p.name not in FV_EXTRACTIVE]
+    return dirs
+
+
+def load_atlas(data_dir: str | Path = DEFAULT_DATA_DIR, models: Sequence[str] | None = None
+               ) -> list[AtlasData]:
+    """The committed atlas tables of ``models`` (default: every folder under ``data_dir``)."""
+    from sitelens.errors import OutputError
+
+    root = Path(data_dir)
+    names = list(models) if models else sorted(p.name for p in root.iterdir() if p.is_dir()) \
+        if root.is_dir() else []
+    if not names:
+        raise OutputError(f"No atlas data under {root}; build it with `sitelens atlas --refit`.")
+    return [AtlasData.load(root / n) for n in names]
+
+
+def lens_rows_from_heads(results_dir: str | Path, model: str):
+    """The per-task lens scores of ``benchmarks/heads.py`` for ``model`` (empty when absent)."""
+    import pandas as pd
+
+    parts = []
+    for f in sorted(Path(results_dir).glob(f"heads/{model}/*/scores.csv")):
+        if ".stale-" in f.parent.name or ".tmp" in f.parent.name:
+            continue
+        parts.append(pd.read_csv(f))
+    if not parts:
+        return None
+    return pd.concat(parts, ignore_index=True)
+
+
+def refit_atlas(
+    models: Sequence[str], tasks_dir: str | Path, data_dir: str | Path = DEFAULT_DATA_DIR,
+    config: AtlasConfig | None = None, *, cache_dir: str | Path = "runs/atlas",
+    heads_results: str | Path | None = "benchmarks/results",
+    log: Callable[[str], None] | None = None,
+) -> list[AtlasData]:
+    """Fit (or reuse) and measure every model's atlas and save it under ``data_dir/{model}``."""
+    from sitelens.models import load_model, model_name
+    from sitelens.tasks import load_task
+
+    out = []
+    for name in models:
+        model = load_model(name)
+        mname = model_name(model)
+        which = ATLAS_MODELS.get(mname, "all")
+        tasks = [load_task(p, dedupe=True) for p in atlas_task_dirs(tasks_dir, which)]
+        lenses = lens_rows_from_heads(heads_results, mname) if heads_results else None
+        data = build_atlas_data(model, tasks, config, cache_dir=cache_dir, lenses=lenses, log=log)
+        data.save(Path(data_dir) / mname)
+        out.append(data)
+    return out
+
+
+def explore(data_dir: str | Path = DEFAULT_DATA_DIR, models: Sequence[str] | None = None):
+    """The atlas as a Jupyter widget (:func:`sitelens.atlas.widget.explore`)."""
+    from sitelens.atlas.widget import explore as _explore
+
+    return _explore(data_dir, models)
+
+
+__all__ = [
+    "ATLAS_MODELS", "AtlasConfig", "AtlasData", "atlas_task_dirs", "build_atlas_data",
+    "build_atlas_html", "explore", "head_card", "load_atlas", "overview", "pair_view", "payload",
+    "refit_atlas", "task_family", "task_map",
+]

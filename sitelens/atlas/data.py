@@ -1,0 +1,328 @@
+"""The data behind the head atlas: α maps of many tasks, their similarity, measured transfer, what
+each head's injected vector promotes, and the other lenses' scores where computed.
+
+:func:`build_atlas_data` fits SITE on every task (seeds of :class:`AtlasConfig`; each fit an adapter
+under a resumable cache keyed on everything that made it, :class:`sitelens.runs.CellStore`),
+then measures transfer (task B's embedding through task A's α, :func:`sitelens.patching.inter_task`)
+on every ordered pair, the α similarity (Spearman over heads) and whether it predicts transfer
+(Spearman ρ and a Mantel permutation p, :func:`sitelens.analysis.transfer_similarity_correlation`),
+the family structure of the similarity against a permutation null, and each head's top promoted
+tokens (:func:`sitelens.lenses.head_logit_lens`). :class:`AtlasData` holds the tables;
+:meth:`AtlasData.save` / :meth:`AtlasData.load` keep them as small CSV + JSON files
+(``figures/atlas/{model}/``), so the page and the widget build without refitting.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from sitelens.io import atomic_write_csv, atomic_write_json
+
+FILES = ("alpha.csv", "similarity.csv", "transfer.csv", "tokens.csv", "lenses.csv", "summary.json")
+
+# Families of the FV benchmark's tasks (by name), for the within- vs between-family test.
+FV_FAMILY_PATTERNS: tuple[tuple[str, str], ...] = (
+    (r"^choose_|^alphabetically_", "list selection"),
+    (r"_v_", "category filter"),
+    (r"^conll2003_|^squad|^commonsense", "reading"),
+    (r"^english[-_]|^country[-_]language", "translation"),
+    (r"capitaliz|lowercase|uppercase|letter|word_length", "string"),
+    (r"^(present[-_]past|singular[-_]plural|adjective_comparative)$", "morphology"),
+    (r"^(antonym|synonym)$", "lexical"),
+    (r"^(next_item|prev_item)$", "sequence"),
+    (r"^(sentiment|ag_news)$", "classification"),
+    (r"country|landmark|park|person|product|national_parks|animal_young", "knowledge"),
+)
+
+
+def task_family(name: str) -> str | None:
+    """The family of an FV / built-in task name (``None`` when no pattern matches)."""
+    for pattern, family in FV_FAMILY_PATTERNS:
+        if re.search(pattern, name):
+            return family
+    return None
+
+
+@dataclass(frozen=True)
+class AtlasConfig:
+    """Settings of :func:`build_atlas_data` (all of them key the cached fits and the files)."""
+
+    seeds: tuple[int, ...] = (0,)
+    n_prompts: int = 50  # stage-1 prompts
+    n_shots: int = 10
+    n_examples: int = 400  # stage-2 items (FitConfig default: 50 steps of batch 8)
+    transfer_limit: int = 20  # test items per target task in the transfer measurement
+    k: int = 10  # top-k heads of the inter-task "topk" mode
+    top_tokens: int = 3  # promoted tokens kept per head
+    fast_lenses: tuple[str, ...] = ("alpha-grad", "atp", "dla")  # computed on every task
+    n_perm: int = 1000  # permutations of the Mantel and family tests
+    seed: int = 0  # of the permutations and bootstrap
+
+
+@dataclass
+class AtlasData:
+    """One model's atlas tables (see the module docstring)."""
+
+    model: str
+    n_layers: int
+    n_heads: int
+    alpha: pd.DataFrame  # task, layer, head, alpha, ci_low, ci_high, n_seeds
+    similarity: pd.DataFrame  # square, Spearman ρ of α maps, index/columns = task
+    transfer: pd.DataFrame  # source_task, target_task, mode, accuracy, zero_shot, n
+    tokens: pd.DataFrame  # task, layer, head, rank, token, logit
+    lenses: pd.DataFrame  # task, lens, layer, head, score, ci_low, ci_high (may be empty)
+    summary: dict = field(default_factory=dict)
+
+    @property
+    def tasks(self) -> list[str]:
+        return list(dict.fromkeys(self.alpha["task"]))
+
+    def alpha_map(self, task: str, column: str = "alpha") -> np.ndarray:
+        d = self.alpha[self.alpha.task == task].sort_values(["layer", "head"])
+        return d[column].to_numpy(float).reshape(self.n_layers, self.n_heads)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the tables atomically into ``directory`` (created)."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        atomic_write_csv(d / "alpha.csv", self.alpha)
+        atomic_write_csv(d / "similarity.csv", self.similarity.reset_index(names="task"))
+        atomic_write_csv(d / "transfer.csv", self.transfer)
+        atomic_write_csv(d / "tokens.csv", self.tokens)
+        atomic_write_csv(d / "lenses.csv", self.lenses)
+        atomic_write_json(d / "summary.json", {"model": self.model, "n_layers": self.n_layers,
+                                               "n_heads": self.n_heads, **self.summary})
+        return d
+
+    @classmethod
+    def load(cls, directory: str | Path) -> AtlasData:
+        from sitelens.errors import OutputError
+
+        d = Path(directory)
+        missing = [f for f in FILES if not (d / f).exists()]
+        if missing:
+            raise OutputError(f"{d} is not an atlas data folder: {', '.join(missing)} missing. "
+                              "Build it with `sitelens atlas --refit`.")
+        summary = json.loads((d / "summary.json").read_text())
+        sim = pd.read_csv(d / "similarity.csv").set_index("task")
+        return cls(
+            model=summary.pop("model"), n_layers=int(summary.pop("n_layers")),
+            n_heads=int(summary.pop("n_heads")), alpha=pd.read_csv(d / "alpha.csv"),
+            similarity=sim, transfer=pd.read_csv(d / "transfer.csv"),
+            tokens=pd.read_csv(d / "tokens.csv", keep_default_na=False),
+            lenses=pd.read_csv(d / "lenses.csv"), summary=summary,
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# statistics
+
+
+def family_test(similarity: pd.DataFrame, families: dict[str, str | None], *, n_perm: int = 1000,
+                seed: int = 0) -> dict:
+    """Mean off-diagonal similarity within families minus between families, and its permutation
+    p-value (family labels shuffled over tasks, ``n_perm`` seeded permutations, one-sided)."""
+    names = [t for t in similarity.index if families.get(t)]
+    S = similarity.loc[names, names].to_numpy(float)
+    labels = np.array([families[t] for t in names])
+    off = ~np.eye(len(names), dtype=bool)
+
+    def gap(lab: np.ndarray) -> float:
+        same = (lab[:, None] == lab[None, :]) & off
+        diff = (lab[:, None] != lab[None, :]) & off
+        if not same.any() or not diff.any():
+            return float("nan")
+        return float(S[same].mean() - S[diff].mean())
+
+    obs = gap(labels)
+    rng = np.random.default_rng(seed)
+    null = np.array([gap(rng.permutation(labels)) for _ in range(n_perm)])
+    p = (int(np.sum(null >= obs - 1e-12)) + 1) / (n_perm + 1) if np.isfinite(obs) else float("nan")
+    return {"gap": obs, "p_value": p, "null_mean": float(np.nanmean(null)) if n_perm else None,
+            "n_tasks": len(names), "n_families": int(len(set(labels)))}
+
+
+def depth_profile(data: AtlasData, bins: int = 10) -> pd.DataFrame:
+    """α mass per relative-depth bin (layer / n_layers in deciles), averaged over tasks: one row
+    per bin with ``mass`` (share of the total α in that bin) and ``mean_alpha``."""
+    a = data.alpha.assign(depth=(data.alpha.layer + 0.5) / data.n_layers)
+    a["bin"] = np.minimum((a.depth * bins).astype(int), bins - 1)
+    per = a.groupby(["task", "bin"])["alpha"].sum() / a.groupby("task")["alpha"].sum()
+    mass = per.groupby(level="bin").mean().reindex(range(bins), fill_value=0.0)
+    mean = a.groupby("bin")["alpha"].mean()
+    return pd.DataFrame({"bin": range(bins), "depth_low": np.arange(bins) / bins,
+                         "mass": mass.reindex(range(bins)).to_numpy(),
+                         "mean_alpha": mean.reindex(range(bins)).to_numpy()})
+
+
+# ----------------------------------------------------------------------------------------------
+# building
+
+
+def _fit_cached(model, task, seed: int, cfg: AtlasConfig, cells, log):
+    from sitelens.errors import AdapterError
+    from sitelens.provenance import task_hash
+    from sitelens.runs import slug
+    from sitelens.site import FitConfig, SiteAdapter, fit_site
+
+    fc = FitConfig(n_examples=cfg.n_examples, seed=seed)
+    params = {"fit": asdict(fc), "n_prompts": cfg.n_prompts, "n_shots": cfg.n_shots,
+              "task_hash": task_hash(task)}
+    path = cells.path(f"adapters/{slug(task.name)}_s{seed}", params)
+    if (path / "adapter.json").exists():
+        try:
+            ad = SiteAdapter.load(path)
+            ad.check_model(model)
+            return ad
+        except AdapterError as e:
+            log(f"  {path.name}: {e}; refitting")
+    t0 = time.perf_counter()
+    ad = fit_site(model, task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, config=fc)
+    ad.save(path)
+    cells.record(f"fit/{task.name}/s{seed}", time.perf_counter() - t0)
+    log(f"  fitted {task.name} seed {seed} in {time.perf_counter() - t0:.1f}s")
+    return ad
+
+
+def _fast_lenses(model, task, adapter, cfg: AtlasConfig) -> pd.DataFrame:
+    """The cheap lenses of one task (all heads from a forward and a backward pass), with the
+    embedding of the task's first fit."""
+    from sitelens.lenses import HeadScores, alpha_gradient, attribution_patching
+    from sitelens.lenses.logit_lens import direct_logit_attribution
+
+    parts = []
+    for lens in cfg.fast_lenses:
+        if lens == "alpha-grad":
+            parts.append(alpha_gradient(model, task, adapter.embedding, seed=cfg.seed))
+        elif lens in ("atp", "atp-star"):
+            parts.append(attribution_patching(model, task, adapter.embedding,
+                                              grad_drop=lens == "atp-star", seed=cfg.seed))
+        elif lens == "dla":
+            parts.append(direct_logit_attribution(model, task, adapter, seed=cfg.seed))
+        else:
+            raise ValueError(f"Atlas fast lenses are alpha-grad, atp, atp-star, dla; got {lens!r}.")
+    return HeadScores.concat(parts).df
+
+
+def build_atlas_data(
+    model,
+    tasks: Sequence,
+    config: AtlasConfig | None = None,
+    *,
+    cache_dir: str | Path = "runs/atlas",
+    lenses: pd.DataFrame | None = None,
+    log: Callable[[str], None] | None = None,
+) -> AtlasData:
+    """Fit, measure and tabulate one model's atlas (see the module docstring). ``tasks``: loaded
+    :class:`~sitelens.tasks.Task` objects. ``lenses``: optional :class:`HeadScores`-style rows
+    (``task, lens, layer, head, score, ci_low, ci_high``) to carry into the atlas. Every fit and
+    the transfer table are cells under ``cache_dir/{model}`` (a rerun reuses them)."""
+    from sitelens.analysis import transfer_similarity_correlation
+    from sitelens.errors import SitelensError
+    from sitelens.lenses.alpha import interval
+    from sitelens.lenses.logit_lens import head_logit_lens
+    from sitelens.models import fingerprint, model_name
+    from sitelens.patching import inter_task
+    from sitelens.provenance import NUMERICS_VERSION, task_hash
+    from sitelens.runs import CellStore
+
+    cfg = config or AtlasConfig()
+    log = log or (lambda msg: None)
+    name = model_name(model)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    cells = CellStore(Path(cache_dir) / name, log,
+                      base={"fingerprint": fingerprint(model), "numerics": NUMERICS_VERSION})
+    t0 = time.perf_counter()
+    adapters: dict[str, list] = {}
+    skipped: dict[str, str] = {}
+    for i, task in enumerate(tasks):
+        log(f"[{i + 1}/{len(tasks)}] {task.name}")
+        try:
+            adapters[task.name] = [_fit_cached(model, task, s, cfg, cells, log) for s in cfg.seeds]
+        except SitelensError as e:  # e.g. too few training items for the shots: left out, said
+            skipped[task.name] = str(e)
+            log(f"  skipped {task.name}: {e}")
+    tasks = [t for t in tasks if t.name in adapters]
+    fit_seconds = time.perf_counter() - t0
+
+    rows = []
+    for tname, ads in adapters.items():
+        A = torch.stack([a.alpha.detach().float().cpu() for a in ads]).numpy()  # [S, L, H]
+        lo, hi = interval(A)
+        layer, head = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
+        rows.append(pd.DataFrame({
+            "task": tname, "layer": layer.ravel(), "head": head.ravel(),
+            "alpha": A.mean(0).ravel(), "ci_low": np.clip(lo, 0, 1).ravel(),
+            "ci_high": np.clip(hi, 0, 1).ravel(), "n_seeds": len(ads)}))
+    alpha = pd.concat(rows, ignore_index=True)
+
+    names = list(adapters)
+    mean_alpha = {t: torch.tensor(alpha[alpha.task == t].alpha.to_numpy(np.float32)).reshape(L, H)
+                  for t in names}
+    from sitelens.analysis import alpha_similarity
+
+    sim = alpha_similarity(mean_alpha)["spearman"]
+    first = {t: ads[0] for t, ads in adapters.items()}
+    params = {"tasks": [[t.name, task_hash(t)] for t in tasks], "seeds": list(cfg.seeds),
+              "config": asdict(cfg)}
+    t1 = time.perf_counter()
+    transfer = cells.csv("transfer", params, lambda: inter_task(
+        model, list(tasks), first, k=min(cfg.k, L * H), limit=cfg.transfer_limit, seed=cfg.seed,
+        n_boot=0))
+    transfer_seconds = time.perf_counter() - t1
+    corr = {m: transfer_similarity_correlation(sim, transfer, mode=m, normalize=norm,
+                                               n_perm=cfg.n_perm, seed=cfg.seed)
+            for m, norm in (("alpha", "none"), ("topk", "none"))}
+    corr_centred = transfer_similarity_correlation(sim, transfer, mode="alpha",
+                                                   normalize="zero_shot",
+                                                   n_perm=cfg.n_perm, seed=cfg.seed)
+    fam = family_test(sim, {t: task_family(t) for t in names}, n_perm=cfg.n_perm, seed=cfg.seed)
+
+    toks = []
+    for t, ad in first.items():
+        df = head_logit_lens(model, ad.embedding, k=cfg.top_tokens)
+        toks.append(df.drop(columns=["token_id"]).assign(task=t))
+    tokens = pd.concat(toks, ignore_index=True)[["task", "layer", "head", "rank", "token", "logit"]]
+    tokens["logit"] = tokens["logit"].round(3)
+
+    cols = ["task", "lens", "layer", "head", "score", "ci_low", "ci_high"]
+    t2 = time.perf_counter()
+    parts = []
+    for task in tasks:
+        ad = first[task.name]
+        p = {"lenses": list(cfg.fast_lenses), "task_hash": task_hash(task),
+             "adapter": ad.meta.get("hyperparameters"), "seed": cfg.seed}
+        parts.append(cells.csv(f"lenses/{task.name}", p,
+                               lambda task=task, ad=ad: _fast_lenses(model, task, ad, cfg)))
+    lens_rows = pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
+    lens_seconds = time.perf_counter() - t2
+    if lenses is not None and len(lenses):
+        extra = lenses[lenses.task.isin(names)][cols]
+        extra = extra[~extra.lens.isin(cfg.fast_lenses)]
+        lens_rows = pd.concat([lens_rows, extra], ignore_index=True)
+    lens_rows[["score", "ci_low", "ci_high"]] = lens_rows[["score", "ci_low", "ci_high"]].astype(
+        float).map(lambda x: float(f"{x:.4g}"))
+
+    data = AtlasData(name, L, H, alpha.round(5), sim.round(5), transfer, tokens, lens_rows)
+    prof = depth_profile(data)
+    data.summary = {
+        "config": asdict(cfg), "n_tasks": len(names), "skipped": skipped,
+        "fingerprint": fingerprint(model),
+        "numerics_version": NUMERICS_VERSION,
+        "similarity_vs_transfer": corr, "similarity_vs_transfer_zero_shot_normalized": corr_centred,
+        "family_test": fam, "families": {t: task_family(t) for t in names},
+        "depth_profile": prof.round(5).to_dict(orient="list"),
+        "seconds": {"fits": round(fit_seconds, 1), "transfer": round(transfer_seconds, 1),
+                    "fast_lenses": round(lens_seconds, 1)},
+        "threads": torch.get_num_threads(),
+    }
+    return data

@@ -1,0 +1,151 @@
+"""The atlas's views as data: one payload (plain JSON types) built from :class:`AtlasData`, and the
+lookups every view shows. The HTML page (:mod:`sitelens.atlas.html`) embeds the payload and its
+JavaScript performs the same lookups; the Jupyter explorer (:mod:`sitelens.atlas.widget`) calls
+these functions; the browser test checks the page against them, so the two never disagree.
+
+Head arrays are flat, index ``layer * n_heads + head`` (``L{l}H{h}``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from sitelens.atlas.data import AtlasData, depth_profile
+
+
+def _r(x, digits: int = 4):
+    """A float rounded for the payload (NaN → None, which JSON writes as null)."""
+    x = float(x)
+    return None if not math.isfinite(x) else round(x, digits)
+
+
+def _flat(values, digits: int = 4) -> list:
+    return [_r(v, digits) for v in np.asarray(values, dtype=float).ravel()]
+
+
+def cluster_order(similarity) -> list[str]:
+    """Tasks ordered by average-linkage clustering of ``1 − similarity``."""
+    from sitelens.plotting import cluster_order as order
+
+    return order(similarity)
+
+
+def model_payload(data: AtlasData) -> dict:
+    """Everything the views need for one model."""
+    tasks = data.tasks
+    order = cluster_order(data.similarity.loc[tasks, tasks]) if len(tasks) > 2 else tasks
+    lenses: dict[str, dict[str, list]] = {
+        "alpha": {t: _flat(data.alpha_map(t)) for t in tasks}}
+    for lens, g in data.lenses.groupby("lens", sort=False):
+        lenses[lens] = {}
+        for t, gt in g.groupby("task", sort=False):
+            m = np.full(data.n_layers * data.n_heads, np.nan)
+            m[gt["layer"].to_numpy() * data.n_heads + gt["head"].to_numpy()] = gt["score"].to_numpy(float)
+            lenses[lens][t] = _flat(m)
+    tokens: dict[str, list] = {}
+    for t, g in data.tokens.groupby("task", sort=False):
+        g = g.sort_values(["layer", "head", "rank"])
+        per = [[] for _ in range(data.n_layers * data.n_heads)]
+        for r in g.itertuples():
+            per[int(r.layer) * data.n_heads + int(r.head)].append(str(r.token))
+        tokens[t] = per
+    tr = data.transfer[data.transfer["mode"] == "alpha"]
+    acc = tr.pivot_table(index="source_task", columns="target_task", values="accuracy")
+    acc = acc.reindex(index=tasks, columns=tasks)
+    zs = tr.groupby("target_task")["zero_shot"].first().reindex(tasks)
+    sim = data.similarity.loc[tasks, tasks]
+    prof = depth_profile(data)
+    return {
+        "model": data.model, "n_layers": data.n_layers, "n_heads": data.n_heads,
+        "tasks": tasks, "order": order,
+        "families": {t: data.summary.get("families", {}).get(t) for t in tasks},
+        "lenses": lenses,
+        "alpha_ci": {t: [_flat(data.alpha_map(t, "ci_low")), _flat(data.alpha_map(t, "ci_high"))]
+                     for t in tasks},
+        "n_seeds": {t: int(data.alpha[data.alpha.task == t].n_seeds.iloc[0]) for t in tasks},
+        "tokens": tokens,
+        "similarity": [[_r(v) for v in row] for row in sim.to_numpy(float)],
+        "transfer": [[_r(v) for v in row] for row in acc.to_numpy(float)],
+        "zero_shot": _flat(zs.to_numpy(float)),
+        "depth_mass": _flat(prof["mass"].to_numpy()),
+        "summary": {k: data.summary.get(k) for k in (
+            "similarity_vs_transfer", "similarity_vs_transfer_zero_shot_normalized",
+            "family_test", "n_tasks", "config")},
+    }
+
+
+def _clean(x):
+    """JSON-safe: NaN / inf → None, numpy scalars → Python, tuples → lists."""
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, (float, np.floating)):
+        return None if not math.isfinite(float(x)) else float(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    return x
+
+
+def payload(datas: list[AtlasData]) -> dict:
+    """The atlas payload: ``{"models": {name: model_payload}, "lens_order": [...]}``."""
+    models = {d.model: model_payload(d) for d in datas}
+    seen = []
+    for m in models.values():
+        seen += [x for x in m["lenses"] if x not in seen]
+    return _clean({"models": models, "lens_order": seen})
+
+
+# ----------------------------------------------------------------------------------------------
+# lookups (mirrored by the page's JavaScript: keep the two in step)
+
+
+def head_label(layer: int, head: int) -> str:
+    return f"L{layer}H{head}"
+
+
+def head_card(p: dict, model: str, task: str, layer: int, head: int) -> dict:
+    """What the head card shows: the head's score in every lens for ``task`` (None where not
+    computed), its α interval, the α of this head in every task (cluster order), its top tokens."""
+    m = p["models"][model]
+    i = layer * m["n_heads"] + head
+    scores = {lens: (vals[task][i] if task in vals else None) for lens, vals in m["lenses"].items()}
+    ci = m["alpha_ci"].get(task, [[None], [None]])
+    alpha_across = [[t, m["lenses"]["alpha"][t][i]] for t in m["order"]]
+    return {
+        "head": head_label(layer, head), "model": model, "task": task, "scores": scores,
+        "alpha_ci": [ci[0][i], ci[1][i]], "n_seeds": m["n_seeds"].get(task),
+        "alpha_across_tasks": alpha_across,
+        "tokens": m["tokens"].get(task, [[]] * (i + 1))[i],
+    }
+
+
+def task_map(p: dict, model: str, task: str, lens: str = "alpha") -> list[list]:
+    """``[n_layers][n_heads]`` of ``lens`` for ``task`` (None where not computed)."""
+    m = p["models"][model]
+    flat = m["lenses"].get(lens, {}).get(task, [None] * (m["n_layers"] * m["n_heads"]))
+    H = m["n_heads"]
+    return [flat[r * H:(r + 1) * H] for r in range(m["n_layers"])]
+
+
+def pair_view(p: dict, model: str, a: str, b: str) -> dict:
+    """Task A's and B's α maps, their difference (A − B), α similarity and the measured transfer
+    (B's embedding through A's α; first-token accuracy) with B's zero-shot accuracy."""
+    m = p["models"][model]
+    ia, ib = m["tasks"].index(a), m["tasks"].index(b)
+    ma, mb = task_map(p, model, a), task_map(p, model, b)
+    diff = [[_r(x - y) for x, y in zip(ra, rb, strict=True)] for ra, rb in zip(ma, mb, strict=True)]
+    return {"a": a, "b": b, "alpha_a": ma, "alpha_b": mb, "diff": diff,
+            "similarity": m["similarity"][ia][ib], "transfer": m["transfer"][ia][ib],
+            "zero_shot_b": m["zero_shot"][ib]}
+
+
+def overview(p: dict, model: str, lens: str = "alpha") -> dict:
+    """Task × head matrix of ``lens`` (rows in cluster order; tasks without the lens left out)."""
+    m = p["models"][model]
+    rows = [t for t in m["order"] if t in m["lenses"].get(lens, {})]
+    return {"tasks": rows, "z": [m["lenses"][lens][t] for t in rows],
+            "heads": [head_label(i // m["n_heads"], i % m["n_heads"])
+                      for i in range(m["n_layers"] * m["n_heads"])]}
