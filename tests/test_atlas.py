@@ -1,0 +1,146 @@
+"""The head atlas (sitelens.atlas) on a tiny random model: the data it builds, the payload and its
+lookups, the page, the CLI and the Jupyter explorer. The browser tier (tests/test_browser_atlas.py)
+opens the page in Chromium."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from sitelens.atlas import AtlasConfig, AtlasData, build_atlas_data, build_atlas_html, payload
+from sitelens.atlas.data import depth_profile, family_test, task_family
+from sitelens.atlas.views import head_card, overview, pair_view, task_map
+from sitelens.cli import main
+from sitelens.models import tiny_model
+from sitelens.tasks import load_task
+
+TASKS = ("antonym", "synonym", "present_past", "english_french")
+SMALL = AtlasConfig(n_examples=16, n_prompts=4, n_shots=2, transfer_limit=5, n_perm=50)
+
+
+@pytest.fixture(scope="module")
+def atlas(tmp_path_factory):
+    model = tiny_model(n_layers=2, n_heads=4, d_head=8, seed=0)
+    tasks = [load_task(t) for t in TASKS]
+    cache = tmp_path_factory.mktemp("atlas_cache")
+    data = build_atlas_data(model, tasks, SMALL, cache_dir=cache)
+    folder = data.save(tmp_path_factory.mktemp("atlas") / data.model)
+    return model, tasks, data, folder, cache
+
+
+def test_atlas_data_tables_and_roundtrip(atlas):
+    model, tasks, data, folder, _ = atlas
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    assert data.tasks == list(TASKS) and len(data.alpha) == len(TASKS) * L * H
+    assert data.alpha.alpha.between(0, 1).all()
+    assert set(data.lenses.lens) == set(SMALL.fast_lenses)
+    # every ordered pair measured in both modes (alpha, topk), diagonal included
+    assert len(data.transfer) == 2 * len(TASKS) ** 2
+    back = AtlasData.load(folder)
+    pd.testing.assert_frame_equal(back.alpha, data.alpha, check_dtype=False)
+    assert back.similarity.loc["antonym", "synonym"] == pytest.approx(
+        data.similarity.loc["antonym", "synonym"], abs=1e-5)
+    s = back.summary["similarity_vs_transfer"]["alpha"]
+    assert s["n_pairs"] == len(TASKS) * (len(TASKS) - 1)
+
+
+def test_atlas_fits_are_cached(atlas):
+    model, tasks, data, _, cache = atlas
+    again = build_atlas_data(model, tasks, SMALL, cache_dir=cache)
+    pd.testing.assert_frame_equal(again.alpha, data.alpha)  # loaded, not refitted
+    assert again.summary["seconds"]["fits"] < data.summary["seconds"]["fits"] + 5
+
+
+def test_family_test_detects_structure():
+    fam = {f"t{i}": "xyz"[i % 3] for i in range(12)}  # 3 families of 4 tasks
+    names = list(fam)
+    S = np.array([[1.0 if fam[i] == fam[j] else 0.0 for j in names] for i in names])
+    sim = pd.DataFrame(S, index=names, columns=names)
+    res = family_test(sim, fam, n_perm=200)
+    assert res["gap"] == pytest.approx(1.0) and res["p_value"] < 0.05
+    rng = np.random.default_rng(0)
+    R = rng.uniform(-1, 1, (12, 12))
+    R = (R + R.T) / 2
+    flat = family_test(pd.DataFrame(R, index=names, columns=names), fam, n_perm=200)
+    assert flat["p_value"] > res["p_value"]
+    assert task_family("choose_first_of_3") == "list selection"
+    assert task_family("english-french") == "translation"
+
+
+def test_depth_profile_sums_to_one(atlas):
+    _, _, data, _, _ = atlas
+    prof = depth_profile(data)
+    assert len(prof) == 10 and prof.mass.sum() == pytest.approx(1.0)
+
+
+def test_payload_lookups_match_the_tables(atlas):
+    _, _, data, _, _ = atlas
+    p = payload([data])
+    json.dumps(p, allow_nan=False)  # JSON-safe: NaN became null
+    card = head_card(p, data.model, "synonym", 1, 2)
+    assert card["head"] == "L1H2"
+    assert card["scores"]["alpha"] == pytest.approx(data.alpha_map("synonym")[1, 2], abs=1e-4)
+    atp = data.lenses[(data.lenses.task == "synonym") & (data.lenses.lens == "atp")
+                      & (data.lenses.layer == 1) & (data.lenses["head"] == 2)].score.item()
+    assert card["scores"]["atp"] == pytest.approx(atp, rel=1e-3, abs=1e-4)
+    assert dict(card["alpha_across_tasks"])["antonym"] == pytest.approx(
+        data.alpha_map("antonym")[1, 2], abs=1e-4)
+    toks = data.tokens[(data.tokens.task == "synonym") & (data.tokens.layer == 1)
+                       & (data.tokens["head"] == 2)].sort_values("rank").token.tolist()
+    assert card["tokens"] == toks
+    v = pair_view(p, data.model, "antonym", "synonym")
+    assert np.allclose(np.array(v["diff"]), data.alpha_map("antonym") - data.alpha_map("synonym"),
+                       atol=2e-4)  # two maps rounded to 4 decimals, then their difference
+    row = data.transfer[(data.transfer["mode"] == "alpha") & (data.transfer.source_task == "antonym")
+                        & (data.transfer.target_task == "synonym")]
+    assert v["transfer"] == pytest.approx(row.accuracy.item(), abs=1e-4)
+    assert np.array(task_map(p, data.model, "antonym")).shape == (2, 4)
+    o = overview(p, data.model, "atp")
+    assert sorted(o["tasks"]) == sorted(TASKS) and len(o["heads"]) == 8
+
+
+def test_page_embeds_the_payload_and_no_network(atlas):
+    _, _, data, _, _ = atlas
+    page = build_atlas_html(payload([data]))
+    start = page.index('<script id="atlas-data" type="application/json">') + len(
+        '<script id="atlas-data" type="application/json">')
+    embedded = json.loads(page[start: page.index("</script>", start)].replace("<\\/", "</"))
+    assert embedded == json.loads(json.dumps(payload([data])))
+    assert "https://" not in page.split("<script>", 1)[0]  # no CDN: plotly.js is inlined
+    assert "<script src=" not in page  # nothing loaded from elsewhere
+
+
+def test_cli_atlas_builds_from_tables_and_refuses_bad_input(atlas, tmp_path, capsys):
+    _, _, data, folder, _ = atlas
+    out = tmp_path / "atlas.html"
+    assert main(["atlas", "--out", str(out), "--data", str(folder.parent)]) == 0
+    assert out.stat().st_size > 1e6 and data.model in capsys.readouterr().out
+    assert main(["atlas", "--out", str(tmp_path / "a.csv"), "--data", str(folder.parent)]) == 2
+    assert main(["atlas", "--out", str(tmp_path / "b.html"), "--data", str(tmp_path / "none")]) == 2
+    assert main(["atlas", "--out", str(tmp_path / "c.html"), "--data", str(folder.parent),
+                 "--models", "no-such-model"]) == 2
+    assert main(["atlas", "--out", str(tmp_path / "d.html"), "--refit",
+                 "--tasks-dir", str(tmp_path / "none")]) == 2
+    assert not any((tmp_path / n).exists() for n in ("a.csv", "b.html", "c.html", "d.html"))
+
+
+def test_explorer_shows_the_same_card(atlas):
+    pytest.importorskip("ipywidgets")
+    pytest.importorskip("anywidget")
+    from sitelens.atlas.widget import Explorer
+
+    _, _, data, _, _ = atlas
+    p = payload([data])
+    ex = Explorer(p)
+    ex.set_task("present_past")
+    card = ex.select_head(0, 3)
+    assert card == head_card(p, data.model, "present_past", 0, 3)
+    assert "L0H3" in ex.card.value and f"{card['scores']['alpha']:.4f}" in ex.card.value
+    v = ex.select_pair("synonym", "antonym")
+    assert np.allclose(np.array(ex.fig_pair.data[2].z, dtype=float), np.array(v["diff"], dtype=float))
+    ex.set_lens("atp")
+    assert np.allclose(np.array(ex.fig_task.data[0].z, dtype=float),
+                       np.array(task_map(p, data.model, "present_past", "atp"), dtype=float))
+    assert torch.is_tensor(torch.tensor(0))  # (torch imported for the tiny model fixture)
