@@ -91,3 +91,23 @@ def test_heads_with_adapter(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("sitelens: error: "), err
     assert not other.exists()
+
+
+def test_heads_json_aggregates_per_kv_group_on_gqa(tmp_path, capsys):
+    """Grouped-query model: the JSON adds the top key/value groups, each the sum of its query
+    heads' scores (query head h reads group h // (n_heads // n_key_value_heads))."""
+    import pandas as pd
+
+    out = tmp_path / "gqa.csv"
+    rc = main(["heads", "--model", "tiny-random-gqa", "--task", "antonym", "--lenses", "atp",
+               "--seeds", "1", "--n-prompts", "4", "--n-shots", "2", "--n-mean-prompts", "4",
+               "--out", str(out), "--json"])
+    assert rc == 0
+    obj = json.loads(capsys.readouterr().out)
+    kv = obj["kv_groups"]
+    assert kv["n_key_value_heads"] == 2
+    df = pd.read_csv(out)
+    df["group"] = df["head"] // 2
+    sums = df.groupby(["layer", "group"])["score"].sum()
+    for layer, group, score in kv["top"]["atp"]:
+        assert score == pytest.approx(sums.loc[(layer, group)], rel=1e-3, abs=1e-9)

@@ -34,7 +34,8 @@ def _sig4_or_none(x) -> float | None:
     return None if x != x else float(f"{x:.4g}") + 0.0  # + 0.0: no -0.0
 
 
-def heads_summary(run, model: str, task: str, k: int = 10) -> dict:
+def heads_summary(run, model: str, task: str, k: int = 10, n_key_value_heads: int | None = None
+                  ) -> dict:
     """The ``--json`` object: per lens its top ``k`` heads ``[layer, head, score]`` (scores to 4
     significant digits) and its cost; ``alpha_stability`` (mean pairwise Spearman and top-10
     Jaccard of the seeds' α) when the alpha lens ran with two seeds or more. NaN is ``None``."""
@@ -49,6 +50,14 @@ def heads_summary(run, model: str, task: str, k: int = 10) -> dict:
             "seconds": round(float(row["seconds"]), 3),
         }
     obj = {"model": model, "task": task, "lenses": lenses}
+    n_heads = scores.shape[1]
+    if n_key_value_heads and n_key_value_heads < n_heads:  # GQA / MQA: per key/value group too
+        g = scores.by_kv_group(n_key_value_heads)
+        obj["kv_groups"] = {
+            "n_key_value_heads": int(n_key_value_heads), "aggregation": "sum over query heads",
+            "top": {lens: [[int(r.layer), int(r.kv_group), _sig4_or_none(r.score)]
+                           for r in d.sort_values("score", ascending=False).head(5).itertuples()]
+                    for lens, d in g.groupby("lens", sort=False)}}
     stab = None if run.alpha is None else run.alpha.stability
     if "alpha" in lenses and stab is not None and len(stab):
         jac = next((c for c in stab.columns if c.endswith("_jaccard")), None)
@@ -67,6 +76,11 @@ def _print_table(obj: dict) -> None:
              "seconds": d["seconds"]} for lens, d in obj["lenses"].items()]
     print(f"{obj['model']} on {obj['task']}: top heads per lens (higher score = more important)")
     print(pd.DataFrame(rows).to_string(index=False))
+    if "kv_groups" in obj:
+        kv = obj["kv_groups"]
+        print(f"per key/value group ({kv['n_key_value_heads']} groups per layer, {kv['aggregation']}):")
+        for lens, top in kv["top"].items():
+            print(f"  {lens}: " + " ".join(f"L{layer}G{g}" for layer, g, _ in top))
     if "alpha_stability" in obj:
         s = obj["alpha_stability"]
         print(f"α over seeds: mean pairwise Spearman {s['spearman_mean']}, "
@@ -92,7 +106,8 @@ def cmd_heads(args) -> int:
     run.scores.to_csv(args.out)
     print(f"wrote {args.out} ({len(run.scores)} rows: {len(lenses)} lenses x "
           f"{model.cfg.n_layers * model.cfg.n_heads} heads)", file=sys.stderr)
-    obj = heads_summary(run, model_name(model), task.name)
+    obj = heads_summary(run, model_name(model), task.name,
+                        n_key_value_heads=getattr(model.cfg, "n_key_value_heads", None))
     if args.json:
         print(json.dumps(obj, allow_nan=False))
     else:
