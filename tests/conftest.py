@@ -7,12 +7,16 @@
 sets ``bridge``); on TransformerLens 4.x, where ``HookedTransformer`` is gone, only ``bridge`` runs.
 Tests that need HookedTransformer internals call :func:`needs_hooked` and are skipped, with the
 reason, on a bridge.
+
+The browser tier (marker ``browser``: headless system Chromium via Playwright, network cut off) gets
+its fixtures ``chromium`` / ``offline_page`` from ``tests/browser_util.py``.
 """
 
 import os
 
 import pytest
 import torch
+from browser_util import chromium, offline_page  # noqa: F401  (the browser tier's fixtures)
 
 from sitelens.models import has_hooked_transformer, is_bridge, tiny_model
 
