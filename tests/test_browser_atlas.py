@@ -1,0 +1,81 @@
+"""The atlas page in a real headless Chromium (marker ``browser``; network cut off): click a
+heatmap cell → the head card shows that head's values, exactly as :func:`sitelens.atlas.head_card`
+computes them; click a similarity cell → both α maps and their difference render; no console
+errors, nothing requested from the network."""
+
+import pytest
+from browser_util import file_url
+
+from sitelens.atlas import AtlasConfig, build_atlas_data, build_atlas_html, head_card, payload
+from sitelens.models import tiny_model
+from sitelens.tasks import load_task
+
+pytestmark = pytest.mark.browser
+
+TASKS = ("antonym", "synonym", "present_past", "english_french")
+
+
+@pytest.fixture(scope="module")
+def page_file(tmp_path_factory):
+    model = tiny_model(n_layers=2, n_heads=4, d_head=8, seed=0)
+    data = build_atlas_data(
+        model, [load_task(t) for t in TASKS],
+        AtlasConfig(n_examples=16, n_prompts=4, n_shots=2, transfer_limit=5, n_perm=20),
+        cache_dir=tmp_path_factory.mktemp("cache"))
+    p = payload([data])
+    path = tmp_path_factory.mktemp("atlas") / "atlas.html"
+    path.write_text(build_atlas_html(p), encoding="utf-8")
+    return path, p, data.model
+
+
+def _cell_xy(page, div: str, x, y) -> tuple[float, float]:
+    """Viewport pixel of data point (x, y) in the first subplot of plot ``div``."""
+    return page.evaluate(
+        """([div, x, y]) => { const gd = document.getElementById(div);
+           const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+           const bb = gd.querySelector('.nsewdrag').getBoundingClientRect();
+           return [bb.left + xa.d2p(x), bb.top + ya.d2p(y)]; }""", [div, x, y])
+
+
+def _click(page, div: str, x, y) -> None:
+    page.locator(f"#{div}").scroll_into_view_if_needed()
+    px, py = _cell_xy(page, div, x, y)
+    page.mouse.move(px, py)
+    page.mouse.click(px, py)
+
+
+def _fmt(v) -> str:
+    return "—" if v is None else f"{v:.4f}"
+
+
+def test_click_a_head_shows_its_card(offline_page, page_file):
+    path, p, model = page_file
+    page, log = offline_page.page, offline_page.log
+    page.goto(file_url(path))
+    page.wait_for_function("window.atlasReady === true")
+    task = p["models"][model]["order"][0]
+    _click(page, "taskmap", 2, 1)  # head 2 (x), layer 1 (y)
+    page.wait_for_function("document.getElementById('card').dataset.head === 'L1H2'")
+    card = head_card(p, model, task, 1, 2)
+    assert page.eval_on_selector("#card", "e => e.dataset.task") == task
+    shown = page.eval_on_selector_all(
+        "#card-scores tr", "rows => rows.map(r => [r.dataset.lens, r.querySelector('.v').textContent])")
+    assert dict(shown) == {lens: _fmt(v) for lens, v in card["scores"].items()}
+    tokens = page.eval_on_selector_all("#card-tokens span", "s => s.map(e => e.textContent)")
+    assert tokens == card["tokens"]
+    assert not log.problems(), log.problems()
+
+
+def test_click_a_similarity_cell_shows_the_pair(offline_page, page_file):
+    path, p, model = page_file
+    page, log = offline_page.page, offline_page.log
+    page.goto(file_url(path))
+    page.wait_for_function("window.atlasReady === true")
+    order = p["models"][model]["order"]
+    a, b = order[2], order[0]
+    _click(page, "sim", b, a)  # x = B, y = A
+    page.wait_for_function(f"document.getElementById('pair').dataset.a === '{a}'")
+    assert page.eval_on_selector("#pair", "e => e.dataset.b") == b
+    assert page.eval_on_selector("#pair", "e => e.data.length") == 3
+    assert page.locator("#pair g.hm").count() == 3  # both maps and their difference drew
+    assert not log.problems(), log.problems()
