@@ -275,7 +275,7 @@ def test_bench_cli_writes_csv_md_and_html(tmp_path, capsys):
     assert sniff_kind(out) == "csv" and sniff_kind(out.with_suffix(".md")) == "md"
     assert sniff_kind(out.with_suffix(".dntp.html")) == "html"
     assert sorted(p.name for p in out.parent.iterdir() if not p.name.startswith(".")) == [
-        "r.csv", "r.dntp.html", "r.md"]
+        "plotly.min.js", "r.csv", "r.dntp.html", "r.md"]
 
 
 APPENDER = textwrap.dedent(

@@ -15,6 +15,7 @@ def cmd_bench(args) -> int:
     skipped), then write its markdown summary (``.md``) and dNTP plot (``.dntp.html``) beside it
     and print the summary."""
     from sitelens.bench import dntp_accuracy_figure, run_bench, summary_markdown
+    from sitelens.export import write_figure_html
 
     out = check_output(args.out, "csv")  # the results CSV; the summary goes beside it
     md_path, html_path = out.with_suffix(".md"), out.with_suffix(".dntp.html")
@@ -29,7 +30,7 @@ def cmd_bench(args) -> int:
     md = summary_markdown(df)
     atomic_write_text(md_path, md)
     fig = dntp_accuracy_figure(df)
-    atomic_write_text(html_path, fig.to_html(include_plotlyjs="cdn"))
+    write_figure_html(fig, html_path)  # beside it one shared plotly.min.js: renders offline
     print(md)
     return 0
 
