@@ -78,7 +78,8 @@ from sitelens.tasks import (
 )
 
 if TYPE_CHECKING:  # imported on first access (they load plotly); see __getattr__
-    from sitelens import figures, plotting
+    from sitelens import atlas, figures, plotting
+    from sitelens.atlas import explore
     from sitelens.figures import FigureConfig, make_figures
 
 __version__ = "0.1.0"
@@ -89,6 +90,8 @@ _LAZY = {
     "figures": ("sitelens.figures", None),
     "make_figures": ("sitelens.figures", "make_figures"),
     "FigureConfig": ("sitelens.figures", "FigureConfig"),
+    "atlas": ("sitelens.atlas", None),
+    "explore": ("sitelens.atlas", "explore"),
 }
 
 
@@ -129,6 +132,8 @@ __all__ = [
     # lenses: which heads matter, several answers (α, gradients, ablation, effects, logit
     # attribution) in one table with their intervals and cost
     "head_scores", "HeadScores",
+    # the head atlas in Jupyter (sitelens.atlas; the page: `sitelens atlas`), on first access
+    "explore",
     # bench and figures (the figures names are imported on first access: they load plotly)
     "run_bench", "BenchConfig", "summary_markdown", "make_figures", "FigureConfig",
     # provenance: the version of the numerics that every cached result is keyed on
@@ -137,5 +142,5 @@ __all__ = [
     "SitelensError", "AdapterError", "FitError", "MethodError", "ModelError", "OutputError",
     "PromptTooLongError", "TaskError", "TokenizationError", "UsageError",
     # submodules (plotting and figures imported on first access)
-    "baselines", "lenses", "metrics", "patching", "plotting", "figures",
+    "baselines", "lenses", "metrics", "patching", "plotting", "figures", "atlas",
 ]
