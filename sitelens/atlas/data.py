@@ -213,6 +213,88 @@ def _fast_lenses(model, task, adapter, cfg: AtlasConfig) -> pd.DataFrame:
     return HeadScores.concat(parts).df
 
 
+def _fit_all(model, tasks, cfg: AtlasConfig, cells, log) -> tuple[dict, dict, float]:
+    """``({task: [adapter per seed]}, {skipped task: why}, seconds)``."""
+    from sitelens.errors import SitelensError
+
+    t0 = time.perf_counter()
+    adapters: dict[str, list] = {}
+    skipped: dict[str, str] = {}
+    for i, task in enumerate(tasks):
+        log(f"[{i + 1}/{len(tasks)}] {task.name}")
+        try:
+            adapters[task.name] = [_fit_cached(model, task, s, cfg, cells, log) for s in cfg.seeds]
+        except SitelensError as e:  # e.g. too few training items for the shots: left out, said
+            skipped[task.name] = str(e)
+            log(f"  skipped {task.name}: {e}")
+    return adapters, skipped, time.perf_counter() - t0
+
+
+def _alpha_table(adapters: dict, L: int, H: int) -> pd.DataFrame:
+    """One row per (task, layer, head): mean α over the seeds and its 95% t-interval."""
+    from sitelens.lenses.alpha import interval
+
+    rows = []
+    for tname, ads in adapters.items():
+        A = torch.stack([a.alpha.detach().float().cpu() for a in ads]).numpy()  # [S, L, H]
+        lo, hi = interval(A)
+        layer, head = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
+        rows.append(pd.DataFrame({
+            "task": tname, "layer": layer.ravel(), "head": head.ravel(),
+            "alpha": A.mean(0).ravel(), "ci_low": np.clip(lo, 0, 1).ravel(),
+            "ci_high": np.clip(hi, 0, 1).ravel(), "n_seeds": len(ads)}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def _statistics(sim: pd.DataFrame, transfer: pd.DataFrame, names: list[str], cfg: AtlasConfig
+                ) -> dict:
+    """α similarity vs transfer (raw accuracy in both modes, and relative to zero-shot) and the
+    within- vs between-family test."""
+    from sitelens.analysis import transfer_similarity_correlation
+
+    def corr(mode: str, normalize: str) -> dict:
+        return transfer_similarity_correlation(sim, transfer, mode=mode, normalize=normalize,
+                                               n_perm=cfg.n_perm, seed=cfg.seed)
+
+    return {
+        "similarity_vs_transfer": {m: corr(m, "none") for m in ("alpha", "topk")},
+        "similarity_vs_transfer_zero_shot_normalized": corr("alpha", "zero_shot"),
+        "family_test": family_test(sim, {t: task_family(t) for t in names}, n_perm=cfg.n_perm,
+                                   seed=cfg.seed),
+    }
+
+
+def _tokens_table(model, first: dict, cfg: AtlasConfig) -> pd.DataFrame:
+    from sitelens.lenses.logit_lens import head_logit_lens
+
+    toks = [head_logit_lens(model, ad.embedding, k=cfg.top_tokens).drop(columns=["token_id"])
+            .assign(task=t) for t, ad in first.items()]
+    tokens = pd.concat(toks, ignore_index=True)[["task", "layer", "head", "rank", "token", "logit"]]
+    tokens["logit"] = tokens["logit"].round(3)
+    return tokens
+
+
+def _lens_table(model, tasks, first: dict, cfg: AtlasConfig, cells, lenses) -> pd.DataFrame:
+    """The fast lenses of every task (cached cells) plus the other lenses of ``lenses``."""
+    from sitelens.provenance import task_hash
+
+    cols = ["task", "lens", "layer", "head", "score", "ci_low", "ci_high"]
+    parts = []
+    for task in tasks:
+        ad = first[task.name]
+        p = {"lenses": list(cfg.fast_lenses), "task_hash": task_hash(task),
+             "adapter": ad.meta.get("hyperparameters"), "seed": cfg.seed}
+        parts.append(cells.csv(f"lenses/{task.name}", p,
+                               lambda task=task, ad=ad: _fast_lenses(model, task, ad, cfg)))
+    rows = pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
+    if lenses is not None and len(lenses):
+        extra = lenses[lenses.task.isin(list(first))][cols]
+        rows = pd.concat([rows, extra[~extra.lens.isin(cfg.fast_lenses)]], ignore_index=True)
+    num = ["score", "ci_low", "ci_high"]
+    rows[num] = rows[num].astype(float).map(lambda x: float(f"{x:.4g}"))
+    return rows
+
+
 def build_atlas_data(
     model,
     tasks: Sequence,
@@ -223,13 +305,12 @@ def build_atlas_data(
     log: Callable[[str], None] | None = None,
 ) -> AtlasData:
     """Fit, measure and tabulate one model's atlas (see the module docstring). ``tasks``: loaded
-    :class:`~sitelens.tasks.Task` objects. ``lenses``: optional :class:`HeadScores`-style rows
-    (``task, lens, layer, head, score, ci_low, ci_high``) to carry into the atlas. Every fit and
-    the transfer table are cells under ``cache_dir/{model}`` (a rerun reuses them)."""
-    from sitelens.analysis import transfer_similarity_correlation
-    from sitelens.errors import SitelensError
-    from sitelens.lenses.alpha import interval
-    from sitelens.lenses.logit_lens import head_logit_lens
+    :class:`~sitelens.tasks.Task` objects (a task that cannot be fitted, e.g. too few items for
+    the shots, is left out and named in ``summary["skipped"]``). ``lenses``: optional
+    :class:`HeadScores`-style rows (``task, lens, layer, head, score, ci_low, ci_high``) to carry
+    into the atlas. Every fit, the transfer table and each task's fast lenses are cells under
+    ``cache_dir/{model}`` (a rerun reuses them)."""
+    from sitelens.analysis import alpha_similarity
     from sitelens.models import fingerprint, model_name
     from sitelens.patching import inter_task
     from sitelens.provenance import NUMERICS_VERSION, task_hash
@@ -241,35 +322,12 @@ def build_atlas_data(
     L, H = model.cfg.n_layers, model.cfg.n_heads
     cells = CellStore(Path(cache_dir) / name, log,
                       base={"fingerprint": fingerprint(model), "numerics": NUMERICS_VERSION})
-    t0 = time.perf_counter()
-    adapters: dict[str, list] = {}
-    skipped: dict[str, str] = {}
-    for i, task in enumerate(tasks):
-        log(f"[{i + 1}/{len(tasks)}] {task.name}")
-        try:
-            adapters[task.name] = [_fit_cached(model, task, s, cfg, cells, log) for s in cfg.seeds]
-        except SitelensError as e:  # e.g. too few training items for the shots: left out, said
-            skipped[task.name] = str(e)
-            log(f"  skipped {task.name}: {e}")
+    adapters, skipped, fit_seconds = _fit_all(model, tasks, cfg, cells, log)
     tasks = [t for t in tasks if t.name in adapters]
-    fit_seconds = time.perf_counter() - t0
-
-    rows = []
-    for tname, ads in adapters.items():
-        A = torch.stack([a.alpha.detach().float().cpu() for a in ads]).numpy()  # [S, L, H]
-        lo, hi = interval(A)
-        layer, head = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
-        rows.append(pd.DataFrame({
-            "task": tname, "layer": layer.ravel(), "head": head.ravel(),
-            "alpha": A.mean(0).ravel(), "ci_low": np.clip(lo, 0, 1).ravel(),
-            "ci_high": np.clip(hi, 0, 1).ravel(), "n_seeds": len(ads)}))
-    alpha = pd.concat(rows, ignore_index=True)
-
     names = list(adapters)
+    alpha = _alpha_table(adapters, L, H)
     mean_alpha = {t: torch.tensor(alpha[alpha.task == t].alpha.to_numpy(np.float32)).reshape(L, H)
-                  for t in names}
-    from sitelens.analysis import alpha_similarity
-
+                  for t in names}  # [n_layers, n_heads] each
     sim = alpha_similarity(mean_alpha)["spearman"]
     first = {t: ads[0] for t, ads in adapters.items()}
     params = {"tasks": [[t.name, task_hash(t)] for t in tasks], "seeds": list(cfg.seeds),
@@ -279,48 +337,17 @@ def build_atlas_data(
         model, list(tasks), first, k=min(cfg.k, L * H), limit=cfg.transfer_limit, seed=cfg.seed,
         n_boot=0))
     transfer_seconds = time.perf_counter() - t1
-    corr = {m: transfer_similarity_correlation(sim, transfer, mode=m, normalize=norm,
-                                               n_perm=cfg.n_perm, seed=cfg.seed)
-            for m, norm in (("alpha", "none"), ("topk", "none"))}
-    corr_centred = transfer_similarity_correlation(sim, transfer, mode="alpha",
-                                                   normalize="zero_shot",
-                                                   n_perm=cfg.n_perm, seed=cfg.seed)
-    fam = family_test(sim, {t: task_family(t) for t in names}, n_perm=cfg.n_perm, seed=cfg.seed)
-
-    toks = []
-    for t, ad in first.items():
-        df = head_logit_lens(model, ad.embedding, k=cfg.top_tokens)
-        toks.append(df.drop(columns=["token_id"]).assign(task=t))
-    tokens = pd.concat(toks, ignore_index=True)[["task", "layer", "head", "rank", "token", "logit"]]
-    tokens["logit"] = tokens["logit"].round(3)
-
-    cols = ["task", "lens", "layer", "head", "score", "ci_low", "ci_high"]
     t2 = time.perf_counter()
-    parts = []
-    for task in tasks:
-        ad = first[task.name]
-        p = {"lenses": list(cfg.fast_lenses), "task_hash": task_hash(task),
-             "adapter": ad.meta.get("hyperparameters"), "seed": cfg.seed}
-        parts.append(cells.csv(f"lenses/{task.name}", p,
-                               lambda task=task, ad=ad: _fast_lenses(model, task, ad, cfg)))
-    lens_rows = pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
+    lens_rows = _lens_table(model, tasks, first, cfg, cells, lenses)
     lens_seconds = time.perf_counter() - t2
-    if lenses is not None and len(lenses):
-        extra = lenses[lenses.task.isin(names)][cols]
-        extra = extra[~extra.lens.isin(cfg.fast_lenses)]
-        lens_rows = pd.concat([lens_rows, extra], ignore_index=True)
-    lens_rows[["score", "ci_low", "ci_high"]] = lens_rows[["score", "ci_low", "ci_high"]].astype(
-        float).map(lambda x: float(f"{x:.4g}"))
-
-    data = AtlasData(name, L, H, alpha.round(5), sim.round(5), transfer, tokens, lens_rows)
-    prof = depth_profile(data)
+    data = AtlasData(name, L, H, alpha.round(5), sim.round(5), transfer,
+                     _tokens_table(model, first, cfg), lens_rows)
     data.summary = {
         "config": asdict(cfg), "n_tasks": len(names), "skipped": skipped,
-        "fingerprint": fingerprint(model),
-        "numerics_version": NUMERICS_VERSION,
-        "similarity_vs_transfer": corr, "similarity_vs_transfer_zero_shot_normalized": corr_centred,
-        "family_test": fam, "families": {t: task_family(t) for t in names},
-        "depth_profile": prof.round(5).to_dict(orient="list"),
+        "fingerprint": fingerprint(model), "numerics_version": NUMERICS_VERSION,
+        **_statistics(sim, transfer, names, cfg),
+        "families": {t: task_family(t) for t in names},
+        "depth_profile": depth_profile(data).round(5).to_dict(orient="list"),
         "seconds": {"fits": round(fit_seconds, 1), "transfer": round(transfer_seconds, 1),
                     "fast_lenses": round(lens_seconds, 1)},
         "threads": torch.get_num_threads(),

@@ -56,6 +56,35 @@ def _post_norm(model, layer: int):
     return getattr(model.blocks[layer], "ln1_post", None)
 
 
+def _capture_injected(model, data: LastTokenSet, adapter: SiteAdapter
+                      ) -> tuple[dict[int, Tensor], dict[str, Tensor]]:
+    """One injected forward pass at the last token: each layer's ``z`` before the mix
+    (``{layer: [n, n_heads, d_head]}``) and the norm scales (``{"final" | "post{l}": [n, 1]}``)."""
+    z_pre: dict[int, Tensor] = {}
+    scales: dict[str, Tensor] = {}
+
+    def grab_z(layer: int, mix_fn):
+        def fn(z, hook=None):
+            z_pre[layer] = z[:, -1].detach().float()  # [n, n_heads, d_head]
+            return mix_fn(z, hook)
+        return fn
+
+    def grab_scale(name: str):
+        def fn(x, hook=None):
+            scales[name] = x[:, -1].detach().float()  # [n, 1]
+        return fn
+
+    mix = adapter.mix()
+    L = model.cfg.n_layers
+    hooks = [(z_hook_name(model, layer), grab_z(layer, mix.hook_fn(layer))) for layer in range(L)]
+    hooks.append((act_name("ln_final.scale"), grab_scale("final")))
+    hooks += [(act_name("ln1_post.scale", layer), grab_scale(f"post{layer}"))
+              for layer in range(L) if _post_norm(model, layer) is not None]
+    with torch.no_grad():
+        data.logits(model, hooks)
+    return z_pre, scales
+
+
 def direct_logit_attribution(
     model,
     task: Task,
@@ -80,28 +109,7 @@ def direct_logit_attribution(
     t0 = time.perf_counter()
     with _ForwardPassCounter(model) as passes:
         data = LastTokenSet.build(model, items, adapter.template)
-        z_pre: dict[int, Tensor] = {}
-        scales: dict[str, Tensor] = {}
-
-        def grab_z(layer: int, mix_fn):
-            def fn(z, hook=None):
-                z_pre[layer] = z[:, -1].detach().float()  # [n, n_heads, d_head]
-                return mix_fn(z, hook)
-            return fn
-
-        def grab_scale(name: str):
-            def fn(x, hook=None):
-                scales[name] = x[:, -1].detach().float()  # [n, 1]
-            return fn
-
-        mix = adapter.mix()
-        hooks = [(z_hook_name(model, layer), grab_z(layer, mix.hook_fn(layer))) for layer in range(L)]
-        hooks.append((act_name("ln_final.scale"), grab_scale("final")))
-        for layer in range(L):
-            if _post_norm(model, layer) is not None:
-                hooks.append((act_name("ln1_post.scale", layer), grab_scale(f"post{layer}")))
-        with torch.no_grad():
-            data.logits(model, hooks)
+        z_pre, scales = _capture_injected(model, data, adapter)
     ans_dir = W_U[:, data.answers].T.float()  # [n, d_model]
     g_final = _norm_weight(model.ln_final)
     per_item = []
