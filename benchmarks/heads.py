@@ -23,7 +23,8 @@ rerun when its ``meta.json`` has the same settings hash:
 
 The report (``--report``, also run at the end) writes ``results/heads_exact_vs_fast.{csv,md}``,
 ``results/heads_schedule.{csv,md}``, ``results/heads_agreement.{csv,md}`` and
-``figures/lens_agreement.{png,html}`` (see :mod:`heads_report`).
+``results/heads_lens_agreement.{png,html}`` and per-model figures under ``figures/`` (see
+:mod:`heads_report`).
 """
 
 from __future__ import annotations

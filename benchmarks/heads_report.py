@@ -6,7 +6,7 @@
 - ``results/heads_schedule.{csv,md}``: the intra-task experiment at λ = 0 (top-10 / bottom-10 /
   random-10 α heads, default vs official schedule, over fit seeds), α's seed stability, and the
   top-10 heads of every lens injected with α = 1;
-- ``results/heads_agreement.{csv,md}`` and ``figures/lens_agreement.{png,html,csv}``: Spearman and
+- ``results/heads_agreement.{csv,md}`` and ``results/heads_lens_agreement.{png,html,csv}``: Spearman and
   top-10 Jaccard of every pair of lenses, averaged over tasks (with the spread over tasks);
 - ``figures/{model}/alpha_uncertainty_antonym`` (α over seeds: mean, heads whose interval holds
   0.5 masked, interval width) and ``figures/{model}/lens_maps_antonym`` (every lens, percentile
@@ -258,7 +258,7 @@ def write_report(out: Path, figures: Path, k: int = 10, heatmap_task: str = "ant
     figures.mkdir(parents=True, exist_ok=True)
     w = FigureWriter()
     try:
-        w.write(fig, frame, figures / "lens_agreement")
+        w.write(fig, frame, out / "heads_lens_agreement")  # beside the tables (and their plotly.js)
         for (model, task), u in units.items():
             if task != heatmap_task:
                 continue
@@ -274,6 +274,6 @@ def write_report(out: Path, figures: Path, k: int = 10, heatmap_task: str = "ant
         "# Agreement across lenses", "",
         f"Spearman ρ between the head maps of every pair of lenses, mean ± sd over {len(tasks)} "
         f"tasks (per-task rows with top-{k} Jaccard: `heads_agreement.csv`; figure: "
-        "`figures/lens_agreement.png`).", "",
+        "`heads_lens_agreement.png`).", "",
         _md(mean.round(3)[["model", "lens_a", "lens_b", "spearman_mean", "spearman_sd"]]), ""]))
     print(f"report: {len(units)} units -> {out}")
