@@ -5,8 +5,9 @@
 
 Measures (median of ``--repeats`` fresh pages): file size; ``open_s``, navigation start to the
 page's ``window.atlasReady`` (every view drawn); ``click_s``, a click on a head in the task map
-to the head card showing it (layer 1, head 1); ``pair_s``, a click on a similarity cell to the pair drawn. Writes
-``results/atlas_speed.{csv,md}`` and, with ``--screenshots DIR``, one PNG per view into ``DIR``.
+to the head card showing it (layer 1, head 1); ``pair_s``, a click on a similarity cell to the
+pair drawn. Writes ``results/atlas_speed.{csv,md}`` and, with ``--screenshots DIR``, one PNG per
+view into ``DIR``.
 """
 
 from __future__ import annotations
