@@ -365,3 +365,17 @@ def test_lens_agreement_and_plots():
     unc = alpha_uncertainty(s, lens="a")
     masked = np.asarray(unc.data[0].z, dtype=float)
     assert np.isnan(masked).sum() == int(((m - 0.1 <= 0.5) & (m + 0.1 >= 0.5)).sum())
+
+
+def test_alpha_over_seeds_bootstrap_items_resamples_training_items(tiny_mha, task):
+    """bootstrap_items: each seed trains on its own seeded resample of the training items, so the
+    fits differ from the plain ones and repeat exactly."""
+    cfg = FitConfig(n_examples=8)
+    plain = alpha_over_seeds(tiny_mha, task, seeds=(0,), config=cfg, n_prompts=4, n_shots=2)
+    boot = alpha_over_seeds(tiny_mha, task, seeds=(0,), config=cfg, n_prompts=4, n_shots=2,
+                            bootstrap_items=True)
+    again = alpha_over_seeds(tiny_mha, task, seeds=(0,), config=cfg, n_prompts=4, n_shots=2,
+                             bootstrap_items=True)
+    assert not torch.equal(plain.alphas, boot.alphas)
+    assert torch.equal(boot.alphas, again.alphas)
+    assert json.loads(boot.scores.df.meta[0])["bootstrap_items"] is True
