@@ -113,8 +113,8 @@ PROMPTS = [zero_shot_prompt("abc"), zero_shot_prompt("hgfed")]
 
 
 def test_registry_and_names():
-    assert available_methods() == ["zero-shot", "icl", "site", "fv", "tv", "ltv", "mtv", "i2cl",
-                                   "lora", "ia3"]
+    assert available_methods() == ["zero-shot", "icl", "site", "fv", "tv", "ltv", "sv", "mtv",
+                                   "i2cl", "lora", "ia3"]
     assert get_method("lora", rank=4, name="lora-r4").name == "lora-r4"
     m = TV()
     assert get_method(m) is m

@@ -9,6 +9,7 @@ site       α-mix toward the task embedding         prefill      n_layers · n_h
 fv         Σ top-10 causal heads' mean out → resid prefill      0 (d_model stored)
 tv         mean few-shot state replaces layer ℓ    prefill      0 (d_model stored)
 ltv        ridge W*: h ← h + W* h, final block     prefill      d_model²
+sv         state vector z → heads of first layers  prefill      0 (depth · n_heads · d_head stored)
 mtv        REINFORCE binary head mask, mean z      prefill      n_layers · n_heads
 i2cl       λ, β per layer × {attn, mlp}            all          4 · n_layers
 lora       rank-r q/v updates                      all          n_layers · r · (2 d_model + …)
@@ -33,6 +34,7 @@ from sitelens.baselines.lora import LoRA
 from sitelens.baselines.ltv import LTV, ridge_closed_form
 from sitelens.baselines.mtv import MTV
 from sitelens.baselines.site import SITE
+from sitelens.baselines.sv import SV
 from sitelens.baselines.tv import TV
 from sitelens.baselines.zero_shot import ZeroShot
 from sitelens.errors import MethodError
@@ -44,6 +46,7 @@ METHODS: dict[str, type[Method]] = {
     "fv": FV,
     "tv": TV,
     "ltv": LTV,
+    "sv": SV,
     "mtv": MTV,
     "i2cl": I2CL,
     "lora": LoRA,
@@ -77,7 +80,7 @@ def get_method(method: str | Method, /, **kwargs) -> Method:
 
 
 __all__ = [
-    "FV", "I2CL", "IA3", "ICL", "LTV", "METHODS", "MTV", "SITE", "TV", "FitParts", "Fitted",
+    "FV", "I2CL", "IA3", "ICL", "LTV", "METHODS", "MTV", "SITE", "SV", "TV", "FitParts", "Fitted",
     "HookIntervention", "LoRA", "Method", "ZeroShot", "available_methods", "function_vector",
     "get_method", "head_outputs", "ridge_closed_form",
 ]

@@ -11,7 +11,7 @@ Intervention semantics (``Fitted.scope``):
 - ``"none"``: no hooks (zero-shot, ICL; ICL changes the prompt through ``Fitted.prompt_fn``).
 - ``"prefill"``: the hooks act at the last prompt token, and only on a forward pass whose hooked
   tensor has exactly ``seq_len`` positions (the prompt). A KV-cached decode step (one position) is
-  left alone, so the hooks may stay in place during generation. SITE, FV, TV, LTV, MTV.
+  left alone, so the hooks may stay in place during generation. SITE, FV, TV, LTV, SV, MTV.
 - ``"all"``: the hooks act at every position of every forward pass, decode steps included
   (like a weight change). I2CL, LoRA, (IA)3. Keys and values written to the KV cache during the
   prefill already carry the change; the decode steps must run with the hooks in place too.
