@@ -12,6 +12,11 @@ items are answered greedily from the method's prompts (zero-shot unless the meth
 decode steps by themselves; every-position hooks act on them). Columns: see :data:`COLUMNS`.
 dNTP is against the ``n_shots``-shot ICL distribution of the same queries (same demonstrations as
 the ``icl`` method with the same seed, so its dNTP is exactly 0).
+
+Tasks with a closed label set (:func:`sitelens.labels.label_set`: ``cls/``, ANLI, MMLU-Pro, most of
+BIG-Bench Hard) are also scored by ranking their labels under the method's intervention
+(:mod:`sitelens.labels`): ``label_acc_first``, ``label_acc_full``, ``label_acc_full_norm`` and the
+``chance`` level (mean of 1 / number of labels) beside them; NaN for open-ended tasks.
 """
 
 from __future__ import annotations
@@ -34,8 +39,9 @@ from tqdm.auto import tqdm
 
 from sitelens.baselines import Fitted, Method, get_method
 from sitelens.errors import OutputError, SitelensError
-from sitelens.evaluate import exact_match, greedy_generate
+from sitelens.evaluate import exact_match, greedy_generate, rank_labels
 from sitelens.io import atomic_write, locked
+from sitelens.labels import LabelSet, label_set, nan_mean
 from sitelens.metrics import bootstrap_ci, correlation, dntp_per_item
 from sitelens.models import (
     Encoded,
@@ -65,10 +71,15 @@ SETTINGS = [
 ]
 # ... and what it measured.
 METRICS = [
-    "n", "first_token_acc", "exact_match", "dntp", "trainable_params", "fit_seconds",
+    "n", "first_token_acc", "exact_match", "label_acc_first", "label_acc_full",
+    "label_acc_full_norm", "chance", "dntp", "trainable_params", "fit_seconds",
     "seconds_per_item", "error",
 ]
+LABEL_METRICS = ["label_acc_first", "label_acc_full", "label_acc_full_norm", "chance"]
 COLUMNS = [*SETTINGS, "key", *METRICS]
+# The header of keyed files written before the label metrics existed: read with those columns
+# empty, rewritten with the full header by the first append (rows kept, keys still valid).
+UNLABELLED_COLUMNS = [c for c in COLUMNS if c not in LABEL_METRICS]
 # The header of results files written before rows were keyed on their settings (numerics
 # version 1). Such files are still read; their rows have no key, so they are never reused, and the
 # first append rewrites the file with the full header (old rows kept, new columns empty).
@@ -131,7 +142,7 @@ def read_results(out_csv: str | Path) -> pd.DataFrame:
 
 def _check_header(path: Path, content: bytes) -> list[str]:
     header = content.split(b"\n", 1)[0].decode(errors="replace").strip().split(",")
-    if header not in (COLUMNS, LEGACY_COLUMNS):
+    if header not in (COLUMNS, UNLABELLED_COLUMNS, LEGACY_COLUMNS):
         raise OutputError(
             f"{path} has columns {header}, not the bench columns {COLUMNS}. Use another "
             "out_csv or move the old file away."
@@ -163,15 +174,16 @@ def _csv_text(rows: list[dict], *, header: bool) -> bytes:
 def append_row(out_csv: str | Path, row: dict) -> None:
     """Append one row: under an exclusive lock (:func:`sitelens.io.locked`, so concurrent
     processes lose no rows), the old content + the row go to a temp file renamed over ``out_csv``
-    (a kill leaves either the old or the new file, never a torn line). A legacy-header file is
-    rewritten with the full header first (its rows kept)."""
+    (a kill leaves either the old or the new file, never a torn line). A file with an older
+    header (:data:`LEGACY_COLUMNS`, :data:`UNLABELLED_COLUMNS`) is rewritten with the full header
+    first (its rows kept)."""
     path = Path(out_csv)
     with locked(path):
         old = path.read_bytes() if path.exists() else b""
         if old.strip():
-            if _check_header(path, old) == LEGACY_COLUMNS:
-                legacy = read_results(path).to_dict("records")
-                old = _csv_text(legacy, header=True)
+            if _check_header(path, old) != COLUMNS:
+                older = read_results(path).to_dict("records")
+                old = _csv_text(older, header=True)
             elif not old.endswith(b"\n"):
                 old += b"\n"
             data = old + _csv_text([row], header=False)
@@ -230,9 +242,13 @@ def score_fitted(
     reference: Tensor | None = None,
     template: Template = DEFAULT_TEMPLATE,
     batch_size: int = 16,
+    labels: LabelSet | None = None,
 ) -> dict:
     """First-token accuracy, exact match, dNTP (if ``reference`` ICL logits are given) and seconds
-    per item of a fitted method on ``items``, plus per-item ``dntp_items`` and ``correct``."""
+    per item of a fitted method on ``items``, plus per-item ``dntp_items`` and ``correct``; with
+    ``labels``, the label-ranking accuracies and chance level (:data:`LABEL_METRICS`; NaN
+    without), ranked under the same intervention and prompts (not counted in
+    ``seconds_per_item``)."""
     prompts = fitted.prompts(items, template)
     answers = answer_token_ids(model, [ex.output for ex in items], template)
     n_tok = [len(token_ids(model, template.answer_prefix + ex.output)) for ex in items]
@@ -261,6 +277,25 @@ def score_fitted(
         "seconds_per_item": seconds / max(1, len(items)),
         "dntp_items": kl,
         "correct": correct,
+        **label_metrics(model, items, prompts, fitted, labels, template=template,
+                        batch_size=batch_size),
+    }
+
+
+def label_metrics(model, items: Sequence[Example], prompts: list[str], fitted: Fitted,
+                  labels: LabelSet | None, *, template: Template, batch_size: int) -> dict:
+    """The :data:`LABEL_METRICS` of a fitted method: means over items of its label ranks
+    (:func:`sitelens.evaluate.rank_labels`, under ``fitted.intervention``) and of 1 / n_labels;
+    all NaN when ``labels`` is None."""
+    if labels is None:
+        return dict.fromkeys(LABEL_METRICS, float("nan"))
+    cols = rank_labels(model, items, prompts, labels, intervention=fitted.intervention,
+                       template=template, batch_size=batch_size)
+    return {
+        "label_acc_first": nan_mean(c["label_rank_first"] for c in cols),
+        "label_acc_full": nan_mean(c["label_rank_full"] for c in cols),
+        "label_acc_full_norm": nan_mean(c["label_rank_full_norm"] for c in cols),
+        "chance": nan_mean(c["chance"] for c in cols),
     }
 
 
@@ -373,6 +408,7 @@ def _run_cells(model, task: Task, pending: list, out_csv, bar, cfg: BenchConfig)
                                      template=cfg.template, batch_size=cfg.batch_size)
     except SitelensError as e:
         reference, ref_error = None, f"dntp: {e}"
+    labels = label_set(task)
     for method, settings, key in pending:
         row = dict(settings, key=key, n=len(items))
         t0 = time.perf_counter()
@@ -380,16 +416,16 @@ def _run_cells(model, task: Task, pending: list, out_csv, bar, cfg: BenchConfig)
             fitted = method.fit(model, task, seed=cfg.seed, template=cfg.template)
             fit_seconds = time.perf_counter() - t0
             res = score_fitted(model, task, items, fitted, reference=reference,
-                               template=cfg.template, batch_size=cfg.batch_size)
+                               template=cfg.template, batch_size=cfg.batch_size, labels=labels)
             row.update({k: res[k] for k in ("first_token_acc", "exact_match", "dntp",
-                                             "seconds_per_item")})
+                                             "seconds_per_item", *LABEL_METRICS)})
             row.update(trainable_params=fitted.n_params, fit_seconds=fit_seconds,
                        error=ref_error)
         except SitelensError as e:
             nan = float("nan")
             row.update(first_token_acc=nan, exact_match=nan, dntp=nan, trainable_params=nan,
                        fit_seconds=time.perf_counter() - t0, seconds_per_item=nan,
-                       error=f"{type(e).__name__}: {e}")
+                       error=f"{type(e).__name__}: {e}", **dict.fromkeys(LABEL_METRICS, nan))
         append_row(out_csv, row)
         bar.update(1)
 
@@ -400,7 +436,8 @@ def _run_cells(model, task: Task, pending: list, out_csv, bar, cfg: BenchConfig)
 
 def summary_table(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Per (model, method), means over tasks: first_token_acc, exact_match (with a bootstrap 95%
-    CI over tasks), dntp, trainable_params, fit_seconds, seconds_per_item, n_tasks."""
+    CI over tasks), dntp, trainable_params, fit_seconds, seconds_per_item, n_tasks; and the label
+    metrics (:data:`LABEL_METRICS`) over the tasks that have them (``n_label_tasks``)."""
     rows = []
     ok = df[pd.to_numeric(df["exact_match"], errors="coerce").notna()]  # failed cells left out
     for (model, method), g in ok.groupby(["model", "method"], sort=False):
@@ -417,8 +454,17 @@ def summary_table(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> pd.
             "trainable_params": g["trainable_params"].median(),
             "fit_seconds": g["fit_seconds"].mean(),
             "seconds_per_item": g["seconds_per_item"].mean(),
+            "n_label_tasks": int(_numeric(g, "chance").notna().sum()),
+            **{m: nan_mean(_numeric(g, m)) for m in LABEL_METRICS},
         })
     return pd.DataFrame(rows)
+
+
+def _numeric(df: pd.DataFrame, column: str) -> pd.Series:
+    """``df[column]`` as numbers (NaN where empty or absent: tables from before the column)."""
+    if column not in df.columns:
+        return pd.Series(float("nan"), index=df.index)
+    return pd.to_numeric(df[column], errors="coerce")
 
 
 def dntp_accuracy_correlation(
@@ -458,7 +504,8 @@ def _fmt_int(x) -> str:
 
 
 def summary_markdown(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> str:
-    """One markdown section per model: a row per method (means over tasks) and the dNTP–accuracy
+    """One markdown section per model: a row per method (means over tasks), the label-ranking
+    table where some tasks have a closed label set (with the chance level), and the dNTP–accuracy
     correlation across cells."""
     table = summary_table(df, n_boot=n_boot, seed=seed)
     corr = dntp_accuracy_correlation(df)
@@ -478,6 +525,7 @@ def summary_markdown(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> 
                 f"{_fmt(r.dntp)} | {_fmt_int(r.trainable_params)} | {_fmt(r.fit_seconds, 1)} | "
                 f"{_fmt(r.seconds_per_item, 3)} |"
             )
+        lines += _label_lines(g)
         c = corr.get(model)
         if c is not None:
             lines += ["", f"dNTP vs exact match across {c['n_cells']} (task, method) cells "
@@ -492,6 +540,21 @@ def summary_markdown(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> 
                       + "; ".join(f"{r.task}/{r.method}" for r in failed.itertuples()) + "."]
         parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"
+
+
+def _label_lines(g: pd.DataFrame) -> list[str]:
+    """The label-ranking table of one model's :func:`summary_table` rows (none when no task has a
+    closed label set)."""
+    if not (g["n_label_tasks"] > 0).any():
+        return []
+    lines = ["", "Label ranking, over the tasks with a closed label set (chance: mean of "
+                 "1 / number of labels):", "",
+             "| method | tasks | first-token rank | full-label rank | length-normalized | chance |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in g.itertuples():
+        lines.append(f"| {r.method} | {r.n_label_tasks} | {_fmt(r.label_acc_first)} | "
+                     f"{_fmt(r.label_acc_full)} | {_fmt(r.label_acc_full_norm)} | {_fmt(r.chance)} |")
+    return lines
 
 
 def dntp_accuracy_figure(df: pd.DataFrame, *, accuracy: str = "exact_match"):

@@ -1,7 +1,11 @@
-"""Evaluation: greedy generation under an intervention, first-token and exact-match scoring.
+"""Evaluation: greedy generation under an intervention, first-token and exact-match scoring, and
+label ranking for tasks with a closed label set.
 
 Methods: ``zero-shot``, ``icl`` (k-shot, demonstrations from train) and ``site`` (zero-shot prompt,
 adapter injected once at the last prompt token during prefill). Results are per-item DataFrames.
+Tasks with a closed label set (:func:`sitelens.labels.label_set`: classification, multiple choice)
+are also scored by ranking their labels under the same intervention (:mod:`sitelens.labels`), with
+the chance level beside each item.
 
 Two protocols (:class:`Protocol`) decide how answers are formatted, generated and scored:
 ``default`` (sitelens's own) and ``official`` (the public SITE code's, for parity with the paper).
@@ -19,6 +23,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from sitelens.injection import HeadMix, apply_hooks
+from sitelens.labels import LABEL_COLUMNS, LabelSet, label_columns, label_set, nan_mean, score_labels
 from sitelens.models import (
     Encoded,
     encode,
@@ -34,6 +39,7 @@ from sitelens.tasks import (
     Task,
     Template,
     answer_token_ids,
+    check_labels,
     few_shot_prompts,
     zero_shot_prompt,
 )
@@ -231,9 +237,13 @@ def run_method(
     template: Template = DEFAULT_TEMPLATE,
     max_new_tokens: int | None = None,
     protocol: str | Protocol | None = None,
+    labels: LabelSet | None = None,
 ) -> pd.DataFrame:
     """Generate for each prompt and score it. One row per item. ``protocol`` sets the generation
-    length and the scoring (the caller builds ``prompts`` and ``template`` for it)."""
+    length and the scoring (the caller builds ``prompts`` and ``template`` for it). With
+    ``labels``, each item is also scored by ranking its labels under the same intervention
+    (:data:`sitelens.labels.LABEL_COLUMNS`; ``label_seconds_per_item`` is their cost, apart from
+    ``seconds_per_item``, the generation's)."""
     proto = get_protocol(protocol)
     official = proto.scoring == "official"
     answers = answer_token_ids(model, [ex.output for ex in items], template)
@@ -270,7 +280,42 @@ def run_method(
     seconds = time.perf_counter() - t0
     df = pd.DataFrame([rows[i] for i in range(len(items))])
     df["seconds_per_item"] = seconds / max(1, len(items))
+    if labels is not None:
+        t0 = time.perf_counter()
+        cols = rank_labels(model, items, prompts, labels, intervention=intervention,
+                           template=template, batch_size=batch_size)
+        for c in LABEL_COLUMNS:
+            df[c] = [row[c] for row in cols]
+        df["label_seconds_per_item"] = (time.perf_counter() - t0) / max(1, len(items))
     return df
+
+
+def rank_labels(
+    model, items: Sequence[Example], prompts: list[str], labels: LabelSet, *, intervention=None,
+    template: Template = DEFAULT_TEMPLATE, batch_size: int = 16,
+) -> list[dict]:
+    """Per item, the label-ranking columns (:func:`sitelens.labels.label_columns`) of its prompt
+    under ``intervention``, pinned to each prompt batch as in generation
+    (:func:`intervention_hooks`)."""
+    sets = [labels.for_item(ex) for ex in items]
+    scores = score_labels(model, prompts, sets, template=template, batch_size=batch_size,
+                          hooks_for=lambda seq_len: intervention_hooks(model, intervention, seq_len))
+    return [label_columns(s, ex.output) for s, ex in zip(scores, items)]
+
+
+def resolve_labels(task: Task, labels) -> LabelSet | None:
+    """``labels`` of :func:`evaluate` as a :class:`~sitelens.labels.LabelSet`: ``"auto"`` detects
+    the task's (:func:`sitelens.labels.label_set`; None for an open-ended task), None / False
+    switches label ranking off, a sequence of strings is the label set itself."""
+    if labels is None or labels is False:
+        return None
+    if isinstance(labels, LabelSet):
+        return labels
+    if isinstance(labels, str):
+        if labels != "auto":
+            raise ValueError(f"labels must be 'auto', None, a LabelSet or a list of labels, got {labels!r}.")
+        return label_set(task)
+    return LabelSet(check_labels(list(labels), "evaluate(labels=...)"), source="given")
 
 
 METHODS = ("zero-shot", "icl", "site")
@@ -290,20 +335,25 @@ def evaluate(
     template: Template | None = None,
     interventions: dict | None = None,
     protocol: str | Protocol | None = None,
+    labels: str | LabelSet | Sequence[str] | None = "auto",
 ) -> pd.DataFrame:
     """Evaluate methods on a split. ``interventions`` maps extra method names to interventions
     applied on zero-shot prompts (a :class:`HeadMix` or a ``(model, seq_len) -> hooks`` callable).
     ``protocol``: ``"default"``, ``"official"`` or a :class:`Protocol`; ``None`` takes the
     adapter's (``adapter.meta["protocol"]``, written by an official fit), else the default. It also
     sets the template's digit formatting (demonstrations, answer tokens).
+    ``labels``: ``"auto"`` (default) ranks the labels of a task with a closed label set
+    (:func:`sitelens.labels.label_set`), None skips it, a list gives the labels (:func:`resolve_labels`).
     Returns the per-item DataFrame (columns: task, method, input, target, prediction,
-    first_token_correct, correct, seconds_per_item)."""
+    first_token_correct, correct, seconds_per_item; with labels also n_labels, chance,
+    label_pred, label_rank_first, label_rank_full, label_rank_full_norm, label_seconds_per_item)."""
     if protocol is None and adapter is not None:
         protocol = adapter.meta.get("protocol")
     proto = get_protocol(protocol)
     template = template or (adapter.template if adapter is not None else DEFAULT_TEMPLATE)
     template = replace(template, bare_digits=proto.bare_digits)
     items = task.split(split)[:limit] if limit else task.split(split)
+    label_space = resolve_labels(task, labels)
     zs = [zero_shot_prompt(ex.input, template) for ex in items]
     frames = []
     extra = dict(interventions or {})
@@ -328,21 +378,31 @@ def evaluate(
             )
         frames.append(
             run_method(model, task, items, method, prompts=prompts, intervention=inter,
-                       batch_size=batch_size, template=template, protocol=proto)
+                       batch_size=batch_size, template=template, protocol=proto, labels=label_space)
         )
     return pd.concat(frames, ignore_index=True)
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (task,) method: first_token_acc, exact_match, n, seconds_per_item."""
+    """Per (task,) method: first_token_acc, exact_match, n, seconds_per_item; where the rows carry
+    label ranks, also label_acc_first (over the items where it is defined), label_acc_full,
+    label_acc_full_norm and chance (the mean of 1 / n_labels)."""
     keys = [k for k in ("model", "task", "method") if k in df.columns]
     g = df.groupby(keys, sort=False)
-    return g.agg(
+    aggs = dict(
         first_token_acc=("first_token_correct", "mean"),
         exact_match=("correct", "mean"),
         n=("correct", "size"),
         seconds_per_item=("seconds_per_item", "first"),
-    ).reset_index()
+    )
+    if "label_rank_full" in df.columns:
+        aggs.update(
+            label_acc_first=("label_rank_first", nan_mean),
+            label_acc_full=("label_rank_full", nan_mean),
+            label_acc_full_norm=("label_rank_full_norm", nan_mean),
+            chance=("chance", nan_mean),
+        )
+    return g.agg(**aggs).reset_index()
 
 
 def first_token_accuracy(model, prompts: list[str], answers: list[int], intervention=None,

@@ -59,11 +59,14 @@ def settings_hash(obj: Any, n: int = 12) -> str:
 
 
 def task_hash(task) -> str:
-    """Hash of a task's name, splits (every input and output, in order) and case rule."""
+    """Hash of a task's name, splits (every input and output, in order), case rule and, when the
+    task defines them, its labels (a task without labels hashes as before labels existed)."""
+    labels = getattr(task, "labels", None)
     return settings_hash({
         "name": task.name,
         "case_sensitive": task.case_sensitive,
         **{s: [[ex.input, ex.output] for ex in getattr(task, s)] for s in ("train", "valid", "test")},
+        **({"labels": list(labels)} if labels else {}),
     })
 
 

@@ -89,7 +89,9 @@ class Task:
     """A named task with train/valid/test lists of :class:`Example`.
 
     ``case_sensitive`` makes exact-match scoring compare case; it is switched on for tasks whose
-    name contains ``capitalize``, ``lowercase`` or ``uppercase``."""
+    name contains ``capitalize``, ``lowercase`` or ``uppercase``. ``labels``: the task's closed
+    label set, when it defines one (``labels.json`` in an FV-layout directory); otherwise
+    :func:`sitelens.labels.label_set` detects one from the outputs."""
 
     name: str
     train: list[Example]
@@ -97,10 +99,13 @@ class Task:
     test: list[Example]
     source: str = ""
     case_sensitive: bool = field(default=False)
+    labels: tuple[str, ...] | None = None
 
     def __post_init__(self):
         if not self.case_sensitive:
             self.case_sensitive = any(m in self.name.lower() for m in CASE_SENSITIVE_MARKERS)
+        if self.labels is not None:
+            self.labels = check_labels(self.labels, self.name)
 
     def split(self, name: str) -> list[Example]:
         if name not in ("train", "valid", "test"):
@@ -112,6 +117,17 @@ class Task:
             f"Task({self.name!r}, train={len(self.train)}, valid={len(self.valid)}, "
             f"test={len(self.test)})"
         )
+
+
+def check_labels(labels, where: str) -> tuple[str, ...]:
+    """``labels`` as a tuple of at least two distinct non-empty strings, or a :class:`TaskError`."""
+    if not isinstance(labels, (list, tuple)) or not all(isinstance(x, str) and x.strip() for x in labels):
+        raise TaskError(f"{where}: labels must be a list of non-empty strings, got {labels!r}.")
+    labels = tuple(labels)
+    if len(set(labels)) != len(labels) or len(labels) < 2:
+        raise TaskError(f"{where}: labels must be at least two distinct strings, got {list(labels)}; "
+                        "remove the repeats, or drop labels.json to detect them from the outputs.")
+    return labels
 
 
 # ----------------------------------------------------------------------------------------------
@@ -215,13 +231,22 @@ def load_task(spec: str | Path, *, seed: int = 0, dedupe: bool = False) -> Task:
         splits = {}
         for s in ("train", "valid", "test"):
             f = path / f"{s}.json"
+            if not f.exists() and (tasks := collection_dirs(path)):
+                raise TaskError(
+                    f"{path} is a collection of {len(tasks)} tasks ({tasks[0].name}, ...), not one "
+                    f"task; load them all with load_collection({str(path)!r}) (command line: "
+                    f"--tasks-dir {path}), or give one of its folders."
+                )
             if not f.exists():
                 raise TaskError(
                     f"{path} is not an FV-layout task directory: missing {s}.json (expected "
                     "train.json, valid.json, test.json)."
                 )
             splits[s] = _parse_items(_read_json(f), str(f), dedupe=dedupe)
-        return Task(path.name, splits["train"], splits["valid"], splits["test"], source=str(path))
+        labels_file = path / "labels.json"
+        labels = check_labels(_read_json(labels_file), str(labels_file)) if labels_file.exists() else None
+        return Task(path.name, splits["train"], splits["valid"], splits["test"], source=str(path),
+                    labels=labels)
     if path.suffix == ".json" and path.is_file():
         items = _parse_items(_read_json(path), str(path), dedupe=dedupe)
         train, valid, test = split_examples(items, seed=seed)
@@ -239,6 +264,29 @@ def load_task(spec: str | Path, *, seed: int = 0, dedupe: bool = False) -> Task:
         + (f" Did you mean: {', '.join(close)}?" if close else "")
         + f" Built-in tasks: {', '.join(names)}."
     )
+
+
+def collection_dirs(root: str | Path) -> list[Path]:
+    """The FV-layout task folders directly under ``root`` (those holding a ``train.json``),
+    sorted by name: the tasks of a collection such as ``../shared/datasets/cls`` (README and
+    licence files beside them are skipped)."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if (p / "train.json").is_file()), key=lambda p: p.name)
+
+
+def load_collection(root: str | Path, *, dedupe: bool = False) -> list[Task]:
+    """Every task of a collection directory (:func:`collection_dirs`), each loaded by
+    :func:`load_task` with its own splits and, where the folder has one, its ``labels.json``."""
+    dirs = collection_dirs(root)
+    if not dirs:
+        raise TaskError(
+            f"{root} holds no task folder (TASK/train.json, TASK/valid.json, TASK/test.json); "
+            "give the directory that holds one FV-layout folder per task, e.g. "
+            "../shared/datasets/cls."
+        )
+    return [load_task(d, dedupe=dedupe) for d in dirs]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -31,17 +31,27 @@ def cmd_fit(args) -> int:
 
 
 def _summary_json(summary) -> str:
-    """``{method: {"first_token_acc", "exact_match", "n", "seconds_per_item"}}`` as one line."""
+    """``{method: {"first_token_acc", "exact_match", "n", "seconds_per_item"}}`` as one line, plus
+    ``label_acc_first``, ``label_acc_full``, ``label_acc_full_norm`` and ``chance`` for a task with
+    a closed label set (None where undefined)."""
+    labelled = [c for c in ("label_acc_first", "label_acc_full", "label_acc_full_norm", "chance")
+                if c in summary.columns]
     obj = {
         r.method: {
             "first_token_acc": round(float(r.first_token_acc), 4),
             "exact_match": round(float(r.exact_match), 4),
             "n": int(r.n),
             "seconds_per_item": round(float(r.seconds_per_item), 5),
+            **{c: _rounded(getattr(r, c)) for c in labelled},
         }
         for r in summary.itertuples()
     }
     return json.dumps(obj)
+
+
+def _rounded(x) -> float | None:
+    """A float rounded to 4 places; None for NaN (JSON has no NaN)."""
+    return None if x is None or x != x else round(float(x), 4)
 
 
 def _with_settings(df, model, task, adapter, args):

@@ -54,12 +54,13 @@ def _tasks_dir_specs(tasks_dir: str, abstractive: bool) -> list[str]:
     """The FV-layout task folders under ``--tasks-dir`` (only the abstractive ones with
     ``--abstractive``)."""
     from sitelens.errors import TaskError
+    from sitelens.tasks import collection_dirs
 
     root = Path(tasks_dir)
     if not root.is_dir():
         raise TaskError(f"--tasks-dir {root} is not a directory; give the directory that holds "
                         "one FV-layout folder (TASK/train.json, ...) per task.")
-    names = sorted(p.name for p in root.iterdir() if (p / "train.json").exists())
+    names = [p.name for p in collection_dirs(root)]
     if abstractive:
         from sitelens.bench import FV_EXTRACTIVE
 
@@ -70,16 +71,33 @@ def _tasks_dir_specs(tasks_dir: str, abstractive: bool) -> list[str]:
     return [str(root / n) for n in names]
 
 
+def _expand_collections(specs: list[str]) -> list[str]:
+    """Each spec, with a collection directory (task folders inside, no ``train.json`` of its
+    own, e.g. ``../shared/datasets/cls``) replaced by its task folders."""
+    from sitelens.tasks import collection_dirs
+
+    out = []
+    for spec in specs:
+        path = Path(spec).expanduser()
+        try:
+            inner = [] if (path / "train.json").exists() else collection_dirs(path)
+        except OSError:  # e.g. a name too long for a path: load_task_checked reports it
+            inner = []
+        out += [str(p) for p in inner] or [spec]
+    return out
+
+
 def bench_tasks(args) -> list:
-    """The tasks of ``sitelens bench``: ``--tasks`` (space- or comma-separated) and the folders
-    of ``--tasks-dir``, loaded with ``dedupe=True``; the list :func:`validate` kept, if it ran."""
+    """The tasks of ``sitelens bench``: ``--tasks`` (space- or comma-separated; a collection
+    directory stands for all of its task folders) and the folders of ``--tasks-dir``, loaded with
+    ``dedupe=True``; the list :func:`validate` kept, if it ran."""
     from sitelens.errors import TaskError
 
     if getattr(args, "_tasks", None) is not None:  # loaded by validate
         return args._tasks
     if args.abstractive and not args.tasks_dir:
         raise UsageError("--abstractive selects among the tasks of --tasks-dir; give --tasks-dir DIR.")
-    specs = [t for arg in args.tasks for t in arg.split(",") if t]  # a/{x,y} or a/x,a/y
+    specs = _expand_collections([t for arg in args.tasks for t in arg.split(",") if t])  # a/{x,y}
     if args.tasks_dir:
         specs += _tasks_dir_specs(args.tasks_dir, args.abstractive)
     if not specs:
