@@ -43,6 +43,7 @@ from sitelens.evaluate import (
     summarize,
 )
 from sitelens.injection import HeadMix, apply_hooks, head_mask
+from sitelens.labels import LabelSet, label_set
 from sitelens.lenses import HeadScores, head_scores
 from sitelens.metrics import bootstrap_ci, dntp
 from sitelens.models import (
@@ -63,6 +64,7 @@ from sitelens.patching import (
     transfer_similarity_correlation,
 )
 from sitelens.provenance import NUMERICS_VERSION
+from sitelens.regression import regression_mse, regression_task
 from sitelens.site import FitConfig, SiteAdapter, fit_alpha, fit_site, task_embedding
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,
@@ -72,6 +74,7 @@ from sitelens.tasks import (
     answer_token_id,
     builtin_tasks,
     few_shot_prompts,
+    load_collection,
     load_task,
     task_from_pairs,
     zero_shot_prompt,
@@ -117,13 +120,17 @@ __all__ = [
     "fingerprint", "encode", "z_hook_name", "enable_fast_attention", "fast_attention_enabled",
     # tasks: splits, prompt templates, prompts, answer tokens
     "Task", "Example", "Template", "DEFAULT_TEMPLATE", "builtin_tasks", "load_task",
-    "task_from_pairs", "few_shot_prompts", "zero_shot_prompt", "answer_token_id",
+    "load_collection", "task_from_pairs", "few_shot_prompts", "zero_shot_prompt", "answer_token_id",
+    # in-context regression tasks (linear / ReLU, seeded) and their mean squared error
+    "regression_task", "regression_mse",
     # SITE: stage 1 (task embedding), stage 2 (α), the adapter, the intervention primitive
     "task_embedding", "fit_alpha", "FitConfig", "fit_site", "SiteAdapter",
     "HeadMix", "apply_hooks", "head_mask",
     # evaluation: generation, scoring, protocols, metrics
     "evaluate", "summarize", "greedy_generate", "last_logits", "exact_match", "Protocol",
     "dntp", "bootstrap_ci",
+    # closed label sets (classification, multiple choice): ranked labels and the chance level
+    "label_set", "LabelSet",
     # baselines: one Method per approach, fitted into a Fitted intervention
     "Method", "Fitted", "HookIntervention", "available_methods", "get_method",
     # patching and analysis: intra / inter-task patching, per-head causal effects, α statistics

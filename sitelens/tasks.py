@@ -3,7 +3,9 @@
 A task comes from the built-in suite (``sitelens/data/tasks/*.json``), from an FV-layout directory
 ``TASK/{train,valid,test}.json``, or from one JSON file of pairs (:func:`load_task`), or from a
 list of pairs in Python (:func:`task_from_pairs`); the suite, files and lists are split 70/10/20
-with a seed, FV-layout directories keep their own splits.
+with a seed, FV-layout directories keep their own splits. A collection — a directory of FV-layout
+task folders such as ``../shared/datasets/cls`` — loads with :func:`load_collection`. An FV-layout
+directory may also hold ``labels.json``, the task's closed label set (:mod:`sitelens.labels`).
 
 Prompts: :func:`zero_shot_prompt` (the query alone), :func:`few_shot_prompts` (demonstrations from
 the train split, never the query itself), :func:`embedding_prompts` (stage 1's few-shot prompts),
