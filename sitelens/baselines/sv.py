@@ -46,9 +46,10 @@ The choices, pinned to the paper and its released code (github.com/HITsz-TMG/ICL
 - **how many demonstrations**: ``n_shots = 10``, the paper's demonstration count, one prompt
   (``n_prompts = 1``) as in the paper's runs;
 - **inner window** ``7`` and **momentum** over ``5`` gradients with ``β = 0.5``, ``step = 1``:
-  the released configuration (the last 7 states of 10 demonstrations + the query are averaged;
-  the 5 newest demonstration gradients are weighted 16 : 8 : 4 : 2 : 1, normalized — a geometric
-  decay by 0.5 per step back — and added with step size 1).
+  the released configuration (``fix-one-step`` in ``optimizer.py``: the last 7 of the 11 states —
+  the last 6 demonstrations' and the query's — are averaged; the 5 newest demonstration gradients
+  are weighted 16 : 8 : 4 : 2 : 1, normalized — a geometric decay by 0.5 per step back, the
+  newest weighted most — and added with step size 1).
 
 Trainable parameters: 0 (an average of activations and a depth chosen on valid);
 ``depth · n_heads · d_head`` stored numbers.
