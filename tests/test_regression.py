@@ -123,3 +123,17 @@ def test_mse_checks_its_input():
         regression_mse(["1"], ["1"], fallback=float("nan"))
     empty = regression_mse([], [], fallback=0.0)
     assert empty.n == 0 and math.isnan(empty.mse)
+
+
+def test_evaluate_then_mse_on_a_tiny_model():
+    """The tasks run through evaluate() like any other (numbers are an open range: no label
+    ranking), and its predictions score with regression_mse."""
+    from sitelens.evaluate import evaluate
+    from sitelens.models import tiny_model
+
+    task = regression_task("relu", n_train=12, n_valid=3, n_test=4, dim=2, seed=0)
+    df = evaluate(tiny_model(), task, methods=["zero-shot", "icl"], n_shots=3, limit=4)
+    assert "chance" not in df.columns and len(df) == 8
+    for _, g in df.groupby("method"):
+        score = regression_mse(g["prediction"].tolist(), g["target"].tolist(), fallback=train_mean(task))
+        assert score.n == 4 and math.isfinite(score.mse) and 0 <= score.n_unparsed <= 4
