@@ -51,6 +51,7 @@ BASE = {
               "--out", "h.csv"],
     "figures": ["figures", "--models", "tiny-random", "--tasks", "antonym,first_letter",
                 "--out", "figs"],
+    "atlas": ["atlas", "--out", "a.html", "--refit", "--tasks-dir", "."],
 }
 
 
@@ -231,13 +232,16 @@ OPTIONS = {
                 ("--n-examples", "pos"), ("--n-prompts", "pos"), ("--n-shots", "pos"),
                 ("--effect-prompts", "pos"), ("--n-random-seeds", "pos"), ("--n-boot", "pos"),
                 ("--seed", "seed"), ("--threads", "threads")],
+    "atlas": [("--models", "models"), ("--seeds", "pos"), ("--seed", "seed"), ("--limit", "pos"),
+              ("--threads", "threads")],
 }
 # path options: explicit cases below (test_bad_paths)
 PATH_OPTIONS = {("fit", "--out"), ("eval", "--items"), ("eval", "--adapter"), ("bench", "--out"),
                 ("bench", "--tasks-dir"), ("patch intra", "--adapter"), ("patch intra", "--out"),
                 ("patch inter", "--adapters"), ("patch inter", "--out"),
                 ("patch effects", "--adapter"), ("patch effects", "--out"), ("heads", "--adapter"),
-                ("heads", "--out"), ("figures", "--out")}
+                ("heads", "--out"), ("figures", "--out"), ("atlas", "--out"), ("atlas", "--data"),
+                ("atlas", "--tasks-dir"), ("atlas", "--cache-dir")}
 
 
 def _subparsers():
@@ -440,6 +444,21 @@ PATHS = [
     ("heads-adapter-missing", BASE["heads"] + ["--adapter", "nope"], ["is not an adapter directory"],
      None),
     ("heads-adapter-corrupted", BASE["heads"] + ["--adapter", "ad"], ["is corrupted"], _bad_adapter),
+    ("atlas-no-tables", ["atlas", "--out", "a.html", "--data", "none"],
+     ["No atlas tables", "sitelens atlas --refit"], None),
+    ("atlas-model-without-tables", ["atlas", "--out", "a.html", "--data", "d", "--models",
+                                    "tiny-random"], ["No atlas tables for tiny-random"], _dir("d")),
+    ("atlas-out-not-html", ["atlas", "--out", "a.csv", "--data", "d"], ["must be a html file"],
+     _file("d/m/summary.json", "{}")),
+    ("atlas-out-is-dir", BASE["atlas"] + ["--out", "a.html"], ["is a directory"], _dir("a.html")),
+    ("atlas-out-empty", BASE["atlas"] + ["--out", ""], ["--out is empty"], None),
+    ("atlas-tasks-dir-missing", BASE["atlas"] + ["--tasks-dir", "nope"],
+     ["--tasks-dir nope is not a directory"], None),
+    ("atlas-cache-dir-blocked", BASE["atlas"] + ["--cache-dir", "f.txt/c"], ["f.txt is a file"],
+     _file("f.txt")),
+    ("atlas-data-blocked", BASE["atlas"] + ["--data", "f.txt"], ["--data"], _file("f.txt")),
+    ("atlas-seed-range", BASE["atlas"] + ["--seed", "4294967295", "--seeds", "2"],
+     ["beyond 4294967295"], None),
 ]
 
 

@@ -376,7 +376,7 @@ def _add_atlas(sub) -> None:
     p.add_argument("--tasks-dir", default="../shared/datasets/fv",
                    help="FV-layout task folders for --refit (SmolLM2: all, Gemma: abstractive)")
     p.add_argument("--seeds", type=POSITIVE_INT, default=1, help="SITE fits per task with --refit")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--limit", type=POSITIVE_INT, default=20,
                    help="test items per target task in the transfer measurement (--refit)")
     p.add_argument("--cache-dir", default="runs/atlas", help="cached fits of --refit")

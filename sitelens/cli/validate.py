@@ -106,7 +106,7 @@ def bench_tasks(args) -> list:
 
 
 def _check_path_args(args) -> None:
-    for option in ("out", "items", "adapter", "tasks_dir"):
+    for option in ("out", "items", "adapter", "tasks_dir", "data", "cache_dir"):
         value = getattr(args, option, None)
         if value is not None:
             check_path_arg(value, "--" + option.replace("_", "-"))
@@ -253,6 +253,12 @@ def check_atlas_options(args) -> None:
         if not Path(args.tasks_dir).is_dir():
             raise TaskError(f"--tasks-dir {args.tasks_dir} is not a directory; pass the FV-layout "
                             "task folders, e.g. --tasks-dir ../shared/datasets/fv.")
+        last = args.seed + args.seeds - 1
+        if last > 2**32 - 1:
+            raise UsageError(f"--seed {args.seed} with --seeds {args.seeds} runs up to seed {last}, "
+                             "beyond 4294967295; use a smaller --seed or fewer --seeds.")
+        check_dir(args.cache_dir, option="--cache-dir")
+        check_dir(args.data, option="--data")
         return
     root = Path(args.data)
     wanted = split_csv(args.models) or ([p.name for p in root.iterdir() if p.is_dir()]
