@@ -13,16 +13,20 @@ from sitelens.atlas import AtlasConfig, AtlasData, build_atlas_data, build_atlas
 from sitelens.atlas.data import depth_profile, family_test, task_family
 from sitelens.atlas.views import head_card, overview, pair_view, task_map
 from sitelens.cli import main
-from sitelens.models import tiny_model
+from sitelens.models import has_hooked_transformer, tiny_model
 from sitelens.tasks import load_task
 
 TASKS = ("antonym", "synonym", "present_past", "english_french")
+
+if not has_hooked_transformer():  # the atlas's DLA and promoted tokens read W_O / W_U / the norms
+    pytest.skip("the atlas needs a HookedTransformer (TransformerLens 3.x) for DLA and the "
+                "per-head logit lens", allow_module_level=True)
 SMALL = AtlasConfig(n_examples=16, n_prompts=4, n_shots=2, transfer_limit=5, n_perm=50)
 
 
 @pytest.fixture(scope="module")
 def atlas(tmp_path_factory):
-    model = tiny_model(n_layers=2, n_heads=4, d_head=8, seed=0)
+    model = tiny_model(n_layers=2, n_heads=4, d_head=8, seed=0, backend="hooked")
     tasks = [load_task(t) for t in TASKS]
     cache = tmp_path_factory.mktemp("atlas_cache")
     data = build_atlas_data(model, tasks, SMALL, cache_dir=cache)
