@@ -28,23 +28,17 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from _common import md_table
 
 from sitelens.lenses import HeadScores
-from sitelens.lenses.compare import certify_top_k, lens_agreement
+from sitelens.lenses.compare import _top, certify_top_k, lens_agreement
 from sitelens.lenses.plots import agreement_matrix, alpha_uncertainty, lens_maps
-from sitelens.metrics import correlation
+from sitelens.metrics import bootstrap_ci, correlation
 
 FAST = ("alpha", "alpha-official", "alpha-grad", "atp", "atp-star", "ablation-mean",
         "ablation-zero", "dla")
 ORDER = ("effect", "atp", "atp-star", "alpha-grad", "alpha", "alpha-official", "ablation-mean",
          "ablation-zero", "dla")
-
-
-def _md(df: pd.DataFrame) -> str:
-    head = "| " + " | ".join(map(str, df.columns)) + " |"
-    rule = "|" + "|".join("---" for _ in df.columns) + "|"
-    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join([head, rule, *body])
 
 
 def load_units(out: Path) -> dict[tuple[str, str], dict]:
@@ -69,10 +63,6 @@ def _map(scores: pd.DataFrame, lens: str) -> np.ndarray:
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:
     return correlation(a, b, "spearman")
-
-
-def _top(a: np.ndarray, k: int) -> set[int]:
-    return set(np.argsort(-np.nan_to_num(a, nan=-np.inf), kind="stable")[:k].tolist())
 
 
 def certified(fast: np.ndarray, exact: np.ndarray, n_prompts: int, k: int = 10,
@@ -123,14 +113,12 @@ def agreement(units, k: int = 10) -> pd.DataFrame:
     return lens_agreement(table, k, lenses=list(ORDER))
 
 
-def _boot_mean(x: np.ndarray, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+def _boot_mean(x) -> tuple[float, float, float]:
+    """Mean over tasks and its 95% percentile bootstrap CI (2,000 seeded resamples)."""
     x = np.asarray(x, dtype=float)
     x = x[np.isfinite(x)]
-    if len(x) == 0:
-        return float("nan"), float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    m = x[rng.integers(0, len(x), (n_boot, len(x)))].mean(1)
-    return float(x.mean()), float(np.quantile(m, 0.025)), float(np.quantile(m, 0.975))
+    lo, hi = bootstrap_ci(x, n_boot=2000, seed=0)
+    return (float(x.mean()) if len(x) else float("nan")), lo, hi
 
 
 def schedule(units, k: int = 10) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -220,7 +208,7 @@ def write_report(out: Path, figures: Path, k: int = 10, heatmap_task: str = "ant
         "corrupted prompt): Spearman over all heads (median and minimum over tasks, tasks with "
         f"ρ ≥ 0.8), mean top-{k} recall; passes and seconds are medians per task (forward passes "
         "are calls of the model: prefix-cache passes plus last-token passes; `exact_rows` are the "
-        "single-token rows those passes ran).", "", _md(summ), "",
+        "single-token rows those passes ran).", "", md_table(summ), "",
         f"## Certified top-{k}", "",
         "Candidates ranked by AtP / AtP*; the best-ranked heads are verified exactly until the "
         f"exact top-{k} is certified (the k-th verified exact effect above every unverified head's "
@@ -229,7 +217,7 @@ def write_report(out: Path, figures: Path, k: int = 10, heatmap_task: str = "ant
         "the full exact run's rows. "
         f"`recall`: share of the exact top-{k} found; `certified`: tasks where the certificate "
         "held within the budget; `exact_rows_share`: exact rows needed / rows of the full exact "
-        "run.", "", _md(csum), ""]))
+        "run.", "", md_table(csum), ""]))
 
     def fmt(r):
         return f"{r.accuracy:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
@@ -248,11 +236,11 @@ def write_report(out: Path, figures: Path, k: int = 10, heatmap_task: str = "ant
         "`default` and `official` are over the same tasks (those with official fits), "
         "`default (all tasks)` over all. Mean over tasks of the seed-averaged accuracy, 95% "
         "bootstrap CI over tasks. Written by `python benchmarks/heads.py`.", "",
-        _md(sp), "", "## α's stability over seeds", "",
+        md_table(sp), "", "## α's stability over seeds", "",
         f"Mean (and minimum) Spearman of every pair of fit seeds, mean top-{k} Jaccard.", "",
-        _md(stab.round(3)), "", f"## The top-{k} heads of every lens", "",
+        md_table(stab.round(3)), "", f"## The top-{k} heads of every lens", "",
         f"The same injection (α = 1, the first default fit's embedding) into the top-{k} / "
-        f"bottom-{k} heads of each lens's map.", "", _md(lp), ""]))
+        f"bottom-{k} heads of each lens's map.", "", md_table(lp), ""]))
 
     fig, frame = agreement_matrix(agree, list(ORDER))
     figures.mkdir(parents=True, exist_ok=True)
@@ -275,5 +263,5 @@ def write_report(out: Path, figures: Path, k: int = 10, heatmap_task: str = "ant
         f"Spearman ρ between the head maps of every pair of lenses, mean ± sd over {len(tasks)} "
         f"tasks (per-task rows with top-{k} Jaccard: `heads_agreement.csv`; figure: "
         "`heads_lens_agreement.png`).", "",
-        _md(mean.round(3)[["model", "lens_a", "lens_b", "spearman_mean", "spearman_sd"]]), ""]))
+        md_table(mean.round(3)[["model", "lens_a", "lens_b", "spearman_mean", "spearman_sd"]]), ""]))
     print(f"report: {len(units)} units -> {out}")
