@@ -9,6 +9,10 @@ model classes (with :mod:`sitelens.attention`, the fused attention forward).
 - :mod:`sitelens.models.hooks`: the hook-name vocabulary (``act_name``, ``z_hook_name``), the z-hook
   self-check, hook functions on a bridge (``wrap_hook``), ``forward_until``.
 - :mod:`sitelens.models.kv`: KV caches (``prefix_cache``, ``kv_forward``), last-position logits.
+- :mod:`sitelens.models.devices`: dtypes and devices (``resolve_dtype``, ``resolve_device``), where
+  each layer lives (``layer_devices``, ``input_device``, ``output_device``), per-layer placement
+  (``place_layer_rows``), splitting a ``HookedTransformer`` over GPUs (``place_pipeline``) and
+  memory-sized batches (``memory_budget``, ``batch_rows``).
 - :mod:`sitelens.models.cache`: the cache directory and the processed-weight cache.
 - :mod:`sitelens.models.gguf`: GGUF files → Hugging Face models → ``HookedTransformer``.
 
@@ -24,6 +28,25 @@ from sitelens.models.cache import _gguf_path as _gguf_path
 from sitelens.models.cache import _jsonable as _jsonable
 from sitelens.models.cache import _materialize_buffers as _materialize_buffers
 from sitelens.models.cache import _weights_key as _weights_key
+from sitelens.models.devices import (
+    DTYPES,
+    accumulation_dtype,
+    batch_rows,
+    dtype_name,
+    input_device,
+    is_multi_device,
+    layer_devices,
+    memory_budget,
+    model_devices,
+    output_device,
+    pipeline_plan,
+    place_layer_rows,
+    place_pipeline,
+    resolve_device,
+    resolve_dtype,
+    resolve_n_devices,
+    stacked_weight,
+)
 from sitelens.models.gguf import _convert_bundled as _convert_bundled
 from sitelens.models.gguf import _from_llama_hf as _from_llama_hf
 from sitelens.models.gguf import _hf_load as _hf_load
@@ -46,8 +69,10 @@ from sitelens.models.hooks import (
 )
 from sitelens.models.kv import (
     SELECT_BUDGET_BYTES,
+    BridgeKVCache,
     RecomputeCache,
     cache_rows_per_batch,
+    drive_hf_cache,
     kv_forward,
     last_position_logits,
     last_token_forward,
@@ -115,9 +140,15 @@ __all__ = [
     "act_name", "canonical_hook_name", "check_z_shape", "forward_until", "is_bridge",
     "position_wise", "self_check", "wrap_hook", "z_hook_name",
     # kv
-    "SELECT_BUDGET_BYTES", "RecomputeCache", "cache_rows_per_batch", "kv_forward",
+    "SELECT_BUDGET_BYTES", "BridgeKVCache", "RecomputeCache", "cache_rows_per_batch",
+    "drive_hf_cache", "kv_forward",
     "last_position_logits", "last_token_forward", "new_kv_cache", "prefix_cache", "select_cache",
     "unembed_last",
+    # devices
+    "DTYPES", "accumulation_dtype", "batch_rows", "dtype_name", "input_device", "is_multi_device",
+    "layer_devices", "memory_budget", "model_devices", "output_device", "pipeline_plan",
+    "place_layer_rows", "place_pipeline", "resolve_device", "resolve_dtype", "resolve_n_devices",
+    "stacked_weight",
     # cache, gguf
     "CACHE_FORMAT", "cache_dir", "llama_config_from_hf", "load_hf_reference",
 ]

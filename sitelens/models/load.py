@@ -55,6 +55,13 @@ from sitelens.models.cache import (
     save_dequantized,
     save_processed,
 )
+from sitelens.models.devices import (
+    input_device,
+    place_pipeline,
+    resolve_device,
+    resolve_dtype,
+    resolve_n_devices,
+)
 from sitelens.models.gguf import _convert_bundled, _from_llama_hf, _hf_load
 from sitelens.models.hooks import is_bridge, self_check
 
@@ -138,6 +145,8 @@ def load_model(
     n_ctx: int | None = None,
     use_cache: bool = True,
     fast_attention: bool = True,
+    n_devices: int | None = None,
+    device_map: str | dict | None = None,
 ):
     """Load a ready model (eval mode, grads off, tokenizer with left padding).
 
@@ -154,9 +163,26 @@ def load_model(
     ``fast_attention``: a ``HookedTransformer`` gets :func:`sitelens.attention.enable_fast_attention`
     (fused attention, the same numbers to float rounding, ~4x faster forward passes on long
     prompts; hooks on ``hook_pattern``/``hook_attn_scores`` still see real patterns).
+
+    Devices and precision (:mod:`sitelens.models.devices`; all checked before anything loads):
+    ``dtype``: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"`` (or a ``torch.dtype``): the
+    weights and activations; SITE's α, its optimizer state and every mean, loss and KL stay
+    float32. TransformerLens names and local directories load in that dtype directly; bundled
+    models are converted in float32 and then cast. ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:N"``
+    or ``"mps"`` (default: where the model loads, the CPU for bundled and tiny models).
+    ``n_devices``: split the model over that many CUDA GPUs from ``device`` on: a
+    ``HookedTransformer`` in pipeline order (block ``i`` on TransformerLens's
+    ``get_device_for_block_index(i, cfg)``, :func:`~sitelens.models.devices.place_pipeline`), a
+    bridge through Hugging Face's balanced ``device_map``. ``device_map``: the bridge backend
+    only, passed to Hugging Face (``"auto"``, ``"balanced"``, ``"sequential"`` or a dict of module
+    name → device); not together with ``device`` or ``n_devices``.
     """
     backend = resolve_backend(backend)
-    dtype = _resolve_dtype(dtype)
+    dtype = resolve_dtype(dtype)
+    device = resolve_device(device)
+    n_devices = resolve_n_devices(n_devices, device)
+    _check_device_map(device_map, backend=backend, device=device, n_devices=n_devices)
+    place = dict(device=device, dtype=dtype, n_devices=n_devices, device_map=device_map)
     if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 1):
         raise ModelError(f"n_ctx must be a positive integer number of tokens, got {n_ctx!r}.")
     ctx = DEFAULT_N_CTX if n_ctx is None else n_ctx  # real models; tiny ones keep their own
@@ -165,22 +191,25 @@ def load_model(
 
         model = tiny_model(backend=backend, **TINY_MODELS[name], **({"n_ctx": n_ctx} if n_ctx else {}))
         model.cfg.model_name = name
-        if device is None and dtype is None:
+        if device is None and dtype is None and n_devices == 1 and device_map is None:
             from sitelens.attention import enable_fast_attention
 
             return enable_fast_attention(model, fast_attention)  # a no-op on a bridge
+        if backend == "bridge" and (device_map is not None or n_devices > 1):
+            _dispatch(model.original_model, device_map, device, n_devices)
     elif name in BUNDLED_MODELS:
         if backend == "bridge":
-            model = _load_bundled_bridge(name, n_ctx=ctx, use_cache=use_cache)
+            model = _load_bundled_bridge(name, n_ctx=ctx, use_cache=use_cache, **place)
         else:
             model = _load_bundled(name, n_ctx=ctx, use_cache=use_cache)
     elif _is_dir(name):
         check_model_available(name)
-        model = _load_hf_dir(Path(name).expanduser(), n_ctx=ctx, backend=backend)
+        model = _load_hf_dir(Path(name).expanduser(), n_ctx=ctx, backend=backend, **place)
     else:
         check_model_available(name)
-        model = _load_official(name, n_ctx=ctx, backend=backend)
-    return _finalize(model, device=device, dtype=dtype, fast_attention=fast_attention)
+        model = _load_official(name, n_ctx=ctx, backend=backend, **place)
+    return _finalize(model, device=device, dtype=dtype, n_devices=n_devices,
+                     fast_attention=fast_attention)
 
 
 def timed_load(name: str = DEFAULT_MODEL, **kw):
@@ -219,21 +248,34 @@ def _hub_offline(enabled: bool = True):
         constants.HF_HUB_OFFLINE = old
 
 
-def _load_official(name: str, *, n_ctx: int, backend: str):
+def _load_official(name: str, *, n_ctx: int, backend: str, device=None, dtype=None,
+                   n_devices: int = 1, device_map=None):
     """A TransformerLens official model from the local Hugging Face cache (checked first by
-    :func:`check_model_available`), in Hub offline mode unless downloads are allowed."""
+    :func:`check_model_available`), in Hub offline mode unless downloads are allowed. Loaded in
+    ``dtype`` (no float32 copy of a large model); a ``HookedTransformer`` goes to ``device`` (one
+    device) or stays on the CPU for :func:`_finalize` to split (``n_devices`` > 1); a bridge gets
+    ``device`` / ``n_devices`` / ``device_map`` from Hugging Face."""
     offline = not _download_allowed()
+    dtype = dtype or torch.float32
     try:
         with _hub_offline(offline):
             if backend == "bridge":
                 from transformer_lens.model_bridge import TransformerBridge
 
-                model = TransformerBridge.boot_transformers(name, n_ctx=n_ctx)
+                kw = {"device": str(device)} if device is not None else {}
+                if device_map is not None:
+                    kw = {"device_map": device_map}
+                elif n_devices > 1:
+                    kw = {"n_devices": n_devices}
+                model = TransformerBridge.boot_transformers(name, n_ctx=n_ctx, dtype=dtype, **kw)
             else:
                 from transformer_lens import HookedTransformer
 
+                one = n_devices == 1
                 model = HookedTransformer.from_pretrained(
-                    name, n_ctx=n_ctx, default_padding_side="left"
+                    name, n_ctx=n_ctx, default_padding_side="left", dtype=dtype,
+                    device=str(device) if (device is not None and one) else "cpu",
+                    move_to_device=one,
                 )
     except OSError as e:  # a file the local cache lacks (offline mode raises at once)
         if not offline:
@@ -319,25 +361,77 @@ def check_model_available(name: str) -> None:
 # making a model ready
 
 
-def _resolve_dtype(dtype):
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
-    except KeyError:
-        raise ModelError(
-            f"Unknown dtype {dtype!r}; use 'float32', 'float16' or 'bfloat16'."
-        ) from None
+_resolve_dtype = resolve_dtype  # the name older callers import
 
 
-def _finalize(model, *, device=None, dtype=None, fast_attention: bool = True):
-    if dtype is not None:
-        model = model.to(dtype)
-        model.cfg.dtype = dtype
-    if device is not None:
-        model = model.to(device)
-        if is_bridge(model):
-            model.cfg.device = str(device)
+def _check_device_map(device_map, *, backend: str, device, n_devices: int) -> None:
+    """``device_map`` is the bridge's (Hugging Face's placement), alone."""
+    if device_map is None:
+        return
+    if backend != "bridge":
+        raise ModelError("device_map places a TransformerBridge's Hugging Face modules; with "
+                         "backend='hooked' split the model with n_devices instead.")
+    if device is not None or n_devices > 1:
+        raise ModelError("Give device_map alone: it already says where every module goes "
+                         "(drop device / n_devices).")
+    if isinstance(device_map, str):
+        if device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
+            raise ModelError(f"Unknown device_map {device_map!r}; use auto, balanced, "
+                             "balanced_low_0, sequential or a dict of module name -> device.")
+    elif not isinstance(device_map, dict) or not device_map:
+        raise ModelError(f"device_map must be a string or a non-empty dict, got {device_map!r}.")
+
+
+def _dispatch(hf, device_map, device, n_devices: int):
+    """Place an in-memory Hugging Face model (bundled, tiny) with accelerate: ``device_map`` (a
+    dict, or a strategy name resolved as Hugging Face's ``from_pretrained`` does), or a balanced
+    split over ``n_devices`` GPUs from ``device`` on."""
+    from accelerate import dispatch_model, infer_auto_device_map
+    from accelerate.utils import get_balanced_memory
+
+    no_split = getattr(hf, "_no_split_modules", None) or []
+    if device_map is None:  # n_devices > 1
+        first = (device.index or 0) if device is not None else 0
+        max_memory = {i: torch.cuda.mem_get_info(i)[0] for i in range(first, first + n_devices)}
+        device_map = "balanced"
+    else:
+        max_memory = None
+    if isinstance(device_map, str):
+        if device_map != "sequential":
+            max_memory = get_balanced_memory(hf, max_memory=max_memory, no_split_module_classes=no_split,
+                                             low_zero=device_map == "balanced_low_0")
+        device_map = infer_auto_device_map(hf, max_memory=max_memory, no_split_module_classes=no_split)
+    dispatch_model(hf, device_map=device_map)
+    hf.hf_device_map = dict(device_map)
+    return hf
+
+
+def _cast(model, dtype) -> None:
+    """Every floating parameter and buffer to ``dtype``, ``cfg.dtype`` too. (``nn.Module.to``:
+    TransformerLens's own ``HookedTransformer.to(dtype)`` also rebuilds the state dict once per
+    tensor, 5 s on SmolLM2, for the same result.)"""
+    if is_bridge(model):
+        model.to(dtype, print_details=False)  # the bridge's own: keeps a dispatched split
+    else:
+        torch.nn.Module.to(model, dtype)
+    model.cfg.dtype = dtype
+
+
+def _finalize(model, *, device=None, dtype=None, n_devices: int = 1, fast_attention: bool = True):
+    if dtype is not None and getattr(model.cfg, "dtype", None) != dtype:
+        _cast(model, dtype)
+    if is_bridge(model):
+        if getattr(model.original_model, "hf_device_map", None):
+            model.cfg.device = str(input_device(model))  # where encode() puts the tokens
+        elif device is not None:
+            model.to(device, print_details=False)
+            model.cfg.device = str(device)  # (its .to(torch.device) records only the type)
+    elif n_devices > 1:
+        place_pipeline(model, device or torch.device("cuda"), n_devices)
+    elif device is not None:
+        torch.nn.Module.to(model, device)  # (HookedTransformer.to(torch.device) drops the index)
+        model.cfg.device = str(device)
+        model.cfg.n_devices = 1
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -404,7 +498,8 @@ def _load_bundled(name: str, *, n_ctx: int, use_cache: bool):
     return load_processed(target, name)
 
 
-def _load_bundled_bridge(name: str, *, n_ctx: int, use_cache: bool = True):
+def _load_bundled_bridge(name: str, *, n_ctx: int, use_cache: bool = True, device=None,
+                         dtype=None, n_devices: int = 1, device_map=None):
     """A bundled model on the bridge backend: the GGUF file dequantized by transformers, wrapped
     in a ``TransformerBridge`` (raw HF numerics, no folded LayerNorm). The dequantized Hugging
     Face model is cached under :func:`~sitelens.models.cache.cache_dir` ``/hf`` (safetensors;
@@ -418,6 +513,10 @@ def _load_bundled_bridge(name: str, *, n_ctx: int, use_cache: bool = True):
             hf.config.architectures = ["Gemma3ForCausalLM"]  # a GGUF-loaded config lacks it
         if use_cache:
             save_dequantized(target, hf, tokenizer)
+    if dtype is not None:
+        hf.to(dtype)
+    if device_map is not None or n_devices > 1:
+        _dispatch(hf, device_map, device, n_devices)
     return _bridge_from_hf(
         hf, tokenizer, name=name, prepend_bos=name != "smollm2-135m-instruct", n_ctx=n_ctx
     )
@@ -454,13 +553,27 @@ def _bridge_from_hf(hf, tokenizer, *, name: str, prepend_bos: bool, n_ctx: int |
     return bridge
 
 
-def _load_hf_dir(path: Path, *, n_ctx: int, backend: str = "hooked"):
+def _load_hf_dir(path: Path, *, n_ctx: int, backend: str = "hooked", device=None, dtype=None,
+                 n_devices: int = 1, device_map=None):
+    """A local Hugging Face directory: a bridge loads in ``dtype`` with Hugging Face's
+    ``device_map`` (or a balanced one over ``n_devices`` GPUs); a ``HookedTransformer`` is
+    converted from float32 (cast and placed by :func:`_finalize`)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     hf_cfg = AutoConfig.from_pretrained(str(path))
     arch = (getattr(hf_cfg, "architectures", None) or ["?"])[0]
     tokenizer = AutoTokenizer.from_pretrained(str(path))
-    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    kw = {}
+    if backend == "bridge":
+        kw["dtype"] = dtype or torch.float32
+        if device_map is not None:
+            kw["device_map"] = device_map
+        elif n_devices > 1:
+            first = (device.index or 0) if device is not None else 0
+            kw["device_map"] = "balanced"
+            kw["max_memory"] = {i: torch.cuda.mem_get_info(i)[0]
+                                for i in range(first, first + n_devices)}
+    hf = AutoModelForCausalLM.from_pretrained(str(path), **{"dtype": torch.float32, **kw})
     if backend == "bridge":
         return _bridge_from_hf(
             hf, tokenizer, name=path.name, prepend_bos=tokenizer.bos_token is not None, n_ctx=n_ctx
