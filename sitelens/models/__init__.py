@@ -69,10 +69,8 @@ from sitelens.models.hooks import (
 )
 from sitelens.models.kv import (
     SELECT_BUDGET_BYTES,
-    BridgeKVCache,
     RecomputeCache,
     cache_rows_per_batch,
-    drive_hf_cache,
     kv_forward,
     last_position_logits,
     last_token_forward,
@@ -140,8 +138,7 @@ __all__ = [
     "act_name", "canonical_hook_name", "check_z_shape", "forward_until", "is_bridge",
     "position_wise", "self_check", "wrap_hook", "z_hook_name",
     # kv
-    "SELECT_BUDGET_BYTES", "BridgeKVCache", "RecomputeCache", "cache_rows_per_batch",
-    "drive_hf_cache", "kv_forward",
+    "SELECT_BUDGET_BYTES", "RecomputeCache", "cache_rows_per_batch", "kv_forward",
     "last_position_logits", "last_token_forward", "new_kv_cache", "prefix_cache", "select_cache",
     "unembed_last",
     # devices
