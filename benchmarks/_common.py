@@ -55,3 +55,35 @@ def md_table(df: pd.DataFrame) -> str:
     rule = "|" + "|".join("---" for _ in df.columns) + "|"
     body = ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join([head, rule, *body])
+
+
+def done_keys(path: Path, column: str = "key") -> set[str]:
+    """The ``column`` values of a keyed results CSV (empty when the file does not exist)."""
+    if not Path(path).exists():
+        return set()
+    with open(path, newline="") as f:
+        return {r[column] for r in csv.DictReader(f) if r.get(column)}
+
+
+def append_rows_atomic(path: Path, fields: list[str], rows: list[dict]) -> None:
+    """Append ``rows`` to a keyed results CSV under a file lock, by rewriting it to a temporary
+    sibling renamed over it (``sitelens.io``): a killed run leaves the old file or the new one,
+    never a torn line. A file with another header is an error (move it away)."""
+    import io
+
+    from sitelens.io import atomic_write, locked
+
+    path = Path(path)
+    with locked(path):
+        old = path.read_bytes() if path.exists() else b""
+        if old.strip() and old.split(b"\n", 1)[0].decode().strip().split(",") != fields:
+            raise SystemExit(f"{path} has other columns than {fields}; move it away and rerun.")
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+        if not old.strip():
+            w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k, "") for k in fields})
+        if old and not old.endswith(b"\n"):
+            old += b"\n"
+        atomic_write(path, old + buf.getvalue().encode())

@@ -1,0 +1,349 @@
+"""In-context regression (issue 21, part 4): mean squared error of zero-shot, ICL, TV, LTV and SITE
+on seeded linear and ReLU regression tasks, on both bundled models.
+
+    python benchmarks/regression.py --threads 1            # resumable; the same command continues
+    python benchmarks/regression.py --report               # regression.md from the CSVs only
+    python benchmarks/regression.py --tiny --out /tmp/reg  # smoke test on a tiny random model
+
+Tasks (:func:`sitelens.regression.regression_task`; its docstring has the function classes and the
+text format): ``kind`` in ``--kinds`` (linear, relu), ``dim=--dim`` (2) inputs, two decimals,
+seeds ``--seeds`` (0, 1, 2; the seed draws the function and the points, and seeds every fit and
+the demonstrations), 256 train / 64 valid / 128 test items; **the test split is capped at the
+first ``--limit`` (100) items** of each task.
+
+Methods: the :mod:`sitelens.baselines` defaults (``ZeroShot``, ``ICL(n_shots=10)``, ``TV``,
+``LTV``, ``SITE``), fitted on the task's train/valid splits and answered greedily on zero-shot
+prompts (ICL: 10-shot prompts) by :func:`sitelens.evaluate.run_method`. Answers are scored by
+:func:`sitelens.regression.regression_mse`: the first number of the first line; an answer without
+a number is counted (``n_unparsed``) and scored as the train mean. Two references need no model:
+``train-mean`` (the constant train mean, what an unparseable answer is scored as) and ``ols-k``
+(least squares with an intercept on the very ``n_shots`` demonstrations that item's ICL prompt
+shows: an ideal linear in-context learner).
+
+Results: ``results/regression.csv`` (a row per model × task × method, keyed on every setting:
+model and weight fingerprint, task and a hash of its splits, method and all its hyperparameters,
+seed, shots, limit, template, numerics version and, for LTV, a hash of ``sitelens/baselines/ltv.py``
+— LTV is being redefined, so each LTV row says which version made it) and
+``results/regression_items.csv`` (a row per test item: target, answer, parsed value, squared
+error), appended as each cell finishes. ``results/regression.md``: MSE with 95% bootstrap CIs over
+items (:func:`sitelens.metrics.bootstrap_ci`), unparseable answers, first-token accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+from _common import append_rows_atomic, done_keys, md_table  # noqa: E402
+
+MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
+METHODS = ("zero-shot", "icl", "tv", "ltv", "site")
+REFERENCES = ("train-mean", "ols-k")
+COLUMNS = [
+    "model", "fingerprint", "task", "task_hash", "kind", "dim", "seed", "method", "method_params",
+    "n_shots", "limit", "template", "numerics_version", "ltv_source", "key",
+    "n", "mse", "mse_lo", "mse_hi", "n_unparsed", "fallback", "first_token_acc", "fit_seconds",
+    "seconds_per_item", "error",
+]
+ITEM_COLUMNS = ["key", "model", "task", "method", "item", "target", "prediction", "value", "sq_err"]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--kinds", default="linear,relu")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--dim", type=int, default=2)
+    p.add_argument("--limit", type=int, default=100, help="test items per task (the first N)")
+    p.add_argument("--n-shots", type=int, default=10)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--report", action="store_true", help="only (re)write regression.md")
+    p.add_argument("--tiny", action="store_true", help="tiny random model, small sizes (smoke test)")
+    p.add_argument("--out", default=str(HERE / "results"))
+    return p.parse_args(argv)
+
+
+def ltv_source() -> str:
+    """A hash of ``sitelens/baselines/ltv.py`` and the commit that last changed it."""
+    path = ROOT / "sitelens" / "baselines" / "ltv.py"
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    try:
+        commit = subprocess.run(["git", "log", "-1", "--format=%h", "--", str(path)], cwd=ROOT,
+                                capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "?"
+    return f"{digest}@{commit}"
+
+
+def make_task(args, kind: str, seed: int):
+    from sitelens.regression import regression_task
+
+    sizes = dict(n_train=40, n_valid=8, n_test=8) if args.tiny else dict(n_train=256, n_valid=64, n_test=128)
+    return regression_task(kind, dim=args.dim, seed=seed, **sizes)
+
+
+def make_method(args, name: str):
+    from sitelens.baselines import ICL, LTV, SITE, TV, ZeroShot
+    from sitelens.site import FitConfig
+
+    if args.tiny:
+        small = dict(n_prompts=4, n_shots=2)
+        return {"zero-shot": ZeroShot(), "icl": ICL(n_shots=args.n_shots),
+                "tv": TV(**small, n_valid=4), "ltv": LTV(n_queries=8, n_shots=2),
+                "site": SITE(**small, config=FitConfig(n_examples=16, n_valid=4))}[name]
+    return {"zero-shot": ZeroShot(), "icl": ICL(n_shots=args.n_shots), "tv": TV(), "ltv": LTV(),
+            "site": SITE()}[name]
+
+
+def settings(args, model, task, kind, seed, method_name, method_params) -> dict:
+    from sitelens.models import fingerprint, model_name
+    from sitelens.provenance import NUMERICS_VERSION, settings_hash, task_hash
+    from sitelens.tasks import DEFAULT_TEMPLATE
+
+    s = {
+        "model": model_name(model) if model is not None else "-",
+        "fingerprint": fingerprint(model) if model is not None else "-",
+        "task": task.name, "task_hash": task_hash(task), "kind": kind, "dim": args.dim, "seed": seed,
+        "method": method_name, "method_params": method_params, "n_shots": args.n_shots,
+        "limit": args.limit, "template": json.dumps(DEFAULT_TEMPLATE.to_dict(), sort_keys=True),
+        "numerics_version": NUMERICS_VERSION, "ltv_source": ltv_source() if method_name == "ltv" else "",
+    }
+    return dict(s, key=settings_hash(s, n=16))
+
+
+# ----------------------------------------------------------------------------------------------
+# scoring
+
+
+def item_errors(predictions, targets, fallback: float) -> tuple[list, np.ndarray]:
+    """Per item: the parsed value (None when unparseable) and the squared error as
+    :func:`sitelens.regression.regression_mse` scores it."""
+    from sitelens.regression import parse_number
+
+    values = [parse_number(p) for p in predictions]
+    err = np.array([((fallback if v is None else v) - float(t)) ** 2 for v, t in zip(values, targets)])
+    return values, err
+
+
+def score_rows(base: dict, task, items, predictions, first_ok, fallback, *, fit_seconds=0.0,
+               seconds_per_item=0.0):
+    from sitelens.metrics import bootstrap_ci
+    from sitelens.regression import regression_mse
+
+    targets = [ex.output for ex in items]
+    score = regression_mse(predictions, targets, fallback=fallback)
+    values, err = item_errors(predictions, targets, fallback)
+    assert math.isclose(float(err.mean()), score.mse, rel_tol=1e-9, abs_tol=1e-12)
+    lo, hi = bootstrap_ci(err, n_boot=1000, seed=0)
+    row = dict(base, n=score.n, mse=score.mse, mse_lo=lo, mse_hi=hi, n_unparsed=score.n_unparsed,
+               fallback=fallback, first_token_acc=float(np.mean(first_ok)) if first_ok is not None else "",
+               fit_seconds=fit_seconds, seconds_per_item=seconds_per_item, error="")
+    items_rows = [{"key": base["key"], "model": base["model"], "task": task.name,
+                   "method": base["method"], "item": i, "target": t, "prediction": p,
+                   "value": "" if v is None else v, "sq_err": e}
+                  for i, (t, p, v, e) in enumerate(zip(targets, predictions, values, err))]
+    return row, items_rows
+
+
+def reference_predictions(task, items, method: str, n_shots: int, seed: int) -> list[str]:
+    """``train-mean``: the constant train mean; ``ols-k``: least squares with an intercept on the
+    ``n_shots`` demonstrations that the item's ICL prompt shows (the same draw as
+    :func:`sitelens.tasks.few_shot_prompts` with ``seed``: ``ICL.fit(seed=seed)``'s prompts)."""
+    from sitelens.regression import parse_point, train_mean
+    from sitelens.tasks import sample_demos
+
+    if method == "train-mean":
+        return [repr(train_mean(task))] * len(items)
+    rng = random.Random(seed)
+    out = []
+    for q in items:
+        demos = sample_demos(task.train, n_shots, rng, exclude=q.input)
+        X = np.array([[1.0, *parse_point(d.input)] for d in demos])  # [k, 1 + dim]
+        y = np.array([float(d.output) for d in demos])  # [k]
+        coef, *_ = np.linalg.lstsq(X, y, rcond=None)  # min-norm when k < 1 + dim
+        out.append(repr(float(np.array([1.0, *parse_point(q.input)]) @ coef)))
+    return out
+
+
+def run_method_cell(args, model, task, method, items, base):
+    from sitelens.errors import SitelensError
+    from sitelens.evaluate import run_method
+    from sitelens.regression import train_mean
+    from sitelens.tasks import DEFAULT_TEMPLATE
+
+    t0 = time.perf_counter()
+    try:
+        fitted = method.fit(model, task, seed=base["seed"], template=DEFAULT_TEMPLATE)
+        fit_seconds = time.perf_counter() - t0
+        df = run_method(model, task, items, method.name, prompts=fitted.prompts(items, DEFAULT_TEMPLATE),
+                        intervention=fitted.intervention, template=DEFAULT_TEMPLATE, labels=None)
+    except SitelensError as e:
+        return dict(base, error=f"{type(e).__name__}: {e}", fit_seconds=time.perf_counter() - t0), []
+    return score_rows(base, task, items, df["prediction"].tolist(), df["first_token_correct"].to_numpy(),
+                      train_mean(task), fit_seconds=fit_seconds,
+                      seconds_per_item=float(df["seconds_per_item"].iloc[0]))
+
+
+def run(args) -> None:
+    import torch
+
+    from sitelens.models import load_model, tiny_model
+    from sitelens.provenance import canonical
+    from sitelens.regression import train_mean
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    csv_path, items_path = out / "regression.csv", out / "regression_items.csv"
+    kinds = [k for k in args.kinds.split(",") if k]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    models = [m for m in args.models.split(",") if m]
+    methods = [m for m in args.methods.split(",") if m]
+    for seed in seeds:  # seed-major: the first seeds of every task and model land first
+        for kind in kinds:
+            task = make_task(args, kind, seed)
+            items = task.test[: args.limit]
+            for ref in REFERENCES:
+                base = settings(args, None, task, kind, seed, ref, "{}")
+                if base["key"] in done_keys(csv_path):
+                    continue
+                preds = reference_predictions(task, items, ref, args.n_shots, seed)
+                row, irows = score_rows(base, task, items, preds, None, train_mean(task))
+                append_rows_atomic(items_path, ITEM_COLUMNS, irows)
+                append_rows_atomic(csv_path, COLUMNS, [row])
+            for name in models:
+                model = None
+                for mname in methods:
+                    method = make_method(args, mname)
+                    params = json.dumps(canonical(method), sort_keys=True, separators=(",", ":"))
+                    if model is None:
+                        model = tiny_model(seed=0) if args.tiny else load_model(name)
+                    base = settings(args, model, task, kind, seed, mname, params)
+                    if base["key"] in done_keys(csv_path):
+                        continue
+                    t0 = time.perf_counter()
+                    row, irows = run_method_cell(args, model, task, method, items, base)
+                    if irows:
+                        append_rows_atomic(items_path, ITEM_COLUMNS, irows)
+                    append_rows_atomic(csv_path, COLUMNS, [row])
+                    print(f"{time.strftime('%H:%M:%S')} {base['model']} {task.name} {mname}: "
+                          f"mse {row.get('mse', float('nan')):.4g} unparsed {row.get('n_unparsed', '')} "
+                          f"({time.perf_counter() - t0:.0f} s) {row.get('error', '')}", flush=True)
+                del model
+
+
+# ----------------------------------------------------------------------------------------------
+# report
+
+
+ORDER = [*REFERENCES, *METHODS]
+
+
+def latest(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (model, task, method): the last one written (a rerun under new settings, e.g.
+    a changed LTV, appends rows; the report reads the newest)."""
+    return df.drop_duplicates(["model", "task", "method"], keep="last")
+
+
+def pooled(items: pd.DataFrame, keys: list[str]) -> dict:
+    from sitelens.metrics import bootstrap_ci
+
+    err = items[items["key"].isin(keys)]["sq_err"].to_numpy(float)
+    lo, hi = bootstrap_ci(err, n_boot=1000, seed=0)
+    return {"mse": float(err.mean()) if err.size else float("nan"), "lo": lo, "hi": hi, "n": err.size,
+            "median": float(np.median(err)) if err.size else float("nan")}
+
+
+def report(args) -> str:
+    out = Path(args.out)
+    df = latest(pd.read_csv(out / "regression.csv", dtype={"error": str}, keep_default_na=False,
+                            na_values=[""]))
+    items = pd.read_csv(out / "regression_items.csv")
+    ok = df[df["error"].fillna("") == ""]
+    models = [m for m in MODELS if m in set(ok.model)] + sorted(set(ok.model) - set(MODELS) - {"-"})
+    lines = [
+        "# In-context regression: MSE of zero-shot, ICL, TV, LTV and SITE",
+        "",
+        "Made by `python benchmarks/regression.py --threads 1` (resumable), on the shared 2-core CPU. "
+        f"Tasks: `regression_task(kind, dim={args.dim}, seed)` (linear: f(x) = w·x; relu: a "
+        "two-layer ReLU network with 8 hidden units; x uniform in [-1, 1]^dim, numbers written with "
+        "two decimals, e.g. `Q: 0.42, -0.17` / `A: -0.31`), seeds "
+        f"{', '.join(str(s) for s in sorted(set(ok.seed)))}; 256 train / 64 valid / 128 test items, "
+        f"**test capped at the first {args.limit} items per task**; {args.n_shots}-shot ICL; every "
+        "method with its `sitelens.baselines` defaults. MSE of the first number in the answer; an "
+        "answer without a number is counted (unparsed) and scored as the train mean (the "
+        "`train-mean` row: what that constant scores). `ols-k`: least squares with an intercept on "
+        "the same demonstrations each ICL prompt shows. The variance of f(x) is about 1/3 by "
+        "construction, so MSE ≈ 0.33 is the level of a constant guess.",
+        "",
+    ]
+    ltv = sorted(set(ok.loc[ok.method == "ltv", "ltv_source"].dropna()))
+    if ltv:
+        lines += [f"LTV version used (sha256 of `sitelens/baselines/ltv.py` @ last commit touching it): "
+                  f"{', '.join(f'`{v}`' for v in ltv)}.", ""]
+    for kind in [k for k in ("linear", "relu") if k in set(ok.kind)]:
+        rows = []
+        refs = ok[(ok.kind == kind) & (ok.model == "-")]
+        for m in REFERENCES:
+            g = refs[refs.method == m]
+            if len(g):
+                p = pooled(items, g["key"].tolist())
+                rows.append({"model": "(no model)", "method": m, "tasks": len(g),
+                             "MSE (95% CI)": f"{p['mse']:.3f} ({p['lo']:.3f}–{p['hi']:.3f})",
+                             "median SE": f"{p['median']:.3f}", "unparsed": "–",
+                             "first-token acc": "–", "fit s": "–"})
+        for model in models:
+            for m in METHODS:
+                g = ok[(ok.kind == kind) & (ok.model == model) & (ok.method == m)]
+                if not len(g):
+                    continue
+                p = pooled(items, g["key"].tolist())
+                rows.append({
+                    "model": model, "method": m, "tasks": len(g),
+                    "MSE (95% CI)": f"{p['mse']:.3f} ({p['lo']:.3f}–{p['hi']:.3f})",
+                    "median SE": f"{p['median']:.3f}",
+                    "unparsed": f"{int(g.n_unparsed.sum())} / {int(g.n.sum())}",
+                    "first-token acc": f"{g.first_token_acc.astype(float).mean():.2f}",
+                    "fit s": f"{g.fit_seconds.astype(float).mean():.0f}",
+                })
+        lines += [f"## {kind} regression (dim {args.dim})", "",
+                  "MSE over all test items of all seeds pooled (CI: bootstrap over those items; median SE: "
+                  "the median squared error, robust to the few wild answers that can dominate a mean); "
+                  "first-token accuracy is, for these answers, the accuracy of the sign token "
+                  "(` -` vs ` `).", "", md_table(pd.DataFrame(rows)), ""]
+    per = ok.pivot_table(index=["model", "task"], columns="method", values="mse")
+    per = per[[m for m in ORDER if m in per.columns]].reset_index()
+    lines += ["## MSE per task", "", md_table(per.round(3).fillna("–")), ""]
+    failed = df[df["error"].fillna("") != ""]
+    if len(failed):
+        lines += [f"{len(failed)} cell(s) failed: " + "; ".join(
+            f"{r.model}/{r.task}/{r.method}: {r.error}" for r in failed.itertuples()), ""]
+    text = "\n".join(lines)
+    from sitelens.io import atomic_write_text
+
+    atomic_write_text(out / "regression.md", text)
+    return text
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if not args.report:
+        run(args)
+    print(report(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,386 @@
+"""Cross-model transfer of task vectors: a linear map between two models' residual streams, and
+TV, LTV and SITE vectors carried through it.
+
+Two models with different tokenizers and widths (Gemma-3-270M, ``d_model`` 640, 18 layers →
+SmolLM2-135M, 576, 30 layers) read the same text. :func:`fit_hidden_map` fits an affine ridge
+map ``h_dst ≈ A h_src + b`` between their residual-stream states at the **last token** of the same
+unlabeled texts (the position where every task vector here acts), with the ridge penalty chosen on
+a held-in validation split, and reports R² on held-out texts (:func:`r2_score`).
+
+Residual points are indexed by *depth*: index ``i < n_layers`` is ``blocks.{i}.hook_resid_pre``
+(the state after ``i`` blocks), ``i = n_layers`` is the final ``hook_resid_post``; relative depth is
+``i / n_layers``, and :func:`corresponding_index` / :func:`corresponding_layer` match points and
+blocks of two models by it.
+
+What is carried, and how (:class:`HiddenMap`: ``state`` is affine, ``write`` linear):
+
+- **TV** (a residual *state* that replaces ``resid_pre`` at a layer): ``A s + b``
+  (:meth:`HiddenMap.state`).
+- **LTV** ``h ← h + W h`` (a linear map on states at a layer): with the forward map
+  ``h_dst ≈ A h_src + b_A`` and the backward map ``h_src ≈ B h_dst + b_B`` at the same depth,
+  the shift is carried as ``Δh_dst = A Δh_src = A W (B h_dst + b_B)``, i.e. ``h ← h + W' h + c`` with
+  ``W' = A W B`` and ``c = A W b_B`` (:func:`transfer_linear`). An additive vector ``v`` (a shift,
+  not a state) is carried as ``A v`` (:meth:`HiddenMap.write`): the intercept cancels in a
+  difference of states.
+- **SITE's embedding** ``t [n_layers, n_heads, d_head]`` (per-head ``hook_z`` targets). A head-level
+  transfer is undefined: (1) the heads of two models do not correspond (4 heads of 256 dimensions
+  vs 9 of 64, at 18 vs 30 depths), so there is no "same head" to copy into; (2) in Gemma 3 the
+  attention output is normalized before it joins the residual stream (``ln1_post``), so the
+  residual write of a layer, ``RMSNorm(Σ_h z_h W_O[h] + b_O)``, is not a sum of per-head writes —
+  only a whole layer's write is a residual-space vector; (3) per-head ``z`` has no coordinates in
+  the residual space that the map connects. What *is* defined is a layer's write when the mix
+  sets every head to ``t`` (α = 1): :func:`layer_write`. :func:`transfer_embedding` carries that
+  write of the source block at the same relative depth into the destination (``A w``: a write is
+  an additive term of the stream) and solves for the destination's per-head ``z`` that writes it,
+  by least squares through the destination's stacked ``W_O [n_heads·d_head, d_model]``
+  (:func:`solve_z`; exact and unique when that matrix is square and invertible, as in SmolLM2,
+  576 = 9·64; the minimum-norm solution when it has more rows than columns). The split of the
+  write over the destination's heads is whatever reproduces it, not a claim about which head does
+  what; SITE's α must then be fitted (or taken) on the destination model.
+
+Everything here returns tensors, maps and DataFrames; nothing writes files.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from sitelens.errors import ModelError, UsageError
+from sitelens.models import act_name, is_bridge
+
+# Ridge penalties, as multiples of the mean eigenvalue of the centered scatter XcᵀXc (so the grid
+# means the same for residual streams of any scale; 0 is ordinary least squares, pseudo-inverse).
+RIDGE_GRID = (0.0, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# residual points and depth
+
+
+def resid_points(model) -> int:
+    """Number of residual points of ``model``: ``n_layers + 1`` (see the module docstring)."""
+    return model.cfg.n_layers + 1
+
+
+def resid_hook(model, index: int) -> str:
+    """The hook of residual point ``index``: ``blocks.{i}.hook_resid_pre`` for ``i < n_layers``,
+    the last block's ``hook_resid_post`` for ``i = n_layers``."""
+    L = model.cfg.n_layers
+    if not 0 <= index <= L:
+        raise UsageError(f"residual index must be in [0, {L}] (n_layers + 1 points), got {index}.")
+    return act_name("resid_pre", index) if index < L else act_name("resid_post", L - 1)
+
+
+def corresponding_index(index: int, n_src: int, n_dst: int) -> int:
+    """The destination residual point at the relative depth of ``index`` (``index / n_src``):
+    ``round(index · n_dst / n_src)``, with points ``0..n`` for a model of ``n`` layers."""
+    return int(math.floor(index * n_dst / n_src + 0.5))
+
+
+def corresponding_layer(layer: int, n_src: int, n_dst: int) -> int:
+    """The destination block whose centre ``(l + 0.5) / n_dst`` is nearest the relative depth of
+    block ``layer``'s centre: ``floor((layer + 0.5) · n_dst / n_src)``."""
+    return min(n_dst - 1, int(math.floor((layer + 0.5) * n_dst / n_src)))
+
+
+def resid_states(
+    model, prompts: Sequence[str], indices: Sequence[int] | None = None, *, batch_size: int = 8
+) -> Float[Tensor, "n n_points d_model"]:
+    """Last-token residual states of ``prompts`` at the residual points ``indices`` (all by
+    default), float32 on the CPU, in the order of ``prompts`` (:func:`sitelens.site.capture_last`)."""
+    from sitelens.site import capture_last
+
+    idx = list(range(resid_points(model))) if indices is None else list(indices)
+    names = [resid_hook(model, i) for i in idx]
+    acts = capture_last(model, list(prompts), names, batch_size=batch_size)  # {name: [n, d_model]}
+    return torch.stack([acts[n] for n in names], dim=1)  # [n, n_points, d_model]
+
+
+# ----------------------------------------------------------------------------------------------
+# the map
+
+
+def r2_score(Y: Float[Tensor, "n d"], Y_hat: Float[Tensor, "n d"]) -> float:
+    """``1 − Σ‖y − ŷ‖² / Σ‖y − ȳ‖²`` over all rows and dimensions (ȳ: the mean row of ``Y``): the
+    share of the total variance of ``Y`` explained (1 exact, 0 no better than the mean, < 0 worse)."""
+    Y64, P64 = torch.as_tensor(Y).double(), torch.as_tensor(Y_hat).double()
+    ss_res = ((Y64 - P64) ** 2).sum()
+    ss_tot = ((Y64 - Y64.mean(0)) ** 2).sum()
+    return float(1 - ss_res / ss_tot) if ss_tot > 0 else float("nan")
+
+
+class _RidgeBasis:
+    """The SVD of centered ``X`` (float64), reused for every target and penalty."""
+
+    def __init__(self, X: Tensor):
+        X64 = torch.as_tensor(X).double()
+        self.x_mean = X64.mean(0)  # [d_in]
+        U, S, Vh = torch.linalg.svd(X64 - self.x_mean, full_matrices=False)
+        self.U, self.S, self.Vh = U, S, Vh  # [n, r], [r], [r, d_in]
+        self.scale = float((S**2).sum() / X64.shape[1])  # the mean eigenvalue of XcᵀXc
+
+    def fit(self, Y: Tensor, rho: float) -> tuple[Tensor, Tensor]:
+        """``A [d_out, d_in]``, ``b [d_out]`` of the ridge fit with penalty ``rho · scale``."""
+        Y64 = torch.as_tensor(Y).double()
+        y_mean = Y64.mean(0)  # [d_out]
+        lam = rho * self.scale
+        tol = self.S.max() * max(self.U.shape[0], self.Vh.shape[1]) * torch.finfo(torch.float64).eps
+        if lam > 0:
+            shrink = self.S / (self.S**2 + lam)
+        else:  # least squares: the pseudo-inverse, tiny singular values dropped
+            shrink = torch.where(self.S > tol, 1 / self.S.clamp_min(tol), torch.zeros_like(self.S))
+        coef = self.Vh.T @ (shrink[:, None] * (self.U.T @ (Y64 - y_mean)))  # [d_in, d_out]
+        A = coef.T  # [d_out, d_in]
+        return A, y_mean - A @ self.x_mean
+
+
+@dataclass
+class HiddenMap:
+    """An affine map ``h_dst ≈ A h_src + b`` between two residual spaces.
+
+    ``rho``: the ridge penalty chosen (× the mean eigenvalue of the centered scatter);
+    ``r2_valid``: R² of that choice on the held-in validation rows; ``r2_heldout``: R² on held-out
+    texts (NaN when none were given); ``src_index`` / ``dst_index``: the residual points (see the
+    module docstring); ``table``: validation R² per penalty."""
+
+    A: Float[Tensor, "d_dst d_src"]
+    b: Float[Tensor, " d_dst"]
+    rho: float
+    r2_valid: float = float("nan")
+    r2_heldout: float = float("nan")
+    src_index: int | None = None
+    dst_index: int | None = None
+    table: list[dict] = field(default_factory=list)
+
+    def state(self, x: Float[Tensor, "... d_src"]) -> Float[Tensor, "... d_dst"]:
+        """A state carried across: ``A x + b``."""
+        return x.double() @ self.A.T + self.b if x.dtype == torch.float64 else (
+            x.float() @ self.A.float().T + self.b.float())
+
+    def write(self, v: Float[Tensor, "... d_src"]) -> Float[Tensor, "... d_dst"]:
+        """A shift or a write into the stream carried across: ``A v`` (no intercept: it cancels
+        in a difference of states)."""
+        return v.double() @ self.A.T if v.dtype == torch.float64 else v.float() @ self.A.float().T
+
+
+def fit_ridge_map(
+    X: Float[Tensor, "n d_src"],
+    Y: Float[Tensor, "n d_dst"],
+    *,
+    grid: Sequence[float] = RIDGE_GRID,
+    valid_frac: float = 0.2,
+    seed: int = 0,
+    X_heldout: Tensor | None = None,
+    Y_heldout: Tensor | None = None,
+) -> HiddenMap:
+    """The affine ridge map from ``X`` to ``Y`` (rows are paired: the same text in both models).
+    The penalty (``grid``, multiples of the mean eigenvalue of the centered ``XᵀX``) is chosen by
+    R² on a seeded ``valid_frac`` of the rows, fitted on the rest; the map is then refitted on all
+    rows. With ``X_heldout``/``Y_heldout``, ``r2_heldout`` is its R² there."""
+    X, Y = torch.as_tensor(X), torch.as_tensor(Y)
+    if X.dim() != 2 or Y.dim() != 2 or X.shape[0] != Y.shape[0]:
+        raise UsageError(f"fit_ridge_map needs paired [n, d] matrices, got {list(X.shape)} and "
+                         f"{list(Y.shape)}.")
+    n = X.shape[0]
+    n_val = int(round(valid_frac * n))
+    if n_val < 1 or n - n_val < 2 or not grid:
+        raise UsageError(f"fit_ridge_map needs a non-empty grid and rows for both a fit and a "
+                         f"validation part; got {n} rows with valid_frac={valid_frac}.")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    val, fit = perm[:n_val], perm[n_val:]
+    basis = _RidgeBasis(X[fit])
+    table = []
+    for rho in grid:
+        A, b = basis.fit(Y[fit], rho)
+        table.append({"rho": float(rho), "r2_valid": r2_score(Y[val], X[val].double() @ A.T + b)})
+    best = max(table, key=lambda r: r["r2_valid"])  # ties: the first in grid order
+    A, b = _RidgeBasis(X).fit(Y, best["rho"])
+    m = HiddenMap(A=A, b=b, rho=best["rho"], r2_valid=best["r2_valid"], table=table)
+    if X_heldout is not None and Y_heldout is not None:
+        m.r2_heldout = r2_score(Y_heldout, m.state(torch.as_tensor(X_heldout).double()))
+    return m
+
+
+def fit_hidden_map(
+    src_model,
+    dst_model,
+    texts: Sequence[str],
+    layer_src: int,
+    layer_dst: int,
+    *,
+    heldout: Sequence[str] | None = None,
+    grid: Sequence[float] = RIDGE_GRID,
+    valid_frac: float = 0.2,
+    seed: int = 0,
+    batch_size: int = 8,
+) -> HiddenMap:
+    """Fit ``h_dst ≈ A h_src + b`` between residual point ``layer_src`` of ``src_model`` and
+    ``layer_dst`` of ``dst_model`` (indices as in the module docstring) on the last-token states
+    of ``texts`` (each model tokenizes them itself); R² on ``heldout`` texts when given."""
+    X = resid_states(src_model, texts, [layer_src], batch_size=batch_size)[:, 0]  # [n, d_src]
+    Y = resid_states(dst_model, texts, [layer_dst], batch_size=batch_size)[:, 0]  # [n, d_dst]
+    Xh = Yh = None
+    if heldout:
+        Xh = resid_states(src_model, heldout, [layer_src], batch_size=batch_size)[:, 0]
+        Yh = resid_states(dst_model, heldout, [layer_dst], batch_size=batch_size)[:, 0]
+    m = fit_ridge_map(X, Y, grid=grid, valid_frac=valid_frac, seed=seed, X_heldout=Xh, Y_heldout=Yh)
+    m.src_index, m.dst_index = layer_src, layer_dst
+    return m
+
+
+def map_grid(
+    X: Float[Tensor, "n p_src d_src"],
+    Y: Float[Tensor, "n p_dst d_dst"],
+    X_heldout: Float[Tensor, "m p_src d_src"],
+    Y_heldout: Float[Tensor, "m p_dst d_dst"],
+    pairs: Sequence[tuple[int, int]] | None = None,
+    *,
+    grid: Sequence[float] = RIDGE_GRID,
+    valid_frac: float = 0.2,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Held-out R² of the map for each ``(src_index, dst_index)`` pair (all pairs by default) of
+    residual states already captured (``[n, points, d]``, e.g. by :func:`resid_states`); the
+    same fits as :func:`fit_ridge_map`, sharing one SVD per source point. Columns: src_index,
+    dst_index, rho, r2_valid, r2_heldout, r2_train."""
+    if pairs is None:
+        pairs = [(i, j) for i in range(X.shape[1]) for j in range(Y.shape[1])]
+    n = X.shape[0]
+    n_val = int(round(valid_frac * n))
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    val, fit = perm[:n_val], perm[n_val:]
+    rows = []
+    for i in sorted({p[0] for p in pairs}):
+        Xi, Xh = X[:, i].double(), X_heldout[:, i].double()
+        part, full = _RidgeBasis(Xi[fit]), _RidgeBasis(Xi)
+        for j in [p[1] for p in pairs if p[0] == i]:
+            Yj = Y[:, j].double()
+            scores = []
+            for rho in grid:
+                A, b = part.fit(Yj[fit], rho)
+                scores.append(r2_score(Yj[val], Xi[val] @ A.T + b))
+            k = int(np.argmax(scores))
+            A, b = full.fit(Yj, grid[k])
+            rows.append({"src_index": i, "dst_index": j, "rho": grid[k], "r2_valid": scores[k],
+                         "r2_heldout": r2_score(Y_heldout[:, j], Xh @ A.T + b),
+                         "r2_train": r2_score(Yj, Xi @ A.T + b)})
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------------------------
+# carrying vectors across
+
+
+def transfer_state(state: Float[Tensor, "... d_src"], m: HiddenMap) -> Float[Tensor, "... d_dst"]:
+    """A residual state (a TV) carried across: ``A s + b``."""
+    return m.state(state)
+
+
+def transfer_linear(
+    W: Float[Tensor, "d_src d_src"], forward: HiddenMap, backward: HiddenMap
+) -> tuple[Float[Tensor, "d_dst d_dst"], Float[Tensor, " d_dst"]]:
+    """A shift ``Δh_src = W h_src`` (LTV) carried across as ``Δh_dst = W' h_dst + c``:
+    ``W' = A W B``, ``c = A W b_B`` with ``forward`` = (A, b_A): src → dst and ``backward`` =
+    (B, b_B): dst → src, fitted at the same depths (module docstring)."""
+    A, B, bB = forward.A.double(), backward.A.double(), backward.b.double()
+    if A.shape[1] != W.shape[0] or B.shape[0] != W.shape[1] or B.shape[1] != A.shape[0]:
+        raise UsageError(f"transfer_linear: W {list(W.shape)} does not fit the maps A "
+                         f"{list(A.shape)} (src → dst) and B {list(B.shape)} (dst → src).")
+    AW = A @ W.double()  # [d_dst, d_src]
+    return (AW @ B).float(), (AW @ bB).float()
+
+
+def _needs_hooked(model, what: str) -> None:
+    if is_bridge(model):
+        raise ModelError(f"{what} reads W_O, b_O and the post-attention norm of a HookedTransformer; "
+                         "load the model with the hooked backend.")
+
+
+def _post_norm(model, layer: int):
+    """The norm applied to the attention output before the residual stream (Gemma 2/3:
+    ``ln1_post``), or None."""
+    if not model.cfg.use_normalization_before_and_after:
+        return None
+    return model.blocks[layer].ln1_post
+
+
+def layer_write(
+    model, layer: int, z: Float[Tensor, "n_heads d_head"]
+) -> Float[Tensor, " d_model"]:
+    """What block ``layer``'s attention adds to the residual stream when every head's ``z`` at a
+    position is ``z``: ``Σ_h z_h W_O[h] + b_O``, through the post-attention norm where the model
+    has one (Gemma 3's ``ln1_post``); equal to ``hook_attn_out`` there."""
+    _needs_hooked(model, "layer_write")
+    W_O = model.W_O[layer].detach().float().cpu()  # [n_heads, d_head, d_model]
+    out = torch.einsum("hd,hdm->m", z.float().cpu(), W_O) + model.b_O[layer].detach().float().cpu()
+    norm = _post_norm(model, layer)
+    if norm is not None:
+        with torch.no_grad():
+            dev = next(norm.parameters()).device
+            out = norm(out.to(dev)[None, None])[0, 0].float().cpu()  # [d_model]
+    return out  # [d_model]
+
+
+def solve_z(
+    model, layer: int, write: Float[Tensor, " d_model"]
+) -> tuple[Float[Tensor, "n_heads d_head"], float]:
+    """Per-head ``z`` whose :func:`layer_write` is ``write``, by least squares through the stacked
+    ``W_O [n_heads·d_head, d_model]`` (minimum norm where it is not unique), and the relative
+    residual ``‖layer_write(z) − write‖ / ‖write‖``. Where the model normalizes the attention
+    output (``ln1_post``, RMSNorm with gain g), only the direction of ``write / g`` can be
+    reached; the pre-norm target is ``write / g`` and the residual says what the norm rescaled."""
+    _needs_hooked(model, "solve_z")
+    H, d = model.cfg.n_heads, model.cfg.d_head
+    W = model.W_O[layer].detach().double().cpu().reshape(H * d, -1)  # [n_heads·d_head, d_model]
+    target = write.double().cpu()
+    norm = _post_norm(model, layer)
+    if norm is not None:
+        gain = next(norm.parameters()).detach().double().cpu()  # [d_model]
+        target = target / torch.where(gain.abs() > 1e-12, gain, torch.ones_like(gain))
+    target = target - model.b_O[layer].detach().double().cpu()
+    z = torch.linalg.lstsq(W.T, target[:, None], driver="gelsd").solution[:, 0]  # [H·d]
+    z = z.reshape(H, d).float()
+    got = layer_write(model, layer, z)
+    rel = float((got.double() - write.double().cpu()).norm() / write.double().norm().clamp_min(1e-30))
+    return z, rel
+
+
+def transfer_embedding(
+    src_model,
+    dst_model,
+    embedding: Float[Tensor, "n_layers_src n_heads_src d_head_src"],
+    maps: Mapping[int, tuple[int, HiddenMap]],
+) -> tuple[Float[Tensor, "n_layers_dst n_heads_dst d_head_dst"], pd.DataFrame]:
+    """SITE's task embedding carried across, layer by layer (module docstring: why the layer's
+    write and not each head). ``maps[dst_layer] = (src_layer, map)``: destination block
+    ``dst_layer`` gets the write of source block ``src_layer`` at α = 1
+    (:func:`layer_write`), carried by ``map.write`` and solved into per-head ``z``
+    (:func:`solve_z`). Layers missing from ``maps`` get zeros (inject them with α = 0). Returns
+    the destination embedding and a table per layer: dst_layer, src_layer, write_norm,
+    mapped_norm, rel_residual."""
+    c = dst_model.cfg
+    out = torch.zeros(c.n_layers, c.n_heads, c.d_head)  # [n_layers, n_heads, d_head]
+    rows = []
+    for dst_layer, (src_layer, m) in sorted(maps.items()):
+        w = layer_write(src_model, src_layer, embedding[src_layer])  # [d_src]
+        target = m.write(w.double()).float()  # [d_dst]
+        z, rel = solve_z(dst_model, dst_layer, target)
+        out[dst_layer] = z
+        rows.append({"dst_layer": dst_layer, "src_layer": src_layer, "write_norm": float(w.norm()),
+                     "mapped_norm": float(target.norm()), "rel_residual": rel})
+    return out, pd.DataFrame(rows)
+
+
+__all__ = [
+    "RIDGE_GRID", "HiddenMap", "corresponding_index", "corresponding_layer", "fit_hidden_map",
+    "fit_ridge_map", "layer_write", "map_grid", "r2_score", "resid_hook", "resid_points",
+    "resid_states", "solve_z", "transfer_embedding", "transfer_linear", "transfer_state",
+]
