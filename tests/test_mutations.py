@@ -132,8 +132,9 @@ def rotate_decode_queries_one_position_back(monkeypatch, model):
 
 
 def forget_cache_padding(monkeypatch):
-    """The bridge's recompute cache forgets which prefix columns are padding (all ones)."""
-    from sitelens.models import RecomputeCache
+    """The bridge's cache (the driven Hugging Face cache, or the recompute stand-in) forgets
+    which prefix columns are padding (all ones)."""
+    from sitelens.models import BridgeKVCache, RecomputeCache
 
     def get(self):
         return torch.ones_like(self.__dict__["attention_mask"])
@@ -141,7 +142,8 @@ def forget_cache_padding(monkeypatch):
     def put(self, value):
         self.__dict__["attention_mask"] = value
 
-    monkeypatch.setattr(RecomputeCache, "attention_mask", property(get, put), raising=False)
+    for cls in (BridgeKVCache, RecomputeCache):
+        monkeypatch.setattr(cls, "attention_mask", property(get, put), raising=False)
 
 
 def break_kv_cache(monkeypatch, model):
@@ -257,12 +259,13 @@ def test_kv_forward_comparison_catches_a_step_at_the_wrong_position(tiny, monkey
 
 
 def test_last_only_prefill_comparison_catches_the_wrong_column(tiny, monkeypatch):
-    if is_bridge(tiny):
-        pytest.skip("HookedTransformer only: a bridge's prefill slices the full logits")
     import sitelens.models.kv as M
 
-    real = M.unembed_last
-    monkeypatch.setattr(M, "unembed_last", lambda model, resid: real(model, resid[:, :-1]))
+    if is_bridge(tiny):  # Hugging Face unembeds the position logits_to_keep names: the one before
+        monkeypatch.setattr(M, "_last_only_kwargs", lambda model: {"logits_to_keep": torch.tensor([-2])})
+    else:
+        real = M.unembed_last
+        monkeypatch.setattr(M, "unembed_last", lambda model, resid: real(model, resid[:, :-1]))
     with pytest.raises(AssertionError, match=CAUGHT):
         TB.test_kv_forward_last_only_equals_the_last_column(tiny)
 

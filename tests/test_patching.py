@@ -453,14 +453,16 @@ def test_batched_head_effects_equal_serial_loop(model, task, adapter):
 
 
 def test_cache_selections_are_memory_bounded(model, task, adapter, monkeypatch):
-    from sitelens.models import cache_rows_per_batch, prefix_cache
+    from sitelens.models import BridgeKVCache, RecomputeCache, cache_rows_per_batch, prefix_cache
 
     enc = encode(model, ["Q: a b c d e f\nA:", "Q: x\nA:"])
     cache, _ = prefix_cache(model, enc)
-    if not getattr(cache, "entries", None):  # a bridge recomputes; nothing is copied
+    if isinstance(cache, RecomputeCache):  # a bridge that recomputes: nothing is copied
         assert cache_rows_per_batch(cache, 64, budget_bytes=1) == 64
         return
-    row = sum(2 * e.past_keys[:1].numel() * e.past_keys.element_size() for e in cache.entries)
+    pairs = (cache.kv() if isinstance(cache, BridgeKVCache)  # the bridge's HF cache
+             else [(e.past_keys, e.past_values) for e in cache.entries])
+    row = sum(2 * k[:1].numel() * k.element_size() for k, _ in pairs)
     assert cache_rows_per_batch(cache, 64, budget_bytes=10 * row) == 10
     assert cache_rows_per_batch(cache, 4, budget_bytes=10 * row) == 4  # batch_size caps it
     assert cache_rows_per_batch(cache, 64, budget_bytes=1) == 1  # one row always runs

@@ -12,7 +12,7 @@ model classes (with :mod:`sitelens.attention`, the fused attention forward).
 - :mod:`sitelens.models.devices`: dtypes and devices (``resolve_dtype``, ``resolve_device``), where
   each layer lives (``layer_devices``, ``input_device``, ``output_device``), per-layer placement
   (``place_layer_rows``), splitting a ``HookedTransformer`` over GPUs (``place_pipeline``) and
-  memory-sized batches (``memory_budget``, ``batch_rows``).
+  memory-sized batches (``memory_budget``).
 - :mod:`sitelens.models.cache`: the cache directory and the processed-weight cache.
 - :mod:`sitelens.models.gguf`: GGUF files → Hugging Face models → ``HookedTransformer``.
 
@@ -31,7 +31,6 @@ from sitelens.models.cache import _weights_key as _weights_key
 from sitelens.models.devices import (
     DTYPES,
     accumulation_dtype,
-    batch_rows,
     dtype_name,
     input_device,
     is_multi_device,
@@ -69,8 +68,10 @@ from sitelens.models.hooks import (
 )
 from sitelens.models.kv import (
     SELECT_BUDGET_BYTES,
+    BridgeKVCache,
     RecomputeCache,
     cache_rows_per_batch,
+    drive_hf_cache,
     kv_forward,
     last_position_logits,
     last_token_forward,
@@ -138,11 +139,12 @@ __all__ = [
     "act_name", "canonical_hook_name", "check_z_shape", "forward_until", "is_bridge",
     "position_wise", "self_check", "wrap_hook", "z_hook_name",
     # kv
-    "SELECT_BUDGET_BYTES", "RecomputeCache", "cache_rows_per_batch", "kv_forward",
+    "SELECT_BUDGET_BYTES", "BridgeKVCache", "RecomputeCache", "cache_rows_per_batch",
+    "drive_hf_cache", "kv_forward",
     "last_position_logits", "last_token_forward", "new_kv_cache", "prefix_cache", "select_cache",
     "unembed_last",
     # devices
-    "DTYPES", "accumulation_dtype", "batch_rows", "dtype_name", "input_device", "is_multi_device",
+    "DTYPES", "accumulation_dtype", "dtype_name", "input_device", "is_multi_device",
     "layer_devices", "memory_budget", "model_devices", "output_device", "pipeline_plan",
     "place_layer_rows", "place_pipeline", "resolve_device", "resolve_dtype", "resolve_n_devices",
     "stacked_weight",

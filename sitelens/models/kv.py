@@ -1,23 +1,35 @@
 """KV caches: prefix caches, cached forward passes, last-position logits, on both backends.
 
-HookedTransformer: TransformerLens's own KV cache. TransformerBridge: there is no TransformerLens
-KV cache that sitelens can drive (and the HF cache the bridge forwards is not updated by TL 3.9's
-attention bridge under transformers 5.x), so a :class:`RecomputeCache` (the tokens seen so far)
-stands in for it and every :func:`kv_forward` is a full forward pass over the cached tokens. Hooks
-added through :func:`sitelens.injection.apply_hooks` (wrapped by
-:func:`~sitelens.models.hooks.wrap_hook`) see exactly the positions they would see with a KV cache
-(the prompt, then one position per decode step; never the frozen prefix), so every intervention
-gives the same result on both backends.
+HookedTransformer: TransformerLens's own KV cache. TransformerBridge: the Hugging Face model's own
+cache (a ``transformers`` ``DynamicCache``, keys/values ``[batch, n_kv_heads, pos, d_head]`` per
+layer) in a :class:`BridgeKVCache`, which also remembers the attention mask so far (the bridge
+derives left-padded position ids from it). Since transformers 5 the decoder layers hand the cache
+to the attention module as ``cache=`` where TransformerLens's attention bridges (3.9 and 4.x) read
+``past_key_values=``: they then neither extend the cache nor read it, and every step would attend
+to its own tokens only. :func:`drive_hf_cache` installs a keyword alias on each attention bridge
+(a forward pre-hook, nothing else is patched), and a once-per-model probe checks that the cache is
+extended by exactly the tokens fed; where it is not (an architecture or version where the alias
+does not take), a :class:`RecomputeCache` (the tokens seen so far) stands in and every
+:func:`kv_forward` is a full forward pass over the cached tokens. Hooks added through
+:func:`sitelens.injection.apply_hooks` (wrapped by :func:`~sitelens.models.hooks.wrap_hook`) see
+exactly the positions they would see on a HookedTransformer (the prompt, then one position per
+decode step; never the frozen prefix) on every path, so every intervention gives the same result
+on both backends.
 """
 
 from __future__ import annotations
 
+import inspect
+import warnings
+import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from sitelens.errors import ModelError
 from sitelens.models.hooks import _segment_view, forward_until, is_bridge, z_hook_name
 from sitelens.models.tokens import Encoded, budget_batches
 
@@ -39,12 +51,157 @@ class RecomputeCache:
                               self.frozen)
 
 
+@dataclass
+class BridgeKVCache:
+    """A TransformerBridge's KV cache: the Hugging Face cache (``hf``, a ``DynamicCache``: keys and
+    values ``[batch, n_kv_heads, pos, d_head]`` per layer) and the attention mask of every position
+    it holds (``[batch, pos]``; padded positions are 0). ``frozen``: a prefix that
+    :func:`kv_forward` reads but never extends (like a frozen TransformerLens cache): each call
+    sees the prefix plus its own tokens, and the cache is left as it was."""
+
+    hf: Any
+    attention_mask: Int[Tensor, "batch pos"]
+    frozen: bool = False
+
+    def kv(self) -> list[tuple[Tensor, Tensor]]:
+        """Per layer ``(keys, values)``, each ``[batch, n_kv_heads, pos, d_head]``."""
+        return _layer_kv(self.hf)
+
+    def select(self, idx) -> BridgeKVCache:
+        idx = torch.as_tensor(idx, dtype=torch.long, device=self.attention_mask.device)
+        kv = [(k[idx.to(k.device)], v[idx.to(v.device)]) for k, v in self.kv()]
+        return BridgeKVCache(_hf_cache_from(kv), self.attention_mask[idx], frozen=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# driving the Hugging Face cache through a TransformerBridge
+
+_DRIVEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # bridge -> bool (probe result)
+
+
+def _cache_alias(module, args, kwargs):
+    """Forward pre-hook on an attention bridge: hand it the cache under the name it reads."""
+    if kwargs.get("past_key_values") is None and kwargs.get("cache") is not None:
+        kwargs["past_key_values"] = kwargs["cache"]
+    return args, kwargs
+
+
+def _attention_bridges(model) -> list:
+    return [m for m in model.modules() if callable(getattr(m, "_update_kv_cache", None))]
+
+
+def _hf_params(model) -> set[str]:
+    """The keyword parameters of the wrapped Hugging Face model's ``forward``."""
+    try:
+        return set(inspect.signature(model.original_model.forward).parameters)
+    except (TypeError, ValueError, AttributeError):
+        return set()
+
+
+def _cache_kwargs(model, hf_cache) -> dict:
+    """The keyword arguments that hand ``hf_cache`` to the bridge's Hugging Face model: ``cache``
+    (transformers ≥ 5.x's name) where its ``forward`` takes it, else ``past_key_values``."""
+    name = "cache" if "cache" in _hf_params(model) else "past_key_values"
+    return {name: hf_cache, "use_cache": True}
+
+
+def _new_hf_cache():
+    from transformers import DynamicCache
+
+    return DynamicCache()  # no config: every layer keeps all positions (sliding layers by mask)
+
+
+def _layer_kv(hf_cache) -> list[tuple[Tensor, Tensor]]:
+    """Per layer ``(keys, values)`` of a ``DynamicCache`` (transformers 5's ``layers`` or 4.x's
+    ``key_cache``/``value_cache`` lists)."""
+    layers = getattr(hf_cache, "layers", None)
+    if layers is not None:
+        return [(layer.keys, layer.values) for layer in layers]
+    return list(zip(hf_cache.key_cache, hf_cache.value_cache))
+
+
+def _set_layer_kv(hf_cache, kv: list[tuple[Tensor, Tensor]]) -> None:
+    layers = getattr(hf_cache, "layers", None)
+    if layers is not None:
+        for layer, (k, v) in zip(layers, kv):
+            layer.keys, layer.values = k, v
+    else:
+        hf_cache.key_cache[:] = [k for k, _ in kv]
+        hf_cache.value_cache[:] = [v for _, v in kv]
+
+
+def _hf_cache_from(kv: list[tuple[Tensor, Tensor]]):
+    """A ``DynamicCache`` holding these per-layer keys/values (the tensors themselves, no copy:
+    each layer is initialized with zero positions, then given them)."""
+    cache = _new_hf_cache()
+    for layer, (k, v) in enumerate(kv):
+        cache.update(k[..., :0, :], v[..., :0, :], layer)
+    _set_layer_kv(cache, kv)
+    return cache
+
+
+def hf_seq_length(hf_cache) -> int:
+    """Positions held by a Hugging Face cache (every layer must agree; -1 where they do not)."""
+    lengths = {int(k.shape[-2]) for k, _ in _layer_kv(hf_cache)}
+    return lengths.pop() if len(lengths) == 1 else (0 if not lengths else -1)
+
+
+def drive_hf_cache(model) -> bool:
+    """Make ``model`` (a TransformerBridge) extend and read a Hugging Face KV cache, and check
+    that it does: the keyword alias of :func:`_cache_alias` on every attention bridge, then a probe
+    (a 3-token prefill and a 1-token step on a fresh cache must leave every layer holding 3, then
+    4 positions). Cached per model; ``False`` means :func:`kv_forward` falls back to full passes
+    (:class:`RecomputeCache`), with a warning."""
+    ok = _DRIVEN.get(model)
+    if ok is not None:
+        return ok
+    attn = _attention_bridges(model)
+    for m in attn:
+        if not getattr(m, "_sitelens_cache_alias", False):
+            m.register_forward_pre_hook(_cache_alias, with_kwargs=True)
+            m._sitelens_cache_alias = True
+    ok = bool(attn) and len(attn) == model.cfg.n_layers
+    if ok:
+        dev = model.cfg.device
+        tok = model.tokenizer
+        ids = [i for i in (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) if i is not None]
+        probe = torch.tensor([[(ids or [0])[0]] * 4], dtype=torch.long, device=dev)  # [1, 4]
+        hf = _new_hf_cache()
+        try:
+            with torch.no_grad():
+                model(probe[:, :3], attention_mask=torch.ones_like(probe[:, :3]),
+                      **_cache_kwargs(model, hf))
+                ok = hf_seq_length(hf) == 3
+                if ok:
+                    model(probe[:, 3:], attention_mask=torch.ones_like(probe),
+                          **_cache_kwargs(model, hf))
+                    ok = hf_seq_length(hf) == 4
+        except (TypeError, ValueError, RuntimeError, AttributeError):
+            ok = False
+    if not ok:
+        warnings.warn(
+            f"This TransformerBridge ({getattr(model.cfg, 'model_name', '?')}) does not extend a "
+            "Hugging Face KV cache; sitelens recomputes the full sequence at every cached step "
+            "instead (same results, slower).",
+            stacklevel=2,
+        )
+    _DRIVEN[model] = ok
+    return ok
+
+
+def _uses_hf_cache(model) -> bool:
+    return is_bridge(model) and drive_hf_cache(model)
+
+
 def new_kv_cache(model, batch_size: int):
-    """An empty KV cache for ``batch_size`` rows (TransformerLens's, or a :class:`RecomputeCache`
-    on a bridge). Run the model on it with :func:`kv_forward`."""
+    """An empty KV cache for ``batch_size`` rows (TransformerLens's; a :class:`BridgeKVCache` on a
+    bridge, or a :class:`RecomputeCache` where :func:`drive_hf_cache` fails). Run the model on it
+    with :func:`kv_forward`."""
     if is_bridge(model):
         dev = model.cfg.device
         empty = torch.zeros(batch_size, 0, dtype=torch.long, device=dev)
+        if drive_hf_cache(model):
+            return BridgeKVCache(_new_hf_cache(), empty)
         return RecomputeCache(empty, empty.clone())
     from transformer_lens import TransformerLensKeyValueCache
 
@@ -62,11 +219,18 @@ def unembed_last(model, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tens
     return apply_softcap(model.unembed(resid), model.cfg.output_logits_soft_cap)
 
 
+def _last_only_kwargs(model) -> dict:
+    """``logits_to_keep=1`` where the bridge's Hugging Face model takes it (unembed only the last
+    position: Gemma-3's 262k-token vocabulary makes the full logits the largest tensor of a pass)."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in _hf_params(model) else {}
+
+
 def last_position_logits(model, enc: Encoded) -> Float[Tensor, "batch d_vocab"]:
     """Logits at the last prompt position of a full forward pass, unembedding only that position
     (same numbers as ``model(...)[:, -1]``, without the ``[batch, pos, d_vocab]`` tensor)."""
-    if is_bridge(model):  # a bridge's stop_at_layer still unembeds: take the full logits
-        out = model(enc.tokens, attention_mask=enc.attention_mask)  # [batch, pos, d_vocab]
+    if is_bridge(model):  # a bridge's stop_at_layer still unembeds: ask HF for the last column
+        out = model(enc.tokens, attention_mask=enc.attention_mask,
+                    **_last_only_kwargs(model))  # [batch, 1 or pos, d_vocab]
         return out[:, -1].float()
     resid = model(
         enc.tokens, attention_mask=enc.attention_mask, stop_at_layer=model.cfg.n_layers
@@ -92,6 +256,8 @@ def kv_forward(
         resid = model(tokens, attention_mask=attention_mask, past_kv_cache=cache,
                       stop_at_layer=model.cfg.n_layers)  # [batch, pos, d_model]
         return unembed_last(model, resid)
+    if isinstance(cache, BridgeKVCache):
+        return _bridge_kv_forward(model, tokens, attention_mask, cache, last_only=last_only)
     n_old, n_new = cache.tokens.shape[1], tokens.shape[1]
     full_tokens = torch.cat([cache.tokens, tokens], dim=1)  # [batch, old + new]
     full_mask = torch.cat([cache.attention_mask, attention_mask.to(cache.attention_mask)], dim=1)
@@ -107,6 +273,31 @@ def kv_forward(
     return logits[:, -1:] if last_only else logits[:, n_old:]
 
 
+def _bridge_kv_forward(model, tokens, attention_mask, cache: BridgeKVCache, *, last_only: bool):
+    """One bridge pass over ``tokens`` reading (and, unless frozen, extending) the HF cache."""
+    n_old = cache.attention_mask.shape[1]
+    full_mask = torch.cat([cache.attention_mask, attention_mask.to(cache.attention_mask)],
+                          dim=1)  # [batch, old + new]
+    kw = _cache_kwargs(model, cache.hf)
+    if last_only:
+        kw.update(_last_only_kwargs(model))
+    saved = cache.kv() if cache.frozen else None
+    try:
+        logits = model(tokens, attention_mask=full_mask, **kw)  # [batch, new or 1, d_vocab]
+        held = hf_seq_length(cache.hf)
+    finally:
+        if saved is not None:  # a frozen prefix: drop what this call appended (no copy)
+            _set_layer_kv(cache.hf, saved)
+    if held != full_mask.shape[1]:
+        raise ModelError(
+            f"The TransformerBridge's KV cache holds {held} positions after a step over "
+            f"{n_old} + {tokens.shape[1]}: the attention bridges did not extend it."
+        )
+    if not cache.frozen:
+        cache.attention_mask = full_mask
+    return logits[:, -1:] if last_only else logits
+
+
 def prefix_cache(model, enc: Encoded, *, batch_size: int = 64):
     """A frozen KV cache of every position but the last of a left-padded batch.
 
@@ -115,16 +306,18 @@ def prefix_cache(model, enc: Encoded, *, batch_size: int = 64):
     (on a bridge: a frozen :class:`RecomputeCache`; each call is a full pass whose hooks see only
     the last token). Returns ``(cache, last_tokens [batch, 1])``.
     """
-    if is_bridge(model):
+    if is_bridge(model) and not drive_hf_cache(model):
         cache = RecomputeCache(enc.tokens[:, :-1], enc.attention_mask[:, :-1],
                                [(0, enc.tokens.shape[1] - 1)], frozen=True)
         return cache, enc.tokens[:, -1:]
-    from transformer_lens import TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
-
     width = enc.tokens.shape[1] - 1  # the prefix: every column but the last
     lengths = enc.attention_mask[:, :-1].sum(1)  # [batch] real prefix tokens per row
     # similar lengths share a batch (less padding), memory-bounded for long prompts
     batches = budget_batches(lengths.tolist(), batch_size, model.cfg.n_heads)
+    if is_bridge(model):
+        return _bridge_prefix_cache(model, enc, batches, width, lengths), enc.tokens[:, -1:]
+    from transformer_lens import TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
+
     entries = None  # allocated from the first batch's dtype; each batch writes its rows in place
     with torch.no_grad():
         for idx in map(torch.tensor, batches):
@@ -153,9 +346,42 @@ def prefix_cache(model, enc: Encoded, *, batch_size: int = 64):
         enc.tokens[:, -1:]
 
 
+def _bridge_prefix_cache(model, enc: Encoded, batches, width: int, lengths) -> BridgeKVCache:
+    """:func:`prefix_cache` on a bridge: each length batch fills a fresh HF cache (the pass ends
+    at the last layer's z hook, after its K/V are cached), written right-aligned into one
+    ``[batch, n_kv_heads, width, d_head]`` K and V per layer (zeros = the left padding)."""
+    full: list[tuple[Tensor, Tensor]] | None = None
+    with torch.no_grad():
+        for idx in map(torch.tensor, batches):
+            w = max(int(lengths[idx].max()), 1)  # this batch's own padded width
+            hf = _new_hf_cache()
+            forward_until(
+                model,
+                [(z_hook_name(model, model.cfg.n_layers - 1), lambda z, hook=None: None)],
+                enc.tokens[idx, width - w : width],
+                attention_mask=enc.attention_mask[idx, width - w : width],
+                **_cache_kwargs(model, hf),
+            )
+            kv = _layer_kv(hf)
+            if len(kv) != model.cfg.n_layers or hf_seq_length(hf) != w:
+                raise ModelError(
+                    f"The TransformerBridge's KV cache holds {hf_seq_length(hf)} positions in "
+                    f"{len(kv)} layers after a {w}-token prefix pass over {model.cfg.n_layers} "
+                    "layers: the attention bridges did not extend it."
+                )
+            if full is None:  # [batch, n_kv_heads, width, d_head] per layer
+                full = [(k.new_zeros(len(lengths), k.shape[1], width, k.shape[3]),
+                         v.new_zeros(len(lengths), v.shape[1], width, v.shape[3])) for k, v in kv]
+            for (fk, fv), (k, v) in zip(full, kv):  # right-aligned: columns width - w ..
+                fk[idx, :, width - w :] = k
+                fv[idx, :, width - w :] = v
+            del hf, kv
+    return BridgeKVCache(_hf_cache_from(full), enc.attention_mask[:, :-1].clone(), frozen=True)
+
+
 def select_cache(cache, idx):
     """Rows ``idx`` of a KV cache, as a new frozen cache (the original is untouched)."""
-    if isinstance(cache, RecomputeCache):
+    if isinstance(cache, (RecomputeCache, BridgeKVCache)):
         return cache.select(idx)
     from transformer_lens import TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
 
@@ -175,13 +401,13 @@ def cache_rows_per_batch(cache, batch_size: int, *, budget_bytes: int = SELECT_B
     and few enough that the copy (every layer's K and V of the selected rows) fits in
     ``budget_bytes`` (at least 1). A 2,460-token prefix of SmolLM2 holds 113 MB per row, so 64
     rows of a 10-shot squad_val prompt would copy 7 GB; the budget keeps that at 1 GiB."""
-    if isinstance(cache, RecomputeCache) or not getattr(cache, "entries", None):
+    if isinstance(cache, BridgeKVCache):
+        pairs = cache.kv()
+    elif isinstance(cache, RecomputeCache) or not getattr(cache, "entries", None):
         return max(1, batch_size)
-    row = sum(
-        e.past_keys[:1].numel() * e.past_keys.element_size()
-        + e.past_values[:1].numel() * e.past_values.element_size()
-        for e in cache.entries
-    )
+    else:
+        pairs = [(e.past_keys, e.past_values) for e in cache.entries]
+    row = sum(k[:1].numel() * k.element_size() + v[:1].numel() * v.element_size() for k, v in pairs)
     return max(1, min(batch_size, budget_bytes // max(row, 1)))
 
 
@@ -191,7 +417,8 @@ def last_token_forward(model, cache, last_tokens: Int[Tensor, "batch 1"]):
 
 
 __all__ = [
-    "SELECT_BUDGET_BYTES", "RecomputeCache", "cache_rows_per_batch", "kv_forward",
+    "SELECT_BUDGET_BYTES", "BridgeKVCache", "RecomputeCache", "cache_rows_per_batch",
+    "drive_hf_cache", "hf_seq_length", "kv_forward",
     "last_position_logits", "last_token_forward", "new_kv_cache", "prefix_cache", "select_cache",
     "unembed_last",
 ]
