@@ -14,6 +14,7 @@ from tolerances import (
     assert_probs_close,
     assert_within,
     logit_scale,
+    logit_tolerance,
     reduction_tolerance,
     unit_roundoff,
 )
@@ -200,6 +201,52 @@ def test_ltv_adds_w_h_at_the_last_token_only(model, task):
     # decode steps (a different length) are left alone: the hook returns x itself
     got2, _ = _capture(model, PROMPTS, [name], f.intervention(model, seq + 1))
     assert torch.equal(got2[name], base[name])
+
+
+def test_ltv_default_keeps_its_cell_key():
+    from sitelens.provenance import canonical
+
+    # the bench keys a cell on this JSON: the layer sweep must not change the default's
+    assert canonical(LTV()) == {"__type__": "LTV", "lam": 5.0, "layer": None, "n_queries": 256,
+                                "n_shots": 10, "name": "ltv"}
+    assert canonical(LTV(layer="sweep"))["layer"] == "sweep"
+
+
+def test_ltv_sweep_keeps_the_block_best_on_valid(model, task):
+    from sitelens.baselines.ltv import SWEEP_N_VALID
+
+    f = LTV(n_queries=12, n_shots=2, layer="sweep").fit(model, task, seed=1)
+    L = model.cfg.n_layers
+    table = f.meta["layer_table"]
+    assert [r["layer"] for r in table] == list(range(L))
+    # each block's map, fitted alone, scored on the valid items by full forward passes (not the
+    # sweep's prefix-cache path): the table must hold these accuracies and losses
+    valid = task.valid[:SWEEP_N_VALID]
+    prompts = [zero_shot_prompt(ex.input) for ex in valid]
+    answers = torch.tensor([model.tokenizer(" " + ex.output, add_special_tokens=False)["input_ids"][0]
+                            for ex in valid])
+    seq = encode(model, prompts).tokens.shape[1]
+    maps = {}
+    for r in table:
+        g = LTV(n_queries=12, n_shots=2, layer=r["layer"]).fit(model, task, seed=1)
+        maps[r["layer"]] = g.state["W"]
+        logits = _logits(model, prompts, g.intervention(model, seq))[:, -1]  # [n, d_vocab]
+        acc = float((logits.argmax(-1) == answers).float().mean())
+        loss = float(torch.nn.functional.cross_entropy(logits, answers))
+        assert r["valid_acc"] == acc, r  # exact: argmaxes of logits that agree to ~1e-6
+        # the same logits on two paths (prefix KV cache vs one pass): logit_tolerance bounds each
+        # logit, and a mean cross-entropy moves by at most twice that
+        scale = float(logits.abs().max())
+        assert abs(r["valid_loss"] - loss) <= 2 * logit_tolerance(model, scale), (r, loss)
+    best = min(table, key=lambda r: (-r["valid_acc"], r["valid_loss"], r["layer"]))
+    assert f.state["layer"] == best["layer"]
+    # the kept map is that block's own map: captured in passes that hook every block instead of
+    # one (same batches, same ops), so equal up to the solve's float32 rounding of W
+    assert_within(f.state["W"], maps[best["layer"]],
+                  4 * unit_roundoff(torch.float32) * float(maps[best["layer"]].abs().max()),
+                  what="sweep W vs the block's own W")
+    with pytest.raises(ValueError, match="layer must be"):
+        LTV(layer="middle").fit(model, task)
 
 
 # ----------------------------------------------------------------------------------------------
