@@ -87,3 +87,36 @@ def append_rows_atomic(path: Path, fields: list[str], rows: list[dict]) -> None:
         if old and not old.endswith(b"\n"):
             old += b"\n"
         atomic_write(path, old + buf.getvalue().encode())
+
+
+_PINNED: dict[str, str] = {}
+
+
+def pinned_source(module: str) -> str:
+    """``sha256[:12]@commit`` of a sitelens module's file as this process imports it (read right
+    before the import and checked unchanged after it; ``+dirty`` when it differs from HEAD), so
+    rows made by a long run name the code that made them even if the file is edited meanwhile.
+    Call it before anything imports ``module``."""
+    if module not in _PINNED:
+        import hashlib
+        import importlib
+        import subprocess
+        import sys
+
+        if module in sys.modules:
+            raise RuntimeError(f"pinned_source({module!r}) must run before {module} is imported")
+        root = Path(__file__).resolve().parent.parent
+        path = root / (module.replace(".", "/") + ".py")
+        before = path.read_bytes()
+        importlib.import_module(module)
+        if path.read_bytes() != before:
+            raise SystemExit(f"{path} changed while it was imported; rerun.")
+        try:
+            commit = subprocess.run(["git", "log", "-1", "--format=%h", "--", str(path)], cwd=root,
+                                    capture_output=True, text=True, check=True).stdout.strip()
+            dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", str(path)], cwd=root).returncode
+        except (OSError, subprocess.CalledProcessError):
+            commit, dirty = "?", 0
+        _PINNED[module] = (f"{hashlib.sha256(before).hexdigest()[:12]}@{commit}"
+                           + ("+dirty" if dirty else ""))
+    return _PINNED[module]

@@ -104,6 +104,58 @@ def resid_states(
     return torch.stack([acts[n] for n in names], dim=1)  # [n, n_points, d_model]
 
 
+def task_states(
+    model, task, *, n_prompts: int = 50, n_shots: int = 10, seed: int = 0, template=None,
+    batch_size: int = 8,
+) -> dict[str, Tensor]:
+    """One pass over stage 1's few-shot prompts (:func:`sitelens.tasks.embedding_prompts`, the
+    prompts of both :func:`sitelens.baselines.tv.task_vectors` and
+    :func:`sitelens.site.task_embedding` with the same arguments) capturing what both need:
+    ``resid [n_prompts, n_layers + 1, d_model]`` (last-token states at every residual point),
+    ``tv [n_layers, d_model]`` (their mean at each ``hook_resid_pre``: the TV states) and
+    ``embedding [n_layers, n_heads, d_head]`` (the mean last-token ``hook_z``: SITE's stage 1)."""
+    from sitelens.models import check_z_shape, z_hook_name
+    from sitelens.site import capture_last
+    from sitelens.tasks import DEFAULT_TEMPLATE, embedding_prompts
+
+    template = template or DEFAULT_TEMPLATE
+    c = model.cfg
+    prompts = embedding_prompts(task, n_prompts, n_shots, seed=seed, template=template)
+    rnames = [resid_hook(model, i) for i in range(resid_points(model))]
+    znames = [z_hook_name(model, layer) for layer in range(c.n_layers)]
+    acts = capture_last(model, prompts, [*rnames, *znames], batch_size=batch_size)
+    for name in znames:
+        check_z_shape(acts[name][:, None], c.n_heads, c.d_head, name)
+    resid = torch.stack([acts[n] for n in rnames], dim=1)  # [n_prompts, n_layers + 1, d_model]
+    z = torch.stack([acts[n] for n in znames], dim=1)  # [n_prompts, n_layers, n_heads, d_head]
+    return {"resid": resid, "tv": resid[:, : c.n_layers].mean(0), "embedding": z.mean(0)}
+
+
+def tv_fitted(
+    model, task, states: Float[Tensor, "n_layers d_model"], *, layers: Sequence[int] | None = None,
+    n_valid: int = 64, template=None, name: str = "tv",
+):
+    """:class:`sitelens.baselines.TV`'s fit with its states given (own states from
+    :func:`task_states`, or states carried from another model): the layer among ``layers`` (all
+    by default) with the best validation first-token accuracy, its state replacing
+    ``hook_resid_pre`` at the last prompt token. Returns a :class:`sitelens.baselines.Fitted`."""
+    from sitelens.baselines.base import Fitted, select_layer
+    from sitelens.baselines.tv import tv_intervention
+    from sitelens.tasks import DEFAULT_TEMPLATE
+    from sitelens.training import valid_items
+
+    template = template or DEFAULT_TEMPLATE
+    states = states.to(model.cfg.device)  # [n_layers, d_model]
+    layers = list(layers) if layers is not None else list(range(model.cfg.n_layers))
+    layer, table = select_layer(
+        model, valid_items(task, n_valid), lambda lay: tv_intervention(states[lay], lay)(model, None),
+        layers, template=template,
+    )
+    return Fitted(name, intervention=tv_intervention(states[layer], layer),
+                  state={"vector": states[layer], "layer": layer, "all_layers": states},
+                  meta={"stored_numbers": model.cfg.d_model, "layer_table": table})
+
+
 # ----------------------------------------------------------------------------------------------
 # the map
 
@@ -127,17 +179,23 @@ class _RidgeBasis:
         self.U, self.S, self.Vh = U, S, Vh  # [n, r], [r], [r, d_in]
         self.scale = float((S**2).sum() / X64.shape[1])  # the mean eigenvalue of XcᵀXc
 
-    def fit(self, Y: Tensor, rho: float) -> tuple[Tensor, Tensor]:
-        """``A [d_out, d_in]``, ``b [d_out]`` of the ridge fit with penalty ``rho · scale``."""
+    def project(self, Y: Tensor) -> tuple[Tensor, Tensor]:
+        """``(Uᵀ (Y − ȳ), ȳ)``: what every penalty's fit of ``Y`` shares."""
         Y64 = torch.as_tensor(Y).double()
         y_mean = Y64.mean(0)  # [d_out]
+        return self.U.T @ (Y64 - y_mean), y_mean  # [r, d_out], [d_out]
+
+    def fit(self, Y: Tensor | tuple[Tensor, Tensor], rho: float) -> tuple[Tensor, Tensor]:
+        """``A [d_out, d_in]``, ``b [d_out]`` of the ridge fit of ``Y`` (or of its
+        :meth:`project`) with penalty ``rho · scale``."""
+        UtY, y_mean = Y if isinstance(Y, tuple) else self.project(Y)
         lam = rho * self.scale
         tol = self.S.max() * max(self.U.shape[0], self.Vh.shape[1]) * torch.finfo(torch.float64).eps
         if lam > 0:
             shrink = self.S / (self.S**2 + lam)
         else:  # least squares: the pseudo-inverse, tiny singular values dropped
             shrink = torch.where(self.S > tol, 1 / self.S.clamp_min(tol), torch.zeros_like(self.S))
-        coef = self.Vh.T @ (shrink[:, None] * (self.U.T @ (Y64 - y_mean)))  # [d_in, d_out]
+        coef = self.Vh.T @ (shrink[:, None] * UtY)  # [d_in, d_out]
         A = coef.T  # [d_out, d_in]
         return A, y_mean - A @ self.x_mean
 
@@ -263,9 +321,10 @@ def map_grid(
         part, full = _RidgeBasis(Xi[fit]), _RidgeBasis(Xi)
         for j in [p[1] for p in pairs if p[0] == i]:
             Yj = Y[:, j].double()
+            proj = part.project(Yj[fit])
             scores = []
             for rho in grid:
-                A, b = part.fit(Yj[fit], rho)
+                A, b = part.fit(proj, rho)
                 scores.append(r2_score(Yj[val], Xi[val] @ A.T + b))
             k = int(np.argmax(scores))
             A, b = full.fit(Yj, grid[k])
@@ -382,5 +441,6 @@ def transfer_embedding(
 __all__ = [
     "RIDGE_GRID", "HiddenMap", "corresponding_index", "corresponding_layer", "fit_hidden_map",
     "fit_ridge_map", "layer_write", "map_grid", "r2_score", "resid_hook", "resid_points",
-    "resid_states", "solve_z", "transfer_embedding", "transfer_linear", "transfer_state",
+    "resid_states", "solve_z", "task_states", "transfer_embedding", "transfer_linear",
+    "transfer_state", "tv_fitted",
 ]

@@ -22,9 +22,11 @@ from sitelens.transfer import (
     resid_hook,
     resid_states,
     solve_z,
+    task_states,
     transfer_embedding,
     transfer_linear,
     transfer_state,
+    tv_fitted,
 )
 
 hooked_only = pytest.mark.skipif(not has_hooked_transformer(),
@@ -209,3 +211,22 @@ def test_resid_hook_names(pair):
     assert resid_hook(src, 3) == "blocks.2.hook_resid_post"
     with pytest.raises(UsageError, match="residual index"):
         resid_hook(src, 4)
+
+
+def test_task_states_and_tv_fitted_equal_tv_and_stage_1(tiny_mha):
+    """One shared capture gives exactly TV's states and layer and SITE's stage-1 embedding."""
+    from sitelens.baselines import TV
+    from sitelens.baselines.tv import task_vectors
+    from sitelens.site import task_embedding
+    from sitelens.tasks import load_task
+
+    task = load_task("antonym")
+    st = task_states(tiny_mha, task, n_prompts=6, n_shots=2, seed=1)
+    assert st["resid"].shape == (6, 3, 32)
+    assert torch.equal(st["tv"], task_vectors(tiny_mha, task, n_prompts=6, n_shots=2, seed=1))
+    assert torch.equal(st["embedding"], task_embedding(tiny_mha, task, n_prompts=6, n_shots=2, seed=1))
+    own = TV(n_prompts=6, n_shots=2, n_valid=8).fit(tiny_mha, task, seed=1)
+    mine = tv_fitted(tiny_mha, task, st["tv"], n_valid=8)
+    assert mine.state["layer"] == own.state["layer"]
+    assert torch.equal(mine.state["vector"].cpu(), own.state["vector"].cpu())
+    assert mine.meta["layer_table"] == own.meta["layer_table"]
