@@ -215,6 +215,7 @@ def _serial_answer_probs(
         out = []
         for enc, ans in chunks:
             logits = last_logits(model, enc, mix)  # [b, d_vocab]
+            ans = ans.to(logits.device)  # [b]
             logp = torch.log_softmax(logits, -1).gather(1, ans[:, None])[:, 0]  # [b]
             out.append(logp.exp().cpu())
         return torch.cat(out)  # [n_prompts]

@@ -148,10 +148,9 @@ def greedy_generate(
     # The prefill fills positions 0..P-1 and yields token 1; decode step s feeds position P+s-1.
     max_new_tokens = min(max_new_tokens, model.cfg.n_ctx - enc.tokens.shape[1] + 1)
     cache = new_kv_cache(model, batch)
-    nl_ids = newline_ids(model) if stop_at_newline else set()
     eos = model.tokenizer.eos_token_id
-    out: list[Tensor] = []
-    done = torch.zeros(batch, dtype=torch.bool)
+    out: list[Tensor] = []  # one [batch] per step, on the device the logits come out on
+    done = None  # [batch], there too: one read per step (the stopping test), none per token
     hooks = intervention_hooks(model, intervention, enc.tokens.shape[1])
     # Hooks stay on for the decode steps: prefill-only interventions (HeadMix, last-token
     # injections) are pinned to the prompt length and skip them; every-position methods (LoRA,
@@ -167,13 +166,30 @@ def greedy_generate(
                 step_logits = step_logits.clone()
                 step_logits[:, eos] = float("-inf")  # [batch, d_vocab], EOS excluded
             nxt = step_logits.argmax(-1)  # [batch]
-            out.append(nxt.cpu())
-            done |= torch.tensor([int(t) in nl_ids or int(t) == eos for t in nxt.tolist()])
-            if bool(done.all()) or step == max_new_tokens - 1:
+            out.append(nxt)
+            stops = torch.isin(nxt, stop_ids(model, nxt.device, newline=stop_at_newline))  # [batch]
+            done = stops if done is None else done | stops
+            if step == max_new_tokens - 1 or bool(done.all()):
                 break
-            logits = kv_forward(model, nxt[:, None], ones, cache)  # [batch, 1, d_vocab]
+            logits = kv_forward(model, nxt[:, None].to(enc.tokens.device), ones,
+                                cache)  # [batch, 1, d_vocab]
             step_logits = logits[:, -1].float()
-    return torch.stack(out, dim=1), first_logits
+    return torch.stack(out, dim=1).cpu(), first_logits
+
+
+def stop_ids(model, device, *, newline: bool = True) -> Tensor:
+    """The token ids that end a generation (EOS, and with ``newline`` every token containing a
+    newline) as a tensor on ``device`` (cached per model and device)."""
+    cache = getattr(model, "_sitelens_stop_ids", None)
+    if cache is None:
+        cache = {}
+        model._sitelens_stop_ids = cache
+    key = (str(device), newline)
+    if key not in cache:
+        eos = model.tokenizer.eos_token_id
+        ids = sorted((newline_ids(model) if newline else set()) | ({eos} if eos is not None else set()))
+        cache[key] = torch.tensor(ids, dtype=torch.long, device=device)  # [n_stop]
+    return cache[key]
 
 
 def newline_ids(model) -> set[int]:
@@ -370,7 +386,7 @@ def evaluate(
                 raise ValueError("method 'site' needs an adapter (fit one with fit_site).")
             # the digit formatting follows the protocol; the rest must be the adapter's
             adapter.check_model(model, replace(template, bare_digits=adapter.template.bare_digits))
-            prompts, inter = zs, adapter.mix()
+            prompts, inter = zs, adapter.mix().placed(model)  # rows on their layers' devices
         else:
             raise ValueError(
                 f"Unknown method {method!r}; use zero-shot, icl, site"
@@ -411,6 +427,6 @@ def first_token_accuracy(model, prompts: list[str], answers: list[int], interven
     hits = 0
     for s in range(0, len(prompts), batch_size):
         enc = encode(model, prompts[s : s + batch_size])
-        top = last_logits(model, enc, intervention).argmax(-1).cpu()
-        hits += int((top == torch.tensor(answers[s : s + batch_size])).sum())
+        top = last_logits(model, enc, intervention).argmax(-1)  # [batch]
+        hits += int((top == torch.tensor(answers[s : s + batch_size], device=top.device)).sum())
     return hits / max(1, len(prompts))

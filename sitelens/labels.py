@@ -55,10 +55,12 @@ from torch import Tensor
 
 from sitelens.injection import apply_hooks
 from sitelens.models import (
+    SELECT_BUDGET_BYTES,
     cache_rows_per_batch,
     encode,
     kv_forward,
     length_batches,
+    memory_budget,
     new_kv_cache,
     select_cache,
     token_ids,
@@ -221,7 +223,8 @@ def _batch_logprobs(
         first = [logp_last[j, [c[0] for c in conts[j]]] for j in range(B)]  # [n_labels] each
         rest = [torch.zeros(len(conts[j])) for j in range(B)]  # Σ log p of tokens 2..T
         pending = [(j, c) for j in range(B) for c in range(len(conts[j])) if len(conts[j][c]) > 1]
-        step = cache_rows_per_batch(cache, batch_size)
+        step = cache_rows_per_batch(cache, batch_size,
+                                    budget_bytes=memory_budget(model, SELECT_BUDGET_BYTES))
         for s in range(0, len(pending), step):
             chunk = pending[s : s + step]
             sums = _continue(model, cache, [conts[j][c] for j, c in chunk], [j for j, _ in chunk], P)

@@ -31,10 +31,13 @@ from sitelens.evaluate import evaluate, last_logits
 from sitelens.injection import HeadMix, apply_hooks
 from sitelens.metrics import bootstrap_ci, correlation
 from sitelens.models import (
+    SELECT_BUDGET_BYTES,
     cache_rows_per_batch,
     encode,
     last_token_forward,
+    memory_budget,
     model_name,
+    place_layer_rows,
     prefix_cache,
     select_cache,
 )
@@ -72,16 +75,20 @@ def _run_rows(
 ) -> tuple[Bool[Tensor, " rows"], Float[Tensor, " rows"]]:
     """Row ``r`` runs item ``item_idx[r]``'s last token with the mix ``cond_weights[cond_idx[r]]``
     toward ``targets`` (shared ``[L, H, d_head]`` or per condition ``[n_cond, L, H, d_head]``).
-    Returns per row: is the argmax the answer's first token, and that token's probability."""
+    Returns per row: is the argmax the answer's first token, and that token's probability (float32,
+    CPU; read back once, after the last batch)."""
     dev = _device(model)
-    R = len(item_idx)
-    correct = torch.empty(R, dtype=torch.bool)  # [rows]
-    prob = torch.empty(R)  # [rows]
+    correct: list[Tensor] = []  # per batch [b], on the logits' device
+    prob: list[Tensor] = []  # per batch [b]
     cond_weights = cond_weights.to(dev)
-    targets = targets.to(dev)
     per_cond_targets = targets.dim() == 4
-    batch_size = cache_rows_per_batch(cache, batch_size)  # bounded copy of long prefixes
-    for s in range(0, R, batch_size):
+    if per_cond_targets:
+        targets = targets.to(dev)  # [n_cond, n_layers, n_heads, d_head]
+    else:
+        targets = place_layer_rows(targets, model)  # L × [n_heads, d_head], on their layers
+    batch_size = cache_rows_per_batch(  # bounded copy of long prefixes: 1 GiB on the CPU
+        cache, batch_size, budget_bytes=memory_budget(model, SELECT_BUDGET_BYTES))
+    for s in range(0, len(item_idx), batch_size):
         items = item_idx[s : s + batch_size]
         conds = cond_idx[s : s + batch_size].to(dev)
         w = cond_weights[conds]  # [b, n_layers, n_heads]
@@ -90,11 +97,11 @@ def _run_rows(
         sub = select_cache(cache, items)
         with torch.no_grad(), apply_hooks(model, mix.hooks(model)):
             logits = last_token_forward(model, sub, last[items])[:, -1].float()  # [b, d_vocab]
-        ans = answers[items.to(answers.device)]  # [b]
+        ans = answers[items.to(answers.device)].to(logits.device)  # [b]
         logp = torch.log_softmax(logits, dim=-1).gather(1, ans[:, None])[:, 0]  # [b]
-        correct[s : s + len(items)] = (logits.argmax(-1) == ans).cpu()
-        prob[s : s + len(items)] = logp.exp().cpu()
-    return correct, prob
+        correct.append(logits.argmax(-1) == ans)
+        prob.append(logp.exp())
+    return torch.cat(correct).cpu(), torch.cat(prob).float().cpu()
 
 
 def _grid(n_cond: int, n_items: int) -> tuple[Tensor, Tensor]:
@@ -123,6 +130,8 @@ def patched_last_logits(
         if targets is None:
             raise ValueError("patched_last_logits: weights need targets.")
         mix = HeadMix(weights=weights.to(dev), targets=targets.to(dev), positions=(-1,))
+        if weights.dim() == 2 and targets.dim() == 3:
+            mix = mix.placed(model)  # one row per layer, on that layer's device
     enc = encode(model, prompts)
     if not use_cache:
         return last_logits(model, enc, mix).cpu()  # [batch, d_vocab]

@@ -36,8 +36,10 @@ from sitelens.models import (
     fingerprint,
     forward_until,
     last_token_forward,
+    layer_devices,
     length_batches,
     model_name,
+    place_layer_rows,
     z_hook_name,
 )
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template, embedding_prompts
@@ -61,7 +63,9 @@ def capture_last(
     """The value of each hook at the last prompt token: ``{name: [n_prompts, ...]}`` (float32,
     CPU, in the order of ``prompts``). Prompts of similar length share a batch; each pass ends as
     soon as every hook has fired (:func:`~sitelens.models.forward_until`), and only the last
-    position of each hooked tensor is kept."""
+    position of each hooked tensor is kept, converted to float32 where the hook fired (on its
+    layer's device; a bfloat16 model's activations are never summed in bfloat16) and copied to
+    the CPU once per hook, after the last batch."""
     prompts = list(prompts)
     batches = length_batches(model, prompts, batch_size)  # similar lengths, bounded memory
     order = [i for idx in batches for i in idx]
@@ -74,7 +78,7 @@ def capture_last(
             # keyed by the requested name: on a TransformerBridge ``hook.name`` is the canonical
             # name behind an alias such as ``blocks.{l}.hook_resid_post``
             def grab(x, hook=None):
-                buf[name] = x[:, -1].detach().float().cpu()  # [batch, ...]
+                buf[name] = x[:, -1].detach().float()  # [batch, ...], on the hook's device
 
             return grab
 
@@ -85,7 +89,7 @@ def capture_last(
             parts[n].append(buf[n])
     inverse = torch.empty(len(order), dtype=torch.long)
     inverse[torch.tensor(order)] = torch.arange(len(order))
-    return {n: torch.cat(parts[n])[inverse] for n in hook_names}
+    return {n: torch.cat(parts[n]).cpu()[inverse] for n in hook_names}
 
 
 def last_token_z(
@@ -136,11 +140,13 @@ def first_token_loss(
     mix: HeadMix | None,
 ) -> Tensor:
     """Mean cross-entropy of the first answer token, running only the last prompt token on top of a
-    frozen prefix KV cache (the mix acts at that token, so the prefix is unaffected)."""
+    frozen prefix KV cache (the mix acts at that token, so the prefix is unaffected). Computed in
+    float32 (float64 for a float64 model) on the device the logits come out on."""
     hooks = mix.hooks(model) if mix is not None else []
     with apply_hooks(model, hooks):
         logits = last_token_forward(model, cache, last_tokens)  # [batch, 1, d_vocab]
-    return F.cross_entropy(logits[:, -1].float(), answer_ids)
+    logits = logits[:, -1].to(torch.promote_types(logits.dtype, torch.float32))  # [batch, d_vocab]
+    return F.cross_entropy(logits, answer_ids.to(logits.device))
 
 
 @dataclass
@@ -206,6 +212,26 @@ class OfficialFitConfig(FitConfig):
     protocol: ClassVar[str] = "official"
 
 
+def alpha_logit_rows(model, init: float = 0.0) -> list[Tensor]:
+    """SITE's trainable logits ``a`` (α = sigmoid(a)) as one float32 row ``[n_heads]`` per layer,
+    each on that layer's device (:func:`sitelens.models.layer_devices`), filled with ``init``: the
+    parameters of stage 2, whatever the model's dtype and however it is split over devices."""
+    H = model.cfg.n_heads
+    return [torch.full((H,), float(init), dtype=torch.float32, device=d, requires_grad=True)
+            for d in layer_devices(model)]  # L × [n_heads]
+
+
+def stack_rows(rows: Sequence[Tensor]) -> Float[Tensor, "n_layers n_heads"]:
+    """Per-layer rows stacked on the first row's device (a detached copy)."""
+    dev = rows[0].device
+    return torch.stack([r.detach().to(dev) for r in rows])  # [n_layers, n_heads]
+
+
+def mean_alpha(alpha: Sequence[Tensor], device) -> Tensor:
+    """The mean of α over all heads (rows on any devices), on ``device``, differentiable."""
+    return torch.cat([r.to(device) for r in alpha]).mean()  # []
+
+
 @dataclass
 class FitResult:
     alpha: Float[Tensor, "n_layers n_heads"]
@@ -238,15 +264,14 @@ def fit_alpha(
     if official:
         template = replace(template, bare_digits=True)
     t0 = time.perf_counter()
-    L, H = model.cfg.n_layers, model.cfg.n_heads
-    a = torch.full((L, H), cfg.init, requires_grad=True)  # [n_layers, n_heads]
+    a = alpha_logit_rows(model, cfg.init)  # L × [n_heads], float32, each on its layer's device
     if not torch.isfinite(embedding).all():
         bad = int((~torch.isfinite(embedding)).sum())
         raise FitError(
             f"The task embedding of {task.name!r} has {bad} non-finite value(s) (inf/nan), so the "
             "loss would be non-finite. Recompute it in float32 (task_embedding) or refit."
         )
-    target = embedding.to(model.cfg.device)  # [n_layers, n_heads, d_head]
+    target = place_layer_rows(embedding, model, dtype=torch.float32)  # L × [n_heads, d_head]
     valid = LastTokenSet.build(model, valid_items(task, cfg.n_valid), template)
     if official:
         batches = list(iid_batches(len(task.train), cfg))  # [steps][batch_size] indices
@@ -255,19 +280,19 @@ def fit_alpha(
     rows = BatchRows(batches)  # each training item's prefix is encoded once
     train = LastTokenSet.build(model, [task.train[i] for i in rows.used], template)
 
-    def objective(batch: list[int]) -> tuple[Tensor, float]:
-        alpha = torch.sigmoid(a)  # [n_layers, n_heads]
+    def objective(batch: list[int]) -> tuple[Tensor, Tensor]:
+        alpha = [torch.sigmoid(r) for r in a]  # L × [n_heads], each on its layer's device
         b = train.select(rows(batch))
         loss = first_token_loss(model, b.cache, b.last, b.answers, site_mix(alpha, target))
-        return loss + cfg.sparsity * alpha.mean(), loss.item()
+        return loss + cfg.sparsity * mean_alpha(alpha, loss.device), loss.detach()
 
     def valid_loss() -> float:
         with torch.no_grad():
-            mix = site_mix(torch.sigmoid(a.detach()).to(model.cfg.device), target)
+            mix = site_mix([torch.sigmoid(r.detach()) for r in a], target)
             return first_token_loss(model, valid.cache, valid.last, valid.answers, mix).item()
 
     run = run_training(
-        [a], batches, objective, valid_loss, snapshot=lambda: a.detach().clone(),
+        a, batches, objective, valid_loss, snapshot=lambda: stack_rows(a),
         config=RunConfig(
             lr=cfg.lr, seed=cfg.seed, eval_every=cfg.eval_every,
             keep="last_check" if official else "best",  # official: the α of the last check
@@ -276,9 +301,10 @@ def fit_alpha(
                  "the embedding.",
         ),
     )
+    kept = run.kept.cpu()  # [n_layers, n_heads], float32
     return FitResult(
-        alpha=torch.sigmoid(run.kept),
-        logits=run.kept,
+        alpha=torch.sigmoid(kept),
+        logits=kept,
         history=run.history,
         best_step=run.best_step,
         seconds=time.perf_counter() - t0,

@@ -14,6 +14,11 @@
 A method hands the runner only what is its own: an ``objective(batch)`` (the loss to minimize,
 e.g. SITE's first-token cross-entropy under the α-mix), a ``valid_loss()`` and a ``snapshot()``
 of what to keep.
+
+Off the CPU the runner does not wait for the device on every step: the per-step numbers and the
+finiteness checks stay on the device and are read at each validation check and at the end (a
+non-finite loss still raises :class:`FitError` naming the first bad step). On the CPU, where
+reading a number costs nothing, every step is checked at once, as before.
 """
 
 from __future__ import annotations
@@ -78,8 +83,8 @@ class LastTokenSet:
         return LastTokenSet(select_cache(self.cache, rows), self.last[rows], self.answers[rows])
 
     def logits(self, model, hooks: list[Hook]) -> Float[Tensor, "n d_vocab"]:
-        """Logits at the last prompt token under ``hooks``, in float32 (float64 stays float64);
-        gradients flow if enabled."""
+        """Logits at the last prompt token under ``hooks``, in float32 (float64 stays float64), on
+        the device they come out on (the unembedding's); gradients flow if enabled."""
         with apply_hooks(model, hooks):
             out = last_token_forward(model, self.cache, self.last)  # [n, 1, d_vocab]
         return out[:, -1].to(torch.promote_types(out.dtype, torch.float32))
@@ -88,8 +93,9 @@ class LastTokenSet:
         """``(first-token accuracy, mean cross-entropy)`` under ``hooks`` (no gradients)."""
         with torch.no_grad():
             logits = self.logits(model, hooks)  # [n, d_vocab]
-        acc = float((logits.argmax(-1) == self.answers).float().mean())
-        return acc, float(F.cross_entropy(logits, self.answers))
+        answers = self.answers.to(logits.device)  # [n]
+        acc = float((logits.argmax(-1) == answers).float().mean())
+        return acc, float(F.cross_entropy(logits, answers))
 
 
 def valid_items(task: Task, n_valid: int) -> list[Example]:
@@ -207,47 +213,70 @@ def run_training(
     """Adam (``config.lr``) on ``params``, one step per batch, seeded with ``config.seed``.
 
     ``objective(batch)`` returns the scalar to minimize and a number for the history (under
-    ``config.metric``); ``valid_loss()`` scores the current parameters; ``snapshot()`` copies what
-    to keep. Each step: objective, a :class:`FitError` if it is non-finite, ``zero_grad``,
-    ``backward``, ``step``; then the validation schedule of ``config.keep``. The history holds
-    ``{"step", metric, "valid_loss"}`` per step (NaN where not checked) and, with
-    ``keep="best"``, a step-0 record of the check before training."""
+    ``config.metric``; a float or a 0-dim tensor, read when the runner next synchronizes);
+    ``valid_loss()`` scores the current parameters; ``snapshot()`` copies what to keep. Each step:
+    objective, ``zero_grad``, ``backward``, ``step``; then the validation schedule of
+    ``config.keep``. A non-finite loss (or, with ``check_params``, non-finite parameters after a
+    step) raises :class:`FitError` naming the step: at once when every parameter is on the CPU,
+    else at the next validation check or the end (the device is not waited for every step).
+    The history holds ``{"step", metric, "valid_loss"}`` per step (NaN where not checked) and,
+    with ``keep="best"``, a step-0 record of the check before training."""
     cfg = config
     torch.manual_seed(cfg.seed)
     params = list(params)
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.Adam(params, lr=cfg.lr)
+    eager = all(p.device.type == "cpu" for p in params)  # reading a number is free there
     history: list[dict] = []
+    pending: list[tuple[dict, Tensor, Any, list[Tensor]]] = []  # steps not yet read back
     best: tuple[float, Any, int] | None = None  # (valid loss, snapshot, step)
     if cfg.keep == "best":
         best = (valid_loss(), snapshot(), 0)
         history.append({"step": 0, cfg.metric: float("nan"), "valid_loss": best[0]})
+
+    def settle(bar) -> None:
+        """Read the pending steps back: their numbers, and a FitError at the first bad one."""
+        for rec, total, value, finite in pending:
+            if not bool(torch.isfinite(total)):
+                raise FitError(f"Non-finite loss at step {rec['step']} while fitting {cfg.what} on "
+                               f"{cfg.task!r}. {cfg.hint}")
+            if not all(bool(f) for f in finite):
+                raise FitError(f"The parameters of {cfg.what} became non-finite at step "
+                               f"{rec['step']} while fitting {cfg.task!r}. Lower the learning "
+                               "rate (lr).")
+            rec[cfg.metric] = float(value)
+        if pending:
+            bar.set_postfix({cfg.metric: f"{pending[-1][0][cfg.metric]:.3f}"})
+        pending.clear()
+
     with tqdm(total=len(batches), desc=f"fit {cfg.what} [{cfg.task}]", disable=not cfg.progress,
               leave=False) as bar:
         for step, batch in enumerate(batches, start=1):
             total, value = objective(batch)
-            if not torch.isfinite(total):
-                raise FitError(f"Non-finite loss at step {step} while fitting {cfg.what} on "
-                               f"{cfg.task!r}. {cfg.hint}")
+            rec = {"step": step, cfg.metric: float("nan"), "valid_loss": float("nan")}
+            if eager and not torch.isfinite(total):  # before the step, as it always was
+                pending.append((rec, total.detach(), value, []))
+                settle(bar)
             opt.zero_grad()
             total.backward()
             opt.step()
-            if cfg.check_params and not all(bool(torch.isfinite(p).all()) for p in params):
-                raise FitError(f"The parameters of {cfg.what} became non-finite at step {step} while "
-                               f"fitting {cfg.task!r}. Lower the learning rate (lr).")
+            finite = [torch.isfinite(p).all() for p in params] if cfg.check_params else []
+            pending.append((rec, total.detach(), value, finite))
             bar.update(1)
-            bar.set_postfix({cfg.metric: f"{value:.3f}"})
-            rec = {"step": step, cfg.metric: value, "valid_loss": float("nan")}
+            checking = step % cfg.eval_every == 0 or (cfg.keep == "best" and step == len(batches))
+            if eager or checking:
+                settle(bar)
             if cfg.keep == "last_check":
                 if step % cfg.eval_every == 0:  # every check replaces what is kept
                     rec["valid_loss"] = valid_loss()
                     best = (rec["valid_loss"], snapshot(), step)
-            elif step % cfg.eval_every == 0 or step == len(batches):
+            elif checking:
                 rec["valid_loss"] = valid_loss()
                 if rec["valid_loss"] < best[0]:
                     best = (rec["valid_loss"], snapshot(), step)
             history.append(rec)
+        settle(bar)
     for p in params:
         p.requires_grad_(False)
     if best is None:  # "last_check" and no check happened: the final parameters

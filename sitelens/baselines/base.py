@@ -37,7 +37,13 @@ from torch import Tensor
 from sitelens.errors import FitError
 from sitelens.evaluate import intervention_hooks
 from sitelens.injection import HeadMix, apply_hooks
-from sitelens.models import act_name, encode, last_position_logits
+from sitelens.models import (
+    accumulation_dtype,
+    act_name,
+    encode,
+    input_device,
+    last_position_logits,
+)
 from sitelens.site import FitConfig
 from sitelens.site import capture_last as capture_last  # re-exported: the baselines' old import
 from sitelens.tasks import DEFAULT_TEMPLATE, Example, Task, Template, answer_token_ids, zero_shot_prompt
@@ -350,14 +356,17 @@ def train_hook_params(
     plan = FitConfig(lr=lr, n_examples=n_examples, batch_size=batch_size, eval_every=eval_every,
                      n_valid=n_valid, seed=seed)
     batches = list(training_batches(list(range(len(task.train))), plan))  # [steps][batch_size]
-    dev = model.cfg.device
+    # float32 parameters (whatever the model's dtype) on the model's input device, not copied
+    # from the CPU on every hook call; the hooks move a layer's slice to a GPU further down
+    params = {k: v.to(device=input_device(model), dtype=accumulation_dtype(v.dtype)).detach()
+              for k, v in params.items()}
 
     def loss_on(items: Sequence[Example]) -> Tensor:
         enc = encode(model, [zero_shot_prompt(ex.input, template) for ex in items])
         ans = torch.tensor(answer_token_ids(model, [ex.output for ex in items], template))
         with apply_hooks(model, make_hooks(params)):
             logits = last_position_logits(model, enc)  # [batch, d_vocab]
-        return F.cross_entropy(logits, ans.to(dev))
+        return F.cross_entropy(logits, ans.to(logits.device))
 
     valid = valid_items(task, n_valid)
 
@@ -368,9 +377,9 @@ def train_hook_params(
                 for s in range(0, len(valid), 32)
             ) / len(valid))
 
-    def objective(batch: list[int]) -> tuple[Tensor, float]:
+    def objective(batch: list[int]) -> tuple[Tensor, Tensor]:
         loss = loss_on([task.train[i] for i in batch])
-        return loss, loss.item()
+        return loss, loss.detach()
 
     run = run_training(
         list(params.values()), batches, objective, valid_loss,

@@ -33,7 +33,7 @@ from sitelens.baselines.base import (
     resid_hook_name,
     select_layer,
 )
-from sitelens.models import act_name, check_z_shape, z_hook_name
+from sitelens.models import act_name, check_z_shape, layer_devices, stacked_weight, z_hook_name
 from sitelens.patching import head_causal_effects
 from sitelens.site import capture_last
 from sitelens.tasks import Task, Template, embedding_prompts
@@ -64,7 +64,7 @@ def _post_attn_norm_gain(model, layer: int) -> Tensor | None:
     if _post_attn_scale_name(layer) not in model.hook_dict:
         return None
     norm = model.blocks[layer].ln1_post
-    dev = next(model.parameters()).device
+    dev = layer_devices(model)[layer]  # the norm's own device (a model split over GPUs)
     probe = torch.full((1, 1, model.cfg.d_model), 1e3, device=dev)  # [1, 1, d_model]
     with torch.no_grad():
         return norm(probe)[0, 0].float().cpu()  # [d_model]
@@ -89,7 +89,7 @@ def head_outputs(
     for name in z_names:
         check_z_shape(acts[name][:, None], H, cfg.d_head, name)
     z = torch.stack([acts[n] for n in z_names], dim=1)  # [n_prompts, n_layers, n_heads, d_head]
-    W_O = model.W_O.detach().float().cpu()  # [n_layers, n_heads, d_head, d_model]
+    W_O = stacked_weight(model, "W_O", torch.device("cpu")).float()  # [L, n_heads, d_head, d_model]
     out = torch.einsum("nlhd,lhdm->nlhm", z, W_O)  # [n_prompts, n_layers, n_heads, d_model]
     for layer, g in enumerate(gains):
         if g is not None:

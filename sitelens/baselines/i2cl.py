@@ -68,7 +68,7 @@ def i2cl_hooks(model, vectors: Tensor, params: dict[str, Tensor]) -> list[Hook]:
             def fn(x, hook=None, layer=layer, m=m):
                 lam = params["lam"][layer, m].to(x.device, x.dtype)
                 beta = params["beta"][layer, m].to(x.device, x.dtype)
-                return beta * x + lam * vecs[m, layer].to(x.dtype)  # [batch, pos, d_model]
+                return beta * x + lam * vecs[m, layer].to(x.device, x.dtype)  # [batch, pos, d_model]
 
             hooks.append((name, fn))
     return hooks

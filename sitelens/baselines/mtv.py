@@ -80,7 +80,8 @@ class MTV(Method):
             with torch.no_grad():
                 sub = train.select(rep)
                 logits = sub.logits(model, HeadMix(weights, mean_z).hooks(model))  # [S*B, V]
-                ce = F.cross_entropy(logits, sub.answers, reduction="none").view(S, len(b))
+                ce = F.cross_entropy(logits, sub.answers.to(logits.device),
+                                     reduction="none").view(S, len(b))
                 reward = -ce.mean(1).cpu()  # [S]
             logp = (masks * torch.log(p + 1e-8) + (1 - masks) * torch.log(1 - p + 1e-8)).sum(
                 dim=(1, 2)

@@ -55,6 +55,7 @@ METRICS = ("prob", "logprob", "logit")
 
 def _metric(logits: Float[Tensor, "b d_vocab"], answers, metric: str) -> Float[Tensor, " b"]:
     """Per row: the answer token's probability, log-probability or logit."""
+    answers = answers.to(logits.device)  # [b]
     if metric == "logit":
         return logits.gather(1, answers[:, None])[:, 0]  # [b]
     logp = torch.log_softmax(logits, -1).gather(1, answers[:, None])[:, 0]  # [b]

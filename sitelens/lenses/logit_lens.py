@@ -31,7 +31,7 @@ from sitelens.effects import _ForwardPassCounter
 from sitelens.errors import ModelError
 from sitelens.lenses.scores import HeadScores
 from sitelens.metrics import bootstrap_ci
-from sitelens.models import act_name, is_bridge, model_name, z_hook_name
+from sitelens.models import act_name, is_bridge, model_name, stacked_weight, z_hook_name
 from sitelens.site import SiteAdapter
 from sitelens.tasks import Task
 from sitelens.training import LastTokenSet
@@ -44,7 +44,8 @@ def _weights(model) -> tuple[Tensor, Tensor]:
             "Direct logit attribution reads W_O, W_U and the norms of a HookedTransformer; load "
             "the model with backend='hooked' (sitelens.load_model(name, backend='hooked'))."
         )
-    return model.W_O.detach(), model.W_U.detach()
+    # stacked on the unembedding's device (model.W_O would fail on a model split over GPUs)
+    return stacked_weight(model, "W_O"), model.W_U.detach()
 
 
 def _norm_weight(norm) -> Tensor | float:
@@ -101,7 +102,7 @@ def direct_logit_attribution(
     captures every layer's pre-mix ``z`` and the norm scales at the last token.
     ``return_per_item=True`` also returns the ``[n, n_layers, n_heads]`` values."""
     W_O, W_U = _weights(model)
-    cfg, dev = model.cfg, model.cfg.device
+    cfg, dev = model.cfg, W_U.device  # every per-layer piece is brought to the unembedding
     L = cfg.n_layers
     items = task.split(split)[:limit]
     alpha = adapter.alpha.detach().float().to(dev)  # [n_layers, n_heads]
@@ -110,15 +111,18 @@ def direct_logit_attribution(
     with _ForwardPassCounter(model) as passes:
         data = LastTokenSet.build(model, items, adapter.template)
         z_pre, scales = _capture_injected(model, data, adapter)
-    ans_dir = W_U[:, data.answers].T.float()  # [n, d_model]
+    ans_dir = W_U[:, data.answers.to(dev)].T.float()  # [n, d_model]
     g_final = _norm_weight(model.ln_final)
+    scales = {k: v.to(dev) for k, v in scales.items()}
     per_item = []
     for layer in range(L):
-        dz = alpha[layer, :, None] * (t[layer][None] - z_pre[layer])  # [n, n_heads, d_head]
+        dz = alpha[layer, :, None] * (t[layer][None] - z_pre[layer].to(dev))  # [n, n_heads, d_head]
         write = torch.einsum("nhd,hdm->nhm", dz, W_O[layer].float())  # [n, n_heads, d_model]
         post = _post_norm(model, layer)
         if post is not None:
-            write = write * _norm_weight(post) / scales[f"post{layer}"][:, None]  # [n, n_heads, d_model]
+            g_post = _norm_weight(post)
+            g_post = g_post.to(dev) if isinstance(g_post, Tensor) else g_post
+            write = write * g_post / scales[f"post{layer}"][:, None]  # [n, n_heads, d_model]
         write = write * g_final / scales["final"][:, None]  # [n, n_heads, d_model]
         per_item.append((write * ans_dir[:, None]).sum(-1))  # [n, n_heads]
     per_item = torch.stack(per_item, 1).cpu()  # [n, n_layers, n_heads]
@@ -137,12 +141,14 @@ def head_write_logits(model, embedding: Float[Tensor, "n_layers n_heads d_head"]
     """Logits that each head's vector ``t[l, h] · W_O[l, h]`` writes directly, through the norm
     weights (not their scales) and the unembedding: a logit lens per head."""
     W_O, W_U = _weights(model)
-    t = embedding.detach().float().to(model.cfg.device)  # [n_layers, n_heads, d_head]
+    t = embedding.detach().float().to(W_U.device)  # [n_layers, n_heads, d_head]
     write = torch.einsum("lhd,lhdm->lhm", t, W_O.float())  # [n_layers, n_heads, d_model]
     for layer in range(model.cfg.n_layers):
         post = _post_norm(model, layer)
         if post is not None:
-            write[layer] = write[layer] * _norm_weight(post)
+            g_post = _norm_weight(post)
+            write[layer] = write[layer] * (g_post.to(W_U.device) if isinstance(g_post, Tensor)
+                                           else g_post)
     write = write * _norm_weight(model.ln_final)  # [n_layers, n_heads, d_model]
     return write @ W_U.float()  # [n_layers, n_heads, d_vocab]
 

@@ -19,7 +19,7 @@
   its forward pass; TransformerLens issue #907.)
 - :func:`accumulation_dtype`: float32 for float32 / float16 / bfloat16 models (float64 stays
   float64): every mean, loss, KL and the α optimizer state are kept in it.
-- :func:`memory_budget` / :func:`batch_rows`: memory-bounded batches. On the CPU the budgets are
+- :func:`memory_budget`: memory-bounded batches. On the CPU the budgets are
   today's constants (so CPU results stay bit-identical); on CUDA a share of the free memory
   (``torch.cuda.mem_get_info``) of the model's fullest device.
 """
@@ -265,16 +265,8 @@ def memory_budget(model, cpu_bytes: int, *, share: float = CUDA_BUDGET_SHARE) ->
     return max(1, int(share * min(frees)))
 
 
-def batch_rows(model, cpu_rows: int, row_bytes: int, *, share: float = CUDA_BUDGET_SHARE) -> int:
-    """Rows per batch: ``cpu_rows`` (today's constant) on the CPU; on CUDA as many rows of
-    ``row_bytes`` each as :func:`memory_budget` allows (at least 1)."""
-    if not any(d.type == "cuda" for d in model_devices(model)):
-        return int(cpu_rows)
-    return max(1, memory_budget(model, 0, share=share) // max(1, int(row_bytes)))
-
-
 __all__ = [
-    "CUDA_BUDGET_SHARE", "DTYPES", "accumulation_dtype", "batch_rows", "dtype_name", "free_memory",
+    "CUDA_BUDGET_SHARE", "DTYPES", "accumulation_dtype", "dtype_name", "free_memory",
     "input_device", "is_multi_device", "layer_devices", "memory_budget", "model_devices",
     "output_device", "pipeline_plan", "place_layer_rows", "place_pipeline", "resolve_device",
     "resolve_dtype", "resolve_n_devices", "stacked_weight",

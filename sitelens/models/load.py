@@ -71,6 +71,11 @@ TINY_MODELS = {"tiny-random": {}, "tiny-random-gqa": {"n_key_value_heads": 2}}
 BACKENDS = ("hooked", "bridge")
 DEFAULT_N_CTX = 2048
 ALLOW_DOWNLOAD_ENV = "SITELENS_ALLOW_DOWNLOAD"
+# defaults of load_model's device=, dtype=, n_devices=, device_map= (the CLI's --device, --dtype,
+# --n-devices, --device-map set them for the duration of a command, so that every model it loads,
+# in this process or in worker processes, honours them; a notebook can set them too)
+DEVICE_ENV, DTYPE_ENV = "SITELENS_DEVICE", "SITELENS_DTYPE"
+N_DEVICES_ENV, DEVICE_MAP_ENV = "SITELENS_N_DEVICES", "SITELENS_DEVICE_MAP"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -175,8 +180,11 @@ def load_model(
     ``get_device_for_block_index(i, cfg)``, :func:`~sitelens.models.devices.place_pipeline`), a
     bridge through Hugging Face's balanced ``device_map``. ``device_map``: the bridge backend
     only, passed to Hugging Face (``"auto"``, ``"balanced"``, ``"sequential"`` or a dict of module
-    name → device); not together with ``device`` or ``n_devices``.
+    name → device); not together with ``device`` or ``n_devices``. Each of the four defaults to
+    its environment variable when not given: ``$SITELENS_DEVICE``, ``$SITELENS_DTYPE``,
+    ``$SITELENS_N_DEVICES``, ``$SITELENS_DEVICE_MAP`` (set by the CLI's options).
     """
+    device, dtype, n_devices, device_map = _env_defaults(device, dtype, n_devices, device_map)
     backend = resolve_backend(backend)
     dtype = resolve_dtype(dtype)
     device = resolve_device(device)
@@ -362,6 +370,26 @@ def check_model_available(name: str) -> None:
 
 
 _resolve_dtype = resolve_dtype  # the name older callers import
+
+
+def _env_defaults(device, dtype, n_devices, device_map):
+    """``device``, ``dtype``, ``n_devices``, ``device_map``, each from its environment variable
+    (:data:`DEVICE_ENV`, ...) when None and the variable is set and not empty."""
+    env = {k: os.environ.get(k, "").strip() for k in
+           (DEVICE_ENV, DTYPE_ENV, N_DEVICES_ENV, DEVICE_MAP_ENV)}
+    if device is None and env[DEVICE_ENV]:
+        device = env[DEVICE_ENV]
+    if dtype is None and env[DTYPE_ENV]:
+        dtype = env[DTYPE_ENV]
+    if n_devices is None and env[N_DEVICES_ENV]:
+        try:
+            n_devices = int(env[N_DEVICES_ENV])
+        except ValueError:
+            raise ModelError(f"{N_DEVICES_ENV}={env[N_DEVICES_ENV]!r} is not a number of GPUs; "
+                             "give a positive integer or unset it.") from None
+    if device_map is None and env[DEVICE_MAP_ENV]:
+        device_map = env[DEVICE_MAP_ENV]
+    return device, dtype, n_devices, device_map
 
 
 def _check_device_map(device_map, *, backend: str, device, n_devices: int) -> None:
@@ -604,11 +632,23 @@ def model_name(model) -> str:
     return getattr(model.cfg, "model_name", None) or "unknown"
 
 
+def _model_dtype(model) -> torch.dtype:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
+
+
 def fingerprint(model) -> str:
-    """A short hash of the model's config and a sample of its weights: adapters check it."""
+    """A short hash of the model's config and a sample of its weights (and, for a model not in
+    float32, its dtype): adapters check it, and bench rows and figure cells are keyed on it, so a
+    bfloat16 run never reuses a float32 one."""
     h = hashlib.sha256()
     c = model.cfg
     h.update(f"{c.n_layers}|{c.n_heads}|{c.d_head}|{c.d_model}|{c.d_vocab}".encode())
+    dtype = _model_dtype(model)
+    if dtype != torch.float32:  # float32 fingerprints are as before the dtype was part of them
+        h.update(f"|{dtype}".encode())
     if is_bridge(model):  # HF parameter names: first, middle and last tensors
         params = list(model.original_model.named_parameters())
         tensors = [params[i][1] for i in sorted({0, len(params) // 2, len(params) - 1})]
@@ -626,6 +666,7 @@ def fingerprint(model) -> str:
 
 __all__ = [
     "ALLOW_DOWNLOAD_ENV", "BACKENDS", "BUNDLED_MODELS", "DEFAULT_MODEL", "DEFAULT_N_CTX",
+    "DEVICE_ENV", "DEVICE_MAP_ENV", "DTYPE_ENV", "N_DEVICES_ENV",
     "TINY_MODELS", "available_models", "check_model_available", "default_backend", "fast_layout",
     "fingerprint", "has_hooked_transformer", "hf_cached", "load_model", "model_name",
     "prepare_bridge", "resolve_backend", "timed_load",

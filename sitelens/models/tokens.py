@@ -16,6 +16,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from sitelens.errors import PromptTooLongError
+from sitelens.models.devices import memory_budget
 
 
 @dataclass
@@ -69,7 +70,8 @@ def encode(model, texts: list[str], *, prepend_bos: bool | None = None) -> Encod
 # The largest tensor of a long-prompt forward pass is the attention scores, batch × n_heads × pos²
 # float32 (TransformerLens holds a few copies: scores, masked scores, pattern). Batches are cut so
 # that one copy stays under this many bytes; a 3,000-token prompt on SmolLM2 (9 heads) is 324 MB
-# per row, and 16 such rows OOM-killed a 24 GB machine.
+# per row, and 16 such rows OOM-killed a 24 GB machine. That is the CPU's budget; on a CUDA GPU
+# it is a share of the free memory (:func:`sitelens.models.devices.memory_budget`).
 ATTENTION_BUDGET_BYTES = 512 * 2**20
 
 
@@ -95,9 +97,13 @@ def budget_batches(
 
 
 def length_batches(
-    model, prompts: Sequence[str], batch_size: int, *, budget_bytes: int = ATTENTION_BUDGET_BYTES
+    model, prompts: Sequence[str], batch_size: int, *, budget_bytes: int | None = None
 ) -> list[list[int]]:
-    """:func:`budget_batches` over the prompts' token counts (with BOS where the model adds it)."""
+    """:func:`budget_batches` over the prompts' token counts (with BOS where the model adds it).
+    ``budget_bytes`` (default): :data:`ATTENTION_BUDGET_BYTES` on the CPU, a share of the free
+    memory on a CUDA GPU (:func:`sitelens.models.devices.memory_budget`)."""
+    if budget_bytes is None:
+        budget_bytes = memory_budget(model, ATTENTION_BUDGET_BYTES)
     extra = 1 if prepends_bos(model) else 0
     lengths = [len(token_ids(model, p)) + extra for p in prompts]
     return budget_batches(lengths, batch_size, model.cfg.n_heads, budget_bytes=budget_bytes)
