@@ -573,6 +573,19 @@ def alpha_sources(args) -> dict[str, pd.DataFrame]:
     return {k: v.assign(n_layers=v.model.map(n_layers)) for k, v in out.items()}
 
 
+def centre_of_mass(args) -> pd.DataFrame:
+    """Per source, task and model: the α-weighted mean relative depth of the blocks
+    (``(layer + 0.5) / n_layers``), over the tasks both models have in that source."""
+    rows = []
+    for source, df in alpha_sources(args).items():
+        common = set(df[df.model == SRC].task) & set(df[df.model == DST].task)
+        d = df[df.task.isin(common)].assign(depth=lambda x: (x.layer + 0.5) / x.n_layers)
+        for (task, model), g in d.groupby(["task", "model"]):
+            rows.append({"source": source, "task": task, "model": model,
+                         "centre_of_mass": float((g.alpha * g.depth).sum() / g.alpha.sum())})
+    return pd.DataFrame(rows)
+
+
 def alpha_depth(args) -> pd.DataFrame:
     """α mass per relative-depth decile (:func:`sitelens.atlas.data.depth_profile`), per source
     and model, over the tasks of that source that both models have."""
@@ -589,10 +602,13 @@ def alpha_depth(args) -> pd.DataFrame:
             a = g.assign(depth=(g.layer + 0.5) / g.n_layers)
             com = (a.groupby("task").apply(lambda t: float((t.alpha * t.depth).sum() / t.alpha.sum()),
                                            include_groups=False))
+            L = data.n_layers
+            share = np.bincount(np.minimum(((np.arange(L) + 0.5) / L * 10).astype(int), 9), minlength=10) / L
             for r in prof.itertuples():
                 rows.append({"source": source, "model": model, "n_tasks": len(common), "bin": r.bin,
-                             "depth_low": r.depth_low, "mass": r.mass, "mean_alpha": r.mean_alpha,
-                             "centre_of_mass": float(com.mean())})
+                             "depth_low": r.depth_low, "mass": r.mass, "layer_share": share[r.bin],
+                             "enrichment": r.mass / share[r.bin] if share[r.bin] else float("nan"),
+                             "mean_alpha": r.mean_alpha, "centre_of_mass": float(com.mean())})
     return pd.DataFrame(rows)
 
 
@@ -692,26 +708,37 @@ def report(args) -> str:
         if len(err):
             lines += [f"{len(err)} cell(s) failed: " + "; ".join(f"{r.task}/{r.method}: {r.error}"
                                                                  for r in err.itertuples()), ""]
-    ad = alpha_depth(args)
+    ad, com = alpha_depth(args), centre_of_mass(args)
     if len(ad):
         atomic_write_csv(out / "cross_model_alpha_depth.csv", ad)
         lines += ["## α maps by relative depth", "",
                   "Share of the total α in each relative-depth decile (a block's depth = (layer + 0.5) "
                   "/ n_layers; `sitelens.atlas.data.depth_profile`, mean over the tasks both models "
-                  "have in that source), the Pearson correlation of the two models' decile profiles, "
-                  "and the α-weighted mean depth (centre of mass, mean over tasks).", ""]
+                  "have in that source) and the same divided by the decile's share of the blocks "
+                  "(enrichment: 1 = as much α as a uniform map puts there; with 18 and 30 blocks a "
+                  "decile holds 1 or 2 Gemma blocks but always 3 SmolLM2 blocks, so the raw shares "
+                  "are not comparable decile by decile); the Pearson correlation of the two models' "
+                  "enrichment profiles; and the α-weighted mean depth (centre of mass, mean over "
+                  "tasks; 0.5 for a uniform map).", ""]
         for source, g in ad.groupby("source", sort=False):
             a = g[g.model == SRC].set_index("bin")
             b = g[g.model == DST].set_index("bin")
             if a.empty or b.empty:
                 continue
-            r = float(np.corrcoef(a.mass, b.mass)[0, 1])
+            r = float(np.corrcoef(a.enrichment, b.enrichment)[0, 1])
             tab = pd.DataFrame({"decile": [f"{x:.1f}–{x + 0.1:.1f}" for x in a.depth_low],
-                                "Gemma-3-270M": a.mass.round(3).to_numpy(),
-                                "SmolLM2-135M": b.mass.round(3).to_numpy()})
-            lines += [f"### {source}: {int(a.n_tasks.iloc[0])} tasks; profile correlation r = {r:.2f}; "
-                      f"centre of mass {a.centre_of_mass.iloc[0]:.2f} (Gemma) vs "
-                      f"{b.centre_of_mass.iloc[0]:.2f} (SmolLM2)", "", md_table(tab), ""]
+                                "Gemma α share": a.mass.round(3).to_numpy(),
+                                "Gemma enrichment": a.enrichment.round(2).to_numpy(),
+                                "SmolLM2 α share": b.mass.round(3).to_numpy(),
+                                "SmolLM2 enrichment": b.enrichment.round(2).to_numpy()})
+            c = com[com.source == source].pivot(index="task", columns="model", values="centre_of_mass")
+            diff = (c[DST] - c[SRC]).to_numpy(float)
+            lo, hi = bootstrap_ci(diff, n_boot=1000, seed=0)
+            lines += [f"### {source}: {int(a.n_tasks.iloc[0])} tasks; enrichment correlation r = "
+                      f"{r:.2f}; centre of mass {a.centre_of_mass.iloc[0]:.3f} (Gemma) vs "
+                      f"{b.centre_of_mass.iloc[0]:.3f} (SmolLM2), SmolLM2 − Gemma per task "
+                      f"{diff.mean():+.3f} (95% CI over tasks {lo:+.3f} to {hi:+.3f})", "",
+                      md_table(tab), ""]
     text = "\n".join(lines)
     atomic_write_text(out / "cross_model.md", text)
     return text
