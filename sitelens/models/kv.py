@@ -90,12 +90,19 @@ def _attention_bridges(model) -> list:
     return [m for m in model.modules() if callable(getattr(m, "_update_kv_cache", None))]
 
 
-def _hf_params(model) -> set[str]:
-    """The keyword parameters of the wrapped Hugging Face model's ``forward``."""
-    try:
-        return set(inspect.signature(model.original_model.forward).parameters)
-    except (TypeError, ValueError, AttributeError):
-        return set()
+_HF_PARAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # bridge -> parameter names
+
+
+def _hf_params(model) -> frozenset[str]:
+    """The keyword parameters of the wrapped Hugging Face model's ``forward`` (once per model)."""
+    params = _HF_PARAMS.get(model)
+    if params is None:
+        try:
+            params = frozenset(inspect.signature(model.original_model.forward).parameters)
+        except (TypeError, ValueError, AttributeError):
+            params = frozenset()
+        _HF_PARAMS[model] = params
+    return params
 
 
 def _cache_kwargs(model, hf_cache) -> dict:
