@@ -304,7 +304,10 @@ def markdown(table: pd.DataFrame, df: pd.DataFrame) -> str:
         "baselines grid (`baselines_{model}.csv`, 50 test items per task, all 57 FV tasks on "
         "SmolLM2, the 29 abstractive ones plus choose_first_of_3 on Gemma), not rerun. Settings and "
         "caps: see below the table. Accuracies in %; means over tasks (every method over the same "
-        "tasks); gap = method − ICL in points.",
+        "tasks); gap = method − ICL in points. Seconds are wall-clock: this run shared 2 cores "
+        "with jobs at normal priority while it ran at `nice 10` (load average ≈ 12; one torch "
+        "thread), so its fit seconds and seconds per item are inflated many times over and are "
+        "comparable within a benchmark only roughly, and not with the FV grid's.",
         "",
         "| model | benchmark (chance) | k | method | tasks | items | exact match | gap to ICL | "
         "label acc (tasks) | gap to ICL | trainable params | fit s | s / item |",
