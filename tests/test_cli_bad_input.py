@@ -21,12 +21,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sitelens.cli import build_parser, main
 from sitelens.lenses import ALIASES, LENSES
-from sitelens.models import BUNDLED_MODELS, TINY_MODELS
+from sitelens.models import BUNDLED_MODELS, TINY_MODELS, has_hooked_transformer
 from sitelens.tasks import builtin_tasks
 
 TASKS = set(builtin_tasks())
@@ -194,6 +195,26 @@ BAD_BENCH_TASKS = st.one_of(
 BAD_SUBSET = bad_list(lambda s: s in ("antonym", "first_letter"), ["antonym", "first_letter"])
 
 
+def _device_ok(s: str) -> bool:
+    """What ``--device`` accepts: cpu, mps where present, cuda / cuda:N where torch sees that GPU."""
+    import torch
+
+    try:
+        dev = torch.device(s.strip())
+    except (RuntimeError, ValueError):
+        return False
+    n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return (dev.type == "cpu" or (dev.type == "mps" and torch.backends.mps.is_available())
+            or (dev.type == "cuda" and n_gpu > (dev.index or 0)))
+
+
+# not a device, a device type sitelens does not run on, or a GPU this machine does not have
+BAD_DEVICE = st.one_of(
+    st.sampled_from(["tpu", "gpu", "meta", "cuda:x", "cuda:99", "cuda", "cpu:-1", "xla", "CUDA"]),
+    _ODD, _TEXT,
+).filter(lambda s: not _device_ok(s))
+
+
 def bad_choice(choices):
     return st.one_of(_TEXT.filter(lambda s: s not in choices), _ODD, st.sampled_from(["TEST", " test"]))
 
@@ -203,24 +224,27 @@ KINDS = {
     "ks": BAD_KS, "lambdas": BAD_LAMBDAS, "bench_methods": BAD_BENCH_METHODS,
     "eval_methods": BAD_EVAL_METHODS, "lenses": BAD_LENSES, "model": BAD_MODEL,
     "models": BAD_MODELS, "task": BAD_TASK, "task_list": BAD_TASK_LIST,
-    "bench_tasks": BAD_BENCH_TASKS, "subset": BAD_SUBSET,
+    "bench_tasks": BAD_BENCH_TASKS, "subset": BAD_SUBSET, "device": BAD_DEVICE,
 }
 
 NAMED_BY_LOADER = {"model", "models", "task", "task_list", "bench_tasks"}
-COMMON = [("--model", "model"), ("--task", "task"), ("--seed", "seed"), ("--threads", "threads")]
+DEVICE = [("--device", "device"), ("--n-devices", "pos")]  # --dtype, --device-map: choices
+COMMON = [("--model", "model"), ("--task", "task"), ("--seed", "seed"), ("--threads", "threads")
+          ] + DEVICE
 FIT = [("--n-prompts", "pos"), ("--n-shots", "pos"), ("--lr", "lr"), ("--n-examples", "pos"),
        ("--batch-size", "pos"), ("--sparsity", "finite")]
 OPTIONS = {
     "fit": COMMON + FIT,
     "eval": COMMON + [("--methods", "eval_methods"), ("--limit", "pos"), ("--n-shots", "pos")],
     "bench": [("--models", "models"), ("--tasks", "bench_tasks"), ("--methods", "bench_methods"),
-              ("--limit", "pos"), ("--seed", "seed"), ("--threads", "threads"), ("--n-ctx", "pos")],
+              ("--limit", "pos"), ("--seed", "seed"), ("--threads", "threads"), ("--n-ctx", "pos")
+              ] + DEVICE,
     "demo": COMMON + [("--limit", "pos")],
     "patch intra": COMMON + FIT + [("--ks", "ks"), ("--n-random-seeds", "pos"), ("--limit", "pos"),
                                    ("--n-boot", "pos")],
     "patch inter": [("--model", "model"), ("--tasks", "task_list"), ("--k", "pos"),
                     ("--limit", "pos"), ("--n-boot", "pos"), ("--seed", "seed"),
-                    ("--threads", "threads")] + FIT,
+                    ("--threads", "threads")] + FIT + DEVICE,
     "patch effects": COMMON + [("--n-prompts", "pos"), ("--n-shots", "pos"),
                                ("--n-mean-prompts", "pos"), ("--top", "pos")],
     "heads": COMMON + [("--lenses", "lenses"), ("--seeds", "pos"), ("--n-prompts", "pos"),
@@ -231,9 +255,9 @@ OPTIONS = {
                 ("--effect-tasks", "subset"), ("--limit", "pos"), ("--sparsity", "lambdas"),
                 ("--n-examples", "pos"), ("--n-prompts", "pos"), ("--n-shots", "pos"),
                 ("--effect-prompts", "pos"), ("--n-random-seeds", "pos"), ("--n-boot", "pos"),
-                ("--seed", "seed"), ("--threads", "threads")],
+                ("--seed", "seed"), ("--threads", "threads")] + DEVICE,
     "atlas": [("--models", "models"), ("--seeds", "pos"), ("--seed", "seed"), ("--limit", "pos"),
-              ("--threads", "threads")],
+              ("--threads", "threads")] + DEVICE,
 }
 # path options: explicit cases below (test_bad_paths)
 PATH_OPTIONS = {("fit", "--out"), ("eval", "--items"), ("eval", "--adapter"), ("bench", "--out"),
@@ -399,7 +423,28 @@ EXPLICIT = [
      None),
     ("heads-unknown-model", BASE["heads"] + ["--model", "tiny-randm"], ["Unknown model 'tiny-randm'"],
      None),
+    # devices and precision (checked before any model loads)
+    ("device-tpu", BASE["fit"] + ["--device", "tpu"], ["argument --device", "Unknown device 'tpu'"],
+     None),
+    ("device-bad-index", BASE["eval"] + ["--device", "cuda:x"], ["argument --device"], None),
+    ("dtype-int8", BASE["bench"] + ["--dtype", "int8"], ["argument --dtype", "invalid choice"],
+     None),
+    ("device-map-with-device", BASE["demo"] + ["--device-map", "auto", "--device", "cpu"],
+     ["--device-map"], None),
+    ("n-devices-0", BASE["patch intra"] + ["--n-devices", "0"], ["argument --n-devices"], None),
 ]
+if not torch.cuda.is_available():  # on a machine with GPUs these are valid
+    EXPLICIT += [
+        ("device-cuda-without-gpu", BASE["fit"] + ["--device", "cuda"],
+         ["argument --device", "sees no CUDA GPU"], None),
+        ("n-devices-without-gpus", BASE["heads"] + ["--n-devices", "2"],
+         ["--n-devices", "needs CUDA GPUs cuda:0 to cuda:1"], None),
+        ("figures-n-devices-without-gpus", BASE["figures"] + ["--n-devices", "4"],
+         ["--n-devices"], None),
+    ]
+if has_hooked_transformer() and os.environ.get("SITELENS_BACKEND", "hooked") == "hooked":
+    EXPLICIT += [("device-map-hooked", BASE["fit"] + ["--device-map", "balanced"],
+                  ["--device-map", "--n-devices instead"], None)]
 
 PATHS = [
     ("fit-out-blocked-by-file", BASE["fit"] + ["--out", "f.txt/ad"], ["f.txt is a file"],

@@ -88,6 +88,20 @@ def finite_float(what: str) -> Callable:
     return parse
 
 
+def device_name(s: str) -> str:
+    """An option type: a device that exists here (``cpu``, ``cuda``, ``cuda:N``, ``mps``;
+    :func:`sitelens.models.resolve_device`), e.g. no ``cuda`` where torch sees no GPU."""
+    from sitelens.errors import ModelError
+    from sitelens.models.devices import resolve_device
+
+    try:
+        resolve_device(s)
+    except ModelError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return s.strip()
+
+
+device_name.__name__ = "device"
 POSITIVE_INT = int_in_range(1)
 SEED = int_in_range(0, 2**32 - 1, "an integer seed in [0, 4294967295]")
 THREADS = int_in_range(1, 1024, "a number of threads in [1, 1024]")
@@ -196,6 +210,7 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--dedupe", action="store_true", help="drop duplicate items in the task file")
     p.add_argument("--threads", type=THREADS, default=None, help="torch CPU threads")
+    add_device_options(p)
 
 
 def add_fit_options(p: argparse.ArgumentParser) -> None:
@@ -211,6 +226,26 @@ def add_fit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--protocol", choices=["default", "official"], default="default",
                    help="stage 2 as sitelens does it (batched passes, best α) or as the paper's "
                         "code does (400 i.i.d. steps of batch 1, final α, no space before digits)")
+
+
+DTYPE_CHOICES = ("float32", "bfloat16", "float16")
+DEVICE_MAP_CHOICES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def add_device_options(p: argparse.ArgumentParser) -> None:
+    """``--device``, ``--dtype``, ``--n-devices``, ``--device-map``: where and in what precision
+    every model the command loads runs (:func:`sitelens.models.load_model`'s arguments)."""
+    g = p.add_argument_group("device and precision")
+    g.add_argument("--device", type=device_name, default=None,
+                   help="cpu, cuda, cuda:N or mps (default: cpu for the bundled models)")
+    g.add_argument("--dtype", choices=DTYPE_CHOICES, default=None,
+                   help="weights and activations (default float32); α, its optimizer state, "
+                        "means, losses and KL stay float32")
+    g.add_argument("--n-devices", type=POSITIVE_INT, default=None,
+                   help="split the model over N CUDA GPUs from --device on (pipeline of layers)")
+    g.add_argument("--device-map", choices=DEVICE_MAP_CHOICES, default=None,
+                   help="bridge backend only: Hugging Face's device_map (instead of --device / "
+                        "--n-devices)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -255,6 +290,7 @@ def _add_bench(sub) -> None:
     p.add_argument("--threads", type=THREADS, default=None)
     p.add_argument("--n-ctx", type=POSITIVE_INT, default=None,
                    help="context length for the models (default 2048; squad_val needs 4096)")
+    add_device_options(p)
 
 
 def _add_demo(sub) -> None:
@@ -264,6 +300,7 @@ def _add_demo(sub) -> None:
     p.add_argument("--limit", type=POSITIVE_INT, default=50)
     p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--threads", type=THREADS, default=None)
+    add_device_options(p)
 
 
 def _add_patch_intra(psub) -> None:
@@ -296,6 +333,7 @@ def _add_patch_inter(psub) -> None:
     q.add_argument("--n-boot", type=POSITIVE_INT, default=1000)
     q.add_argument("--seed", type=SEED, default=0)
     q.add_argument("--threads", type=THREADS, default=None)
+    add_device_options(q)
     q.add_argument("--json", action="store_true",
                    help='print {"tasks", "alpha": {A: {B: acc}}, "topk": ..., "zero_shot", '
                         '"within_between", "similarity_transfer_spearman"}')
@@ -381,6 +419,7 @@ def _add_atlas(sub) -> None:
                    help="test items per target task in the transfer measurement (--refit)")
     p.add_argument("--cache-dir", default="runs/atlas", help="cached fits of --refit")
     p.add_argument("--threads", type=THREADS, default=None)
+    add_device_options(p)
 
 
 def _add_figures(sub) -> None:
@@ -405,6 +444,7 @@ def _add_figures(sub) -> None:
     p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--threads", type=THREADS, default=None)
     p.add_argument("--quiet", action="store_true")
+    add_device_options(p)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -233,6 +233,7 @@ def validate(args) -> None:
     cmd = command_name(args)
     _check_path_args(args)
     _check_fit_options(args)
+    check_device_options(args)
     _check_models(args)
     tasks = _load_tasks(args, cmd)
     _check_n_shots(args, cmd, tasks)
@@ -241,6 +242,28 @@ def validate(args) -> None:
         check_heads_options(args)
     if cmd == "atlas":
         check_atlas_options(args)
+
+
+def check_device_options(args) -> None:
+    """``--n-devices`` needs that many CUDA GPUs from ``--device`` on; ``--device-map`` is the bridge
+    backend's and goes alone (the parser already checked ``--device`` and the choices)."""
+    from sitelens.errors import ModelError
+    from sitelens.models import resolve_backend, resolve_device, resolve_n_devices
+
+    device = resolve_device(getattr(args, "device", None))
+    try:
+        resolve_n_devices(getattr(args, "n_devices", None), device)
+    except ModelError as e:
+        raise UsageError(f"--n-devices: {e}") from None
+    if getattr(args, "device_map", None) is None:
+        return
+    if resolve_backend(None) != "bridge":
+        raise UsageError("--device-map places the Hugging Face modules of a TransformerBridge; "
+                         "with the hooked backend split the model with --n-devices instead (or "
+                         "set SITELENS_BACKEND=bridge).")
+    if device is not None or (getattr(args, "n_devices", None) or 1) > 1:
+        raise UsageError("--device-map says where every module goes: give it without --device "
+                         "and --n-devices.")
 
 
 def check_atlas_options(args) -> None:
