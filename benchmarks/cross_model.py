@@ -8,9 +8,9 @@ streams; and the two models' α maps compared by relative depth.
 
 **Unlabeled texts** (:func:`unlabeled_texts`): inputs only, of tasks not used for evaluation — the
 FV tasks outside the evaluation sample (and not ``ag_news`` / ``sentiment``, which share sources
-with ``cls/agnews`` and ``cls/sst2``), ``--texts-per-task`` (30) train inputs each, and the
-``cls/`` datasets not evaluated (dbpedia, rte, cb, mr, cr, subj), ``--texts-per-cls`` (100) train
-inputs each; cut at a word boundary to at most 300 characters; any text equal (case and spacing
+with ``cls/agnews`` and ``cls/sst2``), ``--texts-per-task`` (24) train inputs each, and the
+``cls/`` datasets not evaluated (dbpedia, rte, cb, mr, cr, subj), ``--texts-per-cls`` (80) train
+inputs each; cut at a word boundary to at most 200 characters; any text equal (case and spacing
 aside) to an input of an evaluation task, in any split, is dropped. Each is read as the
 zero-shot prompt ``"Q: {x}\\nA:"``, so its last token is the position where every vector here
 acts. **Held out by source**: every fifth of those FV tasks (sorted by name) and ``cls/cr`` are
@@ -22,7 +22,7 @@ chosen on 20% of the fitting texts), ``results/cross_model_r2.csv``: held-out R�
 the R² of the relative-depth maps on that task's 50 ten-shot prompts
 (``results/cross_model_r2_tasks.csv``).
 
-**Accuracy** on SmolLM2 (test split capped at the first ``--limit`` = 100 items; ``cls/``: sst2,
+**Accuracy** on SmolLM2 (test split capped at the first ``--limit`` = 50 items; ``cls/``: sst2,
 trec, agnews; FV: an 8-task sample, the first eight of the committed baselines grid): zero-shot;
 its own TV, LTV, SITE (the :mod:`sitelens.baselines` defaults, seed 0); Gemma's vectors carried
 across —
@@ -98,9 +98,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fv-tasks", default=",".join(FV_TASKS))
     p.add_argument("--cls-tasks", default=",".join(CLS_TASKS))
-    p.add_argument("--limit", type=int, default=100, help="test items per task (the first N)")
-    p.add_argument("--texts-per-task", type=int, default=30)
-    p.add_argument("--texts-per-cls", type=int, default=100)
+    p.add_argument("--limit", type=int, default=50, help="test items per task (the first N)")
+    p.add_argument("--texts-per-task", type=int, default=24)
+    p.add_argument("--texts-per-cls", type=int, default=80)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--report", action="store_true", help="only (re)write cross_model.md")
     p.add_argument("--tiny", action="store_true", help="two tiny random models, small sizes (smoke test)")
@@ -117,7 +117,7 @@ def _norm(text: str) -> str:
     return " ".join(text.lower().split())
 
 
-def _cut(text: str, n: int = 300) -> str:
+def _cut(text: str, n: int = 200) -> str:
     """``text`` cut at the last space before ``n`` characters (whole when shorter)."""
     text = " ".join(text.split())
     if len(text) <= n:
