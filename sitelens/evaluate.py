@@ -109,7 +109,8 @@ def intervention_hooks(model, intervention, seq_len: int | None) -> list:
     if intervention is None:
         return []
     if isinstance(intervention, HeadMix):
-        pinned = HeadMix(intervention.weights, intervention.targets, intervention.positions, seq_len)
+        pinned = HeadMix(intervention.weights, intervention.targets, intervention.positions, seq_len,
+                         _active=intervention._active)
         return pinned.hooks(model)
     return intervention(model, seq_len)  # a callable (model, seq_len) -> hooks
 

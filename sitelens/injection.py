@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from jaxtyping import Float
@@ -59,6 +59,7 @@ class HeadMix:
     targets: Float[Tensor, "... n_layers n_heads d_head"] | Sequence[Tensor]
     positions: Sequence[int] = (-1,)
     seq_len: int | None = None
+    _active: list[int] | None = field(default=None, repr=False, compare=False)
 
     def weight(self, layer: int) -> Float[Tensor, "... n_heads"]:
         """Layer ``layer``'s weights ``[(batch,) n_heads]``."""
@@ -85,6 +86,8 @@ class HeadMix:
         while ``weights`` requires grad (training must reach all of them)."""
         if self._requires_grad():
             return list(range(self.n_layers()))
+        if self._active is not None:  # worked out once by placed()
+            return list(self._active)
         if isinstance(self.weights, Tensor):
             w = self.weights.detach()
             per_layer = w.abs().reshape(-1, w.shape[-2], w.shape[-1]).amax(dim=(0, 2))  # [n_layers]
@@ -98,9 +101,10 @@ class HeadMix:
         devs = layer_devices(model)
         if self._rows_on(devs):
             return self
+        active = None if self._requires_grad() else self.layers()  # read once, here
         return HeadMix(place_layer_rows(self.weights, model, layer_dim=-2),
                        place_layer_rows(self.targets, model, layer_dim=-3),
-                       self.positions, self.seq_len)
+                       self.positions, self.seq_len, _active=active)
 
     def _rows_on(self, devs: list[torch.device]) -> bool:
         if isinstance(self.weights, Tensor) or isinstance(self.targets, Tensor):
