@@ -105,6 +105,22 @@ def test_payload_lookups_match_the_tables(atlas):
     assert sorted(o["tasks"]) == sorted(TASKS) and len(o["heads"]) == 8
 
 
+def test_carried_alpha_lens_of_a_few_tasks_does_not_replace_the_atlas_alpha(atlas):
+    """Lens rows carried in from benchmarks/heads.py hold an "alpha" (over its own seeds) for only
+    the tasks it ran; the atlas's α of every task must stay the "alpha" lens (a regression: the
+    carried rows replaced it and the head card of any other task raised KeyError)."""
+    _, _, data, _, _ = atlas
+    carried = data.lenses[(data.lenses.task == "antonym") & (data.lenses.lens == "atp")].assign(
+        lens="alpha", score=0.5)
+    d2 = AtlasData(**{**vars(data), "lenses": pd.concat([data.lenses, carried], ignore_index=True)})
+    p = payload([d2])
+    assert sorted(p["models"][data.model]["lenses"]["alpha"]) == sorted(TASKS)
+    assert list(p["models"][data.model]["lenses"]["alpha-seeds"]) == ["antonym"]
+    card = head_card(p, data.model, "synonym", 1, 2)
+    assert card["scores"]["alpha"] == pytest.approx(data.alpha_map("synonym")[1, 2], abs=1e-4)
+    assert card["scores"]["alpha-seeds"] is None
+
+
 def test_page_embeds_the_payload_and_no_network(atlas):
     _, _, data, _, _ = atlas
     page = build_atlas_html(payload([data]))

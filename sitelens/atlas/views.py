@@ -39,6 +39,9 @@ def model_payload(data: AtlasData) -> dict:
     lenses: dict[str, dict[str, list]] = {
         "alpha": {t: _flat(data.alpha_map(t)) for t in tasks}}
     for lens, g in data.lenses.groupby("lens", sort=False):
+        # α from `benchmarks/heads.py` (over its seeds, on the tasks it ran) is its own lens: the
+        # atlas's "alpha" is the atlas fit of every task
+        lens = "alpha-seeds" if lens == "alpha" else lens
         lenses[lens] = {}
         for t, gt in g.groupby("task", sort=False):
             m = np.full(data.n_layers * data.n_heads, np.nan)
