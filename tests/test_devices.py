@@ -216,6 +216,37 @@ def test_alpha_and_optimizer_state_are_float32(twins, task, monkeypatch):
     assert len(seen[0]) == m16.cfg.n_layers  # one α row per layer
 
 
+@pytest.mark.parametrize("keep", ["best", "last_check"])
+def test_deferred_reads_give_the_same_run(monkeypatch, keep):
+    """Off the CPU the training runner reads the losses back only at checks. Forced on here (the
+    path a GPU takes): the same kept parameters and history as reading every step, and a
+    non-finite loss still raises naming its step."""
+    from sitelens import training
+
+    def run(bad_step=None):
+        p = torch.zeros(3)
+
+        def objective(batch):
+            loss = ((p - torch.tensor(batch, dtype=torch.float32)) ** 2).sum()
+            if batch[0] == bad_step:
+                loss = loss * float("nan")
+            return loss, loss.detach()
+
+        return training.run_training(
+            [p], [[i, i, i] for i in range(1, 8)], objective,
+            valid_loss=lambda: float((p - 3).pow(2).sum()), snapshot=lambda: p.detach().clone(),
+            config=training.RunConfig(lr=0.5, eval_every=3, keep=keep, check_params=True))
+
+    eager = run()
+    monkeypatch.setattr(training, "_read_every_step", lambda params: False)
+    deferred = run()
+    assert torch.equal(deferred.kept, eager.kept) and deferred.best_step == eager.best_step
+    assert [h["train_loss"] for h in deferred.history] == pytest.approx(
+        [h["train_loss"] for h in eager.history], nan_ok=True, rel=0, abs=0)
+    with pytest.raises(sl.FitError, match="Non-finite loss at step 5"):
+        run(bad_step=5)
+
+
 def test_cli_fit_and_eval_in_bfloat16(tmp_path, capsys):
     """``sitelens fit/eval --dtype bfloat16`` end to end; the adapter is float32; the options are
     gone from the environment afterwards."""
