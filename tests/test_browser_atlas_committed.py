@@ -1,0 +1,79 @@
+"""The committed atlas (``figures/atlas/``, both bundled models) as a user gets it on a fresh clone:
+``sitelens atlas --out`` builds the page from the tables alone (no model is loaded), it stays within
+the issue's size budget, and in headless Chromium (network cut off) every model's page draws, a
+click on a head shows that head's card exactly as :func:`sitelens.atlas.head_card` computes it,
+and a click on a similarity cell draws the pair — with no console error."""
+
+from pathlib import Path
+
+import pytest
+from browser_util import file_url
+
+from sitelens.atlas import head_card, load_atlas, payload
+from sitelens.cli import main
+
+DATA = Path(__file__).resolve().parent.parent / "figures" / "atlas"
+MODELS = ("gemma-3-270m", "smollm2-135m-instruct")
+BUDGET_MB = 15  # the issue's size budget for both models' full atlas
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("atlas") / "atlas.html"
+    assert main(["atlas", "--out", str(out), "--data", str(DATA)]) == 0
+    return out, payload(load_atlas(DATA))
+
+
+def test_committed_tables_cover_both_models_and_every_task(built):
+    _, p = built
+    assert sorted(p["models"]) == sorted(MODELS)
+    # SmolLM2: all 57 FV tasks; Gemma: the 29 abstractive ones (ATLAS_MODELS)
+    assert len(p["models"]["smollm2-135m-instruct"]["order"]) == 57
+    assert len(p["models"]["gemma-3-270m"]["order"]) == 29
+
+
+def test_committed_page_within_size_budget(built):
+    out, _ = built
+    assert out.stat().st_size < BUDGET_MB * 1e6
+
+
+def _fmt(v) -> str:
+    return "—" if v is None else f"{v:.4f}"
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("model", MODELS)
+def test_committed_page_clicks(offline_page, built, model):
+    out, p = built
+    page, log = offline_page.page, offline_page.log
+    page.goto(file_url(out))
+    page.wait_for_function("window.atlasReady === true", timeout=60_000)
+    page.select_option("#model", model)
+    task = page.eval_on_selector("#task", "e => e.value")
+    layer = p["models"][model]["n_layers"] // 2
+    page.locator("#taskmap").scroll_into_view_if_needed()
+    px, py = page.evaluate(
+        """([x, y]) => { const gd = document.getElementById('taskmap');
+           const bb = gd.querySelector('.nsewdrag').getBoundingClientRect();
+           return [bb.left + gd._fullLayout.xaxis.d2p(x), bb.top + gd._fullLayout.yaxis.d2p(y)]; }""",
+        [1, layer])
+    page.mouse.move(px, py)
+    page.mouse.click(px, py)
+    page.wait_for_function(f"document.getElementById('card').dataset.head === 'L{layer}H1'")
+    card = head_card(p, model, task, layer, 1)
+    shown = page.eval_on_selector_all(
+        "#card-scores tr", "rows => rows.map(r => [r.dataset.lens, r.querySelector('.v').textContent])")
+    assert dict(shown) == {lens: _fmt(v) for lens, v in card["scores"].items()}
+    page.locator("#sim").scroll_into_view_if_needed()
+    order = p["models"][model]["order"]
+    a, b = order[1], order[0]
+    px, py = page.evaluate(
+        """([x, y]) => { const gd = document.getElementById('sim');
+           const bb = gd.querySelector('.nsewdrag').getBoundingClientRect();
+           return [bb.left + gd._fullLayout.xaxis.d2p(x), bb.top + gd._fullLayout.yaxis.d2p(y)]; }""",
+        [b, a])
+    page.mouse.move(px, py)
+    page.mouse.click(px, py)
+    page.wait_for_function(f"document.getElementById('pair').dataset.a === '{a}'")
+    assert page.locator("#pair g.hm").count() == 3  # both maps and their difference drew
+    assert not log.problems(), log.problems()
