@@ -7,11 +7,12 @@ The cells themselves come from the resumable CLI, one CSV per model, e.g.
         --tasks $FV/antonym,$FV/country-capital,... \\
         --out benchmarks/results/baselines_smollm2-135m-instruct.csv
 
-Parallel runs may share one CSV: each row is appended under a file lock (``sitelens.io.locked``).
-The committed grid was run before that lock existed, as ``baselines_{model}.part*.csv`` files; the
-summary reads a model's CSV together with any ``.part*.csv`` files, and ``--merge-parts`` (only
-while no run is writing) folds them into the model's CSV and removes them. The committed rows
-predate the resume keys (numerics version 1, no settings columns): a rerun of the commands
+Parallel runs share the one CSV: each row is appended under a file lock (``sitelens.io.locked``),
+once per cell key, so several ``sitelens bench`` processes, or one run spread over worker processes
+or a Ray cluster (``--executor processes:N`` / ``--executor ray[:ADDRESS]``), write the same file.
+(The committed grid was first run as ``baselines_{model}.part*.csv`` files, before that lock
+existed; they were merged into each model's CSV, which is all this script reads.) The committed
+rows predate the resume keys (numerics version 1, no settings columns): a rerun of the commands
 recomputes them instead of reusing them.
 
 ``python benchmarks/baselines.py`` writes, per model, ``baselines_{model}.md`` (means over the
@@ -128,37 +129,16 @@ def time_notes(df: pd.DataFrame) -> list[str]:
     return lines + [""]
 
 
-def part_files(path: Path) -> list[Path]:
-    """``baselines_{model}.part*.csv`` beside ``baselines_{model}.csv``."""
-    return sorted(path.parent.glob(f"{path.stem}.part*.csv"))
-
-
-def read_with_parts(path: Path) -> pd.DataFrame:
-    """A model's cells from its CSV and its part files; a cell present twice is an error."""
-    df = pd.concat([read_results(p) for p in [path, *part_files(path)]], ignore_index=True)
+def read_cells(path: Path) -> pd.DataFrame:
+    """A model's cells; a (model, task, method, seed) cell present twice is an error (its means
+    would count twice)."""
+    df = read_results(path)
     dup = df.duplicated(["model", "task", "method", "seed"], keep=False)
     if dup.any():
         cells = df.loc[dup, ["task", "method"]].drop_duplicates().values.tolist()
-        raise SystemExit(f"{path.name} and its part files both hold the cells {cells[:5]}: the runs "
-                         "overlapped. Delete the duplicate rows from one file, then rerun.")
+        raise SystemExit(f"{path.name} holds the cells {cells[:5]} more than once (rows of "
+                         "different settings); keep one row per cell, then rerun.")
     return df
-
-
-def merge_parts(path: Path) -> None:
-    """Fold the part files into ``path`` (atomically) and remove them."""
-    parts = part_files(path)
-    if not parts:
-        return
-    read_with_parts(path)  # refuses overlapping runs
-    data = path.read_bytes() if path.exists() else parts[0].read_bytes().split(b"\n", 1)[0] + b"\n"
-    for p in parts:  # rows verbatim, each part's header dropped
-        data = data.rstrip(b"\n") + b"\n" + p.read_bytes().split(b"\n", 1)[1]
-    tmp = path.with_name(f".{path.name}.merge.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
-    for p in parts:
-        p.unlink()
-    print(f"merged {', '.join(p.name for p in parts)} into {path.name}")
 
 
 def dntp_notes(full: pd.DataFrame) -> list[str]:
@@ -177,7 +157,7 @@ def dntp_notes(full: pd.DataFrame) -> list[str]:
 
 
 def summarize(path: Path, command: str, note: str, png: bool = True) -> str:
-    df = read_with_parts(path)
+    df = read_cells(path)
     model = df["model"].iloc[0]
     tasks = complete_tasks(df)
     all_tasks = sorted(df["task"].unique())
@@ -255,15 +235,8 @@ NOTE = ("Run on the shared 2-core CPU with one torch thread while other benchmar
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-png", action="store_true")
-    ap.add_argument("--merge-parts", action="store_true",
-                    help="fold baselines_{model}.part*.csv into baselines_{model}.csv first "
-                         "(only while no sitelens bench run is writing them)")
     args = ap.parse_args()
     for path in sorted(RESULTS.glob("baselines_*.csv")):
-        if ".part" in path.name:
-            continue
-        if args.merge_parts:
-            merge_parts(path)
         model = path.stem.removeprefix("baselines_")
         cmd = COMMANDS.get(model, f"sitelens bench --models {model} ... --out {path}")
         print(summarize(path, cmd, NOTE, png=not args.no_png))

@@ -24,6 +24,7 @@ from sitelens.bench import BenchConfig, run_bench, summary_markdown
 from sitelens.effects import EffectsConfig, head_causal_effects
 from sitelens.errors import (
     AdapterError,
+    ExecutorError,
     FitError,
     MethodError,
     ModelError,
@@ -146,8 +147,8 @@ __all__ = [
     # provenance: the version of the numerics that every cached result is keyed on
     "NUMERICS_VERSION",
     # errors: SitelensError and its subclasses, each message naming the fix
-    "SitelensError", "AdapterError", "FitError", "MethodError", "ModelError", "OutputError",
-    "PromptTooLongError", "TaskError", "TokenizationError", "UsageError",
+    "SitelensError", "AdapterError", "ExecutorError", "FitError", "MethodError", "ModelError",
+    "OutputError", "PromptTooLongError", "TaskError", "TokenizationError", "UsageError",
     # submodules (plotting and figures imported on first access)
     "baselines", "lenses", "metrics", "patching", "plotting", "figures", "atlas",
 ]

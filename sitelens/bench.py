@@ -2,9 +2,15 @@
 
 Every finished (model, task, method) cell is appended to the CSV at once, atomically and under a
 file lock (the file is rewritten to a temporary sibling and renamed over the old one; concurrent
-processes lose no rows), so a killed run loses at most the cell in progress. Each row records the
+processes lose no rows), so a killed run loses at most the cells in progress. Each row records the
 settings that made it (:data:`SETTINGS`) and their hash (``key``); a rerun with the same
-``out_csv`` skips exactly the cells whose key is already there and recomputes the others.
+``out_csv`` skips exactly the cells whose key is already there and recomputes the others, and a
+row whose key is already in the file is never appended again (:func:`append_row`).
+
+Cells run in this process by default, or on worker processes or a Ray cluster
+(``executor=``, :mod:`sitelens.executors`): each cell is an idempotent task (:func:`run_cell`) whose
+row comes back to this process and is appended here, so a cell whose worker was killed is rerun
+and still lands once.
 
 Per cell: the method is fitted on the task's train/valid splits, then the first ``limit`` test
 items are answered greedily from the method's prompts (zero-shot unless the method has a
@@ -38,8 +44,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from sitelens.baselines import Fitted, Method, get_method
-from sitelens.errors import OutputError, SitelensError
+from sitelens.errors import ExecutorError, OutputError, SitelensError
 from sitelens.evaluate import exact_match, greedy_generate, rank_labels
+from sitelens.executors import Cell, Executor, cached_model, make_executor, model_fingerprint, preloaded
 from sitelens.io import atomic_write, locked
 from sitelens.labels import LabelSet, label_set, nan_mean
 from sitelens.metrics import bootstrap_ci, correlation, dntp_per_item
@@ -171,15 +178,20 @@ def _csv_text(rows: list[dict], *, header: bool) -> bytes:
     return buf.getvalue().encode()
 
 
-def append_row(out_csv: str | Path, row: dict) -> None:
+def append_row(out_csv: str | Path, row: dict) -> bool:
     """Append one row: under an exclusive lock (:func:`sitelens.io.locked`, so concurrent
     processes lose no rows), the old content + the row go to a temp file renamed over ``out_csv``
     (a kill leaves either the old or the new file, never a torn line). A file with an older
     header (:data:`LEGACY_COLUMNS`, :data:`UNLABELLED_COLUMNS`) is rewritten with the full header
-    first (its rows kept)."""
+    first (its rows kept). Idempotent: a row whose ``key`` is already in the file is not appended
+    again (returns False; True when appended), so a cell computed twice (a rerun worker, two
+    runs racing) still has one row."""
     path = Path(out_csv)
     with locked(path):
         old = path.read_bytes() if path.exists() else b""
+        key = str(row.get("key") or "")
+        if key and old.strip() and key in _done_keys(read_results(path)):
+            return False
         if old.strip():
             if _check_header(path, old) != COLUMNS:
                 older = read_results(path).to_dict("records")
@@ -190,6 +202,7 @@ def append_row(out_csv: str | Path, row: dict) -> None:
         else:
             data = _csv_text([row], header=True)
         atomic_write(path, data)
+    return True
 
 
 # ----------------------------------------------------------------------------------------------
@@ -339,6 +352,8 @@ def run_bench(
     methods: Sequence[str | Method],
     out_csv: str | Path,
     config: BenchConfig | None = None,
+    *,
+    executor: str | Executor | None = None,
     **overrides,
 ) -> pd.DataFrame:
     """Fit and score every (model, task, method) cell whose key is not yet in ``out_csv``; return
@@ -361,6 +376,13 @@ def run_bench(
     ``n_ctx``: context length for models loaded by name (default: :func:`load_model`'s); raise it
     for tasks whose k-shot prompts are longer (squad_val's 10-shot prompts reach 2,621 SmolLM2
     tokens). Results do not depend on it for prompts that fit.
+
+    ``executor``: where the cells run (:func:`sitelens.executors.make_executor`): ``None`` or
+    ``"local"`` in this process, ``"processes:N"`` on N worker processes, ``"ray"`` /
+    ``"ray:HOST:PORT"`` on Ray, or an :class:`~sitelens.executors.Executor` (left open). Every
+    executor gives the same rows; with a non-local one, models must be given by name (each worker
+    loads them itself) and methods must pickle. The model is still loaded here once, for the
+    weight fingerprint of the keys.
     """
     cfg = config_with_overrides(BenchConfig, config, overrides, "run_bench")
     methods = [get_method(m) for m in methods]
@@ -368,66 +390,127 @@ def run_bench(
     if len(set(names)) != len(names):
         raise ValueError(f"method names must be unique (they key the cells), got {names}")
     task_list = [_task_of(t) for t in tasks]
+    ex = make_executor(executor)
+    if not ex.in_process and not all(isinstance(m, str) for m in models):
+        raise ExecutorError(f"run_bench with executor {ex.name} needs model names (each worker "
+                            "loads its model), not loaded models; or use the local executor.")
     done = _done_keys(read_results(out_csv))
     keys_this_run: list[str] = []
     bar = tqdm(total=len(models) * len(task_list) * len(methods), desc="bench",
                disable=not cfg.progress)
-    for spec in models:
-        # The key holds the weight fingerprint, so each model is loaded (one at a time) even when
-        # all of its cells are done: SmolLM2 takes about a second from the weight cache.
-        model = load_model(spec, n_ctx=cfg.n_ctx) if isinstance(spec, str) else spec
-        for task in task_list:
-            pending = []
-            for method in methods:
-                settings = cell_settings(model, task, method, seed=cfg.seed, n_shots=cfg.n_shots,
-                                         limit=cfg.limit, batch_size=cfg.batch_size,
-                                         template=cfg.template)
-                key = cell_key(settings)
-                keys_this_run.append(key)
-                if key in done:
-                    bar.update(1)
-                else:
-                    pending.append((method, settings, key))
-            if pending:
-                _run_cells(model, task, pending, out_csv, bar, cfg)
-        del model
-    bar.close()
+
+    def on_result(cell: Cell, row: dict) -> None:
+        append_row(out_csv, row)
+        bar.update(1)
+
+    later: list[Cell] = []  # the cells of a non-local executor: all models in one sweep
+    try:
+        for spec in models:
+            # The key holds the weight fingerprint, so each model is loaded (one at a time) even
+            # when all of its cells are done: SmolLM2 takes about a second from the weight cache.
+            model = load_model(spec, n_ctx=cfg.n_ctx) if isinstance(spec, str) else spec
+            ref = spec if isinstance(spec, str) else f"<in-process model {id(model)}>"
+            cells = []
+            for task in task_list:
+                for method in methods:
+                    settings = cell_settings(model, task, method, seed=cfg.seed,
+                                             n_shots=cfg.n_shots, limit=cfg.limit,
+                                             batch_size=cfg.batch_size, template=cfg.template)
+                    key = cell_key(settings)
+                    keys_this_run.append(key)
+                    if key in done:
+                        bar.update(1)
+                        continue
+                    done.add(key)  # listed twice (a model or task given twice): run once
+                    job = BenchJob(ref, cfg.n_ctx, task, method, settings, key, cfg)
+                    cells.append(Cell(key, run_cell, (job,),
+                                      label=f"{settings['model']}/{task.name}/{method.name}"))
+            if ex.in_process:
+                with preloaded(ref, cfg.n_ctx, model):
+                    ex.run(cells, on_result)
+            else:
+                later += cells
+            del model
+        if later:
+            ex.run(later, on_result)
+    finally:
+        bar.close()
+        _REFERENCE.clear()  # this process's reference logits: not kept past the run
+        if ex is not executor:  # made here from a name: closed here
+            ex.close()
     df = read_results(out_csv)
     order = {k: i for i, k in enumerate(keys_this_run)}
     mine = df[df["key"].isin(order)].drop_duplicates("key", keep="last")
     return mine.sort_values("key", key=lambda c: c.map(order)).reset_index(drop=True)
 
 
-def _run_cells(model, task: Task, pending: list, out_csv, bar, cfg: BenchConfig) -> None:
-    """Fit and score the ``pending`` (method, settings, key) cells of one (model, task); append
-    each row as soon as it is finished."""
-    items = task.test[:cfg.limit] if cfg.limit else task.test
-    ref_error = ""
-    try:
-        reference = reference_logits(model, task, items, n_shots=cfg.n_shots, seed=cfg.seed,
-                                     template=cfg.template, batch_size=cfg.batch_size)
-    except SitelensError as e:
-        reference, ref_error = None, f"dntp: {e}"
-    labels = label_set(task)
-    for method, settings, key in pending:
-        row = dict(settings, key=key, n=len(items))
-        t0 = time.perf_counter()
+@dataclass(frozen=True)
+class BenchJob:
+    """One bench cell, everything a worker needs to compute its row (picklable): the model's
+    name for :func:`sitelens.executors.cached_model` (+ ``n_ctx``), the task, the method, the
+    row's settings and key, and the run's config."""
+
+    model: str
+    n_ctx: int | None
+    task: Task
+    method: Method
+    settings: dict
+    key: str
+    config: BenchConfig
+
+
+# the ICL reference logits of the last (model, task, items, shots, seed, template, batch) seen
+# in this process, shared by the methods of one task (as a worker runs them one after another)
+_REFERENCE: dict[tuple, tuple] = {}
+
+
+def _reference(model, job: BenchJob, items) -> tuple[Tensor | None, str]:
+    cfg, s = job.config, job.settings
+    key = (job.model, s["fingerprint"], s["task_hash"], s["limit"], s["n_shots"], s["seed"],
+           s["template"], s["batch_size"])
+    if key not in _REFERENCE:
+        _REFERENCE.clear()
         try:
-            fitted = method.fit(model, task, seed=cfg.seed, template=cfg.template)
-            fit_seconds = time.perf_counter() - t0
-            res = score_fitted(model, task, items, fitted, reference=reference,
-                               template=cfg.template, batch_size=cfg.batch_size, labels=labels)
-            row.update({k: res[k] for k in ("first_token_acc", "exact_match", "dntp",
-                                             "seconds_per_item", *LABEL_METRICS)})
-            row.update(trainable_params=fitted.n_params, fit_seconds=fit_seconds,
-                       error=ref_error)
+            ref = reference_logits(model, job.task, items, n_shots=cfg.n_shots, seed=cfg.seed,
+                                   template=cfg.template, batch_size=cfg.batch_size)
+            _REFERENCE[key] = (ref, "")
         except SitelensError as e:
-            nan = float("nan")
-            row.update(first_token_acc=nan, exact_match=nan, dntp=nan, trainable_params=nan,
-                       fit_seconds=time.perf_counter() - t0, seconds_per_item=nan,
-                       error=f"{type(e).__name__}: {e}", **dict.fromkeys(LABEL_METRICS, nan))
-        append_row(out_csv, row)
-        bar.update(1)
+            _REFERENCE[key] = (None, f"dntp: {e}")
+    return _REFERENCE[key]
+
+
+def run_cell(job: BenchJob) -> dict:
+    """Fit and score one cell, in whatever process runs it; returns its row (settings, key,
+    metrics). The model comes from :func:`sitelens.executors.cached_model` (loaded once per
+    process); a model whose weight fingerprint is not the one in the key raises
+    :class:`ExecutorError` (a worker with other weights must not write under this key)."""
+    cfg, task, method = job.config, job.task, job.method
+    model = cached_model(job.model, job.n_ctx)
+    if model_fingerprint(model) != job.settings["fingerprint"]:
+        raise ExecutorError(
+            f"the worker's {job.model} has weight fingerprint {model_fingerprint(model)}, not "
+            f"{job.settings['fingerprint']} as in the driver: give every worker the same model "
+            "files (and the same sitelens version)."
+        )
+    items = task.test[:cfg.limit] if cfg.limit else task.test
+    reference, ref_error = _reference(model, job, items)
+    labels = label_set(task)
+    row = dict(job.settings, key=job.key, n=len(items))
+    t0 = time.perf_counter()
+    try:
+        fitted = method.fit(model, task, seed=cfg.seed, template=cfg.template)
+        fit_seconds = time.perf_counter() - t0
+        res = score_fitted(model, task, items, fitted, reference=reference,
+                           template=cfg.template, batch_size=cfg.batch_size, labels=labels)
+        row.update({k: res[k] for k in ("first_token_acc", "exact_match", "dntp",
+                                         "seconds_per_item", *LABEL_METRICS)})
+        row.update(trainable_params=fitted.n_params, fit_seconds=fit_seconds, error=ref_error)
+    except SitelensError as e:
+        nan = float("nan")
+        row.update(first_token_acc=nan, exact_match=nan, dntp=nan, trainable_params=nan,
+                   fit_seconds=time.perf_counter() - t0, seconds_per_item=nan,
+                   error=f"{type(e).__name__}: {e}", **dict.fromkeys(LABEL_METRICS, nan))
+    return row
 
 
 # ----------------------------------------------------------------------------------------------

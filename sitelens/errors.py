@@ -41,3 +41,8 @@ class MethodError(SitelensError, ValueError):
 
 class UsageError(SitelensError, ValueError):
     """A bad command-line option: missing, malformed or out of range."""
+
+
+class ExecutorError(SitelensError, RuntimeError):
+    """A sweep executor that cannot run: a bad ``--executor`` value, Ray not installed or not
+    reachable, a cell whose worker kept dying (:mod:`sitelens.executors`)."""

@@ -20,6 +20,12 @@ fitted adapters (:meth:`SiteAdapter.save`), stage-1 embeddings, and each experim
 reused on restart (a cell computed with other parameters is recomputed, never reused). Figures and
 the summary are rebuilt from those cells on every run (seconds).
 
+The cells run in this process by default; ``executor=`` (``processes:N``, ``ray[:ADDRESS]``,
+:mod:`sitelens.executors`) runs them on workers first, in three waves — stage-1 embeddings, SITE
+fits, then the intra / effects / inter cells — each cell written atomically by its worker into
+``out_dir/.runs`` (which the workers must therefore see: one machine, or a shared file system),
+and the driver then builds the figures from the finished cells as above.
+
 The sizes and seeds of a run are a :class:`FigureConfig`; :func:`make_figures` takes one, or its
 fields as keyword arguments. The statistics (:func:`intra_mean`, :func:`intra_gaps`, …) and the
 writer (:class:`FigureWriter`, :func:`notebook_renderer`) are re-exported here from
@@ -48,6 +54,7 @@ from sitelens.analysis import (
 )
 from sitelens.effects import head_causal_effects
 from sitelens.errors import AdapterError, OutputError
+from sitelens.executors import Cell, Executor, cached_model, make_executor
 from sitelens.export import FigureWriter, notebook_renderer, png_export_error
 from sitelens.io import atomic_write, atomic_write_csv, atomic_write_text
 from sitelens.patching import inter_task, intra_task
@@ -165,13 +172,22 @@ def _fit_params(cfg: FigureConfig, sparsity: float) -> dict:
             "lr": cfg.lr, "batch_size": cfg.batch_size, "seed": cfg.seed, "sparsity": sparsity}
 
 
+def _embedding_path(task: Task, cfg: FigureConfig, cells: CellStore) -> Path:
+    params = {"task": task.name, "task_hash": task_hash(task), "n_prompts": cfg.n_prompts,
+              "n_shots": cfg.n_shots, "seed": cfg.seed}
+    return cells.path(f"embeddings/{slug(task.name)}", params, ".safetensors")
+
+
+def _adapter_path(task: Task, sparsity: float, cfg: FigureConfig, cells: CellStore) -> Path:
+    params = dict(_fit_params(cfg, sparsity), task_hash=task_hash(task))
+    return cells.path(f"adapters/{slug(task.name)}_{lambda_tag(sparsity)}", params)
+
+
 def _embedding(model, task: Task, cfg: FigureConfig, cells: CellStore) -> torch.Tensor:
     """The stage-1 embedding cell of ``task`` (shared across λ): loaded, or computed and saved."""
     from safetensors.torch import load_file, save
 
-    params = {"task": task.name, "task_hash": task_hash(task), "n_prompts": cfg.n_prompts,
-              "n_shots": cfg.n_shots, "seed": cfg.seed}
-    path = cells.path(f"embeddings/{slug(task.name)}", params, ".safetensors")
+    path = _embedding_path(task, cfg, cells)
     if path.exists():
         try:
             return load_file(path)["embedding"]
@@ -188,8 +204,7 @@ def fit_cell(model, task: Task, sparsity: float, cfg: FigureConfig, cells: CellS
              *, progress: bool = False) -> SiteAdapter:
     """The SITE adapter cell of (task, λ = ``sparsity``): loaded from ``adapters/`` if a valid one
     was saved with the same parameters, else fitted (stage 1 shared across λ) and saved."""
-    params = dict(_fit_params(cfg, sparsity), task_hash=task_hash(task))
-    path = cells.path(f"adapters/{slug(task.name)}_{lambda_tag(sparsity)}", params)
+    path = _adapter_path(task, sparsity, cfg, cells)
     if (path / "adapter.json").exists():
         try:
             ad = SiteAdapter.load(path)
@@ -211,6 +226,23 @@ def fit_cell(model, task: Task, sparsity: float, cfg: FigureConfig, cells: CellS
     return ad
 
 
+def _cell_store(model, runs_dir: str | Path, log: Callable[[str], None]) -> CellStore:
+    """The cells of one model's run: keyed on its weight fingerprint, the template and the
+    numerics version (plus each cell's own parameters)."""
+    from sitelens.models import fingerprint
+
+    base = {"fingerprint": fingerprint(model), "template": DEFAULT_TEMPLATE.to_dict(),
+            "numerics_version": NUMERICS_VERSION}
+    return CellStore(Path(runs_dir), log, base)
+
+
+def _empty_run(model, cfg: FigureConfig) -> ModelRun:
+    from sitelens.models import model_name
+
+    return ModelRun(model=model_name(model), n_layers=model.cfg.n_layers,
+                    n_heads=model.cfg.n_heads, config=cfg)
+
+
 def run_model(
     model,
     runs_dir: str | Path,
@@ -221,15 +253,10 @@ def run_model(
 ) -> ModelRun:
     """All cells of one model (fits, intra, inter, similarity, effects), reusing finished ones
     under ``runs_dir``. ``log`` receives one-line progress messages (default: none)."""
-    from sitelens.models import fingerprint, model_name
-
     cfg = (config or FigureConfig()).resolved()
     log = log or (lambda msg: None)
-    base = {"fingerprint": fingerprint(model), "template": DEFAULT_TEMPLATE.to_dict(),
-            "numerics_version": NUMERICS_VERSION}
-    cells = CellStore(Path(runs_dir), log, base)
-    run = ModelRun(model=model_name(model), n_layers=model.cfg.n_layers,
-                   n_heads=model.cfg.n_heads, config=cfg)
+    cells = _cell_store(model, runs_dir, log)
+    run = _empty_run(model, cfg)
     tasks = {name: load_task(name, seed=cfg.seed) for name in cfg.tasks}
     main = cfg.main_sparsity
 
@@ -255,48 +282,62 @@ def run_model(
     return run
 
 
+def _intra_spec(cfg: FigureConfig, n_total: int, task: Task, lam: float) -> tuple[str, dict]:
+    """The name and parameters of the intra-task cell of (``task``, λ)."""
+    params = dict(_fit_params(cfg, lam), task=task.name, task_hash=task_hash(task),
+                  ks=intra_ks(n_total, cfg), limit=cfg.limit, n_random_seeds=cfg.n_random_seeds,
+                  n_boot=cfg.n_boot)
+    return f"intra/{slug(task.name)}_{lambda_tag(lam)}", params
+
+
+def _intra_cell(model, run: ModelRun, task: Task, lam: float, cells: CellStore) -> pd.DataFrame:
+    """The intra-task cell of (``task``, λ) with the adapter ``run.adapters[λ][task]``."""
+    cfg = run.config
+    name, params = _intra_spec(cfg, run.n_total, task, lam)
+    ad = run.adapters[lam][task.name]
+    return cells.csv(name, params, lambda: intra_task(
+        model, task, ad, ks=params["ks"], n_random_seeds=cfg.n_random_seeds, limit=cfg.limit,
+        seed=cfg.seed, n_boot=cfg.n_boot))
+
+
 def _intra_cells(model, run: ModelRun, tasks: dict[str, Task], cells: CellStore) -> pd.DataFrame:
     """The intra-task cell of every (intra task, λ), concatenated with a ``sparsity`` column."""
     cfg = run.config
-    ks = intra_ks(run.n_total, cfg)
-    frames = []
-    for lam in cfg.sparsity:
-        for name in cfg.intra_tasks:
-            ad = run.adapters[lam][name]
-            params = dict(_fit_params(cfg, lam), task=name, task_hash=task_hash(tasks[name]),
-                          ks=ks, limit=cfg.limit, n_random_seeds=cfg.n_random_seeds,
-                          n_boot=cfg.n_boot)
-            df = cells.csv(
-                f"intra/{slug(name)}_{lambda_tag(lam)}", params,
-                lambda ad=ad, name=name: intra_task(
-                    model, tasks[name], ad, ks=ks, n_random_seeds=cfg.n_random_seeds,
-                    limit=cfg.limit, seed=cfg.seed, n_boot=cfg.n_boot,
-                ),
-            )
-            frames.append(df.assign(sparsity=lam))
+    frames = [_intra_cell(model, run, tasks[name], lam, cells).assign(sparsity=lam)
+              for lam in cfg.sparsity for name in cfg.intra_tasks]
     return pd.concat(frames, ignore_index=True)
+
+
+def _inter_spec(cfg: FigureConfig, tasks: dict[str, Task], inter_k: int) -> tuple[str, dict]:
+    params = dict(_fit_params(cfg, cfg.main_sparsity), tasks=list(cfg.tasks),
+                  task_hashes=[task_hash(tasks[n]) for n in cfg.tasks], k=inter_k,
+                  limit=cfg.limit, n_boot=cfg.n_boot)
+    return f"inter_{lambda_tag(cfg.main_sparsity)}", params
 
 
 def _inter_cell(model, run: ModelRun, tasks: dict[str, Task], cells: CellStore,
                 inter_k: int) -> pd.DataFrame:
     """The inter-task cell over all tasks, with the adapters of the main λ."""
     cfg, main = run.config, run.config.main_sparsity
-    params = dict(_fit_params(cfg, main), tasks=list(cfg.tasks),
-                  task_hashes=[task_hash(tasks[n]) for n in cfg.tasks], k=inter_k,
-                  limit=cfg.limit, n_boot=cfg.n_boot)
+    name, params = _inter_spec(cfg, tasks, inter_k)
     return cells.csv(
-        f"inter_{lambda_tag(main)}", params,
+        name, params,
         lambda: inter_task(model, [tasks[n] for n in cfg.tasks], run.adapters[main], k=inter_k,
                            limit=cfg.limit, seed=cfg.seed, n_boot=cfg.n_boot),
     )
+
+
+def _effects_spec(cfg: FigureConfig, task: Task) -> tuple[str, dict]:
+    params = dict(_fit_params(cfg, cfg.main_sparsity), task=task.name, task_hash=task_hash(task),
+                  n_prompts_effects=cfg.effect_prompts)
+    return f"effects/{slug(task.name)}", params
 
 
 def _effects_cell(model, run: ModelRun, task: Task, cells: CellStore) -> pd.DataFrame:
     """The per-head causal-effect cell of ``task`` (one row per head, with the run's stats)."""
     cfg, main = run.config, run.config.main_sparsity
     L, H = run.n_layers, run.n_heads
-    params = dict(_fit_params(cfg, main), task=task.name, task_hash=task_hash(task),
-                  n_prompts_effects=cfg.effect_prompts)
+    name, params = _effects_spec(cfg, task)
 
     def compute() -> pd.DataFrame:
         effects, stats = head_causal_effects(
@@ -310,7 +351,112 @@ def _effects_cell(model, run: ModelRun, task: Task, cells: CellStore) -> pd.Data
             "seconds": stats["seconds"], "n_prompts": stats["n_prompts"],
         })
 
-    return cells.csv(f"effects/{slug(task.name)}", params, compute)
+    return cells.csv(name, params, compute)
+
+
+# ----------------------------------------------------------------------------------------------
+# the cells on workers (executor=): three waves, each cell written by its worker into the store
+
+
+@dataclass(frozen=True)
+class FigureJob:
+    """One figures cell for a worker (picklable): which model (by name), the run directory, the
+    resolved config, the kind (``embedding``, ``fit``, ``intra``, ``effects``, ``inter``), the
+    task and λ."""
+
+    model: str
+    runs_dir: str
+    config: FigureConfig
+    kind: str
+    task: str | None = None
+    sparsity: float | None = None
+    verbose: bool = False
+
+
+def run_figure_cell(job: FigureJob) -> str:
+    """Compute one figures cell in this process (a worker) and write it into the run's store
+    (atomically; a cell already there is read back, not recomputed); returns the job's label."""
+    cfg = job.config
+    log = (lambda m: print(m, file=sys.stderr, flush=True)) if job.verbose else (lambda m: None)
+    model = cached_model(job.model)
+    cells = _cell_store(model, job.runs_dir, log)
+    run = _empty_run(model, cfg)
+    main = cfg.main_sparsity
+    needs = cfg.tasks if job.kind == "inter" else [job.task]
+    tasks = {n: load_task(n, seed=cfg.seed) for n in needs}
+    if job.kind == "embedding":
+        _embedding(model, tasks[job.task], cfg, cells)
+    elif job.kind == "fit":
+        fit_cell(model, tasks[job.task], job.sparsity, cfg, cells)
+    elif job.kind == "intra":
+        run.adapters[job.sparsity] = {job.task: fit_cell(model, tasks[job.task], job.sparsity, cfg,
+                                                         cells)}
+        _intra_cell(model, run, tasks[job.task], job.sparsity, cells)
+    elif job.kind == "effects":
+        run.adapters[main] = {job.task: fit_cell(model, tasks[job.task], main, cfg, cells)}
+        _effects_cell(model, run, tasks[job.task], cells)
+    elif job.kind == "inter":
+        run.adapters[main] = {n: fit_cell(model, t, main, cfg, cells) for n, t in tasks.items()}
+        _inter_cell(model, run, tasks, cells, min(cfg.inter_k, run.n_total))
+    else:
+        raise ValueError(f"unknown figures cell kind {job.kind!r}")
+    return _job_label(job)
+
+
+def _job_label(job: FigureJob) -> str:
+    lam = "" if job.sparsity is None else f" λ={job.sparsity:g}"
+    return f"{job.kind} {job.task or 'all tasks'}{lam}"
+
+
+def _waves(model, name: str, runs_dir: Path, cfg: FigureConfig, verbose: bool) -> list[list[Cell]]:
+    """The missing cells of one model's run, in the order their inputs need: embeddings, then
+    fits, then the intra / effects / inter cells (the ones already in the store are left out)."""
+    cells = _cell_store(model, runs_dir, lambda m: None)
+    tasks = {n: load_task(n, seed=cfg.seed) for n in cfg.tasks}
+    main = cfg.main_sparsity
+    n_total = model.cfg.n_layers * model.cfg.n_heads
+    fits = [(n, lam) for lam in cfg.sparsity
+            for n in (cfg.tasks if lam == main else cfg.intra_tasks)]
+    todo_fits = [(n, lam) for n, lam in fits
+                 if not (_adapter_path(tasks[n], lam, cfg, cells) / "adapter.json").exists()]
+    embed = [n for n in dict.fromkeys(n for n, _ in todo_fits)
+             if not _embedding_path(tasks[n], cfg, cells).exists()]
+    last: list[tuple[str, str | None, float | None, Path]] = []
+    for lam in cfg.sparsity:
+        for n in cfg.intra_tasks:
+            last.append(("intra", n, lam, cells.path(*_intra_spec(cfg, n_total, tasks[n], lam), ".csv")))
+    for n in cfg.effect_tasks:
+        last.append(("effects", n, None, cells.path(*_effects_spec(cfg, tasks[n]), ".csv")))
+    inter_k = min(cfg.inter_k, n_total)
+    last.append(("inter", None, None, cells.path(*_inter_spec(cfg, tasks, inter_k), ".csv")))
+
+    def cell(kind, task=None, lam=None, key=None) -> Cell:
+        job = FigureJob(name, str(Path(runs_dir).resolve()), cfg, kind, task, lam, verbose)
+        return Cell(key or _job_label(job), run_figure_cell, (job,), label=_job_label(job))
+
+    return [
+        [cell("embedding", n) for n in embed],
+        [cell("fit", n, lam) for n, lam in todo_fits],
+        [cell(kind, n, lam, key=str(path)) for kind, n, lam, path in last if not path.exists()],
+    ]
+
+
+def run_cells(model, name: str, runs_dir: str | Path, config: FigureConfig | None,
+              executor: Executor, *, log: Callable[[str], None] | None = None,
+              verbose: bool = False) -> int:
+    """Compute the missing cells of one model's run on ``executor`` (wave by wave) so that
+    :func:`run_model` then finds them all; returns how many cells ran. ``name``: the model's name
+    for :func:`sitelens.models.load_model` in the workers (``model``, loaded here, gives the keys)."""
+    cfg = (config or FigureConfig()).resolved()
+    log = log or (lambda msg: None)
+    n = 0
+    for wave in _waves(model, name, Path(runs_dir), cfg, verbose):
+        if wave:
+            log(f"{name}: {len(wave)} cell(s) on {executor.name}: "
+                + ", ".join(c.label for c in wave[:6]) + (" ..." if len(wave) > 6 else ""))
+            executor.run(wave, lambda c, _r: log(f"  done: {c.label}"))
+            n += len(wave)
+    return n
 
 
 @dataclass
@@ -330,6 +476,7 @@ def make_figures(
     models: Sequence[str] = DEFAULT_MODELS,
     threads: int | None = None,
     progress: bool = True,
+    executor: str | Executor | None = None,
     **overrides,
 ) -> FiguresResult:
     """Reproduce ``out_dir`` from real runs on ``models`` (see the module docstring).
@@ -339,7 +486,11 @@ def make_figures(
     unknown name raises ``TypeError``). ``sparsity``: the λ values of the intra-task experiment;
     ``main_sparsity`` (default ``max(sparsity)``) is the λ of the adapters used for the α maps,
     inter-task patching, α similarity and causal effects. ``limit``: test items per task.
-    ``threads``: ``torch.set_num_threads``. ``progress``: one line per step on stderr.
+    ``threads``: ``torch.set_num_threads`` (and the torch threads of each worker).
+    ``progress``: one line per step on stderr. ``executor``: where the cells run
+    (:func:`sitelens.executors.make_executor`; default in this process): with ``processes:N`` or
+    ``ray[:ADDRESS]`` the missing cells are computed on workers first (:func:`run_cells`), with
+    the same results.
 
     Per model, under ``out_dir/{model}/``: ``alpha_heatmap_{task}``, ``alpha_facets``,
     ``effect_vs_alpha_{task}``, ``patching_curves`` (mean over the intra tasks, one row per λ),
@@ -369,12 +520,15 @@ def make_figures(
     summary = _previous_summary(out)  # other models' numbers are kept, never dropped
     figures: dict[str, dict[str, object]] = {}
     runs: dict[str, ModelRun] = {}
+    ex = make_executor(executor, threads=threads)
     try:
         for name in models:
             log(f"{name}: loading")
             t0 = time.perf_counter()
             model = load_model(name)
             log(f"{name}: loaded in {time.perf_counter() - t0:.1f}s")
+            if not ex.in_process:
+                run_cells(model, name, out / ".runs" / slug(name), cfg, ex, log=log)
             run = run_model(model, out / ".runs" / slug(name), cfg, log=log)
             del model
             runs[name] = run
@@ -391,6 +545,8 @@ def make_figures(
             _write_summary(summary, out)  # after every model, so a partial run has one too
     finally:
         writer.close()
+        if ex is not executor:  # made here from a name: closed here
+            ex.close()
     summary["wall_seconds_this_run"] = round(time.perf_counter() - t_start, 1)
     _write_summary(summary, out)
     return FiguresResult(out_dir=out, summary=summary, figures=figures, runs=runs)
@@ -443,7 +599,8 @@ def _write_summary(summary: dict, out: Path) -> None:
 __all__ = [
     "DEFAULT_MODELS", "FIGURE_TASKS", "INTRA_TASKS", "EFFECT_TASKS", "FigureConfig", "ModelRun",
     "FiguresResult", "FigureWriter", "fit_cell", "run_model", "intra_mean", "intra_gaps",
-    "summarize_model", "summary_rows", "model_figures", "make_figures", "gap_k", "intra_ks",
+    "summarize_model", "summary_rows", "model_figures", "make_figures", "run_cells",
+    "run_figure_cell", "FigureJob", "gap_k", "intra_ks",
     "png_export_error", "notebook_renderer", "headline", "target_centred", "by_target_family",
     "lambda_tag",
 ]

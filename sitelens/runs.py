@@ -13,8 +13,11 @@ as a keyword without repeating the field list.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -53,6 +56,19 @@ def slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
+@contextlib.contextmanager
+def _dir_locked(directory: Path):
+    """An exclusive ``flock`` on ``directory`` itself (no lock file among the cells) while the body
+    runs: the processes of one sweep take turns updating the timings ledger."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
 class CellStore:
     """The cells of one run directory, plus a timings ledger (``timings.json``); both survive
     restarts.
@@ -82,9 +98,15 @@ class CellStore:
         return self.dir / f"{name}_{self.key(params)}{suffix}"
 
     def record(self, name: str, seconds: float) -> None:
-        """Write ``seconds`` for ``name`` into the timings ledger (atomically)."""
-        self.timings[name] = round(seconds, 2)
-        atomic_write_text(self.ledger_path, json.dumps(self.timings, indent=1, sort_keys=True))
+        """Write ``seconds`` for ``name`` into the timings ledger: atomically, under a lock, merged
+        with what other processes (workers of one sweep) recorded since this store was opened."""
+        with _dir_locked(self.dir):
+            try:
+                on_disk = json.loads(self.ledger_path.read_text())
+            except (FileNotFoundError, json.JSONDecodeError):
+                on_disk = {}
+            self.timings = {**self.timings, **on_disk, name: round(seconds, 2)}
+            atomic_write_text(self.ledger_path, json.dumps(self.timings, indent=1, sort_keys=True))
 
     def csv(self, name: str, params: dict, compute: Callable[[], pd.DataFrame]) -> pd.DataFrame:
         """The CSV cell ``name``: read back if a readable one exists, else ``compute()``d,

@@ -15,6 +15,7 @@ import io
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -215,6 +216,33 @@ BAD_DEVICE = st.one_of(
 ).filter(lambda s: not _device_ok(s))
 
 
+def _executor_ok(s: str) -> bool:
+    """What ``--executor`` accepts: local, processes:N (N in 1..1024, ASCII digits), ray,
+    ray:auto, ray:HOST:PORT (HOST letters, digits, dots and inner dashes; PORT in 1..65535)."""
+    if s in ("local", "ray", "ray:auto"):
+        return True
+    kind, _, arg = s.partition(":")
+    if kind == "processes":
+        return arg.isascii() and arg.isdigit() and 1 <= int(arg) <= 1024
+    if kind == "ray":
+        host, sep, port = arg.rpartition(":")
+        return (bool(sep) and re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", host)
+                is not None and port.isascii() and port.isdigit() and 1 <= int(port) <= 65535)
+    return False
+
+
+# not an executor: another word, processes:N out of range or not a number, ray:ADDRESS malformed
+BAD_EXECUTOR = st.one_of(
+    st.sampled_from(["gpu", "processes", "processes:", "processes:0", "processes:2.5",
+                     "processes:٣", "ray:", "ray:not-an-address", "ray:host:0", "ray::6379",
+                     "local:1", "Ray", " ray", "dask"]),
+    st.integers(max_value=0).map(lambda n: f"processes:{n}"),
+    st.integers(min_value=1025).map(lambda n: f"processes:{n}"),
+    st.integers(min_value=65536).map(lambda n: f"ray:127.0.0.1:{n}"),
+    _ODD, _TEXT,
+).filter(lambda s: not _executor_ok(s))
+
+
 def bad_choice(choices):
     return st.one_of(_TEXT.filter(lambda s: s not in choices), _ODD, st.sampled_from(["TEST", " test"]))
 
@@ -225,6 +253,7 @@ KINDS = {
     "eval_methods": BAD_EVAL_METHODS, "lenses": BAD_LENSES, "model": BAD_MODEL,
     "models": BAD_MODELS, "task": BAD_TASK, "task_list": BAD_TASK_LIST,
     "bench_tasks": BAD_BENCH_TASKS, "subset": BAD_SUBSET, "device": BAD_DEVICE,
+    "executor": BAD_EXECUTOR,
 }
 
 NAMED_BY_LOADER = {"model", "models", "task", "task_list", "bench_tasks"}
@@ -237,8 +266,8 @@ OPTIONS = {
     "fit": COMMON + FIT,
     "eval": COMMON + [("--methods", "eval_methods"), ("--limit", "pos"), ("--n-shots", "pos")],
     "bench": [("--models", "models"), ("--tasks", "bench_tasks"), ("--methods", "bench_methods"),
-              ("--limit", "pos"), ("--seed", "seed"), ("--threads", "threads"), ("--n-ctx", "pos")
-              ] + DEVICE,
+              ("--limit", "pos"), ("--seed", "seed"), ("--threads", "threads"), ("--n-ctx", "pos"),
+              ("--executor", "executor")] + DEVICE,
     "demo": COMMON + [("--limit", "pos")],
     "patch intra": COMMON + FIT + [("--ks", "ks"), ("--n-random-seeds", "pos"), ("--limit", "pos"),
                                    ("--n-boot", "pos")],
@@ -255,9 +284,9 @@ OPTIONS = {
                 ("--effect-tasks", "subset"), ("--limit", "pos"), ("--sparsity", "lambdas"),
                 ("--n-examples", "pos"), ("--n-prompts", "pos"), ("--n-shots", "pos"),
                 ("--effect-prompts", "pos"), ("--n-random-seeds", "pos"), ("--n-boot", "pos"),
-                ("--seed", "seed"), ("--threads", "threads")] + DEVICE,
+                ("--seed", "seed"), ("--threads", "threads"), ("--executor", "executor")] + DEVICE,
     "atlas": [("--models", "models"), ("--seeds", "pos"), ("--seed", "seed"), ("--limit", "pos"),
-              ("--threads", "threads")] + DEVICE,
+              ("--threads", "threads"), ("--executor", "executor")] + DEVICE,
 }
 # path options: explicit cases below (test_bad_paths)
 PATH_OPTIONS = {("fit", "--out"), ("eval", "--items"), ("eval", "--adapter"), ("bench", "--out"),
@@ -402,6 +431,17 @@ EXPLICIT = [
     ("seed-too-big", BASE["eval"] + ["--seed", str(2**32)], ["--seed"], None),
     ("threads-0", BASE["bench"] + ["--threads", "0"], ["--threads"], None),
     ("n-ctx-0", BASE["bench"] + ["--n-ctx", "0"], ["--n-ctx"], None),
+    # --executor (sitelens.executors.parse_executor): checked while parsing, nothing started
+    ("bench-executor-processes-0", BASE["bench"] + ["--executor", "processes:0"],
+     ["argument --executor", "processes:N needs N in 1..1024, got '0'"], None),
+    ("bench-executor-ray-not-an-address", BASE["bench"] + ["--executor", "ray:not-an-address"],
+     ["argument --executor", "auto or HOST:PORT", "'not-an-address'"], None),
+    ("bench-executor-gpu", BASE["bench"] + ["--executor", "gpu"],
+     ["argument --executor", "local, processes:N", "got 'gpu'"], None),
+    ("figures-executor-port-0", BASE["figures"] + ["--executor", "ray:127.0.0.1:0"],
+     ["argument --executor", "PORT in 1..65535"], None),
+    ("atlas-executor-processes-word", BASE["atlas"] + ["--executor", "processes:two"],
+     ["argument --executor", "got 'two'"], None),
     # heads: lens names (sitelens.lenses.parse_lenses), seeds, shots, option combinations
     ("heads-unknown-lens", BASE["heads"] + ["--lenses", "alpha,atp*"],
      ["argument --lenses", "Unknown lens 'atp*'", "alpha-grad"], None),
@@ -539,6 +579,14 @@ def test_heads_dla_needs_a_hooked_transformer(monkeypatch):
     monkeypatch.delenv("SITELENS_BACKEND")  # the default backend: bridge on TransformerLens 4
     monkeypatch.setattr("sitelens.models.load.has_hooked_transformer", lambda: False)
     _rejected(BASE["heads"] + ["--lenses", "dla"], "--lenses dla", "drop dla")
+
+
+@pytest.mark.parametrize("cmd", ["bench", "figures", "atlas"])
+def test_executor_ray_without_ray(monkeypatch, cmd):
+    """--executor ray where the ray package is missing: refused before any model loads."""
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as if not installed
+    _rejected(BASE[cmd] + ["--executor", "ray"], "--executor ray needs the ray package",
+              "pip install 'sitelens[ray]'")
 
 
 def test_heads_lens_error_is_parse_lenses_error():

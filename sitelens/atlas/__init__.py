@@ -72,26 +72,34 @@ def refit_atlas(
     models: Sequence[str], tasks_dir: str | Path, data_dir: str | Path = DEFAULT_DATA_DIR,
     config: AtlasConfig | None = None, *, cache_dir: str | Path = "runs/atlas",
     heads_results: str | Path | None = "benchmarks/results",
-    log: Callable[[str], None] | None = None, n_ctx: int = 4096,
+    log: Callable[[str], None] | None = None, n_ctx: int = 4096, executor=None,
 ) -> list[AtlasData]:
     """Fit (or reuse) and measure every model's atlas and save it under ``data_dir/{model}``.
 
     ``n_ctx`` 4096: the 10-shot prompts of ``squad_val`` reach 2,052 tokens on SmolLM2, past the
     default 2048 (the context length changes no number, only the size of TransformerLens's
-    causal mask, and is not part of the fit cache key)."""
+    causal mask, and is not part of the fit cache key). ``executor``: where the fits run
+    (:func:`sitelens.executors.make_executor`; default in this process)."""
+    from sitelens.executors import make_executor
     from sitelens.models import load_model, model_name
     from sitelens.tasks import load_task
 
     out = []
-    for name in models:
-        model = load_model(name, n_ctx=n_ctx)
-        mname = model_name(model)
-        which = ATLAS_MODELS.get(mname, "all")
-        tasks = [load_task(p, dedupe=True) for p in atlas_task_dirs(tasks_dir, which)]
-        lenses = lens_rows_from_heads(heads_results, mname) if heads_results else None
-        data = build_atlas_data(model, tasks, config, cache_dir=cache_dir, lenses=lenses, log=log)
-        data.save(Path(data_dir) / mname)
-        out.append(data)
+    ex = make_executor(executor)
+    try:
+        for name in models:
+            model = load_model(name, n_ctx=n_ctx)
+            mname = model_name(model)
+            which = ATLAS_MODELS.get(mname, "all")
+            tasks = [load_task(p, dedupe=True) for p in atlas_task_dirs(tasks_dir, which)]
+            lenses = lens_rows_from_heads(heads_results, mname) if heads_results else None
+            data = build_atlas_data(model, tasks, config, cache_dir=cache_dir, lenses=lenses,
+                                    log=log, executor=ex, model_spec=name, n_ctx=n_ctx)
+            data.save(Path(data_dir) / mname)
+            out.append(data)
+    finally:
+        if ex is not executor:
+            ex.close()
     return out
 
 

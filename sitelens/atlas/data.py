@@ -168,16 +168,23 @@ def depth_profile(data: AtlasData, bins: int = 10) -> pd.DataFrame:
 # building
 
 
-def _fit_cached(model, task, seed: int, cfg: AtlasConfig, cells, log):
-    from sitelens.errors import AdapterError
+def _fit_path(task, seed: int, cfg: AtlasConfig, cells):
+    """Where the cached adapter of (``task``, ``seed``) lives, and the fit's config."""
     from sitelens.provenance import task_hash
     from sitelens.runs import slug
-    from sitelens.site import FitConfig, SiteAdapter, fit_site
+    from sitelens.site import FitConfig
 
     fc = FitConfig(n_examples=cfg.n_examples, seed=seed)
     params = {"fit": asdict(fc), "n_prompts": cfg.n_prompts, "n_shots": cfg.n_shots,
               "task_hash": task_hash(task)}
-    path = cells.path(f"adapters/{slug(task.name)}_s{seed}", params)
+    return cells.path(f"adapters/{slug(task.name)}_s{seed}", params), fc
+
+
+def _fit_cached(model, task, seed: int, cfg: AtlasConfig, cells, log):
+    from sitelens.errors import AdapterError
+    from sitelens.site import SiteAdapter, fit_site
+
+    path, fc = _fit_path(task, seed, cfg, cells)
     if (path / "adapter.json").exists():
         try:
             ad = SiteAdapter.load(path)
@@ -191,6 +198,75 @@ def _fit_cached(model, task, seed: int, cfg: AtlasConfig, cells, log):
     cells.record(f"fit/{task.name}/s{seed}", time.perf_counter() - t0)
     log(f"  fitted {task.name} seed {seed} in {time.perf_counter() - t0:.1f}s")
     return ad
+
+
+def _cell_store(model, cache_dir, log):
+    from sitelens.models import fingerprint, model_name
+    from sitelens.provenance import NUMERICS_VERSION
+    from sitelens.runs import CellStore
+
+    return CellStore(Path(cache_dir) / model_name(model), log,
+                     base={"fingerprint": fingerprint(model), "numerics": NUMERICS_VERSION})
+
+
+@dataclass(frozen=True)
+class AtlasFitJob:
+    """One atlas fit for a worker (picklable): the model's name (+ ``n_ctx``) for
+    :func:`sitelens.executors.cached_model`, the cache directory, the task, the seed, the config."""
+
+    model: str
+    n_ctx: int | None
+    cache_dir: str
+    task: object  # a sitelens.tasks.Task
+    seed: int
+    config: AtlasConfig
+
+
+def run_atlas_fit(job: AtlasFitJob) -> str:
+    """Fit (or find) one (task, seed) adapter in this process (a worker) and save it into the
+    cache; returns ``""``, or the message of the :class:`~sitelens.errors.SitelensError` that
+    left the task out (e.g. too few items for the shots)."""
+    from sitelens.errors import SitelensError
+    from sitelens.executors import cached_model
+
+    model = cached_model(job.model, job.n_ctx)
+    cells = _cell_store(model, job.cache_dir, lambda m: None)
+    try:
+        _fit_cached(model, job.task, job.seed, job.config, cells, lambda m: None)
+    except SitelensError as e:
+        return str(e)
+    return ""
+
+
+def fit_on_executor(model, spec: str, tasks, cfg: AtlasConfig, cache_dir, executor, *,
+                    n_ctx: int | None = None, log=None) -> dict[str, str]:
+    """Run the missing (task, seed) fits of :func:`build_atlas_data` on ``executor`` (each worker
+    loads ``spec`` with ``n_ctx`` itself and writes its adapter into ``cache_dir``); returns
+    ``{task: why}`` for the tasks that could not be fitted."""
+    from sitelens.executors import Cell
+
+    log = log or (lambda msg: None)
+    cells = _cell_store(model, cache_dir, lambda m: None)
+    todo = []
+    for task in tasks:
+        for seed in cfg.seeds:
+            path, _ = _fit_path(task, seed, cfg, cells)
+            if not (path / "adapter.json").exists():
+                job = AtlasFitJob(spec, n_ctx, str(Path(cache_dir).resolve()), task, seed, cfg)
+                todo.append(Cell(str(path), run_atlas_fit, (job,),
+                                 label=f"{task.name} seed {seed}"))
+    skipped: dict[str, str] = {}
+
+    def done(cell, why: str) -> None:
+        name = cell.args[0].task.name
+        if why:
+            skipped.setdefault(name, why)
+        log(f"  {cell.label}: {'skipped: ' + why if why else 'fitted'} ({executor.name})")
+
+    if todo:
+        log(f"{len(todo)} fit(s) on {executor.name}")
+        executor.run(todo, done)
+    return skipped
 
 
 def _fast_lenses(model, task, adapter, cfg: AtlasConfig) -> pd.DataFrame:
@@ -213,14 +289,19 @@ def _fast_lenses(model, task, adapter, cfg: AtlasConfig) -> pd.DataFrame:
     return HeadScores.concat(parts).df
 
 
-def _fit_all(model, tasks, cfg: AtlasConfig, cells, log) -> tuple[dict, dict, float]:
-    """``({task: [adapter per seed]}, {skipped task: why}, seconds)``."""
+def _fit_all(model, tasks, cfg: AtlasConfig, cells, log,
+             skipped: dict[str, str] | None = None) -> tuple[dict, dict, float]:
+    """``({task: [adapter per seed]}, {skipped task: why}, seconds)``; tasks already in
+    ``skipped`` (their fit failed on a worker) are not tried again."""
     from sitelens.errors import SitelensError
 
     t0 = time.perf_counter()
     adapters: dict[str, list] = {}
-    skipped: dict[str, str] = {}
+    skipped = dict(skipped or {})
     for i, task in enumerate(tasks):
+        if task.name in skipped:
+            log(f"[{i + 1}/{len(tasks)}] {task.name}: skipped: {skipped[task.name]}")
+            continue
         log(f"[{i + 1}/{len(tasks)}] {task.name}")
         try:
             adapters[task.name] = [_fit_cached(model, task, s, cfg, cells, log) for s in cfg.seeds]
@@ -303,26 +384,41 @@ def build_atlas_data(
     cache_dir: str | Path = "runs/atlas",
     lenses: pd.DataFrame | None = None,
     log: Callable[[str], None] | None = None,
+    executor=None,
+    model_spec: str | None = None,
+    n_ctx: int | None = None,
 ) -> AtlasData:
     """Fit, measure and tabulate one model's atlas (see the module docstring). ``tasks``: loaded
     :class:`~sitelens.tasks.Task` objects (a task that cannot be fitted, e.g. too few items for
     the shots, is left out and named in ``summary["skipped"]``). ``lenses``: optional
     :class:`HeadScores`-style rows (``task, lens, layer, head, score, ci_low, ci_high``) to carry
     into the atlas. Every fit, the transfer table and each task's fast lenses are cells under
-    ``cache_dir/{model}`` (a rerun reuses them)."""
+    ``cache_dir/{model}`` (a rerun reuses them).
+
+    ``executor`` (:func:`sitelens.executors.make_executor`; default in this process): with
+    ``processes:N`` or ``ray[:ADDRESS]`` the missing fits run on workers first
+    (:func:`fit_on_executor`; each loads ``model_spec``, default the model's name, with ``n_ctx``,
+    and writes into ``cache_dir``, which they must see), the rest as above."""
     from sitelens.analysis import alpha_similarity
+    from sitelens.executors import make_executor
     from sitelens.models import fingerprint, model_name
     from sitelens.patching import inter_task
     from sitelens.provenance import NUMERICS_VERSION, task_hash
-    from sitelens.runs import CellStore
 
     cfg = config or AtlasConfig()
     log = log or (lambda msg: None)
     name = model_name(model)
     L, H = model.cfg.n_layers, model.cfg.n_heads
-    cells = CellStore(Path(cache_dir) / name, log,
-                      base={"fingerprint": fingerprint(model), "numerics": NUMERICS_VERSION})
-    adapters, skipped, fit_seconds = _fit_all(model, tasks, cfg, cells, log)
+    cells = _cell_store(model, cache_dir, log)
+    ex = make_executor(executor)
+    try:
+        failed = ({} if ex.in_process else
+                  fit_on_executor(model, model_spec or name, tasks, cfg, cache_dir, ex,
+                                  n_ctx=n_ctx, log=log))
+    finally:
+        if ex is not executor:
+            ex.close()
+    adapters, skipped, fit_seconds = _fit_all(model, tasks, cfg, cells, log, failed)
     tasks = [t for t in tasks if t.name in adapters]
     names = list(adapters)
     alpha = _alpha_table(adapters, L, H)

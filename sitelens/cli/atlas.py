@@ -21,8 +21,12 @@ def cmd_atlas(args) -> int:
     if args.refit:
         cfg = AtlasConfig(seeds=tuple(range(args.seed, args.seed + args.seeds)),
                           transfer_limit=args.limit)
-        refit_atlas(models or list(ATLAS_MODELS), args.tasks_dir, args.data, cfg,
-                    cache_dir=args.cache_dir, log=lambda m: print(m, file=sys.stderr, flush=True))
+        from sitelens.executors import make_executor
+
+        with make_executor(args.executor, threads=args.threads) as executor:
+            refit_atlas(models or list(ATLAS_MODELS), args.tasks_dir, args.data, cfg,
+                        cache_dir=args.cache_dir, executor=executor,
+                        log=lambda m: print(m, file=sys.stderr, flush=True))
     datas = load_atlas(args.data, models)
     page = build_atlas_html(payload(datas))
     atomic_write_text(args.out, page)

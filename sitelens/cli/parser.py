@@ -102,6 +102,30 @@ def device_name(s: str) -> str:
 
 
 device_name.__name__ = "device"
+def executor_spec(s: str) -> str:
+    """An option type: an ``--executor`` value, ``local``, ``processes:N`` or ``ray[:ADDRESS]``
+    (:func:`sitelens.executors.parse_executor`; nothing is started while parsing)."""
+    from sitelens.errors import ExecutorError
+    from sitelens.executors import parse_executor
+
+    try:
+        parse_executor(s)
+    except ExecutorError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return s
+
+
+executor_spec.__name__ = "executor"
+
+
+def add_executor_option(p: argparse.ArgumentParser, what: str) -> None:
+    """``--executor local|processes:N|ray[:ADDRESS]``: where the cells of a sweep run."""
+    p.add_argument("--executor", type=executor_spec, default="local",
+                   help=f"where {what} run: local (this process, the default), processes:N (N "
+                        "worker processes) or ray[:ADDRESS] (Ray: a local instance, or auto / the "
+                        "HOST:PORT of a running cluster); the results are the same")
+
+
 POSITIVE_INT = int_in_range(1)
 SEED = int_in_range(0, 2**32 - 1, "an integer seed in [0, 4294967295]")
 THREADS = int_in_range(1, 1024, "a number of threads in [1, 1024]")
@@ -290,6 +314,7 @@ def _add_bench(sub) -> None:
     p.add_argument("--threads", type=THREADS, default=None)
     p.add_argument("--n-ctx", type=POSITIVE_INT, default=None,
                    help="context length for the models (default 2048; squad_val needs 4096)")
+    add_executor_option(p, "the (model, task, method) cells")
     add_device_options(p)
 
 
@@ -419,6 +444,7 @@ def _add_atlas(sub) -> None:
                    help="test items per target task in the transfer measurement (--refit)")
     p.add_argument("--cache-dir", default="runs/atlas", help="cached fits of --refit")
     p.add_argument("--threads", type=THREADS, default=None)
+    add_executor_option(p, "the (task, seed) fits of --refit")
     add_device_options(p)
 
 
@@ -444,6 +470,7 @@ def _add_figures(sub) -> None:
     p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--threads", type=THREADS, default=None)
     p.add_argument("--quiet", action="store_true")
+    add_executor_option(p, "the fits and patching cells")
     add_device_options(p)
 
 

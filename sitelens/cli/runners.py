@@ -15,6 +15,7 @@ def cmd_bench(args) -> int:
     skipped), then write its markdown summary (``.md``) and dNTP plot (``.dntp.html``) beside it
     and print the summary."""
     from sitelens.bench import dntp_accuracy_figure, run_bench, summary_markdown
+    from sitelens.executors import make_executor
     from sitelens.export import write_figure_html
 
     out = check_output(args.out, "csv")  # the results CSV; the summary goes beside it
@@ -22,11 +23,12 @@ def cmd_bench(args) -> int:
     check_output(md_path, "md", option="--out (its .md summary)")
     check_output(html_path, "html", option="--out (its .dntp.html plot)")
     ensure_dir(out.parent)
-    df = run_bench(
-        [m for m in args.models.split(",") if m], bench_tasks(args),
-        [m for m in args.methods.split(",") if m], out, limit=args.limit, seed=args.seed,
-        progress=True, n_ctx=args.n_ctx,
-    )
+    with make_executor(args.executor, threads=args.threads) as executor:
+        df = run_bench(
+            [m for m in args.models.split(",") if m], bench_tasks(args),
+            [m for m in args.methods.split(",") if m], out, limit=args.limit, seed=args.seed,
+            progress=True, n_ctx=args.n_ctx, executor=executor,
+        )
     md = summary_markdown(df)
     atomic_write_text(md_path, md)
     fig = dntp_accuracy_figure(df)
@@ -67,7 +69,7 @@ def cmd_figures(args) -> int:
         n_examples=args.n_examples, n_prompts=args.n_prompts, n_shots=args.n_shots,
         effect_prompts=args.effect_prompts, n_random_seeds=args.n_random_seeds, n_boot=args.n_boot,
         formats=("html",) if args.no_png else ("png", "html"), threads=args.threads,
-        progress=not args.quiet, **kw,
+        progress=not args.quiet, executor=args.executor, **kw,
     )
     s = res.summary
     if s.get("png_error"):

@@ -242,6 +242,18 @@ def validate(args) -> None:
         check_heads_options(args)
     if cmd == "atlas":
         check_atlas_options(args)
+    check_executor(args)
+
+
+def check_executor(args) -> None:
+    """``--executor ray...`` needs the ray package (the value itself was checked while parsing)."""
+    from sitelens.errors import ExecutorError
+    from sitelens.executors import ray_available
+
+    if str(getattr(args, "executor", "local")).startswith("ray") and not ray_available():
+        raise ExecutorError("--executor ray needs the ray package, which is not installed: pip "
+                            "install 'sitelens[ray]' (or pip install ray), or use --executor "
+                            "processes:N.")
 
 
 def check_device_options(args) -> None:
