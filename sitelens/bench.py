@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 from sitelens.baselines import Fitted, Method, get_method
 from sitelens.errors import ExecutorError, OutputError, SitelensError
 from sitelens.evaluate import exact_match, greedy_generate, rank_labels
-from sitelens.executors import Cell, Executor, cached_model, make_executor, model_fingerprint, preloaded
+from sitelens.executors import Cell, Executor, cached_model, check_fingerprint, make_executor, preloaded
 from sitelens.io import atomic_write, locked
 from sitelens.labels import LabelSet, label_set, nan_mean
 from sitelens.metrics import bootstrap_ci, correlation, dntp_per_item
@@ -486,12 +486,7 @@ def run_cell(job: BenchJob) -> dict:
     :class:`ExecutorError` (a worker with other weights must not write under this key)."""
     cfg, task, method = job.config, job.task, job.method
     model = cached_model(job.model, job.n_ctx)
-    if model_fingerprint(model) != job.settings["fingerprint"]:
-        raise ExecutorError(
-            f"the worker's {job.model} has weight fingerprint {model_fingerprint(model)}, not "
-            f"{job.settings['fingerprint']} as in the driver: give every worker the same model "
-            "files (and the same sitelens version)."
-        )
+    check_fingerprint(model, job.model, job.settings["fingerprint"])
     items = task.test[:cfg.limit] if cfg.limit else task.test
     reference, ref_error = _reference(model, job, items)
     labels = label_set(task)

@@ -137,6 +137,18 @@ def model_fingerprint(model) -> str:
     return _FINGERPRINT[id(model)]
 
 
+def check_fingerprint(model, spec: str, want: str) -> None:
+    """Raise :class:`ExecutorError` unless the worker's ``model`` (loaded from ``spec``) has the
+    weight fingerprint ``want`` that the driver keyed the cell on: a worker with other weights
+    (another model file, another sitelens) must not write under that key."""
+    got = model_fingerprint(model)
+    if got != want:
+        raise ExecutorError(
+            f"the worker's {spec} has weight fingerprint {got}, not {want} as in the driver: give "
+            "every worker the same model files (and the same sitelens version)."
+        )
+
+
 @contextlib.contextmanager
 def preloaded(spec: str, n_ctx: int | None, model) -> Iterator[None]:
     """Within the block, :func:`cached_model` ``(spec, n_ctx)`` in THIS process returns ``model``
@@ -437,6 +449,6 @@ def make_executor(spec: str | Executor | None = None, *, threads: int | None = N
 
 __all__ = [
     "Cell", "Executor", "LocalExecutor", "ProcessExecutor", "RayExecutor", "cached_model",
-    "check_ray_address", "make_executor", "model_fingerprint", "parse_executor", "preloaded",
-    "ray_available",
+    "check_fingerprint", "check_ray_address", "make_executor", "model_fingerprint",
+    "parse_executor", "preloaded", "ray_available",
 ]

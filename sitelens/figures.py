@@ -54,7 +54,7 @@ from sitelens.analysis import (
 )
 from sitelens.effects import head_causal_effects
 from sitelens.errors import AdapterError, OutputError
-from sitelens.executors import Cell, Executor, cached_model, make_executor
+from sitelens.executors import Cell, Executor, cached_model, check_fingerprint, make_executor
 from sitelens.export import FigureWriter, notebook_renderer, png_export_error
 from sitelens.io import atomic_write, atomic_write_csv, atomic_write_text
 from sitelens.patching import inter_task, intra_task
@@ -360,11 +360,12 @@ def _effects_cell(model, run: ModelRun, task: Task, cells: CellStore) -> pd.Data
 
 @dataclass(frozen=True)
 class FigureJob:
-    """One figures cell for a worker (picklable): which model (by name), the run directory, the
-    resolved config, the kind (``embedding``, ``fit``, ``intra``, ``effects``, ``inter``), the
-    task and λ."""
+    """One figures cell for a worker (picklable): which model (by name, and the fingerprint of its
+    weights), the run directory, the resolved config, the kind (``embedding``, ``fit``,
+    ``intra``, ``effects``, ``inter``), the task and λ."""
 
     model: str
+    fingerprint: str  # the driver's: the worker's model must have the same weights
     runs_dir: str
     config: FigureConfig
     kind: str
@@ -379,6 +380,7 @@ def run_figure_cell(job: FigureJob) -> str:
     cfg = job.config
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if job.verbose else (lambda m: None)
     model = cached_model(job.model)
+    check_fingerprint(model, job.model, job.fingerprint)
     cells = _cell_store(model, job.runs_dir, log)
     run = _empty_run(model, cfg)
     main = cfg.main_sparsity
@@ -431,7 +433,8 @@ def _waves(model, name: str, runs_dir: Path, cfg: FigureConfig, verbose: bool) -
     last.append(("inter", None, None, cells.path(*_inter_spec(cfg, tasks, inter_k), ".csv")))
 
     def cell(kind, task=None, lam=None, key=None) -> Cell:
-        job = FigureJob(name, str(Path(runs_dir).resolve()), cfg, kind, task, lam, verbose)
+        job = FigureJob(name, cells.base["fingerprint"], str(Path(runs_dir).resolve()), cfg, kind,
+                        task, lam, verbose)
         return Cell(key or _job_label(job), run_figure_cell, (job,), label=_job_label(job))
 
     return [

@@ -187,6 +187,53 @@ def test_processes_rerun_a_killed_workers_cell(processes, local_rows, tmp_path):
     _killed_worker_run(processes, tmp_path, local_rows)
 
 
+def test_a_worker_with_other_weights_refuses_the_cell(tmp_path):
+    """A cell keyed on weights the worker does not have is refused, not written under that key."""
+    from sitelens.baselines import get_method
+    from sitelens.tasks import load_task
+
+    task, cfg = load_task("antonym"), bench.BenchConfig(limit=2, n_shots=2)
+    job = bench.BenchJob("tiny-random", None, task, get_method("zero-shot"),
+                         {"fingerprint": "0000000000000000"}, "k", cfg)
+    with pytest.raises(ExecutorError, match="weight fingerprint"):
+        bench.run_cell(job)
+    fig = F.FigureJob("tiny-random", "0000000000000000", str(tmp_path), F.FigureConfig().resolved(),
+                      "embedding", "antonym")
+    with pytest.raises(ExecutorError, match="weight fingerprint"):
+        F.run_figure_cell(fig)
+    assert not any(tmp_path.iterdir())
+
+
+def _hooked_default() -> bool:
+    from sitelens.models import has_hooked_transformer, resolve_backend
+
+    return has_hooked_transformer() and resolve_backend(None) == "hooked"
+
+
+@pytest.mark.skipif(not _hooked_default(), reason="the atlas's DLA and logit lens need a "
+                    "HookedTransformer (TransformerLens 3.x, the hooked backend)")
+def test_atlas_fits_on_processes(processes, tmp_path):
+    from sitelens.atlas import AtlasConfig, build_atlas_data
+    from sitelens.models import load_model
+    from sitelens.tasks import load_task
+
+    model = load_model("tiny-random")
+    tasks = [load_task(t) for t in ("antonym", "english_french", "present_past")]  # 3: correlations
+    cfg = AtlasConfig(n_examples=16, n_prompts=4, n_shots=2, transfer_limit=3, n_perm=20,
+                      fast_lenses=("alpha-grad",))
+    local = build_atlas_data(model, tasks, cfg, cache_dir=tmp_path / "local")
+    spread = build_atlas_data(model, tasks, cfg, cache_dir=tmp_path / "spread", executor=processes,
+                              model_spec="tiny-random")
+
+    def fits(root):
+        return sorted(p.name for p in (root / "tiny-random" / "adapters").iterdir())
+
+    assert fits(tmp_path / "spread") == fits(tmp_path / "local") and len(fits(tmp_path / "local")) == 3
+    for table in ("alpha", "transfer", "lenses", "tokens"):  # the same fits, so the same tables
+        pd.testing.assert_frame_equal(getattr(spread, table), getattr(local, table),
+                                      check_exact=True)
+
+
 # ----------------------------------------------------------------------------------------------
 # a real Ray cluster: `ray start --head --block` on 127.0.0.1, two CPUs (two workers)
 

@@ -212,10 +212,12 @@ def _cell_store(model, cache_dir, log):
 @dataclass(frozen=True)
 class AtlasFitJob:
     """One atlas fit for a worker (picklable): the model's name (+ ``n_ctx``) for
-    :func:`sitelens.executors.cached_model`, the cache directory, the task, the seed, the config."""
+    :func:`sitelens.executors.cached_model` and its weight fingerprint, the cache directory, the
+    task, the seed, the config."""
 
     model: str
     n_ctx: int | None
+    fingerprint: str  # the driver's: the worker's model must have the same weights
     cache_dir: str
     task: object  # a sitelens.tasks.Task
     seed: int
@@ -227,9 +229,10 @@ def run_atlas_fit(job: AtlasFitJob) -> str:
     cache; returns ``""``, or the message of the :class:`~sitelens.errors.SitelensError` that
     left the task out (e.g. too few items for the shots)."""
     from sitelens.errors import SitelensError
-    from sitelens.executors import cached_model
+    from sitelens.executors import cached_model, check_fingerprint
 
     model = cached_model(job.model, job.n_ctx)
+    check_fingerprint(model, job.model, job.fingerprint)
     cells = _cell_store(model, job.cache_dir, lambda m: None)
     try:
         _fit_cached(model, job.task, job.seed, job.config, cells, lambda m: None)
@@ -252,7 +255,8 @@ def fit_on_executor(model, spec: str, tasks, cfg: AtlasConfig, cache_dir, execut
         for seed in cfg.seeds:
             path, _ = _fit_path(task, seed, cfg, cells)
             if not (path / "adapter.json").exists():
-                job = AtlasFitJob(spec, n_ctx, str(Path(cache_dir).resolve()), task, seed, cfg)
+                job = AtlasFitJob(spec, n_ctx, cells.base["fingerprint"],
+                                  str(Path(cache_dir).resolve()), task, seed, cfg)
                 todo.append(Cell(str(path), run_atlas_fit, (job,),
                                  label=f"{task.name} seed {seed}"))
     skipped: dict[str, str] = {}
