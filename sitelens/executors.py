@@ -311,13 +311,13 @@ def _token_auth_if_available(address: str) -> None:
 
 @dataclass
 class RayExecutor(_Base):
-    """Cells as Ray remote tasks. ``address``: ``None`` starts a local Ray instance (``num_cpus``:
-    its CPUs, default all; Ray's own rules apply: ``RAY_ADDRESS`` or a cluster started on this
-    machine is joined instead), ``"auto"`` joins the cluster running here, ``"HOST:PORT"`` the one
-    at that address (its workers get this process's ``SITELENS_*`` variables: cache, backend,
-    device, dtype). Each cell asks for ``threads`` CPUs and runs with that many torch threads;
-    ``max_retries``: how often Ray reruns a cell whose worker died. The connection is opened at
-    the first :meth:`run` and closed (the local instance stopped) by :meth:`close`."""
+    """Cells as Ray remote tasks. ``address``: ``None`` starts a new local Ray instance for the run
+    (``num_cpus``: its CPUs, default all), ``"auto"`` joins the cluster of ``RAY_ADDRESS`` or the
+    one started on this machine (Ray's rule), ``"HOST:PORT"`` the one at that address (whose
+    workers get this process's ``SITELENS_*`` variables: cache, backend, device, dtype). Each
+    cell asks for ``threads`` CPUs and runs with that many torch threads; ``max_retries``: how
+    often Ray reruns a cell whose worker died. The connection is opened at the first :meth:`run`
+    and closed (the local instance stopped) by :meth:`close`."""
 
     address: str | None = None
     num_cpus: int | None = None
@@ -342,8 +342,8 @@ class RayExecutor(_Base):
                 if env:
                     kw.setdefault("runtime_env", {"env_vars": env})
                 _token_auth_if_available(self.address)
-            try:
-                ray.init(address=self.address, **kw)
+            try:  # "local": a new instance, whatever RAY_ADDRESS or a stale cluster file say
+                ray.init(address=self.address or "local", **kw)
             except (ConnectionError, RuntimeError, ValueError) as e:
                 raise ExecutorError(
                     f"Cannot start or reach a Ray cluster at {self.address or 'this machine'}: "

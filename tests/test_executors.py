@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -268,15 +270,19 @@ def ray_address(tmp_path_factory):
                PYTHONPATH=os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH"))
                                           if p))
     logs = tmp_path_factory.mktemp("ray")
+    # Ray's own temp dir for this cluster (short: its unix sockets live there), so that the
+    # machine's /tmp/ray/ray_current_cluster, which `ray.init()` reads, never names this cluster
+    temp = Path(tempfile.mkdtemp(prefix="slray", dir="/tmp"))
     for attempt in range(3):
         port = _free_port()
-        args = [str(ray_bin), "start", "--head", "--block", f"--port={port}",
+        args = [str(ray_bin), "start", "--head", "--block", f"--port={port}", f"--temp-dir={temp}",
                 "--node-ip-address=127.0.0.1", "--num-cpus=2", "--include-dashboard=false",
                 "--disable-usage-stats", f"--dashboard-agent-listen-port={_free_port()}",
                 f"--dashboard-agent-grpc-port={_free_port()}",
                 f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}",
                 f"--node-manager-port={_free_port()}", f"--object-manager-port={_free_port()}",
-                "--object-store-memory=100000000"]
+                f"--dashboard-port={_free_port()}",
+                "--object-store-memory=100000000"]  # every port free: two test runs side by side
         log = logs / f"ray_start_{attempt}.log"
         with open(log, "w") as f:
             proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env,
@@ -290,6 +296,7 @@ def ray_address(tmp_path_factory):
             break
         _stop(proc)
     else:
+        shutil.rmtree(temp, ignore_errors=True)
         pytest.fail(f"`ray start --head` failed 3 times; the last log ends:\n"
                     f"{log.read_text()[-3000:]}")
     try:
@@ -300,6 +307,7 @@ def ray_address(tmp_path_factory):
         if ray.is_initialized():
             ray.shutdown()
         _stop(proc)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
