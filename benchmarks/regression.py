@@ -279,12 +279,18 @@ def latest(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def pooled(items: pd.DataFrame, keys: list[str]) -> dict:
-    from sitelens.metrics import bootstrap_ci
+    from sitelens.metrics import bootstrap_ci, correlation
 
-    err = items[items["key"].isin(keys)]["sq_err"].to_numpy(float)
+    sel = items[items["key"].isin(keys)]
+    err = sel["sq_err"].to_numpy(float)
     lo, hi = bootstrap_ci(err, n_boot=1000, seed=0)
+    # does the answer track f(x)? Pearson r of parsed answers and targets within each task (the
+    # unparsed ones left out), averaged over tasks
+    rs = [correlation(g["value"], g["target"]) for _, g in sel.dropna(subset=["value"]).groupby("key")]
+    rs = [r for r in rs if np.isfinite(r)]
     return {"mse": float(err.mean()) if err.size else float("nan"), "lo": lo, "hi": hi, "n": err.size,
-            "median": float(np.median(err)) if err.size else float("nan")}
+            "median": float(np.median(err)) if err.size else float("nan"),
+            "r": float(np.mean(rs)) if rs else float("nan")}
 
 
 def report(args) -> str:
@@ -323,7 +329,8 @@ def report(args) -> str:
                 p = pooled(items, g["key"].tolist())
                 rows.append({"model": "(no model)", "method": m, "tasks": len(g),
                              "MSE (95% CI)": f"{p['mse']:.3f} ({p['lo']:.3f}–{p['hi']:.3f})",
-                             "median SE": f"{p['median']:.3f}", "unparsed": "–",
+                             "median SE": f"{p['median']:.3f}", "r(answer, f(x))": f"{p['r']:.2f}",
+                             "unparsed": "–",
                              "first-token acc": "–", "fit s": "–"})
         for model in models:
             for m in METHODS:
@@ -334,14 +341,17 @@ def report(args) -> str:
                 rows.append({
                     "model": model, "method": m, "tasks": len(g),
                     "MSE (95% CI)": f"{p['mse']:.3f} ({p['lo']:.3f}–{p['hi']:.3f})",
-                    "median SE": f"{p['median']:.3f}",
+                    "median SE": f"{p['median']:.3f}", "r(answer, f(x))": f"{p['r']:.2f}",
                     "unparsed": f"{int(g.n_unparsed.sum())} / {int(g.n.sum())}",
                     "first-token acc": f"{g.first_token_acc.astype(float).mean():.2f}",
                     "fit s": f"{g.fit_seconds.astype(float).mean():.0f}",
                 })
         lines += [f"## {kind} regression (dim {args.dim})", "",
                   "MSE over all test items of all seeds pooled (CI: bootstrap over those items; median SE: "
-                  "the median squared error, robust to the few wild answers that can dominate a mean); "
+                  "the median squared error, robust to the few wild answers that can dominate a mean; "
+                  "r(answer, f(x)): Pearson correlation of the parsed answers with the targets within "
+                  "each task, mean over tasks — near 0 when a low MSE only comes from answering "
+                  "near the mean); "
                   "first-token accuracy is, for these answers, the accuracy of the sign token "
                   "(` -` vs ` `).", "", md_table(pd.DataFrame(rows)), ""]
     per = ok.pivot_table(index=["model", "task"], columns="method", values="mse")
