@@ -3,6 +3,7 @@ lookups, the page, the CLI and the Jupyter explorer. The browser tier (tests/tes
 opens the page in Chromium."""
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -164,3 +165,28 @@ def test_explorer_shows_the_same_card(atlas):
     assert np.allclose(np.array(ex.fig_task.data[0].z, dtype=float),
                        np.array(task_map(p, data.model, "present_past", "atp"), dtype=float))
     assert torch.is_tensor(torch.tensor(0))  # (torch imported for the tiny model fixture)
+
+
+def test_plotly_bundle_choice(monkeypatch, tmp_path):
+    """auto → the cartesian bundle when it is there (and of the plotly package's version), else full;
+    asking for a missing or mismatched cartesian bundle, or an unknown one, is a UsageError."""
+    import sitelens.atlas.html as html
+    from sitelens.errors import UsageError
+
+    name, full = html.plotly_bundle("full")
+    assert name == "full" and "plotly.js" in full[:300]
+    with pytest.raises(UsageError, match="'auto', 'cartesian' or 'full'"):
+        html.plotly_bundle("basic")
+    version = re.search(r"v(\d+\.\d+\.\d+)", full[:300]).group(1)
+    pkg = tmp_path / "pkg"
+    (pkg / "vendor").mkdir(parents=True)
+    monkeypatch.setattr("importlib.resources.files", lambda _: pkg)
+    assert html.plotly_bundle("auto")[0] == "full"  # nothing fetched
+    with pytest.raises(UsageError, match="run scripts/setup.sh"):
+        html.plotly_bundle("cartesian")
+    (pkg / html.CARTESIAN).write_text(f"/* plotly.js (cartesian - minified) v{version} */ x")
+    assert html.plotly_bundle("auto") == ("cartesian", f"/* plotly.js (cartesian - minified) v{version} */ x")
+    (pkg / html.CARTESIAN).write_text("/* plotly.js (cartesian - minified) v0.0.1 */ x")
+    assert html.plotly_bundle("auto")[0] == "full"  # another version: never mix
+    with pytest.raises(UsageError, match="v?0.0.1"):
+        html.plotly_bundle("cartesian")

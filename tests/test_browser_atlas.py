@@ -43,6 +43,7 @@ def _cell_xy(page, div: str, x, y) -> tuple[float, float]:
 
 def _click(page, div: str, x, y) -> None:
     page.locator(f"#{div}").scroll_into_view_if_needed()
+    page.wait_for_function(f"document.getElementById('{div}').dataset.drawn === '1'")  # drawn when seen
     px, py = _cell_xy(page, div, x, y)
     page.mouse.move(px, py)
     page.mouse.click(px, py)
@@ -82,4 +83,34 @@ def test_click_a_similarity_cell_shows_the_pair(offline_page, page_file):
     assert page.eval_on_selector("#pair", "e => e.dataset.b") == b
     assert page.eval_on_selector("#pair", "e => e.data.length") == 3
     assert page.locator("#pair g.hm").count() == 3  # both maps and their difference drew
+    assert not log.problems(), log.problems()
+
+
+def test_views_below_the_first_screen_draw_when_scrolled_to(offline_page, page_file):
+    """The first paint is the overview alone; the depth chart draws once scrolled near, not before."""
+    path, p, model = page_file
+    page, log = offline_page.page, offline_page.log
+    page.set_viewport_size({"width": 1400, "height": 400})
+    page.goto(file_url(path))
+    page.wait_for_function("window.atlasReady === true")
+    assert page.eval_on_selector("#overview", "e => e.dataset.drawn") == "1"
+    assert page.eval_on_selector("#depth", "e => e.dataset.drawn || ''") == ""
+    assert page.locator("#depth .main-svg").count() == 0
+    page.locator("#depth").scroll_into_view_if_needed()
+    page.wait_for_function("document.getElementById('depth').dataset.drawn === '1'")
+    assert page.locator("#depth g.trace.bars").count() == len(p["models"])  # one bar trace per model
+    assert not log.problems(), log.problems()
+
+
+def test_page_with_the_full_plotly_bundle_also_works(offline_page, page_file, tmp_path):
+    """Without the cartesian bundle (setup offline) the page inlines the full plotly.js: same page."""
+    _, p, _ = page_file
+    path = tmp_path / "full.html"
+    path.write_text(build_atlas_html(p, plotly="full"), encoding="utf-8")
+    page, log = offline_page.page, offline_page.log
+    page.goto(file_url(path))
+    page.wait_for_function("window.atlasReady === true")
+    assert page.eval_on_selector('meta[name="plotly-bundle"]', "e => e.content") == "full"
+    _click(page, "taskmap", 0, 1)
+    page.wait_for_function("document.getElementById('card').dataset.head === 'L1H0'")
     assert not log.problems(), log.problems()

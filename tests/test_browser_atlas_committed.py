@@ -52,6 +52,7 @@ def test_committed_page_clicks(offline_page, built, model):
     task = page.eval_on_selector("#task", "e => e.value")
     layer = p["models"][model]["n_layers"] // 2
     page.locator("#taskmap").scroll_into_view_if_needed()
+    page.wait_for_function("document.getElementById('taskmap').dataset.drawn === '1'")  # drawn when seen
     px, py = page.evaluate(
         """([x, y]) => { const gd = document.getElementById('taskmap');
            const bb = gd.querySelector('.nsewdrag').getBoundingClientRect();
@@ -65,6 +66,7 @@ def test_committed_page_clicks(offline_page, built, model):
         "#card-scores tr", "rows => rows.map(r => [r.dataset.lens, r.querySelector('.v').textContent])")
     assert dict(shown) == {lens: _fmt(v) for lens, v in card["scores"].items()}
     page.locator("#sim").scroll_into_view_if_needed()
+    page.wait_for_function("document.getElementById('sim').dataset.drawn === '1'")  # drawn when seen
     order = p["models"][model]["order"]
     a, b = order[1], order[0]
     px, py = page.evaluate(

@@ -40,6 +40,8 @@ function overview(model, lens) {
 }
 
 // ---- rendering ----
+function drawn(id) { const el = document.getElementById(id); delete pending[id]; io.unobserve(el);
+  el.dataset.drawnAt = performance.now().toFixed(1); el.dataset.drawn = '1'; }
 function fillSelect(id, values, current) {
   const el = document.getElementById(id); el.innerHTML = '';
   for (const v of values) { const o = document.createElement('option'); o.value = v; o.textContent = v;
@@ -75,6 +77,7 @@ function renderTask() {
      height: Math.max(320, 100 + 14 * m.n_layers), margin: {l: 50, r: 10, t: 40, b: 40},
      xaxis: {title: 'head', dtick: 1}, yaxis: {title: 'layer', autorange: 'reversed', dtick: 1}}, cfg);
   el.on('plotly_click', ev => { const pt = ev.points[0]; showCard(pt.y, pt.x); });
+  drawn('taskmap');
 }
 function showCard(l, h) {
   S.head = [l, h];
@@ -95,6 +98,7 @@ function showCard(l, h) {
   Plotly.newPlot('card-across', [{type: 'bar', x: xs, y: ys, marker: {color: xs.map(t => t === S.task ? '#d62728' : '#1f77b4')}}],
     {title: {text: 'α of ' + c.head + ' in every task', font: {size: 12}}, height: 260,
      margin: {l: 40, r: 10, t: 30, b: 90}, xaxis: {tickfont: {size: 8}}, yaxis: {range: [0, 1]}}, cfg);
+  drawn('card');
 }
 function renderSimilarity() {
   const m = M(); const idx = m.order.map(t => m.tasks.indexOf(t));
@@ -106,6 +110,7 @@ function renderSimilarity() {
      width: 560, height: 560, margin: {l: 150, r: 10, t: 40, b: 150},
      xaxis: {tickfont: {size: 8}}, yaxis: {tickfont: {size: 8}, autorange: 'reversed'}}, cfg);
   el.on('plotly_click', ev => { const pt = ev.points[0]; renderPair(pt.y, pt.x); });
+  drawn('sim');
 }
 function renderPair(a, b) {
   S.pair = [a, b];
@@ -124,6 +129,7 @@ function renderPair(a, b) {
        xref: 'paper', yref: 'paper', showarrow: false, yanchor: 'bottom'})),
      yaxis: {autorange: 'reversed'}, yaxis2: {autorange: 'reversed'}, yaxis3: {autorange: 'reversed'},
      margin: {l: 30, r: 10, t: 60, b: 30}}, cfg);
+  drawn('pair');
 }
 function renderDepth() {
   const traces = Object.values(P.models).map(m => ({type: 'bar', name: m.model,
@@ -140,18 +146,36 @@ function renderSummary() {
     'Spearman ρ = ' + fmt(c.rho) + ' (Mantel p = ' + fmt(c.p_value) + ', ' + c.n_pairs + ' ordered pairs). ' +
     'Within- minus between-family α similarity: ' + fmt(f.gap) + ' (permutation p = ' + fmt(f.p_value) + ').';
 }
+// Views below the first screen draw when scrolled near (plotly.js itself is most of the open time;
+// drawing only what is seen keeps the first paint to one plot). A drawn view has data-drawn="1".
+const pending = {};
+const io = new IntersectionObserver(entries => { for (const e of entries) {
+  const f = pending[e.target.id];
+  // after a frame, so that what is already drawn paints before the next view is computed
+  if (e.isIntersecting && f) { delete pending[e.target.id]; io.unobserve(e.target);
+    requestAnimationFrame(() => setTimeout(() => { f(); drawn(e.target.id); }, 0)); }
+} }, {rootMargin: '150px'});
+function lazy(id, f) {
+  const el = document.getElementById(id);
+  if (el.dataset.drawn === '1') { f(); return; }
+  pending[id] = f; io.observe(el);
+}
 function renderModel() {
   fillSelect('lens', lensesOf(S.model), S.lens);
   if (!(S.lens in M().lenses)) S.lens = 'alpha';
   S.task = M().order[0]; fillSelect('task', M().order, S.task);
-  renderSummary(); renderOverview(); renderTask(); showCard(0, 0); renderSimilarity();
-  renderPair(M().order[0], M().order[Math.min(1, M().order.length - 1)]);
+  renderSummary(); renderOverview(); drawn('overview');
+  lazy('taskmap', renderTask); lazy('card', () => showCard(S.head ? S.head[0] : 0, S.head ? S.head[1] : 0));
+  lazy('sim', renderSimilarity);
+  const first = M().order[0], second = M().order[Math.min(1, M().order.length - 1)];
+  lazy('pair', () => renderPair(S.pair ? S.pair[0] : first, S.pair ? S.pair[1] : second));
 }
 fillSelect('model', Object.keys(P.models), S.model);
-document.getElementById('model').onchange = e => { S.model = e.target.value; renderModel(); };
-document.getElementById('lens').onchange = e => { S.lens = e.target.value; renderOverview(); renderTask();
+document.getElementById('model').onchange = e => { S.model = e.target.value; S.head = null; S.pair = null; renderModel(); };
+document.getElementById('lens').onchange = e => { S.lens = e.target.value; renderOverview(); lazy('taskmap', renderTask);
   if (S.head) showCard(S.head[0], S.head[1]); };
-document.getElementById('task').onchange = e => { S.task = e.target.value; renderTask();
+document.getElementById('task').onchange = e => { S.task = e.target.value; lazy('taskmap', renderTask);
   if (S.head) showCard(S.head[0], S.head[1]); };
-renderModel(); renderDepth();
+renderModel(); lazy('depth', renderDepth);
+window.atlasReadyAt = performance.now();  // ms from navigation start: the first view is drawn
 window.atlasReady = true;

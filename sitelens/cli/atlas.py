@@ -28,9 +28,10 @@ def cmd_atlas(args) -> int:
                         cache_dir=args.cache_dir, executor=executor,
                         log=lambda m: print(m, file=sys.stderr, flush=True))
     datas = load_atlas(args.data, models)
-    page = build_atlas_html(payload(datas))
+    page = build_atlas_html(payload(datas), plotly=args.plotly)
     atomic_write_text(args.out, page)
     size = Path(args.out).stat().st_size / 1e6
     summary = ", ".join(f"{d.model} ({len(d.tasks)} tasks)" for d in datas)
-    print(f"wrote {args.out} ({size:.1f} MB): {summary}")
+    bundle = "cartesian" if 'content="cartesian"' in page[:2000] else "full"
+    print(f"wrote {args.out} ({size:.1f} MB, plotly.js {bundle} bundle): {summary}")
     return 0

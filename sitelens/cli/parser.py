@@ -443,6 +443,9 @@ def _add_atlas(sub) -> None:
     p.add_argument("--limit", type=POSITIVE_INT, default=20,
                    help="test items per target task in the transfer measurement (--refit)")
     p.add_argument("--cache-dir", default="runs/atlas", help="cached fits of --refit")
+    p.add_argument("--plotly", choices=("auto", "cartesian", "full"), default="auto",
+                   help="the plotly.js inlined: its cartesian bundle (fetched by scripts/setup.sh; "
+                        "opens in about half the time), the full one, or auto (cartesian when present)")
     p.add_argument("--threads", type=THREADS, default=None)
     add_executor_option(p, "the (task, seed) fits of --refit")
     add_device_options(p)
