@@ -258,7 +258,7 @@ def report(run: str | None = None) -> str:
         "Target (issue 22): bridge ≤ "
         f"{TARGET}× HookedTransformer on every stage: "
         f"{'met' if verdicts and all(verdicts) else 'NOT met'} "
-        f"({sum(verdicts)} of {len(verdicts)} stages)."
+        f"({sum(verdicts)} of {len(verdicts)} stages within it)."
         + (f" The last column (first repeat only; {', '.join(recompute)}) is the bridge with every "
            "cached step recomputed over the whole sequence, as before the Hugging Face cache was "
            "driven (`--recompute-models`)." if recompute else ""),

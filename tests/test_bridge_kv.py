@@ -191,13 +191,15 @@ def test_last_position_logits_unembed_one_column(bridge):
     enc = encode(bridge, PROMPTS)
     seen = []
     hook = bridge.original_model.lm_head.register_forward_hook(
-        lambda m, i, o: seen.append(tuple(o.shape)))
+        lambda m, i, o: seen.append((tuple(o.shape), i[0].is_contiguous())))
     try:
         with torch.no_grad():
             last = last_position_logits(bridge, enc)
     finally:
         hook.remove()
-    assert seen == [(3, 1, bridge.cfg.d_vocab)]  # Gemma's 262k vocabulary: one column, not all
+    # Gemma's 262k vocabulary: one column, not all; and a contiguous input (HF's strided slice
+    # hidden[:, -1:] makes the linear layer a batched matmul over the broadcast weight, ~5x slower)
+    assert seen == [((3, 1, bridge.cfg.d_vocab), True)]
     with torch.no_grad():
         full = bridge(enc.tokens, attention_mask=enc.attention_mask)[:, -1]
     # the same rows of the same matrix product: one column vs all columns, logit_tolerance
