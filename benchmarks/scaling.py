@@ -627,7 +627,7 @@ def load_frame(csv_path: Path):
 def human(n: int) -> str:
     """134.5M, 1.71B, 38.2k."""
     for div, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if n >= div:
+        if n >= div * 0.9995:  # 999.9M is 1B, not "1e+03M"
             return f"{n / div:.3g}{suffix}"
     return str(n)
 
