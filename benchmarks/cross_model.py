@@ -200,8 +200,9 @@ class Run:
         self.args, self.out = args, Path(args.out)
         self.cache = Cache(Path(args.cache) / ("tiny" if args.tiny else "full"))
         if args.tiny:
-            self.src = tiny_model(n_layers=3, n_heads=4, d_head=10, post_norm=True, seed=0, backend="hooked")
-            self.dst = tiny_model(n_layers=2, n_heads=3, d_head=8, seed=1, backend="hooked")
+            self.src = tiny_model(n_layers=3, n_heads=4, d_head=10, post_norm=True, seed=0, n_ctx=2048,
+                                  backend="hooked")  # byte tokens: cls prompts run long
+            self.dst = tiny_model(n_layers=2, n_heads=3, d_head=8, seed=1, n_ctx=2048, backend="hooked")
         else:
             self.src, self.dst = load_model(SRC), load_model(DST)
         self.tasks = [("fv", load_task(DATA / "fv" / n)) for n in args.fv_tasks.split(",") if n]
@@ -692,7 +693,8 @@ def report(args) -> str:
             tab = tab.assign(o=tab.method.map(order), m=tab.model != DST).sort_values(
                 ["collection", "metric", "m", "o"]).drop(columns=["o", "m"])
             lines += [md_table(tab), ""]
-        per = df.assign(acc=np.where(df.collection == "cls", df.label_acc_full, df.exact_match))
+        per = df.assign(acc=pd.to_numeric(pd.Series(np.where(
+            df.collection == "cls", df.label_acc_full, df.exact_match), index=df.index), errors="coerce"))
         piv = per.pivot_table(index=["model", "method"], columns="task", values="acc")
         lines += ["Per task (exact match for FV, full-label accuracy for cls, %):", "",
                   md_table((100 * piv).round(0).reset_index().fillna("–")), ""]
