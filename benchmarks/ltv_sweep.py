@@ -392,7 +392,7 @@ def report(df: pd.DataFrame) -> str:
     lines = [
         "# LTV sweep: block, λ, N, k on cls tasks", "",
         "`python benchmarks/ltv_sweep.py` (see its docstring; test items capped at the first "
-        f"{int(df['limit'].max()) if len(df) else '?'} of each task). Accuracies in %. "
+        "`--limit` of each task, per section). Accuracies in %. "
         "`label` = first-token label ranking (the label whose first token has the highest "
         "logit), `first` = first-token accuracy, dNTP = KL(P_icl ‖ P_method) at the answer "
         "position against the 10-shot ICL reference; the `full` rows add the bench's whole "
@@ -402,8 +402,8 @@ def report(df: pd.DataFrame) -> str:
         "(h ← h + ȳ). R² test: the share of the test items' demonstration effect "
         "(h_icl − h_zs, same demonstrations as the reference) that the map predicts.", "",
     ]
-    for model, g in df.groupby("model", sort=False):
-        lines += [f"## {model}", ""]
+    for (model, limit), g in df.groupby(["model", "limit"], sort=False):
+        lines += [f"## {model}, first {int(limit)} test items", ""]
         for task, t in g.groupby("task", sort=False):
             lines += [f"### {task}", "", _full_table(t), ""]
             lay = t[t["grid"] == "layer"]
