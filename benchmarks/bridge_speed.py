@@ -232,7 +232,10 @@ def report(run: str | None = None) -> str:
     recompute = sorted(set(best[best.backend == "bridge-recompute"].model))
     limit = int(best[best.stage == "evaluate"]["items"].max())
     n_effect = int(best[best.stage == "effects"]["items"].max())
-    details = best[["model", "stage", "backend", "detail"]]
+    details = best[["model", "stage", "backend", "detail"]].copy()
+    # "[(12, 1), ...] [KV cache: X]" reads as a reference-style link in Markdown (mkdocs --strict)
+    details["detail"] = details.detail.str.replace(r"\[KV cache: ([^\]]*)\]", r"(KV cache: \1)",
+                                                   regex=True)
     text = "\n".join([
         "# TransformerBridge (TransformerLens 4) vs HookedTransformer (TransformerLens 3.9)",
         "",
