@@ -48,7 +48,7 @@ def plotly_bundle(which: str = "auto") -> tuple[str, str]:
     if not path.is_file():
         if which == "cartesian":
             raise UsageError(f"no {CARTESIAN} beside sitelens.atlas: run scripts/setup.sh "
-                                    "(it fetches plotly.js's cartesian bundle), or use 'full'")
+                             "(it fetches plotly.js's cartesian bundle), or use 'full'")
         return "full", full
     src = path.read_text(encoding="utf-8")
     version = re.compile(r"v(\d+\.\d+\.\d+)")
