@@ -4,6 +4,7 @@ streams; and the two models' α maps compared by relative depth.
 
     python benchmarks/cross_model.py --threads 1             # resumable; the same command continues
     python benchmarks/cross_model.py --report                # cross_model.md from the CSVs only
+    python benchmarks/cross_model.py --only sst2,antonym     # some evaluation tasks now, the rest later
     python benchmarks/cross_model.py --tiny --out /tmp/xm    # smoke test on two tiny random models
 
 **Unlabeled texts** (:func:`unlabeled_texts`): inputs only, of tasks not used for evaluation — the
@@ -98,6 +99,10 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fv-tasks", default=",".join(FV_TASKS))
     p.add_argument("--cls-tasks", default=",".join(CLS_TASKS))
+    p.add_argument("--only", default="",
+                   help="run only these of the evaluation tasks (comma-separated names), in this "
+                        "order; the unlabeled texts still exclude every evaluation task's inputs, "
+                        "so a partial run keeps the keys, maps and caches of the full one")
     p.add_argument("--limit", type=int, default=50, help="test items per task (the first N)")
     p.add_argument("--texts-per-task", type=int, default=24)
     p.add_argument("--texts-per-cls", type=int, default=80)
@@ -500,12 +505,23 @@ class Run:
         return [c["label_rank_full"] for c in cols], metrics
 
     def go(self) -> None:
+        tasks = self.tasks
+        if self.args.only:  # checked before any state is computed
+            by_name = {t.name: (coll, t) for coll, t in self.tasks}
+            only = [n for n in self.args.only.split(",") if n]
+            unknown = [n for n in only if n not in by_name]
+            if unknown:
+                from sitelens.errors import UsageError
+
+                raise UsageError(f"--only names {unknown}, which are not evaluation tasks "
+                                 f"({', '.join(by_name)}); add them to --fv-tasks / --cls-tasks.")
+            tasks = [by_name[n] for n in only]
         self.done = done_keys(self.out / "cross_model.csv")
         self.maps()
         from sitelens.io import atomic_write_json
 
         atomic_write_json(self.out / "cross_model_texts.json", self.prov)
-        for coll, task in self.tasks:
+        for coll, task in tasks:
             self.run_task(coll, task)
             self.task_r2(coll, task)
 
@@ -750,7 +766,13 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     ltv_source()  # before anything imports sitelens.baselines: the label of the code that runs
     if not args.report:
-        Run(args).go()
+        from sitelens.errors import SitelensError
+
+        try:
+            Run(args).go()
+        except SitelensError as e:  # bad input: the message, exit status 2, nothing written
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
     print(report(args))
 
 

@@ -31,6 +31,7 @@ from sitelens.baselines import (
     Fitted,
     HookIntervention,
     LoRA,
+    LTVValid,
     ZeroShot,
     available_methods,
     function_vector,
@@ -114,8 +115,8 @@ PROMPTS = [zero_shot_prompt("abc"), zero_shot_prompt("hgfed")]
 
 
 def test_registry_and_names():
-    assert available_methods() == ["zero-shot", "icl", "site", "fv", "tv", "ltv", "sv", "mtv",
-                                   "i2cl", "lora", "ia3"]
+    assert available_methods() == ["zero-shot", "icl", "site", "fv", "tv", "ltv", "ltv-valid",
+                                   "sv", "mtv", "i2cl", "lora", "ia3"]
     assert get_method("lora", rank=4, name="lora-r4").name == "lora-r4"
     m = TV()
     assert get_method(m) is m
@@ -247,6 +248,56 @@ def test_ltv_sweep_keeps_the_block_best_on_valid(model, task):
                   what="sweep W vs the block's own W")
     with pytest.raises(ValueError, match="layer must be"):
         LTV(layer="middle").fit(model, task)
+
+
+def test_gram_scale_is_the_mean_eigenvalue():
+    from sitelens.baselines.ltv import gram_scale
+
+    X = torch.randn(12, 8, generator=torch.Generator().manual_seed(0))
+    eig = torch.linalg.eigvalsh(X.double().T @ X.double())
+    # tr(XᵀX)/d vs the mean of the eigenvalues, both float64 over 8 numbers: a few ulps of the sum
+    assert abs(gram_scale(X) - float(eig.mean())) <= 64 * unit_roundoff(torch.float64) * float(eig.sum())
+
+
+def test_ltv_valid_keeps_the_block_and_penalty_best_on_valid(model, task):
+    from sitelens.baselines.ltv import SWEEP_N_VALID, gram_scale
+
+    rels = (1e-3, 1.0)
+    f = LTVValid(n_queries=12, n_shots=2, rel_lams=rels).fit(model, task, seed=1)
+    L = model.cfg.n_layers
+    table = f.meta["lam_table"]
+    assert [(r["layer"], r["rel_lam"]) for r in table] == [(L - 1, rel) for rel in rels]
+    # the penalty is rel_lam in units of the queries' Gram scale: the same X as LTV's
+    X, Y = f.state["X"], f.state["Y"]
+    for r in table:
+        assert r["lam"] == r["rel_lam"] * gram_scale(X)
+    # each candidate map scored on the valid items by a full forward pass (not the prefix-cache
+    # path the fit uses): the table must hold these accuracies and losses
+    valid = task.valid[:SWEEP_N_VALID]
+    prompts = [zero_shot_prompt(ex.input) for ex in valid]
+    answers = torch.tensor([model.tokenizer(" " + ex.output, add_special_tokens=False)["input_ids"][0]
+                            for ex in valid])
+    seq = encode(model, prompts).tokens.shape[1]
+    from sitelens.baselines.ltv import ltv_intervention
+
+    for r in table:
+        W = ridge_closed_form(X, Y, r["lam"])
+        logits = _logits(model, prompts, ltv_intervention(W, L - 1)(model, seq))[:, -1]
+        acc = float((logits.argmax(-1) == answers).float().mean())
+        loss = float(torch.nn.functional.cross_entropy(logits, answers))
+        assert r["valid_acc"] == acc, r  # exact: argmaxes of logits that agree to ~1e-6
+        # the same logits on two paths (prefix KV cache vs one pass): logit_tolerance bounds each
+        # logit, and a mean cross-entropy moves by at most twice that
+        assert abs(r["valid_loss"] - loss) <= 2 * logit_tolerance(model, float(logits.abs().max())), r
+    best = min(table, key=lambda r: (-r["valid_acc"], r["valid_loss"], r["layer"], -r["rel_lam"]))
+    assert f.meta["rel_lam"] == best["rel_lam"] and f.meta["lam"] == best["lam"]
+    # the kept map is the chosen penalty's ridge solution (the same float64 solve of the same X, Y)
+    assert torch.equal(f.state["W"], ridge_closed_form(X, Y, best["lam"]))
+    # the two penalties give different maps: a choice that ignored rel_lam would fail above
+    W0, W1 = (ridge_closed_form(X, Y, r["lam"]) for r in table)
+    assert float((W0 - W1).abs().max()) > 1e-3 * float(W0.abs().max())
+    with pytest.raises(ValueError, match="rel_lams"):
+        LTVValid(rel_lams=(0.1, -1.0)).fit(model, task)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -177,8 +177,8 @@ def _lambda_ok(s: str) -> bool:
 
 BAD_KS = bad_list(lambda s: _int_ok(s, 1), ["1", "2", "4"])
 BAD_LAMBDAS = bad_list(_lambda_ok, ["0", "5", "0.5"])
-BAD_BENCH_METHODS = bad_list(lambda s: s in {"zero-shot", "icl", "site", "fv", "tv", "ltv", "sv",
-                                               "mtv", "i2cl", "lora", "ia3"}, ["zero-shot", "icl"])
+BAD_BENCH_METHODS = bad_list(lambda s: s in {"zero-shot", "icl", "site", "fv", "tv", "ltv", "ltv-valid",
+                                               "sv", "mtv", "i2cl", "lora", "ia3"}, ["zero-shot", "icl"])
 BAD_EVAL_METHODS = bad_list(lambda s: s in {"zero-shot", "icl", "site"}, ["zero-shot", "icl"])
 BAD_LENSES = bad_list(lambda s: s in LENS_NAMES, ["alpha", "atp", "ablation"])
 BAD_MODEL = _TEXT.filter(lambda s: s not in MODELS)

@@ -9,6 +9,7 @@ site       α-mix toward the task embedding         prefill      n_layers · n_h
 fv         Σ top-10 causal heads' mean out → resid prefill      0 (d_model stored)
 tv         mean few-shot state replaces layer ℓ    prefill      0 (d_model stored)
 ltv        ridge W*: h ← h + W* h, final block     prefill      d_model²
+ltv-valid  ltv, λ (Gram units) chosen on valid     prefill      d_model²
 sv         state vector z → heads of first layers  prefill      0 (depth · n_heads · d_head stored)
 mtv        REINFORCE binary head mask, mean z      prefill      n_layers · n_heads
 i2cl       λ, β per layer × {attn, mlp}            all          4 · n_layers
@@ -31,7 +32,7 @@ from sitelens.baselines.i2cl import I2CL
 from sitelens.baselines.ia3 import IA3
 from sitelens.baselines.icl import ICL
 from sitelens.baselines.lora import LoRA
-from sitelens.baselines.ltv import LTV, ridge_closed_form
+from sitelens.baselines.ltv import LTV, LTVValid, ridge_closed_form
 from sitelens.baselines.mtv import MTV
 from sitelens.baselines.site import SITE
 from sitelens.baselines.sv import SV
@@ -46,6 +47,7 @@ METHODS: dict[str, type[Method]] = {
     "fv": FV,
     "tv": TV,
     "ltv": LTV,
+    "ltv-valid": LTVValid,
     "sv": SV,
     "mtv": MTV,
     "i2cl": I2CL,
@@ -81,6 +83,6 @@ def get_method(method: str | Method, /, **kwargs) -> Method:
 
 __all__ = [
     "FV", "I2CL", "IA3", "ICL", "LTV", "METHODS", "MTV", "SITE", "SV", "TV", "FitParts", "Fitted",
-    "HookIntervention", "LoRA", "Method", "ZeroShot", "available_methods", "function_vector",
-    "get_method", "head_outputs", "ridge_closed_form",
+    "HookIntervention", "LTVValid", "LoRA", "Method", "ZeroShot", "available_methods",
+    "function_vector", "get_method", "head_outputs", "ridge_closed_form",
 ]
