@@ -251,7 +251,7 @@ def test_ltv_sweep_keeps_the_block_best_on_valid(model, task):
 
 
 def test_gram_scale_is_the_mean_eigenvalue():
-    from sitelens.baselines.ltv import gram_scale
+    from sitelens.baselines.ltv_valid import gram_scale
 
     X = torch.randn(12, 8, generator=torch.Generator().manual_seed(0))
     eig = torch.linalg.eigvalsh(X.double().T @ X.double())
@@ -260,7 +260,8 @@ def test_gram_scale_is_the_mean_eigenvalue():
 
 
 def test_ltv_valid_keeps_the_block_and_penalty_best_on_valid(model, task):
-    from sitelens.baselines.ltv import SWEEP_N_VALID, gram_scale
+    from sitelens.baselines.ltv import SWEEP_N_VALID
+    from sitelens.baselines.ltv_valid import gram_scale
 
     rels = (1e-3, 1.0)
     f = LTVValid(n_queries=12, n_shots=2, rel_lams=rels).fit(model, task, seed=1)

@@ -32,7 +32,8 @@ from sitelens.baselines.i2cl import I2CL
 from sitelens.baselines.ia3 import IA3
 from sitelens.baselines.icl import ICL
 from sitelens.baselines.lora import LoRA
-from sitelens.baselines.ltv import LTV, LTVValid, ridge_closed_form
+from sitelens.baselines.ltv import LTV, ridge_closed_form
+from sitelens.baselines.ltv_valid import LTVValid
 from sitelens.baselines.mtv import MTV
 from sitelens.baselines.site import SITE
 from sitelens.baselines.sv import SV
