@@ -12,7 +12,8 @@ the demonstrations; more seeds append cells), 256 train / 64 valid / 128 test it
 split is capped at the first ``--limit`` (100) items** of each task.
 
 Methods: the :mod:`sitelens.baselines` defaults (``ZeroShot``, ``ICL(n_shots=10)``, ``TV``,
-``LTV``, ``SITE``), fitted on the task's train/valid splits (TV and SITE from one shared stage-1
+``LTV``, ``LTVValid`` (``ltv-valid``: λ chosen on valid in Gram units), ``SITE``), fitted on the
+task's train/valid splits (TV and SITE from one shared stage-1
 capture, :func:`sitelens.transfer.task_states`: the same prompts and tensors as their own fits)
 and answered greedily on zero-shot prompts (ICL: 10-shot prompts) by
 :func:`sitelens.evaluate.run_method`. Answers are scored by
@@ -50,7 +51,7 @@ sys.path.insert(0, str(HERE))
 from _common import append_rows_atomic, done_keys, md_table, pinned_source  # noqa: E402
 
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
-METHODS = ("zero-shot", "icl", "tv", "ltv", "site")
+METHODS = ("zero-shot", "icl", "tv", "ltv", "ltv-valid", "site")
 REFERENCES = ("train-mean", "ols-k")
 COLUMNS = [
     "model", "fingerprint", "task", "task_hash", "kind", "dim", "seed", "method", "method_params",
@@ -90,16 +91,17 @@ def make_task(args, kind: str, seed: int):
 
 
 def make_method(args, name: str):
-    from sitelens.baselines import ICL, LTV, SITE, TV, ZeroShot
+    from sitelens.baselines import ICL, LTV, SITE, TV, LTVValid, ZeroShot
     from sitelens.site import FitConfig
 
     if args.tiny:
         small = dict(n_prompts=4, n_shots=2)
         return {"zero-shot": ZeroShot(), "icl": ICL(n_shots=args.n_shots),
                 "tv": TV(**small, n_valid=4), "ltv": LTV(n_queries=8, n_shots=2),
+                "ltv-valid": LTVValid(n_queries=8, n_shots=2),
                 "site": SITE(**small, config=FitConfig(n_examples=16, n_valid=4))}[name]
     return {"zero-shot": ZeroShot(), "icl": ICL(n_shots=args.n_shots), "tv": TV(), "ltv": LTV(),
-            "site": SITE()}[name]
+            "ltv-valid": LTVValid(), "site": SITE()}[name]
 
 
 def settings(args, model, task, kind, seed, method_name, method_params) -> dict:
@@ -113,7 +115,8 @@ def settings(args, model, task, kind, seed, method_name, method_params) -> dict:
         "task": task.name, "task_hash": task_hash(task), "kind": kind, "dim": args.dim, "seed": seed,
         "method": method_name, "method_params": method_params, "n_shots": args.n_shots,
         "limit": args.limit, "template": json.dumps(DEFAULT_TEMPLATE.to_dict(), sort_keys=True),
-        "numerics_version": NUMERICS_VERSION, "ltv_source": ltv_source() if method_name == "ltv" else "",
+        "numerics_version": NUMERICS_VERSION,
+        "ltv_source": ltv_source() if method_name.startswith("ltv") else "",
     }
     return dict(s, key=settings_hash(s, n=16))
 
@@ -316,7 +319,7 @@ def report(args) -> str:
         "construction, so MSE ≈ 0.33 is the level of a constant guess.",
         "",
     ]
-    ltv = sorted(set(ok.loc[ok.method == "ltv", "ltv_source"].dropna()))
+    ltv = sorted(set(ok.loc[ok.method.str.startswith("ltv"), "ltv_source"].dropna()))
     if ltv:
         lines += [f"LTV version used (sha256 of `sitelens/baselines/ltv.py` @ last commit touching it): "
                   f"{', '.join(f'`{v}`' for v in ltv)}.", ""]
