@@ -35,17 +35,50 @@ CLS = HERE.parent.parent / "shared" / "datasets" / "cls"
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 # gradient-free task vectors (the paper's "training-free" LTV, FV, TV, State Vector) and the two
 # that fit a few parameters by gradient (I2CL: 4 per layer; MTV: a head mask by REINFORCE)
-TRAINING_FREE = ["fv", "tv", "sv", "ltv", "ltv-sweep"]
+TRAINING_FREE = ["fv", "tv", "sv", "ltv", "ltv-sweep", "ltv-valid"]
 FEW_PARAMS = ["i2cl", "mtv"]
 ORDER = ["zero-shot", "icl", *TRAINING_FREE, *FEW_PARAMS]
 
 
+def _finished(df: pd.DataFrame) -> pd.DataFrame:
+    return df[pd.to_numeric(df["exact_match"], errors="coerce").notna()]
+
+
+def core_methods(df: pd.DataFrame) -> list[str]:
+    """The methods that finished on the most tasks (the main grid); a method added later on
+    fewer tasks (``ltv-valid``) is reported apart (:func:`extras`) rather than shrinking the grid
+    to its tasks."""
+    n = _finished(df).groupby("method")["task"].nunique()
+    return sorted(n.index[n == n.max()]) if len(n) else []
+
+
 def complete(df: pd.DataFrame) -> pd.DataFrame:
-    """The cells of the tasks where every method of the file finished."""
-    ok = df[pd.to_numeric(df["exact_match"], errors="coerce").notna()]
-    methods = set(df["method"])
+    """The cells of the core methods on the tasks where every core method finished."""
+    ok = _finished(df)
+    methods = set(core_methods(df))
+    ok = ok[ok["method"].isin(methods)]
     tasks = [t for t, g in ok.groupby("task") if set(g["method"]) >= methods]
     return ok[ok["task"].isin(tasks)]
+
+
+def extras(df: pd.DataFrame) -> list[str]:
+    """Methods outside the main grid, each beside ICL, zero-shot, TV and LTV on the tasks where
+    it finished."""
+    ok = _finished(df)
+    core = set(core_methods(df))
+    lines = []
+    for m in [x for x in ORDER if x in set(ok["method"]) - core]:
+        tasks = sorted(ok.loc[ok["method"] == m, "task"].unique())
+        sub = ok[ok["task"].isin(tasks)]
+        cols = [c for c in ("zero-shot", "icl", "tv", "ltv", m) if c in set(sub["method"])]
+        piv = sub.pivot_table(index="task", columns="method", values="label_acc_full")
+        dn = sub.pivot_table(index="task", columns="method", values="dntp")
+        chance = sub.groupby("task")["chance"].mean()
+        rows = [{"task": t, "chance": _pct(chance[t]),
+                 **{c: f"{_pct(piv.loc[t, c])} ({dn.loc[t, c]:.2f})" for c in cols}} for t in tasks]
+        lines += [f"**{m}** (on {len(tasks)} of the tasks so far): label accuracy % (dNTP)", "",
+                  md_table(pd.DataFrame(rows)), ""]
+    return lines
 
 
 def _pct(x) -> str:
@@ -113,7 +146,8 @@ def report() -> str:
                   "Task-vector methods ordered by label accuracy:", "", *ordering(full), "",
                   summary_markdown(full).strip().split("\n", 2)[2], "",
                   "Label accuracy per task:", "", per_task(full), "",
-                  "dNTP vs accuracy across (task, method) cells:", "", *correlations(full), ""]
+                  "dNTP vs accuracy across (task, method) cells:", "", *correlations(full), "",
+                  *extras(df)]
     return "\n".join(parts) + "\n"
 
 
