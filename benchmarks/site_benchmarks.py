@@ -30,8 +30,9 @@ ones of the seeded test split), and the tasks of each collection are taken in a 
 tasks per benchmark), so however far a run gets, every benchmark has the same number of tasks
 (± 1). ICL, SITE, LoRA and (IA)3 run with their defaults (SITE: 50 stage-1 prompts, 50 Adam steps
 of batch 8; LoRA/(IA)3: 50 Adam steps of batch 8, validated every 10 steps on 64 items): no
-training was shortened. Why the caps are this small: the run shared 2 CPU cores with jobs at
-normal priority while it ran at ``nice 10``, and got a few percent of one core (see the md).
+training was shortened. Why the caps are this small: two CPU cores for every benchmark of the
+issue; the first cells ran at ``nice 10`` beside other jobs and got a few percent of one core
+(see the md).
 """
 
 from __future__ import annotations
@@ -299,15 +300,17 @@ def markdown(table: pd.DataFrame, df: pd.DataFrame) -> str:
         "# SITE's benchmark table at our scale",
         "",
         "Made by `python benchmarks/site_benchmarks.py run --model MODEL` (resumable; one model "
-        "per process, `nice -n 10`, one torch thread) and `python benchmarks/site_benchmarks.py "
+        "per process, one torch thread) and `python benchmarks/site_benchmarks.py "
         "report`; the FV rows are the zero-shot / ICL / SITE / LoRA / (IA)3 rows of the committed "
         "baselines grid (`baselines_{model}.csv`, 50 test items per task, all 57 FV tasks on "
         "SmolLM2, the 29 abstractive ones plus choose_first_of_3 on Gemma), not rerun. Settings and "
         "caps: see below the table. Accuracies in %; means over tasks (every method over the same "
-        "tasks); gap = method − ICL in points. Seconds are wall-clock: this run shared 2 cores "
-        "with jobs at normal priority while it ran at `nice 10` (load average ≈ 12; one torch "
-        "thread), so its fit seconds and seconds per item are inflated many times over and are "
-        "comparable within a benchmark only roughly, and not with the FV grid's.",
+        "tasks); gap = method − ICL in points. Seconds are wall-clock on one torch thread, under "
+        "two machine states: SmolLM2's ANLI r1 and MMLU-Pro business zero-shot / ICL / SITE cells "
+        "ran at `nice 10` beside normal-priority jobs (load average ≈ 12), inflated many times "
+        "over; its MMLU-Pro LoRA / (IA)3 cells and every Gemma cell ran at normal priority, one "
+        "process per core (load ≈ 2). So fit seconds and seconds per item compare only roughly, "
+        "and not with the FV grid's.",
         "",
         "| model | benchmark (chance) | k | method | tasks | items | exact match | gap to ICL | "
         "label acc (tasks) | gap to ICL | trainable params | fit s | s / item |",
