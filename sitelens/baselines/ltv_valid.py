@@ -58,19 +58,20 @@ class LTVValid(LTV):
         X, Y = ltv_data(model, task, layers, n_queries=self.n_queries, n_shots=self.n_shots,
                         seed=seed, template=template)  # [n, n_layers, d_model] each
         data = LastTokenSet.build(model, valid_items(task, SWEEP_N_VALID), template)
-        table, maps = [], {}
+        table, best_key = [], None
         for i, layer in enumerate(layers):
             scale = gram_scale(X[:, i])
             for rel in self.rel_lams:
                 lam = rel * scale
                 W = ridge_closed_form(X[:, i], Y[:, i], lam).to(model.cfg.device)  # [d_model, d_model]
                 acc, loss = data.score(model, ltv_intervention(W, layer)(model, None))
-                maps[(layer, rel)] = W
-                table.append({"layer": int(layer), "rel_lam": float(rel), "lam": lam,
-                              "valid_acc": acc, "valid_loss": loss})
-        best = min(table, key=lambda r: (-r["valid_acc"], r["valid_loss"], r["layer"], -r["rel_lam"]))
-        layer, i = best["layer"], layers.index(best["layer"])
-        W = maps[(layer, best["rel_lam"])]  # [d_model, d_model]
+                row = {"layer": int(layer), "rel_lam": float(rel), "lam": lam,
+                       "valid_acc": acc, "valid_loss": loss}
+                table.append(row)
+                key = (-acc, loss, int(layer), -float(rel))  # ties: lower loss, earlier block, larger λ
+                if best_key is None or key < best_key:  # keep only the best map, not all of them
+                    best_key, best, W_best, i_best = key, row, W, i
+        layer, i, W = best["layer"], i_best, W_best  # W: [d_model, d_model]
         return FitParts(
             intervention=ltv_intervention(W, layer),
             n_params=W.numel(),
