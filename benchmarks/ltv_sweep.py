@@ -18,6 +18,12 @@ time around those defaults:
   metrics;
 - ``lam``: λ ∈ {0.05 … 5e5} (8 decades) at the final block and at the block chosen on valid,
   ``ltv`` and ``ltv+b``;
+- ``lam_rel``: the same two blocks and variants with λ in units of the data, λ = r · tr(XᵀX)/d
+  for r in :class:`~sitelens.baselines.LTVValid`'s grid (10⁻³ … 10). A raw-λ grid covers
+  different regimes on different models (Gemma's residual stream is far larger than SmolLM2's,
+  so 5e5 is still under 1% of its mean eigenvalue); this one is comparable across models. The
+  row's ``lam`` is the absolute λ (rounded to 6 significant digits, which is also what is fitted)
+  and ``rel_lam`` the multiple r;
 - ``n``: N ∈ {16, 32, 64, 128, 256}; ``k``: k ∈ {1, 2, 5, 10} (the same queries, k-shot
   demonstrations), both at the two blocks, ``ltv``;
 - ``full``: the default block and the block chosen on valid, every variant, scored in full;
@@ -59,7 +65,7 @@ import torch
 from _common import md_table
 
 import sitelens as sl
-from sitelens.baselines import get_method
+from sitelens.baselines import LTVValid, get_method
 from sitelens.baselines.base import Fitted, HookIntervention, last_token_hook, select_layer
 from sitelens.baselines.ltv import SWEEP_N_VALID, ltv_data, ltv_intervention, ridge_closed_form
 from sitelens.bench import reference_logits, score_fitted
@@ -272,10 +278,12 @@ class Sweep:
               f"dNTP {res['dntp']:.2f} ({row['seconds']} s)", flush=True)
 
     def map_cell(self, grid, variant, layer, lam, n, k, X, Y, Xt, Yt, valid_acc=float("nan"),
-                 chosen=None):
+                 chosen=None, rel=None):
         Xl, Yl = X[:n, layer], Y[:n, layer]  # [n, d_model]
-        W, xm, ym = fit_variant(Xl, Yl, lam, variant)
         scale = float((Xl ** 2).sum() / Xl.shape[1])  # tr XᵀX / d
+        if rel is not None:  # λ in units of the data; rounded so the key survives a re-capture
+            lam = float(f"{rel * scale:.6g}")
+        W, xm, ym = fit_variant(Xl, Yl, lam, variant)
 
         def extra():
             P = predict(W, xm, ym, Xt[:, layer])
@@ -288,7 +296,7 @@ class Sweep:
                   lambda: Fitted("ltv", intervention=intervention(W, xm, ym, layer, variant)),
                   extra)
 
-    def run(self, grids=("ref", "layer", "full", "lam", "n", "k")):
+    def run(self, grids=("ref", "layer", "full", "lam", "lam_rel", "n", "k")):
         model, task, L = self.model, self.task, self.L
         if "ref" in grids:
             for name in ("zero-shot", "icl"):
@@ -322,6 +330,11 @@ class Sweep:
                     for variant in ("ltv", "ltv+b"):
                         self.map_cell("lam", variant, ell, lam, N_QUERIES, N_SHOTS, X, Y, Xt, Yt,
                                       chosen=chosen)
+            if "lam_rel" in grids:
+                for rel in LTVValid.rel_lams:
+                    for variant in ("ltv", "ltv+b"):
+                        self.map_cell("lam_rel", variant, ell, None, N_QUERIES, N_SHOTS, X, Y,
+                                      Xt, Yt, chosen=chosen, rel=rel)
             if "n" in grids:
                 for n in NS:
                     for variant in ("ltv", "ltv+b"):
@@ -412,11 +425,14 @@ def report(df: pd.DataFrame) -> str:
                 lines += [f"Block sweep (λ = {LAM:g}, N = {N_QUERIES}, k = {N_SHOTS}; bold: the "
                           f"block chosen on valid; final block {int(lay['final_block'].iloc[0])}):",
                           "", _layer_table(lay, chosen), ""]
-            for grid, knob, label in (("lam", "lam", "λ"), ("n", "n_queries", "N"),
-                                      ("k", "n_shots", "k")):
+            for grid, knob, label, title in (
+                    ("lam", "lam", "λ", "λ sweep (raw units, LTV's own grid)"),
+                    ("lam_rel", "lam", "λ", "λ sweep in units of the data (λ = r · tr XᵀX/d, "
+                     "r over `ltv-valid`'s grid)"),
+                    ("n", "n_queries", "N", "N sweep"), ("k", "n_shots", "k", "k sweep")):
                 s = t[t["grid"] == grid]
                 if len(s):
-                    lines += [f"{label} sweep:", "", _knob_table(s, knob, label), ""]
+                    lines += [f"{title}:", "", _knob_table(s, knob, label), ""]
     return "\n".join(lines) + "\n"
 
 
