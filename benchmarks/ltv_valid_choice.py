@@ -7,8 +7,9 @@ valid items, then the lower loss. On ``benchmarks/regression.py``'s tasks the fi
 is only the sign of the number, so the candidates can tie on accuracy and the choice falls to the
 tie-break. This script refits ``LTVValid()`` exactly as ``regression.py`` does (same task, seed 0,
 defaults) and writes every candidate's valid accuracy and loss, marking the one kept. One row per
-(model, task, candidate); the file is rewritten whole (it is a small diagnostic, not a grid of
-cells, and costs ~5 min per model × task on one thread).
+(model, task, candidate), keyed on the weight fingerprint, task hash, seed, ``LTVValid``'s settings
+and the numerics version; a rerun skips the keys already in the CSV and appends the rest
+(~5 min per model × task on one thread), and the md is rewritten from the whole CSV.
 """
 
 from __future__ import annotations
@@ -19,25 +20,27 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from _common import md_table
+from _common import append_rows_atomic, done_keys, md_table
 
 import sitelens as sl
 from sitelens.baselines import LTVValid
 from sitelens.io import atomic_write_text
 from sitelens.models import fingerprint, model_name
-from sitelens.provenance import task_hash
+from sitelens.provenance import NUMERICS_VERSION, settings_hash, task_hash
 from sitelens.regression import regression_task
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SIZES = dict(n_train=256, n_valid=64, n_test=128)  # regression.py's splits
+FIELDS = ["model", "fingerprint", "task", "task_hash", "seed", "method", "numerics_version", "key",
+          "layer", "rel_lam", "lam", "valid_first_token_acc", "valid_loss", "kept"]
 
 
-def choices(model, kind: str, dim: int, seed: int) -> list[dict]:
-    task = regression_task(kind, dim=dim, seed=seed, **SIZES)
-    fitted = LTVValid().fit(model, task, seed=seed)
+def choices(model, task, seed: int, key: str, method: LTVValid) -> list[dict]:
+    fitted = method.fit(model, task, seed=seed)
     kept = (fitted.meta["rel_lam"], fitted.state["layer"])
     return [{"model": model_name(model), "fingerprint": fingerprint(model), "task": task.name,
-             "task_hash": task_hash(task), "seed": seed, "layer": r["layer"],
+             "task_hash": task_hash(task), "seed": seed, "method": repr(method),
+             "numerics_version": NUMERICS_VERSION, "key": key, "layer": r["layer"],
              "rel_lam": r["rel_lam"], "lam": r["lam"], "valid_first_token_acc": r["valid_acc"],
              "valid_loss": r["valid_loss"], "kept": (r["rel_lam"], r["layer"]) == kept}
             for r in fitted.meta["lam_table"]]
@@ -70,16 +73,20 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "ltv_valid_choice.csv"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    rows = []
+    out, method = Path(args.out), LTVValid()
+    done = done_keys(out)
     for name in args.models.split(","):
         model = sl.load_model(name)
         for kind in args.kinds.split(","):
-            rows += choices(model, kind, args.dim, args.seed)
+            task = regression_task(kind, dim=args.dim, seed=args.seed, **SIZES)
+            key = settings_hash({"fingerprint": fingerprint(model), "task_hash": task_hash(task),
+                                 "seed": args.seed, "method": repr(method),
+                                 "numerics_version": NUMERICS_VERSION}, n=16)
+            if key not in done:
+                append_rows_atomic(out, FIELDS, choices(model, task, args.seed, key, method))
             print(f"{name} {kind}: done", file=sys.stderr, flush=True)
         del model
-    df = pd.DataFrame(rows)
-    out = Path(args.out)
-    atomic_write_text(out, df.to_csv(index=False))
+    df = pd.read_csv(out)
     atomic_write_text(out.with_suffix(".md"), report(df))
     print(report(df))
 
