@@ -24,8 +24,8 @@ import pandas as pd
 import torch
 from _common import PeakRSS, append_csv, md_table
 
-from sitelens.attention import enable_fast_attention
 from sitelens.models import DEFAULT_MODEL, encode, load_model, model_name, tiny_model
+from sitelens.models.attention import enable_fast_attention
 from sitelens.tasks import few_shot_prompts, load_task
 
 FIELDS = ["model", "task", "shots", "batch", "tokens", "path", "threads", "seconds", "peak_rss_gib",

@@ -28,13 +28,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from sitelens.bench import (
+from sitelens.pipelines.bench import (
     dntp_accuracy_correlation,
     dntp_accuracy_figure,
     read_results,
     summary_markdown,
 )
-from sitelens.export import write_figure_html
+from sitelens.viz.export import write_figure_html
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

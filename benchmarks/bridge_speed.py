@@ -6,11 +6,12 @@ runs the same work on both and reports the bridge/HookedTransformer ratio of eac
 part 5: target ≤ 1.2×):
 
 - ``fit``: :func:`sitelens.fit_site`, default configuration, seed 0 (stage 1 + stage 2);
-- ``evaluate``: :func:`sitelens.evaluate` of zero-shot, 10-shot ICL and SITE on the first
+- ``evaluate``: :func:`sitelens.eval.evaluate` of zero-shot, 10-shot ICL and SITE on the first
   ``--limit`` test items (seconds per item = seconds / items, all three methods);
 - ``patching``: :func:`sitelens.patching.intra_task` (top/bottom/random-k heads and the reverse,
   every k, first-token accuracy on a frozen prefix KV cache) on the same items;
-- ``effects``: :func:`sitelens.effects.head_causal_effects` (every head patched on ``--effect-prompts``
+- ``effects``: :func:`sitelens.patching.effects.head_causal_effects` (every head patched on
+  ``--effect-prompts``
   corrupted 10-shot prompts, on their frozen prefix KV caches).
 
 Each backend runs in its own process with its own venv: HookedTransformer from ``.venv``
@@ -67,10 +68,11 @@ def worker(args) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from sitelens import FitConfig, evaluate, fit_site, load_model, load_task
-    from sitelens.effects import head_causal_effects
+    from sitelens import FitConfig, fit_site, load_model, load_task
+    from sitelens.eval import evaluate
     from sitelens.models import kv
     from sitelens.patching import intra_task
+    from sitelens.patching.effects import head_causal_effects
 
     versions = {"transformer_lens": md.version("transformer-lens"),
                 "transformers": md.version("transformers")}

@@ -10,7 +10,7 @@ The cells come from the resumable CLI, one CSV per model (test split capped with
 
 ``--run-sweep-ltv`` adds the cells of ``LTV(layer="sweep", name="ltv-sweep")`` (the block chosen
 on the valid split, :mod:`sitelens.baselines.ltv`) to the same CSV through
-:func:`sitelens.bench.run_bench`, with the bench's keys and settings (the CLI takes registry
+:func:`sitelens.pipelines.bench.run_bench`, with the bench's keys and settings (the CLI takes registry
 names only). The report: per model, means over the tasks where every method finished, of
 full-label ranking accuracy (the headline for a closed label set), first-token label ranking,
 length-normalized ranking, the chance level, first-token accuracy and exact match of the greedy
@@ -26,8 +26,8 @@ from pathlib import Path
 import pandas as pd
 from _common import md_table
 
-from sitelens.bench import dntp_accuracy_correlation, read_results, summary_markdown
 from sitelens.io import atomic_write_text
+from sitelens.pipelines.bench import dntp_accuracy_correlation, read_results, summary_markdown
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -163,7 +163,7 @@ def main() -> None:
         import torch
 
         from sitelens.baselines import LTV
-        from sitelens.bench import run_bench
+        from sitelens.pipelines.bench import run_bench
         from sitelens.tasks import load_collection
 
         torch.set_num_threads(args.threads)

@@ -17,7 +17,7 @@ zero-shot prompt ``"Q: {x}\\nA:"``, so its last token is the position where ever
 acts. **Held out by source**: every fifth of those FV tasks (sorted by name) and ``cls/cr`` are
 used only for the held-out R²; the rest fit the maps.
 
-**The maps** (:mod:`sitelens.transfer`): an affine ridge map per pair of residual points (penalty
+**The maps** (:mod:`sitelens.pipelines.transfer`): an affine ridge map per pair of residual points (penalty
 chosen on 20% of the fitting texts), ``results/cross_model_r2.csv``: held-out R² for every
 (Gemma point, SmolLM2 point) pair, with the relative-depth pairs marked; and, per evaluation task,
 the R² of the relative-depth maps on that task's 50 ten-shot prompts
@@ -33,17 +33,17 @@ across —
   the same way, the SmolLM2 layer chosen on SmolLM2's validation items (as TV chooses its own);
   ``tv-transfer-shuffled``: ``tv-transfer`` through a map fitted on shuffled text pairs (control);
 - ``ltv-transfer``: Gemma's LTV map ``W`` carried as ``W' = A W B``, ``c = A W b_B``
-  (:func:`sitelens.transfer.transfer_linear`) at the same relative depth;
+  (:func:`sitelens.pipelines.transfer.transfer_linear`) at the same relative depth;
 - ``site-transfer``: Gemma's SITE embedding carried layer by layer (each SmolLM2 block gets the
   α = 1 write of the Gemma block at its relative depth, mapped and solved into per-head z through
-  SmolLM2's ``W_O``: :func:`sitelens.transfer.transfer_embedding`), α then fitted on SmolLM2 (SITE's
+  SmolLM2's ``W_O``: :func:`sitelens.pipelines.transfer.transfer_embedding`), α then fitted on SmolLM2 (SITE's
   stage 2 with that embedding: α is per head of the model it runs in);
   ``site-transfer-own-alpha``: the carried embedding through SmolLM2's own α (no fit);
   ``site-transfer-shuffled``: as ``site-transfer`` through maps fitted on shuffled text pairs.
 
 and, for reference, Gemma's own zero-shot, TV, LTV and SITE on Gemma. Accuracy: exact match and
 first-token accuracy; on ``cls/`` also the label-ranking accuracies and chance
-(:mod:`sitelens.labels`). ``results/cross_model.csv`` (a row per task × model × method, keyed on
+(:mod:`sitelens.eval.labels`). ``results/cross_model.csv`` (a row per task × model × method, keyed on
 every setting, LTV rows also on a hash of ``sitelens/baselines/ltv.py``),
 ``results/cross_model_items.csv`` (per item), ``results/cross_model_alpha_depth.csv`` (α mass
 per relative-depth decile, both models, from the committed α maps and from this run's SITE fits),
@@ -233,7 +233,7 @@ class Run:
     # -- states and maps -----------------------------------------------------------------------
 
     def text_states(self):
-        from sitelens.transfer import resid_states
+        from sitelens.pipelines.transfer import resid_states
 
         out = {}
         for side, model in (("src", self.src), ("dst", self.dst)):
@@ -248,7 +248,7 @@ class Run:
         """The R² grid (every pair) and the maps the transfers use (fitted on demand)."""
         import torch
 
-        from sitelens.transfer import fit_ridge_map, map_grid
+        from sitelens.pipelines.transfer import fit_ridge_map, map_grid
 
         S = self.text_states()
         self.S = S
@@ -256,7 +256,7 @@ class Run:
         grid = self.cache.get("r2_grid", {"base": self.base},
                               lambda: map_grid(S["src", "fit"], S["dst", "fit"], S["src", "held"],
                                                S["dst", "held"]))
-        from sitelens.transfer import corresponding_index
+        from sitelens.pipelines.transfer import corresponding_index
 
         grid = grid.assign(src_depth=grid.src_index / Ls, dst_depth=grid.dst_index / Ld,
                            relative_depth_pair=[corresponding_index(j, Ld, Ls) == i for i, j in
@@ -290,8 +290,8 @@ class Run:
     # -- fits ------------------------------------------------------------------------------------
 
     def states(self, side: str, task):
+        from sitelens.pipelines.transfer import task_states
         from sitelens.provenance import task_hash
-        from sitelens.transfer import task_states
 
         model = self.src if side == "src" else self.dst
         params = {"fp": self.fp[side], "task": task_hash(task), "n": self.sizes["n_prompts"],
@@ -336,7 +336,7 @@ class Run:
     # -- transfers -------------------------------------------------------------------------------
 
     def carried_embedding(self, task, embedding, shuffled: bool):
-        from sitelens.transfer import corresponding_layer, transfer_embedding
+        from sitelens.pipelines.transfer import corresponding_layer, transfer_embedding
 
         Ls, Ld = self.src.cfg.n_layers, self.dst.cfg.n_layers
         maps = {}
@@ -356,8 +356,8 @@ class Run:
         from sitelens.baselines.ltv import ltv_intervention
         from sitelens.baselines.tv import tv_intervention
         from sitelens.models import act_name
+        from sitelens.pipelines.transfer import corresponding_index, r2_score, transfer_linear, tv_fitted
         from sitelens.site import site_mix
-        from sitelens.transfer import corresponding_index, r2_score, transfer_linear, tv_fitted
 
         Ls, Ld = self.src.cfg.n_layers, self.dst.cfg.n_layers
         todo = [("src", m) for m in SRC_METHODS] + [("dst", m) for m in DST_METHODS]
@@ -457,9 +457,9 @@ class Run:
         return settings_hash(s, n=16)
 
     def score(self, side, coll, task, method, fitted, fit_s, extra, t0) -> None:
-        from sitelens.bench import score_fitted
-        from sitelens.labels import label_set
+        from sitelens.eval.labels import label_set
         from sitelens.models import model_name
+        from sitelens.pipelines.bench import score_fitted
 
         model = self.src if side == "src" else self.dst
         items = task.test[: self.args.limit]
@@ -489,11 +489,11 @@ class Run:
 
     def label_correct(self, model, task, items, fitted, labels):
         """Per item, whether the full-label ranking picks the target (None without labels), and
-        the label metrics of :data:`sitelens.bench.LABEL_METRICS` (as ``sitelens bench`` computes
-        them: :func:`sitelens.bench.label_metrics`, from the same ranks)."""
-        from sitelens.bench import LABEL_METRICS
-        from sitelens.evaluate import rank_labels
-        from sitelens.labels import nan_mean
+        the label metrics of :data:`sitelens.pipelines.bench.LABEL_METRICS` (as ``sitelens bench`` computes
+        them: :func:`sitelens.pipelines.bench.label_metrics`, from the same ranks)."""
+        from sitelens.eval.evaluate import rank_labels
+        from sitelens.eval.labels import nan_mean
+        from sitelens.pipelines.bench import LABEL_METRICS
 
         if labels is None:
             return [None] * len(items), dict.fromkeys(LABEL_METRICS, float("nan"))
@@ -528,7 +528,7 @@ class Run:
     def task_r2(self, coll, task) -> None:
         """R² of the relative-depth maps on the task's own ten-shot prompts (both models read the
         same 50 prompts)."""
-        from sitelens.transfer import corresponding_index, r2_score
+        from sitelens.pipelines.transfer import corresponding_index, r2_score
 
         path = self.out / "cross_model_r2_tasks.csv"
         key = f"{task.name}:{self.prov['texts_hash']}:{self.fp['src']}:{self.fp['dst']}"
@@ -638,8 +638,8 @@ def _pct(x) -> str:
 
 
 def report(args) -> str:
+    from sitelens.eval.metrics import bootstrap_ci
     from sitelens.io import atomic_write_csv, atomic_write_text
-    from sitelens.metrics import bootstrap_ci
 
     out = Path(args.out)
     lines = ["# Cross-model transfer: Gemma-3-270M → SmolLM2-135M", "",

@@ -63,7 +63,8 @@ def run(args) -> Path:
 def profile(args) -> str:
     """Where the seconds of one fit go: stage 1, and stage 2 split into the frozen prefix caches,
     the forward passes (training batches and validation) and the backward passes."""
-    from sitelens import load_model, load_task, site, training
+    from sitelens import load_model, load_task, site
+    from sitelens.site import training
 
     torch.set_num_threads(args.threads)
     model = load_model(args.model)

@@ -30,10 +30,10 @@ import numpy as np
 import pandas as pd
 from _common import md_table
 
+from sitelens.eval.metrics import bootstrap_ci, correlation
 from sitelens.lenses import HeadScores
 from sitelens.lenses.compare import _top, certify_top_k, lens_agreement
 from sitelens.lenses.plots import agreement_matrix, alpha_uncertainty, lens_maps
-from sitelens.metrics import bootstrap_ci, correlation
 
 FAST = ("alpha", "alpha-official", "alpha-grad", "atp", "atp-star", "ablation-mean",
         "ablation-zero", "dla")
@@ -168,8 +168,8 @@ def schedule(units, k: int = 10) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFra
 
 
 def write_report(out: Path, figures: Path, k: int = 10, heatmap_task: str = "antonym") -> None:
-    from sitelens.export import FigureWriter
     from sitelens.io import atomic_write_csv, atomic_write_text
+    from sitelens.viz.export import FigureWriter
 
     units = load_units(out)
     if not units:

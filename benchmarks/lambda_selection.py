@@ -4,10 +4,10 @@ for a sweep of λ, with the settings of the figures pipeline.
     python benchmarks/lambda_selection.py --threads 1                 # SmolLM2, antonym, λ 0..10
     python benchmarks/lambda_selection.py --tiny --out /tmp/lam       # smoke test (not a benchmark)
 
-Every λ is fitted exactly as ``sitelens.figures.fit_cell`` fits a cell (stage 1 once with
+Every λ is fitted exactly as ``sitelens.pipelines.figures.fit_cell`` fits a cell (stage 1 once with
 ``task_embedding(n_prompts, n_shots, seed)``, then ``fit_site(..., config=FitConfig(lr,
 n_examples, batch_size, sparsity=λ, seed), embedding=...)``, sizes from
-``sitelens.figures.FigureConfig()``), and scored with ``sitelens.patching.intra_task`` at the
+``sitelens.pipelines.figures.FigureConfig()``), and scored with ``sitelens.patching.intra_task`` at the
 figures' ks (``intra_ks``: 1, 2, 4, …, all heads, 10 and 5% of the heads) plus ``--extra-ks``
 (default 13, the "top-13" an earlier version of the README quoted), on the first ``limit`` test
 items. Nothing is read from ``figures/.runs``.
@@ -105,7 +105,7 @@ def write_md(df: pd.DataFrame, path: Path, *, csv_name: str, command: str, tiny:
         "",
         md_table(pd.DataFrame(table)),
         "",
-        "k = 14 is the figures' \"top 5% of heads\" (`sitelens.figures.gap_k(\"5%\", 270)`); "
+        "k = 14 is the figures' \"top 5% of heads\" (`sitelens.pipelines.figures.gap_k(\"5%\", 270)`); "
         "k = 13 is what an earlier README quoted. Every k of `intra_ks` (and the reverse "
         "`full_minus_top/bottom` conditions, with 95% bootstrap CIs) is in "
         f"[`{csv_name}`]({csv_name}).",
@@ -146,9 +146,9 @@ def _figures_check(df: pd.DataFrame) -> list[str]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    from sitelens.figures import FigureConfig, intra_ks
     from sitelens.models import fingerprint, load_model, model_name, tiny_model
     from sitelens.patching import intra_task
+    from sitelens.pipelines.figures import FigureConfig, intra_ks
     from sitelens.provenance import NUMERICS_VERSION, settings_hash, task_hash
     from sitelens.site import FitConfig, fit_site, task_embedding
     from sitelens.tasks import load_task
@@ -187,7 +187,7 @@ def main(argv=None) -> int:
         if lam in done:
             print(f"λ={lam:g}: already in {csv_path.name}, skipped", flush=True)
             continue
-        if emb is None:  # stage 1, shared across λ (as in sitelens.figures)
+        if emb is None:  # stage 1, shared across λ (as in sitelens.pipelines.figures)
             emb = task_embedding(model, task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots,
                                  seed=cfg.seed)  # [n_layers, n_heads, d_head]
         load = os.getloadavg()[0]

@@ -31,12 +31,13 @@ time around those defaults:
 
 Scoring. An LTV-style intervention acts at the last prompt token only (prefill), so the answer
 position's distribution is a one-position forward pass over a frozen prefix KV cache of the
-zero-shot test prompts (:class:`sitelens.training.LastTokenSet`, as the layer choice of TV and
+zero-shot test prompts (:class:`sitelens.site.training.LastTokenSet`, as the layer choice of TV and
 ``LTV(layer="sweep")``): per cell, ``first_token_acc`` (argmax = the gold answer's first token),
 ``label_acc_first`` (the label whose first token has the highest logit is the gold one) and dNTP
-against the same 10-shot ICL reference as ``sitelens bench`` (:func:`sitelens.bench.reference_logits`),
+against the same 10-shot ICL reference as ``sitelens bench``
+(:func:`sitelens.pipelines.bench.reference_logits`),
 on the first ``--limit`` test items. The ``full`` grid scores the default and the chosen block
-(every variant) with :func:`sitelens.bench.score_fitted` instead, the bench's whole code path:
+(every variant) with :func:`sitelens.pipelines.bench.score_fitted` instead, the bench's whole code path:
 greedy generation (exact match), full-label and length-normalized ranking with the chance level;
 its first-token numbers must agree with the cheap path's (checked on each run). Diagnostics per
 cell: ``rel_lam`` = λ / (tr XᵀX / d) (λ in units of the mean eigenvalue of the queries' Gram
@@ -68,15 +69,15 @@ import sitelens as sl
 from sitelens.baselines import LTVValid, get_method
 from sitelens.baselines.base import Fitted, HookIntervention, last_token_hook, select_layer
 from sitelens.baselines.ltv import SWEEP_N_VALID, ltv_data, ltv_intervention, ridge_closed_form
-from sitelens.bench import reference_logits, score_fitted
+from sitelens.eval.labels import continuation_ids, label_set
+from sitelens.eval.metrics import dntp_per_item
 from sitelens.io import atomic_write, atomic_write_text, locked
-from sitelens.labels import continuation_ids, label_set
-from sitelens.metrics import dntp_per_item
 from sitelens.models import act_name, fingerprint, model_name
+from sitelens.pipelines.bench import reference_logits, score_fitted
 from sitelens.provenance import NUMERICS_VERSION, settings_hash, task_hash
 from sitelens.site import capture_last
+from sitelens.site.training import LastTokenSet, valid_items
 from sitelens.tasks import few_shot_prompts, load_task, zero_shot_prompt
-from sitelens.training import LastTokenSet, valid_items
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -107,7 +108,7 @@ def read_rows(path: Path) -> pd.DataFrame:
 
 
 def append(path: Path, row: dict) -> None:
-    """One row, under the lock, by an atomic rewrite (as :func:`sitelens.bench.append_row`)."""
+    """One row, under the lock, by an atomic rewrite (as :func:`sitelens.pipelines.bench.append_row`)."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
     with locked(path):

@@ -27,7 +27,7 @@ from sitelens.baselines import LTVValid
 from sitelens.io import atomic_write_text
 from sitelens.models import fingerprint, model_name
 from sitelens.provenance import NUMERICS_VERSION, settings_hash, task_hash
-from sitelens.regression import regression_task
+from sitelens.tasks.regression import regression_task
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SIZES = dict(n_train=256, n_valid=64, n_test=128)  # regression.py's splits

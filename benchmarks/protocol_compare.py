@@ -59,7 +59,8 @@ def _done(path: Path) -> set[tuple[str, str]]:
 
 
 def run(args) -> None:
-    from sitelens import FitConfig, evaluate, fit_site, load_model, load_task, summarize
+    from sitelens import FitConfig, fit_site, load_model, load_task, summarize
+    from sitelens.eval import evaluate
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)

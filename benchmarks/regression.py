@@ -5,7 +5,7 @@ on seeded linear and ReLU regression tasks, on both bundled models.
     python benchmarks/regression.py --report               # regression.md from the CSVs only
     python benchmarks/regression.py --tiny --out /tmp/reg  # smoke test on a tiny random model
 
-Tasks (:func:`sitelens.regression.regression_task`; its docstring has the function classes and the
+Tasks (:func:`sitelens.tasks.regression.regression_task`; its docstring has the function classes and the
 text format): ``kind`` in ``--kinds`` (linear, relu), ``dim=--dim`` (2) inputs, two decimals,
 seeds ``--seeds`` (0, 1; the seed draws the function and the points, and seeds every fit and
 the demonstrations; more seeds append cells), 256 train / 64 valid / 128 test items; **the test
@@ -14,10 +14,10 @@ split is capped at the first ``--limit`` (100) items** of each task.
 Methods: the :mod:`sitelens.baselines` defaults (``ZeroShot``, ``ICL(n_shots=10)``, ``TV``,
 ``LTV``, ``LTVValid`` (``ltv-valid``: λ chosen on valid in Gram units), ``SITE``), fitted on the
 task's train/valid splits (TV and SITE from one shared stage-1
-capture, :func:`sitelens.transfer.task_states`: the same prompts and tensors as their own fits)
+capture, :func:`sitelens.pipelines.transfer.task_states`: the same prompts and tensors as their own fits)
 and answered greedily on zero-shot prompts (ICL: 10-shot prompts) by
-:func:`sitelens.evaluate.run_method`. Answers are scored by
-:func:`sitelens.regression.regression_mse`: the first number of the first line; an answer
+:func:`sitelens.eval.evaluate.run_method`. Answers are scored by
+:func:`sitelens.tasks.regression.regression_mse`: the first number of the first line; an answer
 without a number is counted (``n_unparsed``) and scored as the train mean. Two references need no model:
 ``train-mean`` (the constant train mean, what an unparseable answer is scored as) and ``ols-k``
 (least squares with an intercept on the very ``n_shots`` demonstrations that item's ICL prompt
@@ -29,7 +29,7 @@ seed, shots, limit, template, numerics version and, for LTV, a hash of ``sitelen
 — LTV is being redefined, so each LTV row says which version made it) and
 ``results/regression_items.csv`` (a row per test item: target, answer, parsed value, squared
 error), appended as each cell finishes. ``results/regression.md``: MSE with 95% bootstrap CIs over
-items (:func:`sitelens.metrics.bootstrap_ci`), unparseable answers, first-token accuracy.
+items (:func:`sitelens.eval.metrics.bootstrap_ci`), unparseable answers, first-token accuracy.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def ltv_source() -> str:
 
 
 def make_task(args, kind: str, seed: int):
-    from sitelens.regression import regression_task
+    from sitelens.tasks.regression import regression_task
 
     sizes = dict(n_train=40, n_valid=8, n_test=8) if args.tiny else dict(n_train=256, n_valid=64, n_test=128)
     return regression_task(kind, dim=args.dim, seed=seed, **sizes)
@@ -127,8 +127,8 @@ def settings(args, model, task, kind, seed, method_name, method_params) -> dict:
 
 def item_errors(predictions, targets, fallback: float) -> tuple[list, np.ndarray]:
     """Per item: the parsed value (None when unparseable) and the squared error as
-    :func:`sitelens.regression.regression_mse` scores it."""
-    from sitelens.regression import parse_number
+    :func:`sitelens.tasks.regression.regression_mse` scores it."""
+    from sitelens.tasks.regression import parse_number
 
     values = [parse_number(p) for p in predictions]
     err = np.array([((fallback if v is None else v) - float(t)) ** 2 for v, t in zip(values, targets)])
@@ -137,8 +137,8 @@ def item_errors(predictions, targets, fallback: float) -> tuple[list, np.ndarray
 
 def score_rows(base: dict, task, items, predictions, first_ok, fallback, *, fit_seconds=0.0,
                seconds_per_item=0.0):
-    from sitelens.metrics import bootstrap_ci
-    from sitelens.regression import regression_mse
+    from sitelens.eval.metrics import bootstrap_ci
+    from sitelens.tasks.regression import regression_mse
 
     targets = [ex.output for ex in items]
     score = regression_mse(predictions, targets, fallback=fallback)
@@ -159,8 +159,8 @@ def reference_predictions(task, items, method: str, n_shots: int, seed: int) -> 
     """``train-mean``: the constant train mean; ``ols-k``: least squares with an intercept on the
     ``n_shots`` demonstrations that the item's ICL prompt shows (the same draw as
     :func:`sitelens.tasks.few_shot_prompts` with ``seed``: ``ICL.fit(seed=seed)``'s prompts)."""
-    from sitelens.regression import parse_point, train_mean
     from sitelens.tasks import sample_demos
+    from sitelens.tasks.regression import parse_point, train_mean
 
     if method == "train-mean":
         return [repr(train_mean(task))] * len(items)
@@ -176,12 +176,12 @@ def reference_predictions(task, items, method: str, n_shots: int, seed: int) -> 
 
 
 def fit_method(model, task, method, seed: int, shared: dict):
-    """``method.fit``; TV and SITE share one stage-1 capture (:func:`sitelens.transfer.task_states`,
+    """``method.fit``; TV and SITE share one stage-1 capture (:func:`sitelens.pipelines.transfer.task_states`,
     the very prompts and tensors of ``TV.fit`` and SITE's stage 1, tested equal), kept in
     ``shared`` with its seconds, which count in both fits' ``fit_seconds``."""
     from sitelens.baselines import SITE, TV, Fitted
+    from sitelens.pipelines.transfer import task_states, tv_fitted
     from sitelens.site import fit_site
-    from sitelens.transfer import task_states, tv_fitted
 
     if not isinstance(method, (TV, SITE)) or (isinstance(method, TV) and method.layers is not None):
         return method.fit(model, task, seed=seed)
@@ -203,9 +203,9 @@ def fit_method(model, task, method, seed: int, shared: dict):
 
 def run_method_cell(args, model, task, method, items, base, shared):
     from sitelens.errors import SitelensError
-    from sitelens.evaluate import run_method
-    from sitelens.regression import train_mean
+    from sitelens.eval.evaluate import run_method
     from sitelens.tasks import DEFAULT_TEMPLATE
+    from sitelens.tasks.regression import train_mean
 
     t0 = time.perf_counter()
     try:
@@ -226,7 +226,7 @@ def run(args) -> None:
 
     from sitelens.models import load_model, tiny_model
     from sitelens.provenance import canonical
-    from sitelens.regression import train_mean
+    from sitelens.tasks.regression import train_mean
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -282,7 +282,7 @@ def latest(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def pooled(items: pd.DataFrame, keys: list[str]) -> dict:
-    from sitelens.metrics import bootstrap_ci, correlation
+    from sitelens.eval.metrics import bootstrap_ci, correlation
 
     sel = items[items["key"].isin(keys)]
     err = sel["sq_err"].to_numpy(float)

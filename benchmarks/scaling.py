@@ -31,9 +31,9 @@ Stages (each timed around the library's own function; per-unit costs are what th
 - ``stage1``: :func:`sitelens.site.task_embedding` over few-shot prompts of ~L tokens; per prompt.
 - ``stage2``: :func:`sitelens.site.fit_alpha` (batch 8, zero-shot prompts of ~L tokens); per step,
   read from the model-call timestamps of the step passes only (the prefix caches are excluded).
-- ``generate``: :func:`sitelens.evaluate.run_method` with the SITE injection (``site_mix``),
+- ``generate``: :func:`sitelens.eval.evaluate.run_method` with the SITE injection (``site_mix``),
   zero-shot prompts of ~L tokens, exactly ``new_tokens`` new tokens; per item.
-- ``patching``: :func:`sitelens.effects.head_causal_effects` (exact, batched), corrupted few-shot
+- ``patching``: :func:`sitelens.patching.effects.head_causal_effects` (exact, batched), corrupted few-shot
   prompts of ~L tokens; per head and prompt.
 - ``atp``: :func:`sitelens.lenses.attribution_patching`; per head and prompt.
 - ``alpha_grad``: :func:`sitelens.lenses.alpha_gradient` (zero-shot prompts of ~L tokens); per
@@ -229,8 +229,8 @@ def build_model(name: str, cfg_fields: dict, *, n_ctx: int, device: str, dtype: 
     import torch
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-    from sitelens.attention import enable_fast_attention
     from sitelens.models import fast_layout, resolve_dtype, self_check, tiny_tokenizer
+    from sitelens.models.attention import enable_fast_attention
 
     torch_dtype = resolve_dtype(dtype)
     cfg = HookedTransformerConfig(
@@ -295,10 +295,10 @@ def run_stage(model, stage: str, length: int, sizes: dict, sync) -> dict:
     timing (``wall``/``cpu``) that replaces the timing around the whole call."""
     import torch
 
-    from sitelens.effects import head_causal_effects
-    from sitelens.evaluate import Protocol, run_method
+    from sitelens.eval.evaluate import Protocol, run_method
     from sitelens.lenses import alpha_gradient, attribution_patching
     from sitelens.models import encode
+    from sitelens.patching.effects import head_causal_effects
     from sitelens.site import FitConfig, fit_alpha, site_mix, task_embedding
     from sitelens.tasks import embedding_prompts, zero_shot_prompt
 
@@ -346,7 +346,7 @@ def run_stage(model, stage: str, length: int, sizes: dict, sync) -> dict:
         n = sizes["patch_prompts"]
         _, st = head_causal_effects(model, few, embedding=emb, n_prompts=n, n_shots=N_SHOTS,
                                     return_stats=True)
-        from sitelens.effects import corrupted_prompts
+        from sitelens.patching.effects import corrupted_prompts
 
         prompts, _ = corrupted_prompts(model, few, n_prompts=n, n_shots=N_SHOTS)
         return dict(units=st["n_heads_total"] * n, tokens=tokens(prompts),
@@ -354,7 +354,7 @@ def run_stage(model, stage: str, length: int, sizes: dict, sync) -> dict:
     if stage == "atp":
         n = sizes["atp_prompts"]
         hs = attribution_patching(model, few, embedding=emb, n_prompts=n, n_shots=N_SHOTS, n_boot=0)
-        from sitelens.effects import corrupted_prompts
+        from sitelens.patching.effects import corrupted_prompts
 
         prompts, _ = corrupted_prompts(model, few, n_prompts=n, n_shots=N_SHOTS)
         return dict(units=L * H * n, tokens=tokens(prompts),
@@ -813,7 +813,7 @@ def write_plot(ok, fits: dict, ycol: str, mcol: str, basis: str, stem: Path, *, 
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from sitelens.export import write_figure_html
+    from sitelens.viz.export import write_figure_html
 
     panels = [s for s in STAGES if s in set(ok.stage)] + ["memory"]
     cols = 4

@@ -1,6 +1,6 @@
 """Shot counts that fit the context: prompt token lengths of every task of the cls, bbh, mmlu_pro
 and anli collections with each bundled tokenizer, and the largest k ≤ 10 whose k-shot prompts
-plus the 32 tokens of generation fit n_ctx = 2048 (:func:`sitelens.shots.shots_that_fit`).
+plus the 32 tokens of generation fit n_ctx = 2048 (:func:`sitelens.tasks.shots.shots_that_fit`).
 
     python benchmarks/shot_counts.py [--datasets ../shared/datasets]
         # writes results/shot_counts.csv (one row per model × task) and shot_counts.md
@@ -25,8 +25,8 @@ import sitelens as sl
 from sitelens.io import atomic_write_text
 from sitelens.models import fingerprint
 from sitelens.provenance import task_hash
-from sitelens.shots import MAX_SHOTS, RESERVE, guaranteed_lengths, seeded_lengths, shots_that_fit
 from sitelens.tasks import load_collection
+from sitelens.tasks.shots import MAX_SHOTS, RESERVE, guaranteed_lengths, seeded_lengths, shots_that_fit
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -66,7 +66,7 @@ def markdown(df: pd.DataFrame) -> str:
         "# Shot counts that fit the context", "",
         f"`python benchmarks/shot_counts.py` ({time.strftime('%Y-%m-%d')}). The largest k ≤ "
         f"{MAX_SHOTS} such that every k-shot prompt plus {RESERVE} generated tokens fits "
-        f"n_ctx = {N_CTX} (`sitelens.shots.shots_that_fit`). **k** holds for every seed (the k "
+        f"n_ctx = {N_CTX} (`sitelens.tasks.shots.shots_that_fit`). **k** holds for every seed (the k "
         "longest demonstrations + the longest query of any split, tokenized whole); "
         "**k (seed 0)** only for the prompts a bench run with seed 0 builds for the test split. "
         "One k per collection: the smallest over its tasks, so that one shot count serves "

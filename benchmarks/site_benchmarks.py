@@ -9,8 +9,9 @@ Steps (each resumable; run one model per process, niced, one thread):
     python benchmarks/site_benchmarks.py run    --model MODEL   # the grid -> site_benchmarks_{model}.csv
     python benchmarks/site_benchmarks.py report                 # -> site_benchmarks.md
 
-Cells are ``sitelens bench`` cells: the same settings, resume keys (:func:`sitelens.bench.cell_key`),
-columns and scoring (:func:`sitelens.bench.score_fitted`: greedy exact match, first-token accuracy
+Cells are ``sitelens bench`` cells: the same settings, resume keys
+(:func:`sitelens.pipelines.bench.cell_key`),
+columns and scoring (:func:`sitelens.pipelines.bench.score_fitted`: greedy exact match, first-token accuracy
 and, on tasks with a closed label set, label-ranking accuracy and the chance level). The one
 difference from ``run_bench``: the k-shot ICL reference distribution for dNTP is not computed (it
 is a second k-shot pass over every test item, which this CPU budget does not allow); those rows
@@ -49,7 +50,10 @@ import pandas as pd
 import torch
 
 from sitelens.baselines import IA3, ICL, SITE, LoRA, ZeroShot
-from sitelens.bench import (
+from sitelens.errors import SitelensError
+from sitelens.eval.labels import label_set
+from sitelens.models import load_model, token_ids
+from sitelens.pipelines.bench import (
     LABEL_METRICS,
     append_row,
     cell_key,
@@ -57,9 +61,6 @@ from sitelens.bench import (
     read_results,
     score_fitted,
 )
-from sitelens.errors import SitelensError
-from sitelens.labels import label_set
-from sitelens.models import load_model, token_ids
 from sitelens.tasks import DEFAULT_TEMPLATE, embedding_prompts, few_shot_prompts, load_task
 
 HERE = Path(__file__).resolve().parent

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 from _common import PeakRSS, append_csv
 
-from sitelens.bench import FV_EXTRACTIVE
+from sitelens.pipelines.bench import FV_EXTRACTIVE
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -44,7 +44,8 @@ def _done(path: Path) -> set[tuple[str, str, str]]:
 
 
 def run(args) -> None:
-    from sitelens import FitConfig, evaluate, fit_site, load_model, load_task, summarize
+    from sitelens import FitConfig, fit_site, load_model, load_task, summarize
+    from sitelens.eval import evaluate
 
     torch.set_num_threads(args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ relative ``<script charset="utf-8" src="plotly.min.js">`` (dropping its ``integr
 ``crossorigin``: a crossorigin script is a CORS request, which a browser refuses for a page opened
 from disk) and puts one copy of plotly.js (from the installed plotly package, written atomically,
 only if absent or different) into each folder that holds HTML figures — the same layout
-:func:`sitelens.export.write_figure_html` produces for new figures. Nothing else in the files (nor
+:func:`sitelens.viz.export.write_figure_html` produces for new figures. Nothing else in the files (nor
 the ``.csv`` / ``.png`` beside them) changes; a second run changes nothing.
 
     python scripts/offline_figures.py            # figures/ and benchmarks/results/
@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from sitelens.export import PLOTLYJS_NAME, ensure_plotlyjs  # noqa: E402
 from sitelens.io import atomic_write_text  # noqa: E402
+from sitelens.viz.export import PLOTLYJS_NAME, ensure_plotlyjs  # noqa: E402
 
 DEFAULT_ROOTS = ("figures", "benchmarks/results")
 # plotly's CDN script tag, e.g. <script charset="utf-8" src="https://cdn.plot.ly/plotly-4.1.1.min.js"

@@ -7,8 +7,8 @@ baselines, patching and analysis, head-importance lenses, bench and figures, pro
 The modules behind the names hold more (``sitelens.models``, ``sitelens.patching``,
 ``sitelens.lenses``, ...; see the API reference).
 
-Plots need plotly, which ``import sitelens`` does not load: :mod:`sitelens.plotting`,
-:mod:`sitelens.figures`, :func:`make_figures` and :class:`FigureConfig` are imported on first
+Plots need plotly, which ``import sitelens`` does not load: :mod:`sitelens.viz.plotting`,
+:mod:`sitelens.pipelines.figures`, :func:`make_figures` and :class:`FigureConfig` are imported on first
 access (``sl.plotting.alpha_heatmap``, ``from sitelens import make_figures``).
 """
 
@@ -17,11 +17,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from sitelens import baselines, lenses, metrics, patching
-from sitelens.attention import enable_fast_attention, fast_attention_enabled
+from sitelens import baselines, deprecations, lenses, patching
 from sitelens.baselines import Fitted, HookIntervention, Method, available_methods, get_method
-from sitelens.bench import BenchConfig, run_bench, summary_markdown
-from sitelens.effects import EffectsConfig, head_causal_effects
 from sitelens.errors import (
     AdapterError,
     ExecutorError,
@@ -35,7 +32,8 @@ from sitelens.errors import (
     TokenizationError,
     UsageError,
 )
-from sitelens.evaluate import (
+from sitelens.eval import metrics
+from sitelens.eval.evaluate import (
     Protocol,
     evaluate,
     exact_match,
@@ -43,10 +41,9 @@ from sitelens.evaluate import (
     last_logits,
     summarize,
 )
-from sitelens.injection import HeadMix, apply_hooks, head_mask
-from sitelens.labels import LabelSet, label_set
+from sitelens.eval.labels import LabelSet, label_set
+from sitelens.eval.metrics import bootstrap_ci, dntp
 from sitelens.lenses import HeadScores, head_scores
-from sitelens.metrics import bootstrap_ci, dntp
 from sitelens.models import (
     DEFAULT_MODEL,
     available_models,
@@ -57,6 +54,7 @@ from sitelens.models import (
     tiny_model,
     z_hook_name,
 )
+from sitelens.models.attention import enable_fast_attention, fast_attention_enabled
 from sitelens.patching import (
     alpha_similarity,
     effect_alpha_correlation,
@@ -64,9 +62,11 @@ from sitelens.patching import (
     intra_task,
     transfer_similarity_correlation,
 )
+from sitelens.patching.effects import EffectsConfig, head_causal_effects
+from sitelens.pipelines.bench import BenchConfig, run_bench, summary_markdown
 from sitelens.provenance import NUMERICS_VERSION
-from sitelens.regression import regression_mse, regression_task
 from sitelens.site import FitConfig, SiteAdapter, fit_alpha, fit_site, task_embedding
+from sitelens.site.injection import HeadMix, apply_hooks, head_mask
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,
     Example,
@@ -80,20 +80,25 @@ from sitelens.tasks import (
     task_from_pairs,
     zero_shot_prompt,
 )
+from sitelens.tasks.regression import regression_mse, regression_task
 
 if TYPE_CHECKING:  # imported on first access (they load plotly); see __getattr__
-    from sitelens import atlas, figures, plotting
+    from sitelens import atlas
     from sitelens.atlas import explore
-    from sitelens.figures import FigureConfig, make_figures
+    from sitelens.pipelines import figures
+    from sitelens.pipelines.figures import FigureConfig, make_figures
+    from sitelens.viz import plotting
 
 __version__ = "0.1.0"
 
+deprecations.install()  # the old module paths (sitelens.bench, sitelens.plotting, ...) as aliases
+
 # name -> (module, attribute; None for the module itself), imported on first access
 _LAZY = {
-    "plotting": ("sitelens.plotting", None),
-    "figures": ("sitelens.figures", None),
-    "make_figures": ("sitelens.figures", "make_figures"),
-    "FigureConfig": ("sitelens.figures", "FigureConfig"),
+    "plotting": ("sitelens.viz.plotting", None),
+    "figures": ("sitelens.pipelines.figures", None),
+    "make_figures": ("sitelens.pipelines.figures", "make_figures"),
+    "FigureConfig": ("sitelens.pipelines.figures", "FigureConfig"),
     "atlas": ("sitelens.atlas", None),
     "explore": ("sitelens.atlas", "explore"),
 }

@@ -45,4 +45,4 @@ class UsageError(SitelensError, ValueError):
 
 class ExecutorError(SitelensError, RuntimeError):
     """A sweep executor that cannot run: a bad ``--executor`` value, Ray not installed or not
-    reachable, a cell whose worker kept dying (:mod:`sitelens.executors`)."""
+    reachable, a cell whose worker kept dying (:mod:`sitelens.pipelines.executors`)."""

@@ -1,11 +1,10 @@
-"""The fused attention fast path (sitelens.attention) against TransformerLens's own attention."""
+"""The fused attention fast path (sitelens.models.attention) against TransformerLens's own attention."""
 
 import pytest
 import torch
 from tolerances import assert_activations_close, assert_logits_close, assert_logprobs_close
 
-from sitelens.attention import enable_fast_attention, fast_attention_enabled, supports_fast_path
-from sitelens.evaluate import greedy_generate
+from sitelens.eval.evaluate import greedy_generate
 from sitelens.models import (
     encode,
     has_hooked_transformer,
@@ -14,6 +13,7 @@ from sitelens.models import (
     prefix_cache,
     tiny_model,
 )
+from sitelens.models.attention import enable_fast_attention, fast_attention_enabled, supports_fast_path
 
 pytestmark = pytest.mark.skipif(not has_hooked_transformer(), reason="HookedTransformer only")
 

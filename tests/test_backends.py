@@ -9,8 +9,7 @@ import torch
 from tolerances import assert_activations_close, assert_logits_close
 
 from sitelens import HeadMix, ModelError, encode, load_model, tiny_model, z_hook_name
-from sitelens.evaluate import greedy_generate, last_logits
-from sitelens.injection import apply_hooks
+from sitelens.eval.evaluate import greedy_generate, last_logits
 from sitelens.models import (
     has_hooked_transformer,
     is_bridge,
@@ -21,6 +20,7 @@ from sitelens.models import (
     tiny_tokenizer,
 )
 from sitelens.site import last_token_z
+from sitelens.site.injection import apply_hooks
 
 
 def test_z_hook_fires_with_its_own_name_and_shape(tiny):
@@ -120,7 +120,8 @@ def test_bridge_never_enables_compatibility_mode(monkeypatch):
         raise AssertionError("enable_compatibility_mode() was called")
 
     monkeypatch.setattr(TransformerBridge, "enable_compatibility_mode", forbidden)
-    from sitelens import FitConfig, evaluate, fit_site, load_task
+    from sitelens import FitConfig, fit_site, load_task
+    from sitelens.eval import evaluate
 
     model = tiny_model(backend="bridge")
     task = load_task("antonym")

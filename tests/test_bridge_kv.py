@@ -21,8 +21,7 @@ from tolerances import assert_activations_close, assert_logits_close
 
 import sitelens.models.kv as KV
 from sitelens import HeadMix, ModelError
-from sitelens.evaluate import greedy_generate
-from sitelens.injection import apply_hooks
+from sitelens.eval.evaluate import greedy_generate
 from sitelens.models import (
     BridgeKVCache,
     RecomputeCache,
@@ -36,6 +35,7 @@ from sitelens.models import (
     tiny_model,
 )
 from sitelens.models.kv import hf_seq_length
+from sitelens.site.injection import apply_hooks
 
 pytestmark = pytest.mark.skipif("bridge" not in BACKENDS, reason="TransformerBridge only")
 

@@ -13,7 +13,13 @@ import plotly.graph_objects as go
 import pytest
 from browser_util import file_url
 
-from sitelens.export import PLOTLYJS_NAME, FigureWriter, ensure_plotlyjs, plotlyjs_bytes, write_figure_html
+from sitelens.viz.export import (
+    PLOTLYJS_NAME,
+    FigureWriter,
+    ensure_plotlyjs,
+    plotlyjs_bytes,
+    write_figure_html,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "offline_figures.py"

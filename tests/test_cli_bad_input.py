@@ -431,7 +431,7 @@ EXPLICIT = [
     ("seed-too-big", BASE["eval"] + ["--seed", str(2**32)], ["--seed"], None),
     ("threads-0", BASE["bench"] + ["--threads", "0"], ["--threads"], None),
     ("n-ctx-0", BASE["bench"] + ["--n-ctx", "0"], ["--n-ctx"], None),
-    # --executor (sitelens.executors.parse_executor): checked while parsing, nothing started
+    # --executor (sitelens.pipelines.executors.parse_executor): checked while parsing, nothing started
     ("bench-executor-processes-0", BASE["bench"] + ["--executor", "processes:0"],
      ["argument --executor", "processes:N needs N in 1..1024, got '0'"], None),
     ("bench-executor-ray-not-an-address", BASE["bench"] + ["--executor", "ray:not-an-address"],

@@ -4,7 +4,8 @@ the global RNG state and of which model instance is used); another seed -> anoth
 import pandas as pd
 import torch
 
-from sitelens import FitConfig, evaluate, fit_site, load_task, tiny_model
+from sitelens import FitConfig, fit_site, load_task, tiny_model
+from sitelens.eval import evaluate
 
 CFG = dict(n_prompts=6, n_shots=2)
 

@@ -44,10 +44,8 @@ from conftest import BACKENDS
 from tolerances import assert_within, unit_roundoff
 
 import sitelens as sl
-from sitelens import site as site_module
-from sitelens.evaluate import last_logits
-from sitelens.injection import HeadMix
-from sitelens.metrics import dntp
+from sitelens.eval.evaluate import last_logits
+from sitelens.eval.metrics import dntp
 from sitelens.models import (
     ATTENTION_BUDGET_BYTES,
     SELECT_BUDGET_BYTES,
@@ -65,6 +63,8 @@ from sitelens.models import (
 )
 from sitelens.models import devices as devices_module
 from sitelens.site import FitConfig, alpha_logit_rows, first_token_loss, fit_alpha, site_mix
+from sitelens.site import core as site_module
+from sitelens.site.injection import HeadMix
 from sitelens.tasks import few_shot_prompts, zero_shot_prompt
 
 BF16 = torch.bfloat16
@@ -221,7 +221,7 @@ def test_deferred_reads_give_the_same_run(monkeypatch, keep):
     """Off the CPU the training runner reads the losses back only at checks. Forced on here (the
     path a GPU takes): the same kept parameters and history as reading every step, and a
     non-finite loss still raises naming its step."""
-    from sitelens import training
+    from sitelens.site import training
 
     def run(bad_step=None):
         p = torch.zeros(3)

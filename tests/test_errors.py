@@ -24,7 +24,6 @@ from sitelens import (
     TokenizationError,
     answer_token_id,
     encode,
-    evaluate,
     fit_alpha,
     fit_site,
     load_model,
@@ -34,6 +33,7 @@ from sitelens import (
     tiny_model,
 )
 from sitelens.cli import main as cli_main
+from sitelens.eval import evaluate
 from sitelens.tasks import embedding_prompts, few_shot_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -299,7 +299,7 @@ def test_a_failed_save_leaves_the_old_adapter_intact(adapter, tmp_path, monkeypa
 
 
 def test_unwritable_bench_csv(tmp_path):
-    from sitelens.bench import append_row
+    from sitelens.pipelines.bench import append_row
 
     blocker = tmp_path / "file.txt"
     blocker.write_text("x")

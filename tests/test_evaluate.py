@@ -1,6 +1,7 @@
 import pandas as pd
 
-from sitelens import FitConfig, evaluate, exact_match, fit_site, load_task, summarize
+from sitelens import FitConfig, exact_match, fit_site, load_task, summarize
+from sitelens.eval import evaluate
 
 
 def test_exact_match_rules():

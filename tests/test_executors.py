@@ -1,4 +1,4 @@
-"""Sweeps on executors (sitelens.executors): the same bench grid and the same figures run in this
+"""Sweeps on executors (sitelens.pipelines.executors): the same bench grid and the same figures run in this
 process, on two worker processes and on a real Ray cluster started here on 127.0.0.1 give exactly
 the same rows / summary; a worker SIGKILLed in the middle of a cell loses nothing and duplicates
 nothing; bad executor values and a missing ray are typed errors.
@@ -27,10 +27,10 @@ import pytest
 import torch
 from executor_util import KillOnce
 
-from sitelens import bench
-from sitelens import figures as F
 from sitelens.errors import ExecutorError
-from sitelens.executors import (
+from sitelens.pipelines import bench
+from sitelens.pipelines import figures as F
+from sitelens.pipelines.executors import (
     Cell,
     LocalExecutor,
     ProcessExecutor,

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from sitelens import figures as F
 from sitelens.cli import main
+from sitelens.pipelines import figures as F
 
 torch.set_num_threads(1)
 

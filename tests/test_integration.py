@@ -10,7 +10,7 @@ from tolerances import assert_logits_close, assert_logprobs_close
 
 from sitelens import FitConfig, encode, fit_site, load_task
 from sitelens.baselines import TV
-from sitelens.evaluate import first_token_accuracy, last_logits
+from sitelens.eval.evaluate import first_token_accuracy, last_logits
 from sitelens.models import has_hooked_transformer, is_bridge, load_hf_reference, load_model, self_check
 from sitelens.tasks import answer_token_ids, zero_shot_prompt
 
@@ -62,7 +62,7 @@ def test_fast_attention_matches_transformerlens_attention(fixture, request):
     position 4.5 / 14.2; key/value groups miswired (SmolLM2's GQA) 30.2."""
     from test_attention import attention_paths_agree
 
-    from sitelens.attention import fast_attention_enabled
+    from sitelens.models.attention import fast_attention_enabled
 
     model = request.getfixturevalue(fixture)
     if is_bridge(model):

@@ -1,4 +1,4 @@
-"""Closed label sets (sitelens.labels): which tasks have one, the chance level, label ranking
+"""Closed label sets (sitelens.eval.labels): which tasks have one, the chance level, label ranking
 batched vs a naive one-label-at-a-time loop under every kind of intervention, injection at the
 prompt's last token only, and the evaluate / summarize columns; task collections."""
 
@@ -17,11 +17,11 @@ from sitelens.baselines import HookIntervention
 from sitelens.baselines.base import last_add_hook
 from sitelens.cli.validate import _expand_collections
 from sitelens.errors import TaskError
-from sitelens.evaluate import evaluate, intervention_hooks, summarize
-from sitelens.injection import HeadMix, apply_hooks
-from sitelens.labels import continuation_ids, label_set, score_labels
+from sitelens.eval.evaluate import evaluate, intervention_hooks, summarize
+from sitelens.eval.labels import continuation_ids, label_set, score_labels
 from sitelens.models import encode, kv_forward, new_kv_cache, tiny_model
 from sitelens.provenance import task_hash
+from sitelens.site.injection import HeadMix, apply_hooks
 from sitelens.tasks import (
     Example,
     Task,
@@ -310,7 +310,7 @@ def test_shared_collections_are_flat_and_mostly_closed(name, n_tasks, labelled, 
 
 
 def test_bench_rows_carry_label_metrics_and_chance(model, task, tmp_path):
-    from sitelens import bench
+    from sitelens.pipelines import bench
 
     words = task_from_pairs("rev", [(w, w[::-1]) for w in (
         "abc", "bcd", "cde", "def", "efg", "fgh", "ghi", "hij", "ijk", "jkl", "klm", "lmn",
@@ -329,7 +329,7 @@ def test_bench_rows_carry_label_metrics_and_chance(model, task, tmp_path):
 
 
 def test_bench_migrates_a_file_without_label_columns(model, task, tmp_path):
-    from sitelens import bench
+    from sitelens.pipelines import bench
 
     out = tmp_path / "old.csv"
     row = {c: "" for c in bench.UNLABELLED_COLUMNS} | {"model": "m", "task": "t", "method": "x",
@@ -353,7 +353,7 @@ def test_cli_bench_takes_a_collection_and_eval_reports_label_accuracy(tmp_path, 
     out = tmp_path / "r.csv"
     assert cli_main(["bench", "--models", "tiny-random", "--tasks", str(root), "--methods",
                      "zero-shot", "--out", str(out), "--limit", "2"]) == 0
-    from sitelens.bench import read_results
+    from sitelens.pipelines.bench import read_results
 
     df = read_results(out)
     assert df["task"].tolist() == ["t1", "t2"] and (df["chance"] == 0.5).all()

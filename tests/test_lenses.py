@@ -17,7 +17,6 @@ from tolerances import assert_logits_close, assert_probs_close, assert_within, l
 
 from sitelens import FitConfig, fit_site, load_task
 from sitelens.errors import OutputError
-from sitelens.injection import HeadMix
 from sitelens.lenses import (
     AblationConfig,
     AttributionConfig,
@@ -36,8 +35,9 @@ from sitelens.lenses import (
 )
 from sitelens.models import has_hooked_transformer, tiny_model
 from sitelens.site import task_embedding
+from sitelens.site.injection import HeadMix
+from sitelens.site.training import LastTokenSet
 from sitelens.tasks import zero_shot_prompt
-from sitelens.training import LastTokenSet
 
 hooked_only = pytest.mark.skipif(
     not has_hooked_transformer(),
@@ -222,7 +222,7 @@ def test_ablation_batched_equals_serial_loop(tiny, task):
 
 
 def test_exact_effects_lens_is_head_causal_effects(tiny_mha, task):
-    from sitelens.effects import head_causal_effects
+    from sitelens.patching.effects import head_causal_effects
 
     s = exact_effects(tiny_mha, task, None, SMALL)
     ref = head_causal_effects(tiny_mha, task, SMALL)

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
-import sitelens.bench as bench
+import sitelens.pipelines.bench as bench
 from sitelens.baselines import ICL, Fitted, Method, ZeroShot
 from sitelens.errors import ModelError, OutputError, TaskError
-from sitelens.metrics import accuracy, bootstrap_ci, correlation, dntp, dntp_per_item
+from sitelens.eval.metrics import accuracy, bootstrap_ci, correlation, dntp, dntp_per_item
 from sitelens.models import load_model, model_name, tiny_model
 from sitelens.tasks import DEFAULT_TEMPLATE, task_from_pairs
 

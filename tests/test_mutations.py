@@ -41,9 +41,9 @@ import torch.nn.functional as torch_F
 from test_backends import twins  # noqa: F401  (the module-scoped fixture, reused)
 from tolerances import assert_activations_close, assert_logprobs_close
 
-import sitelens.attention as attention_module
-from sitelens.injection import HeadMix
+import sitelens.models.attention as attention_module
 from sitelens.models import encode, has_hooked_transformer, is_bridge, tiny_model
+from sitelens.site.injection import HeadMix
 from sitelens.tasks import load_task
 
 CAUGHT = r"more than float rounding can explain|non-finite"
@@ -55,7 +55,7 @@ hooked_only = pytest.mark.skipif(not has_hooked_transformer(), reason="HookedTra
 
 
 class _BrokenFunctional:
-    """Stands in for ``torch.nn.functional`` inside sitelens.attention: every function is the real
+    """Stands in for ``torch.nn.functional`` inside sitelens.models.attention: every function is the real
     one except ``scaled_dot_product_attention``."""
 
     def __init__(self, sdpa):
@@ -66,7 +66,7 @@ class _BrokenFunctional:
 
 
 def break_fused_attention(monkeypatch, kind: str, *, head: int = 0, last_layer_of: int | None = None):
-    """Break the fused attention path (the SDPA call of sitelens.attention) in one way:
+    """Break the fused attention path (the SDPA call of sitelens.models.attention) in one way:
 
     - ``sees_future``: query head ``head`` also sees the key one position ahead of each visible one
       (its causal mask is off by one: one future token);
@@ -166,9 +166,9 @@ def read_padding_as_text(monkeypatch, model):
 
 
 def inject_one_position_early(monkeypatch, *, bridge_only: bool = False):
-    """A HeadMix run through sitelens.evaluate (last_logits, greedy_generate: the full-pass path)
+    """A HeadMix run through sitelens.eval.evaluate (last_logits, greedy_generate: the full-pass path)
     injects at -2 instead of -1 (on a TransformerBridge only, with ``bridge_only``)."""
-    E = importlib.import_module("sitelens.evaluate")  # the module (sitelens.evaluate is also a function)
+    E = importlib.import_module("sitelens.eval.evaluate")  # the module (sl.evaluate is a function)
 
     real = E.intervention_hooks
 
@@ -324,7 +324,7 @@ def test_full_vs_cached_patching_catches_an_injection_one_position_early(patchin
 
 def test_intra_task_vs_direct_patching_catches_an_injection_one_position_early(patching_setup,
                                                                              monkeypatch):
-    from sitelens import patching as P
+    from sitelens.patching import core as P
 
     model, task, adapter = patching_setup
     intra = P.intra_task(model, task, adapter, limit=6, n_random_seeds=1, n_boot=0, seed=0)
@@ -334,7 +334,7 @@ def test_intra_task_vs_direct_patching_catches_an_injection_one_position_early(p
 
 
 def test_per_row_comparisons_catch_weights_on_the_wrong_rows(patching_setup, monkeypatch):
-    from sitelens import patching as P
+    from sitelens.patching import engine as P
 
     model, task, adapter = patching_setup
     monkeypatch.setattr(P, "HeadMix", _RowShiftedMix)
@@ -345,7 +345,7 @@ def test_per_row_comparisons_catch_weights_on_the_wrong_rows(patching_setup, mon
 
 
 def test_head_effect_comparison_catches_the_next_layers_hook(patching_setup, monkeypatch):
-    import sitelens.injection as I
+    import sitelens.site.injection as I
 
     model, task, adapter = patching_setup
     real = I.z_hook_name
@@ -425,7 +425,7 @@ def test_fv_comparison_catches_the_vector_added_one_position_early(baseline_setu
 def test_fv_effects_comparison_catches_weights_on_the_wrong_rows(baseline_setup, monkeypatch):
     # FV's causal effects come from sitelens.patching (its own fallback is gone): shifting the
     # rows of patching's batched HeadMix must break the single-head comparison of test_baselines
-    from sitelens import patching as P
+    from sitelens.patching import engine as P
 
     model, task = baseline_setup
     monkeypatch.setattr(P, "HeadMix", _RowShiftedMix)
@@ -438,7 +438,7 @@ def test_fv_effects_comparison_catches_weights_on_the_wrong_rows(baseline_setup,
 
 
 def test_dntp_comparison_catches_a_float32_computation(monkeypatch):
-    import sitelens.metrics as metrics
+    import sitelens.eval.metrics as metrics
 
     def float32_kl(a, b):
         log_p, log_q = torch.log_softmax(a.float(), -1), torch.log_softmax(b.float(), -1)

@@ -10,9 +10,9 @@ from tolerances import assert_logits_close, assert_probs_close, logit_scale
 
 from sitelens import patching as P
 from sitelens.errors import AdapterError
-from sitelens.injection import HeadMix
 from sitelens.models import encode, tiny_model, z_hook_name
 from sitelens.site import SiteAdapter, task_embedding
+from sitelens.site.injection import HeadMix
 from sitelens.tasks import answer_token_ids, load_task, zero_shot_prompt
 
 torch.set_num_threads(1)
@@ -475,7 +475,7 @@ def test_cache_selections_are_memory_bounded(model, task, adapter, monkeypatch):
         calls.append(batch_size)
         return 3
 
-    monkeypatch.setattr(P, "cache_rows_per_batch", three_rows)
+    monkeypatch.setattr(P.engine, "cache_rows_per_batch", three_rows)
     bounded = P.head_causal_effects(model, task, batch_size=64, **kw)
     assert calls == [64]
     # other batch shapes only: prob_tolerance for both terms' probability mass (see above)

@@ -1,4 +1,4 @@
-"""Unit tests of sitelens.plotting: every function returns a Figure with the right data."""
+"""Unit tests of sitelens.viz.plotting: every function returns a Figure with the right data."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from sitelens import plotting as plots
-from sitelens.plotting import _upgma_order
+from sitelens.viz import plotting as plots
+from sitelens.viz.plotting import _upgma_order
 
 
 def _heatmaps(fig):
@@ -216,7 +216,7 @@ def test_plots_from_real_patching_output():
 
 
 def test_log_ticks_do_not_crowd():
-    from sitelens.plotting import log_ticks
+    from sitelens.viz.plotting import log_ticks
 
     assert log_ticks([1, 2, 4, 8, 10, 14, 16, 32, 64, 128, 256, 270]) == [1, 2, 4, 8, 14, 32, 64, 128, 270]
     assert log_ticks([3]) == [3]

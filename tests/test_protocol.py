@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from sitelens.cli import main as cli_main
-from sitelens.evaluate import (
+from sitelens.eval.evaluate import (
     Protocol,
     evaluate,
     exact_match,
@@ -36,7 +36,7 @@ from sitelens.tasks import (
     few_shot_prompts,
 )
 
-ev = importlib.import_module("sitelens.evaluate")  # the module (sitelens.evaluate is the function)
+ev = importlib.import_module("sitelens.eval.evaluate")  # the module (sitelens.eval.evaluate is the function)
 BARE = replace(DEFAULT_TEMPLATE, bare_digits=True)
 
 

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field, replace
 import pytest
 import torch
 
-import sitelens.bench as bench
-from sitelens import figures as F
+import sitelens.pipelines.bench as bench
 from sitelens.baselines import ICL, ZeroShot
 from sitelens.cli import main
 from sitelens.errors import OutputError
 from sitelens.io import check_output, sniff_kind
 from sitelens.models import load_model, tiny_model
+from sitelens.pipelines import figures as F
 from sitelens.provenance import NUMERICS_VERSION, settings_hash, task_hash
 from sitelens.tasks import Example, Template, load_task
 
@@ -281,7 +281,7 @@ def test_bench_cli_writes_csv_md_and_html(tmp_path, capsys):
 APPENDER = textwrap.dedent(
     """
     import sys
-    from sitelens.bench import append_row
+    from sitelens.pipelines.bench import append_row
     out, who, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     for i in range(n):
         append_row(out, {"model": who, "task": f"t{i}", "method": "m", "seed": 0, "key": f"{who}{i}"})

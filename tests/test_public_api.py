@@ -41,9 +41,9 @@ def test_plotting_names_load_on_first_access():
         "import sys, sitelens\n"
         "assert 'plotting' in dir(sitelens) and 'make_figures' in dir(sitelens)\n"
         "p = sitelens.plotting\n"
-        "assert 'plotly' in sys.modules and p is sys.modules['sitelens.plotting']\n"
+        "assert 'plotly' in sys.modules and p is sys.modules['sitelens.viz.plotting']\n"
         "from sitelens import make_figures, FigureConfig\n"
-        "import sitelens.figures as F\n"
+        "import sitelens.pipelines.figures as F\n"
         "assert make_figures is F.make_figures and FigureConfig is F.FigureConfig\n"
         "assert sitelens.figures is F\n"
     )

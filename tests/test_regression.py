@@ -9,7 +9,7 @@ import re
 import pytest
 
 from sitelens.errors import TaskError
-from sitelens.regression import (
+from sitelens.tasks.regression import (
     format_number,
     parse_number,
     parse_point,
@@ -128,7 +128,7 @@ def test_mse_checks_its_input():
 def test_evaluate_then_mse_on_a_tiny_model():
     """The tasks run through evaluate() like any other (numbers are an open range: no label
     ranking), and its predictions score with regression_mse."""
-    from sitelens.evaluate import evaluate
+    from sitelens.eval.evaluate import evaluate
     from sitelens.models import tiny_model
 
     task = regression_task("relu", n_train=12, n_valid=3, n_test=4, dim=2, seed=0)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from sitelens.baselines import ICL
-from sitelens.regression import parse_point, regression_mse, regression_task
+from sitelens.tasks.regression import parse_point, regression_mse, regression_task
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 

@@ -11,7 +11,7 @@ import time
 import pandas as pd
 import torch
 
-from sitelens import bench
+from sitelens.pipelines import bench
 
 TIMING = ["fit_seconds", "seconds_per_item"]
 
@@ -20,7 +20,7 @@ CHILD = textwrap.dedent(
     import os, sys, time
     import torch
     torch.set_num_threads(1)
-    from sitelens import bench
+    from sitelens.pipelines import bench
     from sitelens.baselines.site import SITE
     from sitelens.site import FitConfig
 

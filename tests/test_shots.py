@@ -1,4 +1,4 @@
-"""sitelens.shots: prompt lengths per shot count and the largest k that fits the context.
+"""sitelens.tasks.shots: prompt lengths per shot count and the largest k that fits the context.
 
 A stub tokenizer stands in for the bundled ones (no model is run: only token counts matter). It
 splits words, and it splits a shot's closing ``"\\n\\n"`` in two when ``"Q"`` follows, as
@@ -14,14 +14,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from sitelens.shots import (
+from sitelens.tasks import Example, Task, few_shot_prompt, few_shot_prompts
+from sitelens.tasks.shots import (
     boundary_tokens,
     collection_shots,
     guaranteed_lengths,
     seeded_lengths,
     shots_that_fit,
 )
-from sitelens.tasks import Example, Task, few_shot_prompt, few_shot_prompts
 
 _TOKEN = re.compile(r"\n\n|\n| ?[^\s]+| ")
 

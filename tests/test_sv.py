@@ -22,9 +22,9 @@ from sitelens.baselines.sv import (
     state_vector,
 )
 from sitelens.errors import FitError, TaskError
-from sitelens.evaluate import evaluate
-from sitelens.injection import HeadMix, apply_hooks
+from sitelens.eval.evaluate import evaluate
 from sitelens.models import encode, tiny_model, z_hook_name
+from sitelens.site.injection import HeadMix, apply_hooks
 from sitelens.tasks import DEFAULT_TEMPLATE, Example, Template, task_from_pairs, zero_shot_prompt
 
 SMALL = dict(n_shots=6, inner_window=4, momentum_steps=3, n_valid=8)  # 7 states, 5 gradients

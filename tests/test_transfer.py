@@ -1,4 +1,5 @@
-"""Cross-model transfer (sitelens.transfer): the ridge map recovers a known linear relation and fails
+"""Cross-model transfer (sitelens.pipelines.transfer): the ridge map recovers a known linear relation
+and fails
 on shuffled pairs; layer writes equal hook_attn_out; solved per-head z reproduce a write; TV, LTV
 and SITE vectors land where the maps say, between two tiny random models of different widths."""
 
@@ -8,9 +9,8 @@ import pytest
 import torch
 
 from sitelens.errors import UsageError
-from sitelens.injection import HeadMix
 from sitelens.models import has_hooked_transformer, tiny_model
-from sitelens.transfer import (
+from sitelens.pipelines.transfer import (
     HiddenMap,
     corresponding_index,
     corresponding_layer,
@@ -28,6 +28,7 @@ from sitelens.transfer import (
     transfer_state,
     tv_fitted,
 )
+from sitelens.site.injection import HeadMix
 
 hooked_only = pytest.mark.skipif(not has_hooked_transformer(),
                                  reason="W_O / ln1_post identities need a HookedTransformer")

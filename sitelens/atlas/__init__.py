@@ -27,8 +27,8 @@ DEFAULT_DATA_DIR = Path("figures/atlas")
 
 def atlas_task_dirs(tasks_dir: str | Path, which: str = "all") -> list[Path]:
     """The FV-layout task folders under ``tasks_dir`` (sorted), all or only the abstractive ones."""
-    from sitelens.bench import FV_EXTRACTIVE
     from sitelens.errors import TaskError
+    from sitelens.pipelines.bench import FV_EXTRACTIVE
 
     root = Path(tasks_dir)
     dirs = sorted(p for p in root.iterdir() if p.is_dir() and (p / "train.json").exists()) \
@@ -79,9 +79,9 @@ def refit_atlas(
     ``n_ctx`` 4096: the 10-shot prompts of ``squad_val`` reach 2,052 tokens on SmolLM2, past the
     default 2048 (the context length changes no number, only the size of TransformerLens's
     causal mask, and is not part of the fit cache key). ``executor``: where the fits run
-    (:func:`sitelens.executors.make_executor`; default in this process)."""
-    from sitelens.executors import make_executor
+    (:func:`sitelens.pipelines.executors.make_executor`; default in this process)."""
     from sitelens.models import load_model, model_name
+    from sitelens.pipelines.executors import make_executor
     from sitelens.tasks import load_task
 
     out = []

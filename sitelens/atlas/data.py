@@ -2,10 +2,10 @@
 each head's injected vector promotes, and the other lenses' scores where computed.
 
 :func:`build_atlas_data` fits SITE on every task (seeds of :class:`AtlasConfig`; each fit an adapter
-under a resumable cache keyed on everything that made it, :class:`sitelens.runs.CellStore`),
+under a resumable cache keyed on everything that made it, :class:`sitelens.pipelines.store.CellStore`),
 then measures transfer (task B's embedding through task A's α, :func:`sitelens.patching.inter_task`)
 on every ordered pair, the α similarity (Spearman over heads) and whether it predicts transfer
-(Spearman ρ and a Mantel permutation p, :func:`sitelens.analysis.transfer_similarity_correlation`),
+(Spearman ρ and a Mantel permutation p, :func:`sitelens.patching.analysis.transfer_similarity_correlation`),
 the family structure of the similarity against a permutation null, and each head's top promoted
 tokens (:func:`sitelens.lenses.head_logit_lens`). :class:`AtlasData` holds the tables;
 :meth:`AtlasData.save` / :meth:`AtlasData.load` keep them as small CSV + JSON files
@@ -170,8 +170,8 @@ def depth_profile(data: AtlasData, bins: int = 10) -> pd.DataFrame:
 
 def _fit_path(task, seed: int, cfg: AtlasConfig, cells):
     """Where the cached adapter of (``task``, ``seed``) lives, and the fit's config."""
+    from sitelens.pipelines.store import slug
     from sitelens.provenance import task_hash
-    from sitelens.runs import slug
     from sitelens.site import FitConfig
 
     fc = FitConfig(n_examples=cfg.n_examples, seed=seed)
@@ -202,8 +202,8 @@ def _fit_cached(model, task, seed: int, cfg: AtlasConfig, cells, log):
 
 def _cell_store(model, cache_dir, log):
     from sitelens.models import fingerprint, model_name
+    from sitelens.pipelines.store import CellStore
     from sitelens.provenance import NUMERICS_VERSION
-    from sitelens.runs import CellStore
 
     return CellStore(Path(cache_dir) / model_name(model), log,
                      base={"fingerprint": fingerprint(model), "numerics": NUMERICS_VERSION})
@@ -212,7 +212,7 @@ def _cell_store(model, cache_dir, log):
 @dataclass(frozen=True)
 class AtlasFitJob:
     """One atlas fit for a worker (picklable): the model's name (+ ``n_ctx``) for
-    :func:`sitelens.executors.cached_model` and its weight fingerprint, the cache directory, the
+    :func:`sitelens.pipelines.executors.cached_model` and its weight fingerprint, the cache directory, the
     task, the seed, the config."""
 
     model: str
@@ -229,7 +229,7 @@ def run_atlas_fit(job: AtlasFitJob) -> str:
     cache; returns ``""``, or the message of the :class:`~sitelens.errors.SitelensError` that
     left the task out (e.g. too few items for the shots)."""
     from sitelens.errors import SitelensError
-    from sitelens.executors import cached_model, check_fingerprint
+    from sitelens.pipelines.executors import cached_model, check_fingerprint
 
     model = cached_model(job.model, job.n_ctx)
     check_fingerprint(model, job.model, job.fingerprint)
@@ -246,7 +246,7 @@ def fit_on_executor(model, spec: str, tasks, cfg: AtlasConfig, cache_dir, execut
     """Run the missing (task, seed) fits of :func:`build_atlas_data` on ``executor`` (each worker
     loads ``spec`` with ``n_ctx`` itself and writes its adapter into ``cache_dir``); returns
     ``{task: why}`` for the tasks that could not be fitted."""
-    from sitelens.executors import Cell
+    from sitelens.pipelines.executors import Cell
 
     log = log or (lambda msg: None)
     cells = _cell_store(model, cache_dir, lambda m: None)
@@ -335,7 +335,7 @@ def _statistics(sim: pd.DataFrame, transfer: pd.DataFrame, names: list[str], cfg
                 ) -> dict:
     """α similarity vs transfer (raw accuracy in both modes, and relative to zero-shot) and the
     within- vs between-family test."""
-    from sitelens.analysis import transfer_similarity_correlation
+    from sitelens.patching.analysis import transfer_similarity_correlation
 
     def corr(mode: str, normalize: str) -> dict:
         return transfer_similarity_correlation(sim, transfer, mode=mode, normalize=normalize,
@@ -399,14 +399,14 @@ def build_atlas_data(
     into the atlas. Every fit, the transfer table and each task's fast lenses are cells under
     ``cache_dir/{model}`` (a rerun reuses them).
 
-    ``executor`` (:func:`sitelens.executors.make_executor`; default in this process): with
+    ``executor`` (:func:`sitelens.pipelines.executors.make_executor`; default in this process): with
     ``processes:N`` or ``ray[:ADDRESS]`` the missing fits run on workers first
     (:func:`fit_on_executor`; each loads ``model_spec``, default the model's name, with ``n_ctx``,
     and writes into ``cache_dir``, which they must see), the rest as above."""
-    from sitelens.analysis import alpha_similarity
-    from sitelens.executors import make_executor
     from sitelens.models import fingerprint, model_name
     from sitelens.patching import inter_task
+    from sitelens.patching.analysis import alpha_similarity
+    from sitelens.pipelines.executors import make_executor
     from sitelens.provenance import NUMERICS_VERSION, task_hash
 
     cfg = config or AtlasConfig()

@@ -27,7 +27,7 @@ def _flat(values, digits: int = 4) -> list:
 
 def cluster_order(similarity) -> list[str]:
     """Tasks ordered by average-linkage clustering of ``1 − similarity``."""
-    from sitelens.plotting import cluster_order as order
+    from sitelens.viz.plotting import cluster_order as order
 
     return order(similarity)
 

@@ -4,7 +4,7 @@ A method is a small dataclass of hyperparameters with a ``name`` and
 ``fit(model, task, *, seed=0, template=DEFAULT_TEMPLATE, progress=False) -> Fitted``. Each method
 file implements only ``_fit(model, task, seed, template, progress) -> FitParts`` (what it runs,
 its parameter count, state and metadata); :meth:`Method.fit` times it and builds the
-:class:`Fitted`. Trained methods run on :func:`sitelens.training.run_training`, SITE's runner.
+:class:`Fitted`. Trained methods run on :func:`sitelens.site.training.run_training`, SITE's runner.
 
 Intervention semantics (``Fitted.scope``):
 
@@ -16,7 +16,7 @@ Intervention semantics (``Fitted.scope``):
   (like a weight change). I2CL, LoRA, (IA)3. Keys and values written to the KV cache during the
   prefill already carry the change; the decode steps must run with the hooks in place too.
 
-``Fitted.intervention`` is what :func:`sitelens.evaluate.evaluate` accepts: a :class:`HeadMix` or
+``Fitted.intervention`` is what :func:`sitelens.eval.evaluate.evaluate` accepts: a :class:`HeadMix` or
 a callable ``(model, seq_len) -> [(hook_name, fn)]``.
 """
 
@@ -35,8 +35,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from sitelens.errors import FitError
-from sitelens.evaluate import intervention_hooks
-from sitelens.injection import HeadMix, apply_hooks
+from sitelens.eval.evaluate import intervention_hooks
 from sitelens.models import (
     accumulation_dtype,
     act_name,
@@ -46,8 +45,9 @@ from sitelens.models import (
 )
 from sitelens.site import FitConfig
 from sitelens.site import capture_last as capture_last  # re-exported: the baselines' old import
+from sitelens.site.injection import HeadMix, apply_hooks
+from sitelens.site.training import LastTokenSet, RunConfig, run_training, training_batches, valid_items
 from sitelens.tasks import DEFAULT_TEMPLATE, Example, Task, Template, answer_token_ids, zero_shot_prompt
-from sitelens.training import LastTokenSet, RunConfig, run_training, training_batches, valid_items
 
 Hook = tuple[str, Callable]
 SCOPES = ("none", "prefill", "all")
@@ -123,7 +123,7 @@ class Fitted:
 
     def hooks(self, model, seq_len: int | None) -> list[Hook]:
         """The hooks for a prompt batch of ``seq_len`` positions (a HeadMix is pinned to it;
-        :func:`sitelens.evaluate.intervention_hooks`)."""
+        :func:`sitelens.eval.evaluate.intervention_hooks`)."""
         return intervention_hooks(model, self.intervention, seq_len)
 
 
@@ -349,7 +349,7 @@ def train_hook_params(
     """Adam on ``params`` (the model frozen) with SITE's loss: the cross-entropy of the first answer
     token after zero-shot prompts, over the same training batches as :func:`sitelens.site.fit_alpha`
     with the same ``seed``/``n_examples``/``batch_size``, run by
-    :func:`sitelens.training.run_training`. Full forward passes (the hooks act at every position).
+    :func:`sitelens.site.training.run_training`. Full forward passes (the hooks act at every position).
     The parameters with the best validation loss are returned (detached); ``what`` names the run
     in the progress bar and in errors."""
     t0 = time.perf_counter()

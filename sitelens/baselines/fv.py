@@ -36,8 +36,8 @@ from sitelens.baselines.base import (
 from sitelens.models import act_name, check_z_shape, layer_devices, stacked_weight, z_hook_name
 from sitelens.patching import head_causal_effects
 from sitelens.site import capture_last
+from sitelens.site.training import valid_items
 from sitelens.tasks import Task, Template, embedding_prompts
-from sitelens.training import valid_items
 
 
 def _causal_effects(

@@ -3,7 +3,7 @@ the shift that the demonstrations cause.
 
 Source: Kwon, Choi and Sohn, "Distributional Alignment as a Criterion for Designing Task Vectors in
 In-Context Learning" (arXiv:2605.20730, 2026), which introduces dNTP (the divergence of the
-next-token distribution from ICL's; :func:`sitelens.metrics.dntp_per_item`) and LTV, "a closed-form
+next-token distribution from ICL's; :func:`sitelens.eval.metrics.dntp_per_item`) and LTV, "a closed-form
 linear mapping that estimates demonstration effects through regression" chosen to minimize dNTP.
 Only the paper's abstract was available when this was written (no method section, no code), so
 the choices below are pinned from that sentence and the issue that asked for LTV ("ridge map from
@@ -78,8 +78,8 @@ from sitelens.baselines.base import (
 from sitelens.errors import TaskError
 from sitelens.models import act_name
 from sitelens.site import capture_last
+from sitelens.site.training import valid_items
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template, few_shot_prompts, zero_shot_prompt
-from sitelens.training import valid_items
 
 
 def ridge_closed_form(

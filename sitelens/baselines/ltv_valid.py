@@ -13,8 +13,8 @@ from torch import Tensor
 
 from sitelens.baselines.base import FitParts
 from sitelens.baselines.ltv import LTV, SWEEP, SWEEP_N_VALID, ltv_data, ltv_intervention, ridge_closed_form
+from sitelens.site.training import LastTokenSet, valid_items
 from sitelens.tasks import Task, Template
-from sitelens.training import LastTokenSet, valid_items
 
 
 def gram_scale(X: Float[Tensor, "n d_model"]) -> float:

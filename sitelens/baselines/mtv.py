@@ -22,10 +22,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sitelens.baselines.base import FitParts, Method
-from sitelens.injection import HeadMix
 from sitelens.site import FitConfig, task_embedding
-from sitelens.tasks import Task, Template
-from sitelens.training import (
+from sitelens.site.injection import HeadMix
+from sitelens.site.training import (
     BatchRows,
     LastTokenSet,
     RunConfig,
@@ -33,6 +32,7 @@ from sitelens.training import (
     training_batches,
     valid_items,
 )
+from sitelens.tasks import Task, Template
 
 
 @dataclass(kw_only=True)

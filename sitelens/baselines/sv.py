@@ -21,7 +21,7 @@ at the last prompt token.
    newest weighted most, ``m = Σ_j β^j g_{n−1−j} / Σ_j β^j`` (``j = 0 .. momentum_steps−1``),
    and ``V = V_in + step · m``.                                       -> [L, H, d_head]
 4. intervention: ``z[l, h] ← V[l, h]`` for every head of the first ``depth`` layers, at the last
-   prompt token, prefill only (a :class:`~sitelens.injection.HeadMix` with weight 1 on those
+   prompt token, prefill only (a :class:`~sitelens.site.injection.HeadMix` with weight 1 on those
    layers); ``depth`` has the best validation first-token accuracy.
 
 Exact identities (tested): ``step = 0`` gives the inner average; ``β = 0`` gives
@@ -67,10 +67,10 @@ from torch import Tensor
 
 from sitelens.baselines.base import FitParts, Method, select_layer
 from sitelens.errors import FitError, TaskError, TokenizationError
-from sitelens.injection import HeadMix
 from sitelens.models import encode, forward_until, length_batches, prepends_bos, token_ids, z_hook_name
+from sitelens.site.injection import HeadMix
+from sitelens.site.training import valid_items
 from sitelens.tasks import Example, Task, Template, sample_demos
-from sitelens.training import valid_items
 
 # ----------------------------------------------------------------------------------------------
 # step 1: prompts, separator positions, states

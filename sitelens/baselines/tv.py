@@ -18,8 +18,8 @@ from torch import Tensor
 from sitelens.baselines.base import FitParts, HookIntervention, Method, last_token_hook, select_layer
 from sitelens.models import act_name
 from sitelens.site import capture_last
+from sitelens.site.training import valid_items
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template, embedding_prompts
-from sitelens.training import valid_items
 
 
 def last_replace_hook(state: Float[Tensor, " d_model"], seq_len: int | None) -> Callable:

@@ -21,7 +21,7 @@ def cmd_atlas(args) -> int:
     if args.refit:
         cfg = AtlasConfig(seeds=tuple(range(args.seed, args.seed + args.seeds)),
                           transfer_limit=args.limit)
-        from sitelens.executors import make_executor
+        from sitelens.pipelines.executors import make_executor
 
         with make_executor(args.executor, threads=args.threads) as executor:
             refit_atlas(models or list(ATLAS_MODELS), args.tasks_dir, args.data, cfg,

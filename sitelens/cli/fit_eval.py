@@ -80,7 +80,7 @@ def _with_settings(df, model, task, adapter, args):
 def cmd_eval(args) -> int:
     """Evaluate ``--methods`` on a split of ``--task``; print the summary (``--json``: one JSON
     object) and write the per-item rows, with the settings that made them, to ``--items``."""
-    from sitelens.evaluate import evaluate, summarize
+    from sitelens.eval.evaluate import evaluate, summarize
     from sitelens.site import SiteAdapter
 
     methods = split_csv(args.methods)
@@ -104,7 +104,7 @@ def cmd_eval(args) -> int:
 def cmd_demo(args) -> int:
     """Fit SITE on ``--task`` and compare zero-shot / 10-shot ICL / SITE on ``--limit`` test
     items; print the summary, the top heads and a few SITE predictions."""
-    from sitelens.evaluate import evaluate, summarize
+    from sitelens.eval.evaluate import evaluate, summarize
 
     model, task = load_task_and_model(args)
     t0 = time.perf_counter()

@@ -104,9 +104,9 @@ def device_name(s: str) -> str:
 device_name.__name__ = "device"
 def executor_spec(s: str) -> str:
     """An option type: an ``--executor`` value, ``local``, ``processes:N`` or ``ray[:ADDRESS]``
-    (:func:`sitelens.executors.parse_executor`; nothing is started while parsing)."""
+    (:func:`sitelens.pipelines.executors.parse_executor`; nothing is started while parsing)."""
     from sitelens.errors import ExecutorError
-    from sitelens.executors import parse_executor
+    from sitelens.pipelines.executors import parse_executor
 
     try:
         parse_executor(s)
@@ -173,7 +173,7 @@ def _check_lambda(x: str) -> None:
 
 def _method_checker(registry: str) -> Callable[[str], None]:
     """A check that a method name is known: to ``sitelens.baselines`` (``registry="bench"``) or
-    to :func:`sitelens.evaluate.evaluate` (``"eval"``), with close matches in the error."""
+    to :func:`sitelens.eval.evaluate.evaluate` (``"eval"``), with close matches in the error."""
 
     def check(x: str) -> None:
         import difflib
@@ -183,7 +183,7 @@ def _method_checker(registry: str) -> Callable[[str], None]:
 
             names = available_methods()
         else:
-            from sitelens.evaluate import METHODS
+            from sitelens.eval.evaluate import METHODS
 
             names = list(METHODS)
         if x not in names:

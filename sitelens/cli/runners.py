@@ -1,5 +1,5 @@
 """``sitelens bench`` and ``sitelens figures``: the commands that drive the resumable runners
-(:func:`sitelens.bench.run_bench`, :func:`sitelens.figures.make_figures`)."""
+(:func:`sitelens.pipelines.bench.run_bench`, :func:`sitelens.pipelines.figures.make_figures`)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ def cmd_bench(args) -> int:
     """Run models × tasks × methods into the ``--out`` CSV (resuming: cells already there are
     skipped), then write its markdown summary (``.md``) and dNTP plot (``.dntp.html``) beside it
     and print the summary."""
-    from sitelens.bench import dntp_accuracy_figure, run_bench, summary_markdown
-    from sitelens.executors import make_executor
-    from sitelens.export import write_figure_html
+    from sitelens.pipelines.bench import dntp_accuracy_figure, run_bench, summary_markdown
+    from sitelens.pipelines.executors import make_executor
+    from sitelens.viz.export import write_figure_html
 
     out = check_output(args.out, "csv")  # the results CSV; the summary goes beside it
     md_path, html_path = out.with_suffix(".md"), out.with_suffix(".dntp.html")
@@ -54,7 +54,7 @@ def _figures_headline(m: dict) -> str:
 def cmd_figures(args) -> int:
     """Reproduce ``figures/`` (or ``--out``) from real runs: cells are cached under ``OUT/.runs``
     and reused when their key matches; prints one headline per model."""
-    from sitelens import figures as F
+    from sitelens.pipelines import figures as F
 
     kw = {}
     if args.tasks:

@@ -62,7 +62,7 @@ def _tasks_dir_specs(tasks_dir: str, abstractive: bool) -> list[str]:
                         "one FV-layout folder (TASK/train.json, ...) per task.")
     names = [p.name for p in collection_dirs(root)]
     if abstractive:
-        from sitelens.bench import FV_EXTRACTIVE
+        from sitelens.pipelines.bench import FV_EXTRACTIVE
 
         names = [n for n in names if n not in FV_EXTRACTIVE]
     if not names:
@@ -148,7 +148,7 @@ def inter_tasks(args) -> list:
 
 def _figures_tasks(args) -> list:
     """The tasks of ``figures``: at least two; ``--intra-tasks`` / ``--effect-tasks`` among them."""
-    from sitelens.figures import FIGURE_TASKS
+    from sitelens.pipelines.figures import FIGURE_TASKS
 
     names = split_csv(args.tasks) or list(FIGURE_TASKS)
     if len(names) < 2:
@@ -248,7 +248,7 @@ def validate(args) -> None:
 def check_executor(args) -> None:
     """``--executor ray...`` needs the ray package (the value itself was checked while parsing)."""
     from sitelens.errors import ExecutorError
-    from sitelens.executors import ray_available
+    from sitelens.pipelines.executors import ray_available
 
     if str(getattr(args, "executor", "local")).startswith("ray") and not ray_available():
         raise ExecutorError("--executor ray needs the ray package, which is not installed: pip "

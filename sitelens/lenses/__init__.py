@@ -10,14 +10,14 @@
 - ``atp-star``: AtP with GradDrop (Kramár et al. 2024); ``n_layers`` forward and backward passes.
 - ``ablation-mean`` / ``ablation-zero`` (:mod:`~sitelens.lenses.ablation`): the drop in
   P(answer) on clean few-shot prompts when one head is ablated; one forward row per head and prompt.
-- ``effect`` (:mod:`sitelens.effects`): exact activation patching on corrupted prompts (the FV
+- ``effect`` (:mod:`sitelens.patching.effects`): exact activation patching on corrupted prompts (the FV
   indirect effect); one forward row per head and prompt.
 - ``dla`` (:mod:`~sitelens.lenses.logit_lens`): direct logit attribution of each head's injected
   write; one forward pass per batch.
 
 Higher = more important in every lens. :func:`head_scores` runs any subset on one model and task
 with shared inputs (one embedding, the same corrupted prompts for ``atp`` and ``effect``);
-:func:`exact_effects` wraps :func:`sitelens.effects.head_causal_effects` as a lens;
+:func:`exact_effects` wraps :func:`sitelens.patching.effects.head_causal_effects` as a lens;
 :mod:`~sitelens.lenses.compare` compares lenses (rank agreement, certified top-k).
 """
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from jaxtyping import Float
 from torch import Tensor
 
-from sitelens.effects import head_causal_effects
+from sitelens.eval.metrics import bootstrap_ci
 from sitelens.lenses.ablation import AblationConfig, head_ablation
 from sitelens.lenses.alpha import AlphaSeeds, alpha_over_seeds, rank_stability
 from sitelens.lenses.attribution import (
@@ -40,8 +40,8 @@ from sitelens.lenses.attribution import (
 )
 from sitelens.lenses.logit_lens import direct_logit_attribution, head_logit_lens, head_write_logits
 from sitelens.lenses.scores import HeadScores
-from sitelens.metrics import bootstrap_ci
 from sitelens.models import model_name
+from sitelens.patching.effects import head_causal_effects
 from sitelens.site import FitConfig, SiteAdapter
 from sitelens.tasks import Task
 
@@ -66,9 +66,9 @@ def exact_effects(
     model, task: Task, embedding: Float[Tensor, "n_layers n_heads d_head"] | None = None,
     config: AttributionConfig | None = None, **overrides,
 ) -> HeadScores:
-    """Lens ``effect``: :func:`~sitelens.effects.head_causal_effects` (exact, batched) with a
+    """Lens ``effect``: :func:`~sitelens.patching.effects.head_causal_effects` (exact, batched) with a
     percentile bootstrap CI over prompts. ``config`` is shared with :func:`attribution_patching`
-    (an :class:`AttributionConfig` is an :class:`~sitelens.effects.EffectsConfig`)."""
+    (an :class:`AttributionConfig` is an :class:`~sitelens.patching.effects.EffectsConfig`)."""
     cfg = replace(config or AttributionConfig(), **overrides)
     effects, st = head_causal_effects(model, task, cfg, embedding=embedding, return_stats=True)
     per = st["per_prompt"]  # [n_prompts, n_layers, n_heads]

@@ -10,7 +10,7 @@ last-token ``z`` by a reference and measure the drop in probability of the answe
   queries, i.e. what the head writes without demonstrations: mean ablation removes what the
   demonstrations add to the head, not the head's task-independent output.
 
-Batched exactly like :func:`sitelens.effects.head_causal_effects`: each prompt's prefix is encoded
+Batched exactly like :func:`sitelens.patching.effects.head_causal_effects`: each prompt's prefix is encoded
 once into a frozen KV cache and every row of one forward pass re-runs the last token with one
 head ablated (``(n_heads_total + 1) × n_prompts`` rows), so the numbers equal a serial loop of full
 forward passes (tested).
@@ -24,11 +24,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from sitelens.effects import _batched_answer_probs, _ForwardPassCounter, _serial_answer_probs
 from sitelens.errors import TaskError
+from sitelens.eval.metrics import bootstrap_ci
 from sitelens.lenses.scores import HeadScores
-from sitelens.metrics import bootstrap_ci
 from sitelens.models import model_name
+from sitelens.patching.engine import ForwardPassCounter, batched_answer_probs, serial_answer_probs
 from sitelens.site import last_token_z
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,
@@ -89,8 +89,8 @@ def head_ablation(
     clean, zs, answers = ablation_prompts(model, task, cfg)
     N = L * H
     onehots = torch.eye(N).reshape(N, L, H)  # [N, n_layers, n_heads]: row j ablates head j
-    answer_probs = _batched_answer_probs if cfg.batched else _serial_answer_probs
-    with _ForwardPassCounter(model) as passes:  # the zero-shot mean's passes included
+    answer_probs = batched_answer_probs if cfg.batched else serial_answer_probs
+    with ForwardPassCounter(model) as passes:  # the zero-shot mean's passes included
         if reference == "mean":
             target = last_token_z(model, zs)  # [n_layers, n_heads, d_head]
         else:

@@ -24,8 +24,8 @@ from scipy import stats
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from sitelens.eval.metrics import correlation
 from sitelens.lenses.scores import HeadScores
-from sitelens.metrics import correlation
 from sitelens.models import model_name
 from sitelens.site import FitConfig, SiteAdapter, fit_site
 from sitelens.tasks import Task

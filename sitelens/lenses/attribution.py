@@ -1,7 +1,7 @@
 """Gradient lenses: every head at once from one forward and one backward pass per batch.
 
 All three differentiate the same intervention as the exact experiments, the per-head mix of
-:class:`~sitelens.injection.HeadMix` at the last prompt token,
+:class:`~sitelens.site.injection.HeadMix` at the last prompt token,
 
     z[l, h] ← (1 − w[l, h]) · z[l, h] + w[l, h] · t[l, h],
 
@@ -15,7 +15,7 @@ pass, hence per-prompt values and bootstrap intervals.
   head, i.e. ``−∂loss/∂α`` at α = 0 of SITE's own stage-2 loss (first-token cross-entropy).
 - :func:`attribution_patching` (AtP; Nanda 2023, Kramár et al. 2024): ``m`` = probability of the
   answer's first token on **corrupted** (shuffled-label) few-shot prompts, ``t`` = the task-mean
-  activation: the linear estimate of :func:`sitelens.effects.head_causal_effects`, which measures
+  activation: the linear estimate of :func:`sitelens.patching.effects.head_causal_effects`, which measures
   the same quantity exactly with one forward row per head.
 - :func:`attribution_patching` with ``grad_drop=True`` (AtP*'s GradDrop, Kramár et al. 2024 §3.1.2):
   the backward pass is repeated ``n_layers`` times, each time with the gradient through layer
@@ -42,13 +42,14 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from sitelens.effects import EffectsConfig, _ForwardPassCounter, corrupted_prompts
-from sitelens.injection import HeadMix
 from sitelens.lenses.scores import HeadScores
 from sitelens.models import act_name, model_name
+from sitelens.patching.effects import EffectsConfig, corrupted_prompts
+from sitelens.patching.engine import ForwardPassCounter
 from sitelens.site import task_embedding
+from sitelens.site.injection import HeadMix
+from sitelens.site.training import LastTokenSet, valid_items
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
-from sitelens.training import LastTokenSet, valid_items
 
 METRICS = ("prob", "logprob", "logit")
 
@@ -107,7 +108,7 @@ def mix_gradients(
 
 @dataclass(frozen=True)
 class AttributionConfig(EffectsConfig):
-    """:class:`~sitelens.effects.EffectsConfig` (the corrupted prompts and the embedding, so that
+    """:class:`~sitelens.patching.effects.EffectsConfig` (the corrupted prompts and the embedding, so that
     AtP and the exact effects see the same inputs) plus the gradient lenses' own knobs."""
 
     grad_batch_size: int = 32  # prompts per forward + backward pass
@@ -144,7 +145,7 @@ def alpha_gradient(
     if embedding is None:
         embedding = task_embedding(model, task, n_prompts=cfg.n_mean_prompts, n_shots=cfg.n_shots,
                                    seed=cfg.seed, template=template)  # [n_layers, n_heads, d_head]
-    with _ForwardPassCounter(model) as passes:
+    with ForwardPassCounter(model) as passes:
         data = LastTokenSet.build(model, list(task.train[: cfg.n_alpha_items]) or
                                   valid_items(task, cfg.n_alpha_items), template)
         g = mix_gradients(model, data, embedding, metric="logprob",
@@ -169,7 +170,7 @@ def attribution_patching(
     **overrides,
 ) -> HeadScores:
     """Lens ``atp`` (``grad_drop=False``) or ``atp-star`` (``True``): the first-order estimate of
-    :func:`~sitelens.effects.head_causal_effects` (same corrupted prompts, same embedding, same
+    :func:`~sitelens.patching.effects.head_causal_effects` (same corrupted prompts, same embedding, same
     metric: the answer's first-token probability) for every head from one forward and one
     backward pass per batch (GradDrop: ``n_layers`` of each). Bootstrap CI over prompts."""
     cfg = replace(config or AttributionConfig(), **overrides)
@@ -178,7 +179,7 @@ def attribution_patching(
         embedding = task_embedding(model, task, n_prompts=cfg.n_mean_prompts, n_shots=cfg.n_shots,
                                    seed=cfg.seed, template=cfg.template)  # [n_layers, n_heads, d_head]
     t0 = time.perf_counter()
-    with _ForwardPassCounter(model) as passes:
+    with ForwardPassCounter(model) as passes:
         prompts, answers = corrupted_prompts(
             model, task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, split=cfg.split,
             seed=cfg.seed, template=cfg.template,

@@ -21,9 +21,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sitelens.effects import EffectsConfig, _ForwardPassCounter, corrupted_prompts
+from sitelens.eval.metrics import correlation
 from sitelens.lenses.scores import HeadScores
-from sitelens.metrics import correlation
+from sitelens.patching.effects import EffectsConfig, corrupted_prompts
+from sitelens.patching.engine import ForwardPassCounter, prefix_rows, run_rows
 
 
 def _top(a: np.ndarray, k: int) -> set[int]:
@@ -98,25 +99,23 @@ def certified_top_k(
     each round runs one last-token row per (prompt, new head). Returns :func:`certify_top_k`'s
     dict with ``top`` as ``(layer, head)`` pairs, plus ``forward_passes``, ``rows``
     (single-token rows run: ``(verified + 1) × n_prompts``), ``seconds``."""
-    from sitelens.patching import _prefix, _run_rows
-
     cfg = config or EffectsConfig()
     L, H = model.cfg.n_layers, model.cfg.n_heads
     f = fast.map().flatten().numpy()  # [n_layers * n_heads]
     emb = embedding.to(model.cfg.device)  # [n_layers, n_heads, d_head]
     t0 = time.perf_counter()
-    with _ForwardPassCounter(model) as passes:
+    with ForwardPassCounter(model) as passes:
         prompts, answers = corrupted_prompts(
             model, task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, split=cfg.split,
             seed=cfg.seed, template=cfg.template)
-        cache, last, ans = _prefix(model, prompts, answers)
+        cache, last, ans = prefix_rows(model, prompts, answers)
         n = len(prompts)
 
         def run(weights: torch.Tensor) -> torch.Tensor:  # weights [c, L, H] -> probs [n, c]
             c = weights.shape[0]
             item = torch.arange(n).repeat_interleave(c)  # [n * c], prompt-major
             cond = torch.arange(c).repeat(n)  # [n * c]
-            _, prob = _run_rows(model, cache, last, ans, item, cond, weights, emb,
+            _, prob = run_rows(model, cache, last, ans, item, cond, weights, emb,
                                 batch_size=cfg.batch_size)
             return prob.reshape(n, c)
 

@@ -27,14 +27,14 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from sitelens.effects import _ForwardPassCounter
 from sitelens.errors import ModelError
+from sitelens.eval.metrics import bootstrap_ci
 from sitelens.lenses.scores import HeadScores
-from sitelens.metrics import bootstrap_ci
 from sitelens.models import act_name, is_bridge, model_name, stacked_weight, z_hook_name
+from sitelens.patching.engine import ForwardPassCounter
 from sitelens.site import SiteAdapter
+from sitelens.site.training import LastTokenSet
 from sitelens.tasks import Task
-from sitelens.training import LastTokenSet
 
 
 def _weights(model) -> tuple[Tensor, Tensor]:
@@ -108,7 +108,7 @@ def direct_logit_attribution(
     alpha = adapter.alpha.detach().float().to(dev)  # [n_layers, n_heads]
     t = adapter.embedding.detach().float().to(dev)  # [n_layers, n_heads, d_head]
     t0 = time.perf_counter()
-    with _ForwardPassCounter(model) as passes:
+    with ForwardPassCounter(model) as passes:
         data = LastTokenSet.build(model, items, adapter.template)
         z_pre, scales = _capture_injected(model, data, adapter)
     ans_dir = W_U[:, data.answers.to(dev)].T.float()  # [n, d_model]

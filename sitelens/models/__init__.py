@@ -1,5 +1,5 @@
 """Models: loading, tokens, hook names, KV caches — the only package that knows TransformerLens
-model classes (with :mod:`sitelens.attention`, the fused attention forward).
+model classes (with :mod:`sitelens.models.attention`, the fused attention forward).
 
 - :mod:`sitelens.models.load`: names → ready models (bundled, TransformerLens names, local Hugging
   Face directories), backends, the local HF-cache check, ``prepare_bridge``, ``fingerprint``; the

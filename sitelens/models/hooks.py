@@ -223,7 +223,7 @@ def _segment_view(model, segments: list[tuple[int, int, bool]]):
 
 
 def wrap_hook(model, fn: Callable) -> Callable:
-    """``fn`` as it must be registered on ``model`` (used by :func:`sitelens.injection.apply_hooks`).
+    """``fn`` as it must be registered on ``model`` (used by :func:`sitelens.site.injection.apply_hooks`).
 
     On a HookedTransformer it is ``fn`` itself. On a TransformerBridge, during a
     :func:`~sitelens.models.kv.kv_forward` / :func:`~sitelens.models.kv.last_token_forward` full

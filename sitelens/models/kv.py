@@ -11,7 +11,7 @@ to its own tokens only. :func:`drive_hf_cache` installs a keyword alias on each 
 extended by exactly the tokens fed; where it is not (an architecture or version where the alias
 does not take), a :class:`RecomputeCache` (the tokens seen so far) stands in and every
 :func:`kv_forward` is a full forward pass over the cached tokens. Hooks added through
-:func:`sitelens.injection.apply_hooks` (wrapped by :func:`~sitelens.models.hooks.wrap_hook`) see
+:func:`sitelens.site.injection.apply_hooks` (wrapped by :func:`~sitelens.models.hooks.wrap_hook`) see
 exactly the positions they would see on a HookedTransformer (the prompt, then one position per
 decode step; never the frozen prefix) on every path, so every intervention gives the same result
 on both backends.

@@ -1,6 +1,6 @@
 """Names to models: bundled offline models, TransformerLens names, local HF dirs, tiny test models.
 
-With :mod:`sitelens.attention` (the fused attention fast path installed on every
+With :mod:`sitelens.models.attention` (the fused attention fast path installed on every
 ``HookedTransformer``), the :mod:`sitelens.models` package is the only place that knows
 TransformerLens model classes. Everything else talks to a model through
 :func:`~sitelens.models.hooks.act_name` / :func:`~sitelens.models.hooks.z_hook_name`,
@@ -165,7 +165,7 @@ def load_model(
     ``DEFAULT_N_CTX`` = 2048, 256 for the tiny models; Llama-style models cap it at their
     ``max_position_embeddings``); a longer
     context costs TransformerLens an n_ctx × n_ctx causal mask per layer (0.5 GB at 4096 on SmolLM2).
-    ``fast_attention``: a ``HookedTransformer`` gets :func:`sitelens.attention.enable_fast_attention`
+    ``fast_attention``: a ``HookedTransformer`` gets :func:`sitelens.models.attention.enable_fast_attention`
     (fused attention, the same numbers to float rounding, ~4x faster forward passes on long
     prompts; hooks on ``hook_pattern``/``hook_attn_scores`` still see real patterns).
 
@@ -200,7 +200,7 @@ def load_model(
         model = tiny_model(backend=backend, **TINY_MODELS[name], **({"n_ctx": n_ctx} if n_ctx else {}))
         model.cfg.model_name = name
         if device is None and dtype is None and n_devices == 1 and device_map is None:
-            from sitelens.attention import enable_fast_attention
+            from sitelens.models.attention import enable_fast_attention
 
             return enable_fast_attention(model, fast_attention)  # a no-op on a bridge
         if backend == "bridge" and (device_map is not None or n_devices > 1):
@@ -465,7 +465,7 @@ def _finalize(model, *, device=None, dtype=None, n_devices: int = 1, fast_attent
         p.requires_grad_(False)
     if not is_bridge(model):
         fast_layout(model)
-        from sitelens.attention import enable_fast_attention
+        from sitelens.models.attention import enable_fast_attention
 
         enable_fast_attention(model, fast_attention)
     if model.tokenizer is not None:

@@ -35,8 +35,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from sitelens.errors import FitError, TaskError
-from sitelens.injection import apply_hooks
 from sitelens.models import encode, last_token_forward, prefix_cache, select_cache
+from sitelens.site.injection import apply_hooks
 from sitelens.tasks import DEFAULT_TEMPLATE, Example, Task, Template, answer_token_ids, zero_shot_prompt
 
 Hook = tuple[str, Callable]

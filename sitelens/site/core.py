@@ -7,7 +7,7 @@
    validation loss is kept (:meth:`FitConfig.official`: the final α, as the paper's code does).
                                                                    -> [n_layers, n_heads]
 3. :func:`site_mix` / :class:`SiteAdapter`: inject once at the last prompt token during prefill
-   (generation lives in :mod:`sitelens.evaluate`).
+   (generation lives in :mod:`sitelens.eval.evaluate`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from sitelens.errors import AdapterError, FitError
-from sitelens.injection import HeadMix, apply_hooks
 from sitelens.io import atomic_write, ensure_dir
 from sitelens.models import (
     check_z_shape,
@@ -42,8 +41,8 @@ from sitelens.models import (
     place_layer_rows,
     z_hook_name,
 )
-from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template, embedding_prompts
-from sitelens.training import (
+from sitelens.site.injection import HeadMix, apply_hooks
+from sitelens.site.training import (
     BatchRows,
     LastTokenSet,
     RunConfig,
@@ -52,6 +51,7 @@ from sitelens.training import (
     training_batches,
     valid_items,
 )
+from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template, embedding_prompts
 
 # ----------------------------------------------------------------------------------------------
 # stage 1: task embedding
@@ -254,7 +254,7 @@ def fit_alpha(
 
     What is SITE's own is here: the parameters ``a``, the α-mix toward the embedding at the last
     token and the first-token loss (+ λ·mean(α)). The loop — Adam, batches, validation, which α
-    is kept — is :func:`sitelens.training.run_training`. Default: shuffled passes, validation every
+    is kept — is :func:`sitelens.site.training.run_training`. Default: shuffled passes, validation every
     ``eval_every`` steps and at the end, the best α kept. :class:`OfficialFitConfig`: i.i.d.
     draws, validation every ``eval_every`` steps only, the α of the last validation kept (the
     final α for 400 steps checked every 50), and no space before all-digit answers in the answer

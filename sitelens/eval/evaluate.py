@@ -3,8 +3,8 @@ label ranking for tasks with a closed label set.
 
 Methods: ``zero-shot``, ``icl`` (k-shot, demonstrations from train) and ``site`` (zero-shot prompt,
 adapter injected once at the last prompt token during prefill). Results are per-item DataFrames.
-Tasks with a closed label set (:func:`sitelens.labels.label_set`: classification, multiple choice)
-are also scored by ranking their labels under the same intervention (:mod:`sitelens.labels`), with
+Tasks with a closed label set (:func:`sitelens.eval.labels.label_set`: classification, multiple choice)
+are also scored by ranking their labels under the same intervention (:mod:`sitelens.eval.labels`), with
 the chance level beside each item.
 
 Two protocols (:class:`Protocol`) decide how answers are formatted, generated and scored:
@@ -22,8 +22,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from sitelens.injection import HeadMix, apply_hooks
-from sitelens.labels import LABEL_COLUMNS, LabelSet, label_columns, label_set, nan_mean, score_labels
+from sitelens.eval.labels import LABEL_COLUMNS, LabelSet, label_columns, label_set, nan_mean, score_labels
 from sitelens.models import (
     Encoded,
     encode,
@@ -33,6 +32,7 @@ from sitelens.models import (
     new_kv_cache,
     token_ids,
 )
+from sitelens.site.injection import HeadMix, apply_hooks
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,
     Example,
@@ -259,7 +259,7 @@ def run_method(
     """Generate for each prompt and score it. One row per item. ``protocol`` sets the generation
     length and the scoring (the caller builds ``prompts`` and ``template`` for it). With
     ``labels``, each item is also scored by ranking its labels under the same intervention
-    (:data:`sitelens.labels.LABEL_COLUMNS`; ``label_seconds_per_item`` is their cost, apart from
+    (:data:`sitelens.eval.labels.LABEL_COLUMNS`; ``label_seconds_per_item`` is their cost, apart from
     ``seconds_per_item``, the generation's)."""
     proto = get_protocol(protocol)
     official = proto.scoring == "official"
@@ -311,7 +311,7 @@ def rank_labels(
     model, items: Sequence[Example], prompts: list[str], labels: LabelSet, *, intervention=None,
     template: Template = DEFAULT_TEMPLATE, batch_size: int = 16,
 ) -> list[dict]:
-    """Per item, the label-ranking columns (:func:`sitelens.labels.label_columns`) of its prompt
+    """Per item, the label-ranking columns (:func:`sitelens.eval.labels.label_columns`) of its prompt
     under ``intervention``, pinned to each prompt batch as in generation
     (:func:`intervention_hooks`)."""
     sets = [labels.for_item(ex) for ex in items]
@@ -321,8 +321,8 @@ def rank_labels(
 
 
 def resolve_labels(task: Task, labels) -> LabelSet | None:
-    """``labels`` of :func:`evaluate` as a :class:`~sitelens.labels.LabelSet`: ``"auto"`` detects
-    the task's (:func:`sitelens.labels.label_set`; None for an open-ended task), None / False
+    """``labels`` of :func:`evaluate` as a :class:`~sitelens.eval.labels.LabelSet`: ``"auto"`` detects
+    the task's (:func:`sitelens.eval.labels.label_set`; None for an open-ended task), None / False
     switches label ranking off, a sequence of strings is the label set itself."""
     if labels is None or labels is False:
         return None
@@ -360,7 +360,7 @@ def evaluate(
     adapter's (``adapter.meta["protocol"]``, written by an official fit), else the default. It also
     sets the template's digit formatting (demonstrations, answer tokens).
     ``labels``: ``"auto"`` (default) ranks the labels of a task with a closed label set
-    (:func:`sitelens.labels.label_set`), None skips it, a list gives the labels (:func:`resolve_labels`).
+    (:func:`sitelens.eval.labels.label_set`), None skips it, a list gives the labels (:func:`resolve_labels`).
     Returns the per-item DataFrame (columns: task, method, input, target, prediction,
     first_token_correct, correct, seconds_per_item; with labels also n_labels, chance,
     label_pred, label_rank_first, label_rank_full, label_rank_full_norm, label_seconds_per_item)."""

@@ -7,21 +7,21 @@ For each model, :func:`make_figures` (or :func:`run_model` + :func:`model_figure
 2. runs intra-task patching (:func:`sitelens.patching.intra_task`) for every λ on ``intra_tasks``;
 3. runs inter-task patching (:func:`sitelens.patching.inter_task`) and α-map similarity over
    ``tasks`` (with the adapters of ``main_sparsity``);
-4. measures per-head causal effects (:func:`sitelens.effects.head_causal_effects`) on
+4. measures per-head causal effects (:func:`sitelens.patching.effects.head_causal_effects`) on
    ``effect_tasks``;
-5. writes each figure as PNG + HTML + the CSV behind it (:class:`sitelens.export.FigureWriter`),
+5. writes each figure as PNG + HTML + the CSV behind it (:class:`sitelens.viz.export.FigureWriter`),
    and a summary (JSON + CSV) of the measured high-α vs low-α gap, the within- vs between-family
    transfer gap and the α-similarity / transfer correlation (:func:`summarize_model`, from the
-   statistics of :mod:`sitelens.analysis`).
+   statistics of :mod:`sitelens.patching.analysis`).
 
-Resumable: every finished cell (:mod:`sitelens.runs`) is kept under ``out_dir/.runs/{model}/`` —
+Resumable: every finished cell (:mod:`sitelens.pipelines.store`) is kept under ``out_dir/.runs/{model}/`` —
 fitted adapters (:meth:`SiteAdapter.save`), stage-1 embeddings, and each experiment's CSV
 (written atomically) — with a short hash of the parameters that produced it in its name, and
 reused on restart (a cell computed with other parameters is recomputed, never reused). Figures and
 the summary are rebuilt from those cells on every run (seconds).
 
 The cells run in this process by default; ``executor=`` (``processes:N``, ``ray[:ADDRESS]``,
-:mod:`sitelens.executors`) runs them on workers first, in three waves — stage-1 embeddings, SITE
+:mod:`sitelens.pipelines.executors`) runs them on workers first, in three waves — stage-1 embeddings, SITE
 fits, then the intra / effects / inter cells — each cell written atomically by its worker into
 ``out_dir/.runs`` (which the workers must therefore see: one machine, or a shared file system),
 and the driver then builds the figures from the finished cells as above.
@@ -29,7 +29,7 @@ and the driver then builds the figures from the finished cells as above.
 The sizes and seeds of a run are a :class:`FigureConfig`; :func:`make_figures` takes one, or its
 fields as keyword arguments. The statistics (:func:`intra_mean`, :func:`intra_gaps`, …) and the
 writer (:class:`FigureWriter`, :func:`notebook_renderer`) are re-exported here from
-:mod:`sitelens.analysis` and :mod:`sitelens.export`.
+:mod:`sitelens.patching.analysis` and :mod:`sitelens.viz.export`.
 """
 
 from __future__ import annotations
@@ -45,21 +45,19 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sitelens.analysis import (
+from sitelens.errors import AdapterError, OutputError
+from sitelens.io import atomic_write, atomic_write_csv, atomic_write_text
+from sitelens.patching import inter_task, intra_task
+from sitelens.patching.analysis import (
     alpha_similarity,
     by_target_family,
     intra_gaps,
     intra_mean,
     target_centred,
 )
-from sitelens.effects import head_causal_effects
-from sitelens.errors import AdapterError, OutputError
-from sitelens.executors import Cell, Executor, cached_model, check_fingerprint, make_executor
-from sitelens.export import FigureWriter, notebook_renderer, png_export_error
-from sitelens.io import atomic_write, atomic_write_csv, atomic_write_text
-from sitelens.patching import inter_task, intra_task
-from sitelens.provenance import NUMERICS_VERSION, task_hash
-from sitelens.report import (
+from sitelens.patching.effects import head_causal_effects
+from sitelens.pipelines.executors import Cell, Executor, cached_model, check_fingerprint, make_executor
+from sitelens.pipelines.report import (
     gap_k,
     headline,
     intra_ks,
@@ -68,9 +66,11 @@ from sitelens.report import (
     summarize_model,
     summary_rows,
 )
-from sitelens.runs import CellStore, config_with_overrides, slug
+from sitelens.pipelines.store import CellStore, config_with_overrides, slug
+from sitelens.provenance import NUMERICS_VERSION, task_hash
 from sitelens.site import FitConfig, SiteAdapter, fit_site, task_embedding
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, load_task
+from sitelens.viz.export import FigureWriter, notebook_renderer, png_export_error
 
 DEFAULT_MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 
@@ -491,7 +491,7 @@ def make_figures(
     inter-task patching, α similarity and causal effects. ``limit``: test items per task.
     ``threads``: ``torch.set_num_threads`` (and the torch threads of each worker).
     ``progress``: one line per step on stderr. ``executor``: where the cells run
-    (:func:`sitelens.executors.make_executor`; default in this process): with ``processes:N`` or
+    (:func:`sitelens.pipelines.executors.make_executor`; default in this process): with ``processes:N`` or
     ``ray[:ADDRESS]`` the missing cells are computed on workers first (:func:`run_cells`), with
     the same results.
 

@@ -8,8 +8,8 @@ generate after it, fits (:func:`shots_that_fit`):
 
     prompt_tokens(k) + reserve ≤ n_ctx,     reserve = :data:`RESERVE` = 32
 
-``reserve`` is :func:`sitelens.bench.score_fitted`'s cap on new tokens (it generates
-``min(32, longest answer + 2)``; a label continuation of :mod:`sitelens.labels` is never longer).
+``reserve`` is :func:`sitelens.pipelines.bench.score_fitted`'s cap on new tokens (it generates
+``min(32, longest answer + 2)``; a label continuation of :mod:`sitelens.eval.labels` is never longer).
 ``prompt_tokens(k)`` is, with ``guaranteed=True`` (the default), the bound that holds for *every*
 seed: the prompt made of the ``k`` longest training shots (each tokenized alone) and the longest
 query of any split, tokenized whole, with BOS where the model prepends one. It is tokenized

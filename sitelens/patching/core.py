@@ -4,15 +4,15 @@
    k random heads (by the fitted α), and the reverse (the full SITE α with the top-k or bottom-k
    heads set to 0); first-token accuracy on zero-shot prompts with bootstrap CIs over items.
 2. :func:`inter_task`: inject task B's embedding through task A's α (and A's top-k heads).
-3. Per-head causal effects (:func:`head_causal_effects`) live in :mod:`sitelens.effects`; the
+3. Per-head causal effects (:func:`head_causal_effects`) live in :mod:`sitelens.patching.effects`; the
    statistics over these results (:func:`transfer_matrix`, :func:`alpha_similarity`,
    :func:`transfer_similarity_correlation`, :func:`within_between`, :data:`TASK_FAMILIES`,
-   :func:`effect_alpha_correlation`) in :mod:`sitelens.analysis`. Both are re-exported here.
+   :func:`effect_alpha_correlation`) in :mod:`sitelens.patching.analysis`. Both are re-exported here.
 
 Every intervention acts only at the last prompt token, so the prompt prefix is encoded once into a
 frozen KV cache (:func:`sitelens.models.prefix_cache`) and only the last token is re-run per
 condition; many conditions share one forward pass through per-row :class:`HeadMix` weights
-``[batch, n_layers, n_heads]`` (the engine below, also used by :mod:`sitelens.effects`). All
+``[batch, n_layers, n_heads]`` (the engine below, also used by :mod:`sitelens.patching.effects`). All
 functions return data (tensors, DataFrames, dicts) and are seeded.
 """
 
@@ -23,123 +23,23 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
 from sitelens.errors import AdapterError, TaskError
-from sitelens.evaluate import evaluate, last_logits
-from sitelens.injection import HeadMix, apply_hooks
-from sitelens.metrics import bootstrap_ci, correlation
+from sitelens.eval.evaluate import evaluate
+from sitelens.eval.metrics import bootstrap_ci, correlation
 from sitelens.models import (
-    SELECT_BUDGET_BYTES,
-    cache_rows_per_batch,
-    encode,
-    last_token_forward,
-    memory_budget,
     model_name,
-    place_layer_rows,
-    prefix_cache,
-    select_cache,
 )
+from sitelens.patching.engine import patched_last_logits, row_grid, run_rows
 from sitelens.site import SiteAdapter
+from sitelens.site.injection import HeadMix
+from sitelens.site.training import LastTokenSet
 from sitelens.tasks import Task
-from sitelens.training import LastTokenSet
 
 SELECTIONS = ("top", "bottom", "random", "full_minus_top", "full_minus_bottom")
 REFERENCES = ("zero_shot", "site")
-
-# ----------------------------------------------------------------------------------------------
-# the patching engine: many (item, head-mix) rows on top of one frozen prefix KV cache
-
-
-def _device(model):
-    return model.cfg.device
-
-
-def _prefix(model, prompts: list[str], answers: list[int], *, batch_size: int = 64):
-    data = LastTokenSet.from_prompts(model, prompts, answers, batch_size=batch_size)
-    return data.cache, data.last, data.answers  # last: [n, 1], answers: [n]
-
-
-def _run_rows(
-    model,
-    cache,
-    last: Int[Tensor, "n 1"],
-    answers: Int[Tensor, " n"],
-    item_idx: Int[Tensor, " rows"],
-    cond_idx: Int[Tensor, " rows"],
-    cond_weights: Float[Tensor, "n_cond n_layers n_heads"],
-    targets: Float[Tensor, "... n_layers n_heads d_head"],
-    *,
-    batch_size: int = 128,
-) -> tuple[Bool[Tensor, " rows"], Float[Tensor, " rows"]]:
-    """Row ``r`` runs item ``item_idx[r]``'s last token with the mix ``cond_weights[cond_idx[r]]``
-    toward ``targets`` (shared ``[L, H, d_head]`` or per condition ``[n_cond, L, H, d_head]``).
-    Returns per row: is the argmax the answer's first token, and that token's probability (float32,
-    CPU; read back once, after the last batch)."""
-    dev = _device(model)
-    correct: list[Tensor] = []  # per batch [b], on the logits' device
-    prob: list[Tensor] = []  # per batch [b]
-    cond_weights = cond_weights.to(dev)
-    per_cond_targets = targets.dim() == 4
-    if per_cond_targets:
-        targets = targets.to(dev)  # [n_cond, n_layers, n_heads, d_head]
-    else:
-        targets = place_layer_rows(targets, model)  # L × [n_heads, d_head], on their layers
-    batch_size = cache_rows_per_batch(  # bounded copy of long prefixes: 1 GiB on the CPU
-        cache, batch_size, budget_bytes=memory_budget(model, SELECT_BUDGET_BYTES))
-    for s in range(0, len(item_idx), batch_size):
-        items = item_idx[s : s + batch_size]
-        conds = cond_idx[s : s + batch_size].to(dev)
-        w = cond_weights[conds]  # [b, n_layers, n_heads]
-        t = targets[conds] if per_cond_targets else targets  # [(b,) n_layers, n_heads, d_head]
-        mix = HeadMix(weights=w, targets=t, positions=(-1,))
-        sub = select_cache(cache, items)
-        with torch.no_grad(), apply_hooks(model, mix.hooks(model)):
-            logits = last_token_forward(model, sub, last[items])[:, -1].float()  # [b, d_vocab]
-        ans = answers[items.to(answers.device)].to(logits.device)  # [b]
-        logp = torch.log_softmax(logits, dim=-1).gather(1, ans[:, None])[:, 0]  # [b]
-        correct.append(logits.argmax(-1) == ans)
-        prob.append(logp.exp())
-    return torch.cat(correct).cpu(), torch.cat(prob).float().cpu()
-
-
-def _grid(n_cond: int, n_items: int) -> tuple[Tensor, Tensor]:
-    """Condition-major rows: (cond 0, item 0..n-1), (cond 1, item 0..n-1), ..."""
-    cond = torch.arange(n_cond).repeat_interleave(n_items)  # [n_cond * n_items]
-    item = torch.arange(n_items).repeat(n_cond)  # [n_cond * n_items]
-    return item, cond
-
-
-def patched_last_logits(
-    model,
-    prompts: list[str],
-    weights: Float[Tensor, "... n_layers n_heads"] | None = None,
-    targets: Float[Tensor, "... n_layers n_heads d_head"] | None = None,
-    *,
-    use_cache: bool = True,
-) -> Float[Tensor, "batch d_vocab"]:
-    """Logits at the last prompt position with ``z[:, -1, h] ← (1 − w)·z + w·t`` at every head.
-
-    ``weights`` is ``[n_layers, n_heads]`` (all prompts) or ``[batch, n_layers, n_heads]`` (one row
-    per prompt); ``None`` runs the model unpatched. ``use_cache=True`` runs only the last token on a
-    frozen prefix KV cache (what the experiments use); ``False`` runs the full prompt."""
-    dev = _device(model)
-    mix = None
-    if weights is not None:
-        if targets is None:
-            raise ValueError("patched_last_logits: weights need targets.")
-        mix = HeadMix(weights=weights.to(dev), targets=targets.to(dev), positions=(-1,))
-        if weights.dim() == 2 and targets.dim() == 3:
-            mix = mix.placed(model)  # one row per layer, on that layer's device
-    enc = encode(model, prompts)
-    if not use_cache:
-        return last_logits(model, enc, mix).cpu()  # [batch, d_vocab]
-    cache, last = prefix_cache(model, enc)
-    hooks = mix.hooks(model) if mix is not None else []
-    with torch.no_grad(), apply_hooks(model, hooks):
-        return last_token_forward(model, cache, last)[:, -1].float().cpu()  # [batch, d_vocab]
-
 
 # ----------------------------------------------------------------------------------------------
 # head selections
@@ -241,8 +141,8 @@ def _score_conditions(
     n_cond = weights.shape[0]
     items = _items(task, split, limit)
     data = LastTokenSet.build(model, items, template)
-    item_idx, cond_idx = _grid(n_cond, len(items))
-    correct, prob = _run_rows(
+    item_idx, cond_idx = row_grid(n_cond, len(items))
+    correct, prob = run_rows(
         model, data.cache, data.last, data.answers, item_idx, cond_idx, weights, embedding,
         batch_size=batch_size,
     )
@@ -278,7 +178,7 @@ def intra_task(
 
     Accuracy is first-token accuracy (argmax of the next-token logits equals the answer's first
     token), computed on a frozen prefix KV cache, many conditions per forward pass. ``exact_match``
-    also generates greedily under each condition (:func:`sitelens.evaluate.evaluate`; slow) and adds
+    also generates greedily under each condition (:func:`sitelens.eval.evaluate.evaluate`; slow) and adds
     ``exact_match, em_ci_low, em_ci_high``. CIs: percentile bootstrap over items (``n_boot``
     resamples, seeded, shared across conditions).
 
@@ -446,25 +346,12 @@ def inter_task(
 
 def spearman(x, y) -> float:
     """Spearman's ρ; kept for old imports, use
-    ``sitelens.metrics.correlation(x, y, "spearman")``."""
+    ``sitelens.eval.metrics.correlation(x, y, "spearman")``."""
     return correlation(x, y, "spearman")
 
 
-# re-exported: these moved to sitelens.analysis and sitelens.effects
-from sitelens.analysis import (  # noqa: E402
-    TASK_FAMILIES,
-    alpha_similarity,
-    effect_alpha_correlation,
-    transfer_matrix,
-    transfer_similarity_correlation,
-    within_between,
-)
-from sitelens.effects import EffectsConfig, corrupted_prompts, head_causal_effects  # noqa: E402
-
 __all__ = [
-    "SELECTIONS", "REFERENCES", "TASK_FAMILIES",
+    "SELECTIONS", "REFERENCES",
     "spearman", "bootstrap_ci", "patched_last_logits", "default_ks", "ranked_heads",
-    "selection_weights", "intra_task", "inter_task", "transfer_matrix", "alpha_similarity",
-    "transfer_similarity_correlation", "within_between", "corrupted_prompts",
-    "head_causal_effects", "effect_alpha_correlation", "EffectsConfig",
+    "selection_weights", "intra_task", "inter_task",
 ]

@@ -2,13 +2,13 @@
 
 A **cell** is one cached result, keyed by a hash of everything that produced it: a file (or an
 adapter directory) under a run directory for ``sitelens figures`` (:class:`CellStore`), a row of
-the results CSV for ``sitelens bench`` (:func:`sitelens.bench.cell_key`). A cell whose key differs
+the results CSV for ``sitelens bench`` (:func:`sitelens.pipelines.bench.cell_key`). A cell whose key differs
 is recomputed, never reused (:mod:`sitelens.provenance`).
 
 :func:`config_with_overrides` builds a config dataclass from an optional config plus keyword
-overrides, so that entry points (:func:`sitelens.figures.make_figures`,
-:func:`sitelens.bench.run_bench`, :func:`sitelens.effects.head_causal_effects`) accept every field
-as a keyword without repeating the field list.
+overrides, so that entry points (:func:`sitelens.pipelines.figures.make_figures`,
+:func:`sitelens.pipelines.bench.run_bench`, :func:`sitelens.patching.effects.head_causal_effects`)
+accept every field as a keyword without repeating the field list.
 """
 
 from __future__ import annotations

@@ -141,8 +141,8 @@ def tv_fitted(
     ``hook_resid_pre`` at the last prompt token. Returns a :class:`sitelens.baselines.Fitted`."""
     from sitelens.baselines.base import Fitted, select_layer
     from sitelens.baselines.tv import tv_intervention
+    from sitelens.site.training import valid_items
     from sitelens.tasks import DEFAULT_TEMPLATE
-    from sitelens.training import valid_items
 
     template = template or DEFAULT_TEMPLATE
     states = states.to(model.cfg.device)  # [n_layers, d_model]

@@ -1,13 +1,13 @@
 """What a figures run measured and shows: the summary numbers and the figures of one model's run
-(a :class:`sitelens.figures.ModelRun`), rebuilt from its cells in seconds.
+(a :class:`sitelens.pipelines.figures.ModelRun`), rebuilt from its cells in seconds.
 
 - :func:`summarize_model`: high- vs low-α gaps (per λ, at ``gap_ks``), transfer within vs between
   families, α similarity within vs between, α-similarity / transfer Spearman (Mantel p), and
   effect–α Spearman per task; :func:`summary_rows` flattens a summary into a long table and
   :func:`headline` picks its headline numbers.
-- :func:`model_figures`: ``{name: (plotly Figure, CSV frame)}`` from :mod:`sitelens.plotting`.
+- :func:`model_figures`: ``{name: (plotly Figure, CSV frame)}`` from :mod:`sitelens.viz.plotting`.
 
-The statistics themselves are in :mod:`sitelens.analysis`.
+The statistics themselves are in :mod:`sitelens.patching.analysis`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sitelens.analysis import (
+from sitelens.patching import default_ks
+from sitelens.patching.analysis import (
     TASK_FAMILIES,
     by_target_family,
     effect_alpha_correlation,
@@ -31,8 +32,8 @@ from sitelens.analysis import (
     transfer_similarity_correlation,
     within_between,
 )
-from sitelens.patching import default_ks
-from sitelens.plotting import (
+from sitelens.site import SiteAdapter
+from sitelens.viz.plotting import (
     alpha_facets,
     alpha_heatmap,
     cluster_order,
@@ -40,10 +41,9 @@ from sitelens.plotting import (
     matrix_heatmap,
     patching_curves,
 )
-from sitelens.site import SiteAdapter
 
 if TYPE_CHECKING:
-    from sitelens.figures import FigureConfig, ModelRun
+    from sitelens.pipelines.figures import FigureConfig, ModelRun
 
 
 def gap_k(spec: str | int, n_total: int) -> int:
@@ -228,7 +228,7 @@ def _alpha_long(adapters: dict[str, SiteAdapter], lam: float) -> pd.DataFrame:
 
 
 def model_figures(run: ModelRun) -> dict[str, tuple]:
-    """``{name: (figure, csv_frame)}`` for one model (figures from :mod:`sitelens.plotting`).
+    """``{name: (figure, csv_frame)}`` for one model (figures from :mod:`sitelens.viz.plotting`).
 
     Long (about 70 lines) on purpose: one short block per figure of ``figures/{model}/``, in the
     order the docs list them, so that a figure and the frame behind it are read side by side."""

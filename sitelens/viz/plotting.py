@@ -21,8 +21,8 @@ from jaxtyping import Float
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from sitelens.analysis import transfer_matrix
-from sitelens.metrics import correlation
+from sitelens.eval.metrics import correlation
+from sitelens.patching.analysis import transfer_matrix
 
 COLORS = {
     "top": "#d62728",

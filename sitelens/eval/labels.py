@@ -34,7 +34,7 @@ Scores (:func:`score_labels`), for each item and each of its labels ``c`` with a
 - ``full``: ``Σ_k log p(t_k | prompt, t_<k)``, and ``full_norm`` = ``full / T`` (length-normalized).
 
 Interventions act exactly as in generation: the prompt is run once with the intervention's hooks
-pinned to the prompt length (a prefill-scoped intervention — SITE's :class:`~sitelens.injection.HeadMix`,
+pinned to the prompt length (a prefill-scoped intervention — SITE's :class:`~sitelens.site.injection.HeadMix`,
 TV, FV, LTV, State Vector — injects at the prompt's last token only), and the label tokens
 continue from its KV cache with the hooks still in place, like decode steps: prefill-scoped hooks
 leave them alone, every-position ones (I2CL, LoRA, (IA)3) act on them. The continuation of a batch
@@ -53,7 +53,6 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from sitelens.injection import apply_hooks
 from sitelens.models import (
     SELECT_BUDGET_BYTES,
     cache_rows_per_batch,
@@ -65,6 +64,7 @@ from sitelens.models import (
     select_cache,
     token_ids,
 )
+from sitelens.site.injection import apply_hooks
 from sitelens.tasks import DEFAULT_TEMPLATE, Example, Task, Template
 
 MAX_LABELS = 20
@@ -267,7 +267,7 @@ LABEL_COLUMNS = ("n_labels", "chance", "label_pred", "label_rank_first", "label_
 
 
 def label_columns(scores: LabelScores, gold: str) -> dict:
-    """The per-item columns of :func:`sitelens.evaluate.evaluate` for one item: ``n_labels``,
+    """The per-item columns of :func:`sitelens.eval.evaluate.evaluate` for one item: ``n_labels``,
     ``chance`` (1 / n_labels), ``label_pred`` (the full-likelihood argmax), ``label_rank_first``
     (1.0 / 0.0, NaN when the first tokens are not distinct), ``label_rank_full`` and
     ``label_rank_full_norm`` (bool)."""

@@ -4,7 +4,8 @@ and ``atlas --refit``).
 
 A sweep is a list of :class:`Cell` s: a module-level function and its (picklable) arguments,
 named by the key of the result it produces in the run's keyed store (a bench row's
-:func:`sitelens.bench.cell_key`, a figures or atlas cell file of :class:`sitelens.runs.CellStore`).
+:func:`sitelens.pipelines.bench.cell_key`, a figures or atlas cell file of
+:class:`sitelens.pipelines.store.CellStore`).
 Cells are idempotent: running one twice gives the same result under the same key, so a cell whose
 worker was killed is simply run again, and a store never holds a key twice. An executor runs the
 cells and hands each result to ``on_result`` in the driver as soon as it is there, in any order:
@@ -185,7 +186,10 @@ def _call_with_threads(fn: Callable, args: tuple, threads: int | None) -> Any:
 
 
 # imported once by the fork server, so that every worker starts with them (no per-worker import)
-PRELOAD = ["sitelens.executors", "sitelens.bench", "sitelens.figures", "sitelens.atlas.data"]
+PRELOAD = [
+    "sitelens.pipelines.executors", "sitelens.pipelines.bench", "sitelens.pipelines.figures",
+    "sitelens.atlas.data",
+]
 
 
 class ProcessExecutor(_Base):

@@ -3,7 +3,7 @@ within- vs between-family means, and the intra-task aggregates behind ``figures/
 
 Everything here takes data (DataFrames, ``[n_layers, n_heads]`` tensors, adapters) and returns
 data; numpy and pandas only (no scipy). Rank correlations are
-:func:`sitelens.metrics.correlation` with ``method="spearman"``.
+:func:`sitelens.eval.metrics.correlation` with ``method="spearman"``.
 
 - :data:`TASK_FAMILIES`: the family of each built-in task.
 - :func:`transfer_matrix`: :func:`sitelens.patching.inter_task` rows as a source × target matrix;
@@ -27,7 +27,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from sitelens.metrics import correlation
+from sitelens.eval.metrics import correlation
 from sitelens.site import SiteAdapter
 
 # Families of the built-in task suite (sitelens/data/tasks/README.md), for within- vs
@@ -266,7 +266,7 @@ def intra_mean(intra: pd.DataFrame, label: Callable[[float], str] | None = None)
     """Intra-task rows averaged over tasks, per (sparsity, selection, k, seed). The CI of the mean
     combines the per-task bootstrap CIs by a normal approximation (independent tasks):
     half-width = sqrt(Σ halfwidth²) / n_tasks. ``task`` becomes ``label(λ)`` (one panel row per λ
-    in :func:`sitelens.plotting.patching_curves`)."""
+    in :func:`sitelens.viz.plotting.patching_curves`)."""
     label = label or (lambda lam: f"mean over tasks, λ = {lam:g}")
     df = intra.copy()
     df["seed"] = df["seed"].astype("Int64")

@@ -7,25 +7,22 @@ measure the change in probability of the correct first answer token. Batched acr
 head per row of one forward pass, on top of a frozen prefix KV cache (the engine of
 :mod:`sitelens.patching`); ``batched=False`` is the reference one-full-forward-pass-per-head
 loop. The knobs live in :class:`EffectsConfig` (keyword arguments override its fields).
-:func:`sitelens.analysis.effect_alpha_correlation` compares the result with an α map.
+:func:`sitelens.patching.analysis.effect_alpha_correlation` compares the result with an α map.
 """
 
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from sitelens.analysis import effect_alpha_correlation
 from sitelens.errors import AdapterError, TaskError
-from sitelens.evaluate import last_logits
-from sitelens.injection import HeadMix
-from sitelens.models import encode
-from sitelens.runs import config_with_overrides
+from sitelens.patching.analysis import effect_alpha_correlation
+from sitelens.patching.engine import ForwardPassCounter, batched_answer_probs, serial_answer_probs
+from sitelens.pipelines.store import config_with_overrides
 from sitelens.site import task_embedding
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,
@@ -119,7 +116,7 @@ def head_causal_effects(
             f"[n_layers={L}, n_heads={H}, d_head={d_head}]."
         )
     embedding = embedding.to(model.cfg.device)  # [n_layers, n_heads, d_head]
-    with _ForwardPassCounter(model) as passes:
+    with ForwardPassCounter(model) as passes:
         effects, base, patched, rows, n, N = _head_effects(model, task, embedding, cfg)
     if not return_stats:
         return effects
@@ -136,29 +133,6 @@ def head_causal_effects(
     return effects, stats
 
 
-class _ForwardPassCounter:
-    """Counts the calls of ``model`` (a forward pre-hook on it: every ``model(...)``, including
-    passes that stop early, e.g. :func:`sitelens.models.forward_until`) and times the block.
-    ``.count`` and ``.seconds`` are set on exit."""
-
-    def __init__(self, model):
-        self.model, self.count, self.seconds = model, 0, 0.0
-
-    def _pre(self, module, args) -> None:
-        self.count += 1
-
-    def __enter__(self):
-        self._handle = self.model.register_forward_pre_hook(self._pre)
-        self._t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.seconds = time.perf_counter() - self._t0
-        self._handle.remove()
-
-
-
-
 def _head_effects(model, task: Task, embedding, cfg: EffectsConfig):
     """The work of :func:`head_causal_effects` (its forward passes are counted around this):
     ``(effects, base, patched, rows, n_prompts, n_heads_total)``, where ``base`` ``[n_prompts]``
@@ -170,63 +144,10 @@ def _head_effects(model, task: Task, embedding, cfg: EffectsConfig):
     )
     n, N = len(prompts), L * H
     onehots = torch.eye(N).reshape(N, L, H)  # [N, n_layers, n_heads]: row j patches head j
-    answer_probs = _batched_answer_probs if cfg.batched else _serial_answer_probs
+    answer_probs = batched_answer_probs if cfg.batched else serial_answer_probs
     base, patched = answer_probs(model, prompts, answers, onehots, embedding, cfg.batch_size)
     effects = (patched - base[:, None]).mean(0).reshape(L, H)  # [n_layers, n_heads]
     return effects, base, patched, (N + 1) * n, n, N
-
-
-def _batched_answer_probs(
-    model, prompts: list[str], answers: list[int], onehots: Float[Tensor, "N n_layers n_heads"],
-    embedding: Float[Tensor, "n_layers n_heads d_head"], batch_size: int,
-) -> tuple[Float[Tensor, " n_prompts"], Float[Tensor, "n_prompts N"]]:
-    """Each prompt's prefix encoded once into a frozen KV cache; then one row per (prompt,
-    condition) re-runs only the last token: condition 0 unpatched, condition 1 + j head j."""
-    # imported here, not at the top: sitelens.patching re-exports this module's names
-    from sitelens.patching import _prefix, _run_rows
-
-    n, N = len(prompts), onehots.shape[0]
-    L, H = onehots.shape[1:]
-    cache, last, ans = _prefix(model, prompts, answers)
-    weights = torch.cat([torch.zeros(1, L, H), onehots])  # [N + 1, n_layers, n_heads]
-    item_idx = torch.arange(n).repeat_interleave(N + 1)  # [n * (N + 1)], prompt-major
-    cond_idx = torch.arange(N + 1).repeat(n)  # [n * (N + 1)]
-    _, prob = _run_rows(
-        model, cache, last, ans, item_idx, cond_idx, weights, embedding, batch_size=batch_size,
-    )
-    prob = prob.reshape(n, N + 1)  # [n_prompts, N + 1]
-    return prob[:, 0], prob[:, 1:]  # [n_prompts], [n_prompts, N]
-
-
-def _serial_answer_probs(
-    model, prompts: list[str], answers: list[int], onehots: Float[Tensor, "N n_layers n_heads"],
-    embedding: Float[Tensor, "n_layers n_heads d_head"], batch_size: int,
-) -> tuple[Float[Tensor, " n_prompts"], Float[Tensor, "n_prompts N"]]:
-    """The reference: one full forward pass over all prompts (in chunks of ``batch_size``)
-    unpatched, then one per head."""
-    device = model.cfg.device
-    chunks = [
-        (encode(model, prompts[s : s + batch_size]),
-         torch.tensor(answers[s : s + batch_size], device=device))
-        for s in range(0, len(prompts), batch_size)
-    ]
-
-    def probs(mix) -> Tensor:
-        out = []
-        for enc, ans in chunks:
-            logits = last_logits(model, enc, mix)  # [b, d_vocab]
-            ans = ans.to(logits.device)  # [b]
-            logp = torch.log_softmax(logits, -1).gather(1, ans[:, None])[:, 0]  # [b]
-            out.append(logp.exp().cpu())
-        return torch.cat(out)  # [n_prompts]
-
-    base = probs(None)  # [n_prompts]
-    patched = torch.stack(
-        [probs(HeadMix(weights=onehots[j].to(device), targets=embedding))
-         for j in range(onehots.shape[0])],
-        dim=1,
-    )  # [n_prompts, N]
-    return base, patched
 
 
 __all__ = ["EffectsConfig", "corrupted_prompts", "head_causal_effects", "effect_alpha_correlation"]

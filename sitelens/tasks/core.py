@@ -5,7 +5,7 @@ A task comes from the built-in suite (``sitelens/data/tasks/*.json``), from an F
 list of pairs in Python (:func:`task_from_pairs`); the suite, files and lists are split 70/10/20
 with a seed, FV-layout directories keep their own splits. A collection — a directory of FV-layout
 task folders such as ``../shared/datasets/cls`` — loads with :func:`load_collection`. An FV-layout
-directory may also hold ``labels.json``, the task's closed label set (:mod:`sitelens.labels`).
+directory may also hold ``labels.json``, the task's closed label set (:mod:`sitelens.eval.labels`).
 
 Prompts: :func:`zero_shot_prompt` (the query alone), :func:`few_shot_prompts` (demonstrations from
 the train split, never the query itself), :func:`embedding_prompts` (stage 1's few-shot prompts),
@@ -93,7 +93,7 @@ class Task:
     ``case_sensitive`` makes exact-match scoring compare case; it is switched on for tasks whose
     name contains ``capitalize``, ``lowercase`` or ``uppercase``. ``labels``: the task's closed
     label set, when it defines one (``labels.json`` in an FV-layout directory); otherwise
-    :func:`sitelens.labels.label_set` detects one from the outputs."""
+    :func:`sitelens.eval.labels.label_set` detects one from the outputs."""
 
     name: str
     train: list[Example]

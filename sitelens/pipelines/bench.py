@@ -8,7 +8,7 @@ settings that made it (:data:`SETTINGS`) and their hash (``key``); a rerun with 
 row whose key is already in the file is never appended again (:func:`append_row`).
 
 Cells run in this process by default, or on worker processes or a Ray cluster
-(``executor=``, :mod:`sitelens.executors`): each cell is an idempotent task (:func:`run_cell`) whose
+(``executor=``, :mod:`sitelens.pipelines.executors`): each cell is an idempotent task (:func:`run_cell`) whose
 row comes back to this process and is appended here, so a cell whose worker was killed is rerun
 and still lands once.
 
@@ -19,9 +19,9 @@ decode steps by themselves; every-position hooks act on them). Columns: see :dat
 dNTP is against the ``n_shots``-shot ICL distribution of the same queries (same demonstrations as
 the ``icl`` method with the same seed, so its dNTP is exactly 0).
 
-Tasks with a closed label set (:func:`sitelens.labels.label_set`: ``cls/``, ANLI, MMLU-Pro, most of
+Tasks with a closed label set (:func:`sitelens.eval.labels.label_set`: ``cls/``, ANLI, MMLU-Pro, most of
 BIG-Bench Hard) are also scored by ranking their labels under the method's intervention
-(:mod:`sitelens.labels`): ``label_acc_first``, ``label_acc_full``, ``label_acc_full_norm`` and the
+(:mod:`sitelens.eval.labels`): ``label_acc_first``, ``label_acc_full``, ``label_acc_full_norm`` and the
 ``chance`` level (mean of 1 / number of labels) beside them; NaN for open-ended tasks.
 """
 
@@ -45,11 +45,10 @@ from tqdm.auto import tqdm
 
 from sitelens.baselines import Fitted, Method, get_method
 from sitelens.errors import ExecutorError, OutputError, SitelensError
-from sitelens.evaluate import exact_match, greedy_generate, rank_labels
-from sitelens.executors import Cell, Executor, cached_model, check_fingerprint, make_executor, preloaded
+from sitelens.eval.evaluate import exact_match, greedy_generate, rank_labels
+from sitelens.eval.labels import LabelSet, label_set, nan_mean
+from sitelens.eval.metrics import bootstrap_ci, correlation, dntp_per_item
 from sitelens.io import atomic_write, locked
-from sitelens.labels import LabelSet, label_set, nan_mean
-from sitelens.metrics import bootstrap_ci, correlation, dntp_per_item
 from sitelens.models import (
     Encoded,
     encode,
@@ -59,8 +58,16 @@ from sitelens.models import (
     model_name,
     token_ids,
 )
+from sitelens.pipelines.executors import (
+    Cell,
+    Executor,
+    cached_model,
+    check_fingerprint,
+    make_executor,
+    preloaded,
+)
+from sitelens.pipelines.store import config_with_overrides
 from sitelens.provenance import NUMERICS_VERSION, canonical, settings_hash, task_hash
-from sitelens.runs import config_with_overrides
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,
     Example,
@@ -298,7 +305,7 @@ def score_fitted(
 def label_metrics(model, items: Sequence[Example], prompts: list[str], fitted: Fitted,
                   labels: LabelSet | None, *, template: Template, batch_size: int) -> dict:
     """The :data:`LABEL_METRICS` of a fitted method: means over items of its label ranks
-    (:func:`sitelens.evaluate.rank_labels`, under ``fitted.intervention``) and of 1 / n_labels;
+    (:func:`sitelens.eval.evaluate.rank_labels`, under ``fitted.intervention``) and of 1 / n_labels;
     all NaN when ``labels`` is None."""
     if labels is None:
         return dict.fromkeys(LABEL_METRICS, float("nan"))
@@ -377,9 +384,9 @@ def run_bench(
     for tasks whose k-shot prompts are longer (squad_val's 10-shot prompts reach 2,621 SmolLM2
     tokens). Results do not depend on it for prompts that fit.
 
-    ``executor``: where the cells run (:func:`sitelens.executors.make_executor`): ``None`` or
+    ``executor``: where the cells run (:func:`sitelens.pipelines.executors.make_executor`): ``None`` or
     ``"local"`` in this process, ``"processes:N"`` on N worker processes, ``"ray"`` /
-    ``"ray:HOST:PORT"`` on Ray, or an :class:`~sitelens.executors.Executor` (left open). Every
+    ``"ray:HOST:PORT"`` on Ray, or an :class:`~sitelens.pipelines.executors.Executor` (left open). Every
     executor gives the same rows; with a non-local one, models must be given by name (each worker
     loads them itself) and methods must pickle. The model is still loaded here once, for the
     weight fingerprint of the keys.
@@ -447,7 +454,7 @@ def run_bench(
 @dataclass(frozen=True)
 class BenchJob:
     """One bench cell, everything a worker needs to compute its row (picklable): the model's
-    name for :func:`sitelens.executors.cached_model` (+ ``n_ctx``), the task, the method, the
+    name for :func:`sitelens.pipelines.executors.cached_model` (+ ``n_ctx``), the task, the method, the
     row's settings and key, and the run's config."""
 
     model: str
@@ -481,7 +488,7 @@ def _reference(model, job: BenchJob, items) -> tuple[Tensor | None, str]:
 
 def run_cell(job: BenchJob) -> dict:
     """Fit and score one cell, in whatever process runs it; returns its row (settings, key,
-    metrics). The model comes from :func:`sitelens.executors.cached_model` (loaded once per
+    metrics). The model comes from :func:`sitelens.pipelines.executors.cached_model` (loaded once per
     process); a model whose weight fingerprint is not the one in the key raises
     :class:`ExecutorError` (a worker with other weights must not write under this key)."""
     cfg, task, method = job.config, job.task, job.method
