@@ -23,10 +23,12 @@ def _rows(keys):
 def test_append_skips_done_keys_and_never_overwrites(tmp_path):
     s = ResultsStore(tmp_path / "r.csv", COLS)
     assert s.append(_rows(["a", "b"])) == 2
-    # a rerun: "a" is done (kept as first written), "c" is new, "c" twice in one call is written once
-    assert s.append([{"key": "a", "x": 99, "y": "new"}, *_rows(["c", "c"])]) == 1
+    # a rerun: "a" is done (kept as first written); "c" is new, and one call is one cell's rows
+    # (two rows sharing its key are both written)
+    assert s.append([{"key": "a", "x": 99, "y": "new"}, *_rows(["c", "c"])]) == 2
+    assert s.append(_rows(["c"])) == 0
     df = s.read()
-    assert df["key"].tolist() == ["a", "b", "c"]
+    assert df["key"].tolist() == ["a", "b", "c", "c"]
     assert df.loc[0, "x"] == 0 and df.loc[0, "y"] == "va"
     assert s.keys() == {"a", "b", "c"} and "b" in s and "z" not in s
 

@@ -226,7 +226,8 @@ def main(experiment: Experiment, argv: Sequence[str] | None = None, *, prog: str
     argv = list(sys.argv[1:] if argv is None else argv)
     args = experiment.parser().parse_args(argv)
     script = prog or f"benchmarks/{Path(sys.argv[0]).name}"
-    args.command = shlex.join(["python", script, *argv])
+    # the command that regenerates the results: this one, less the flags that only read them
+    args.command = shlex.join(["python", script, *[a for a in argv if a not in ("--report", "--dry-run")]])
     experiment.args = args
     if args.threads:
         import torch

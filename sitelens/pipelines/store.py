@@ -156,7 +156,8 @@ class ResultsStore:
     ``key`` names the key column (``None``: an unkeyed measurement log, where every append is a
     new measurement). ``done(row)`` says whether a row on disk finishes its key (default: every
     row; e.g. ``status == "ok"`` where a failed cell is recorded and retried). :meth:`append`
-    skips rows whose key is done, on disk or earlier in the same call, and never rewrites a row."""
+    skips rows whose key is done on disk and never rewrites a row; the rows of one call are one
+    cell's (several rows may share its key) and are written together."""
 
     def __init__(self, path: str | Path, columns: Sequence[str], *, key: str | None = "key",
                  done: Callable[[dict], bool] | None = None):
@@ -216,8 +217,6 @@ class ResultsStore:
                     continue
                 writer.writerow({c: _field(row.get(c, "")) for c in self.columns})
                 n += 1
-                if k and (self.done is None or self.done({c: str(row.get(c, "")) for c in self.columns})):
-                    done.add(k)
             if n:
                 if old and not old.endswith(b"\n"):
                     old += b"\n"
