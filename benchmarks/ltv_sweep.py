@@ -63,7 +63,6 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from _common import md_table
 
 import sitelens as sl
 from sitelens.baselines import LTVValid, get_method
@@ -74,6 +73,7 @@ from sitelens.eval.metrics import dntp_per_item
 from sitelens.io import atomic_write, atomic_write_text, locked
 from sitelens.models import act_name, fingerprint, model_name
 from sitelens.pipelines.bench import reference_logits, score_fitted
+from sitelens.pipelines.experiment import DATA_ROOT, md_table, pct
 from sitelens.provenance import NUMERICS_VERSION, settings_hash, task_hash
 from sitelens.site import capture_last
 from sitelens.site.training import LastTokenSet, valid_items
@@ -83,7 +83,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 CACHE = ROOT / "runs" / "ltv_sweep_cache"
-DATA = ROOT.parent / "shared" / "datasets" / "cls"
+DATA = DATA_ROOT / "cls"
 
 LAM, N_QUERIES, N_SHOTS, SEED = 5.0, 256, 10, 0  # LTV()'s defaults, bench seed 0
 LAMS = (0.05, 0.5, 5.0, 50.0, 500.0, 5e3, 5e4, 5e5)
@@ -354,9 +354,6 @@ class Sweep:
 # report
 
 
-def _pct(x) -> str:
-    return "–" if pd.isna(x) else f"{100 * x:.1f}"
-
 
 def _f(x, digits: int = 2) -> str:
     return "–" if pd.isna(x) else f"{x:.{digits}f}"
@@ -372,8 +369,8 @@ def _layer_table(lay: pd.DataFrame, chosen: int) -> str:
 
         rows.append({
             "block": f"**{ell}**" if ell == chosen else str(ell),
-            "valid first (ltv)": _pct(get("ltv", "valid_acc")),
-            **{f"label {x}": _pct(get(x, "label_acc_first")) for x in ("ltv", "ltv+b", "shift")},
+            "valid first (ltv)": pct(get("ltv", "valid_acc")),
+            **{f"label {x}": pct(get(x, "label_acc_first")) for x in ("ltv", "ltv+b", "shift")},
             **{f"dNTP {x}": _f(get(x, "dntp")) for x in ("ltv", "ltv+b", "shift")},
             "R² test ltv": _f(get("ltv", "r2_test")), "R² test ltv+b": _f(get("ltv+b", "r2_test")),
         })
@@ -385,8 +382,8 @@ def _knob_table(s: pd.DataFrame, knob: str, label: str) -> str:
     for (ell, variant, v), r in s.groupby(["layer", "variant", knob]):
         r = r.iloc[0]
         rows.append({"block": ell, "variant": variant, label: f"{v:g}",
-                     "λ / (tr XᵀX/d)": f"{r.rel_lam:.2g}", "label": _pct(r.label_acc_first),
-                     "first": _pct(r.first_token_acc), "dNTP": _f(r.dntp),
+                     "λ / (tr XᵀX/d)": f"{r.rel_lam:.2g}", "label": pct(r.label_acc_first),
+                     "first": pct(r.first_token_acc), "dNTP": _f(r.dntp),
                      "R² train": _f(r.r2_train), "R² test": _f(r.r2_test),
                      "‖pred‖/‖true‖": _f(r.norm_ratio)})
     return md_table(pd.DataFrame(rows))
@@ -396,9 +393,9 @@ def _full_table(t: pd.DataFrame) -> str:
     rows = []
     for r in t[t["grid"].isin(["ref", "full"])].itertuples():
         rows.append({"cell": r.variant if r.grid == "ref" else f"{r.variant} @ block {r.layer}",
-                     "label (full)": _pct(r.label_acc_full), "label (first)": _pct(r.label_acc_first),
-                     "label (norm)": _pct(r.label_acc_full_norm), "first": _pct(r.first_token_acc),
-                     "EM": _pct(r.exact_match), "dNTP": _f(r.dntp), "chance": _pct(r.chance)})
+                     "label (full)": pct(r.label_acc_full), "label (first)": pct(r.label_acc_first),
+                     "label (norm)": pct(r.label_acc_full_norm), "first": pct(r.first_token_acc),
+                     "EM": pct(r.exact_match), "dNTP": _f(r.dntp), "chance": pct(r.chance)})
     return md_table(pd.DataFrame(rows))
 
 

@@ -370,7 +370,8 @@ def run_stage(model, stage: str, length: int, sizes: dict, sync) -> dict:
 
 def worker(args) -> int:
     import torch
-    from _common import PeakRSS, append_rows_atomic
+
+    from sitelens.pipelines.experiment import PeakRSS
 
     jobs = json.loads(args.jobs)  # [{"length", "stage", "key"}]
     torch.set_num_threads(args.threads)
@@ -404,7 +405,7 @@ def worker(args) -> int:
                 wall, cpu = time.perf_counter() - w0, time.process_time() - c0
         except Exception as e:  # recorded, not done: a rerun tries again
             row.update(status="failed", reason=f"{type(e).__name__}: {e}"[:300])
-            append_rows_atomic(Path(args.csv), FIELDS, [row])
+            store(Path(args.csv)).append([row])
             print(f"  {args.model} L={job['length']} {job['stage']}: FAILED {e}", flush=True)
             continue
         wall, cpu = out.get("wall", wall), out.get("cpu", cpu)
@@ -419,7 +420,7 @@ def worker(args) -> int:
             load_avg_after=os.getloadavg()[0],
             detail=json.dumps(out.get("detail", {}), sort_keys=True),
         )
-        append_rows_atomic(Path(args.csv), FIELDS, [row])
+        store(Path(args.csv)).append([row])
         print(f"  {args.model} L={job['length']} {job['stage']}: {cpu / n:.4g} CPU s / "
               f"{wall / n:.4g} wall s per {UNITS[job['stage']]} (n={n})", flush=True)
     return 0
@@ -474,16 +475,15 @@ def cell_key(args, name: str, fields: dict, length: int, stage: str) -> str:
     spec = dict(v=BENCH_VERSION, model=name, cfg=fields, length=length, stage=stage,
                 device=device_type, dtype=args.dtype, torch=torch.__version__, threads=args.threads,
                 n_ctx=args.n_ctx, sizes=SIZES[device_type], n_shots=N_SHOTS)
+    # the committed rows' key rule: sha256 of this JSON (default separators), not settings_hash
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def rows_of(path: Path) -> list[dict]:
-    import csv
+def store(path: Path):
+    """The results CSV: a key is done by its ``ok`` row (failed and skipped cells are retried)."""
+    from sitelens.pipelines.store import ResultsStore
 
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    return ResultsStore(path, FIELDS, done=lambda r: r["status"] == "ok")
 
 
 def needed_bytes(fields: dict, dtype: str, length: int) -> int:
@@ -516,15 +516,13 @@ def run(args) -> int:
     stages = STAGES if args.stages == "all" else [s.strip() for s in args.stages.split(",")]
     csv_path = Path(args.csv)
     csv_path.parent.mkdir(parents=True, exist_ok=True)
-    from _common import append_rows_atomic
 
     deadline = time.time() + args.budget_s if args.budget_s else None
     # The work, in order: by length first on the CPU (--group cell: every model at the shortest
     # length, then the next, so a partial run already spans the model sizes), by model on CUDA
     # (--group model: one worker per model runs all its lengths).
     plan = []  # (name, fields, spec, [jobs]) per worker
-    rows = rows_of(csv_path)
-    done = {r["key"] for r in rows if r["status"] == "ok"}
+    done = store(csv_path).keys()
     for name in models:
         spec = CONFIGS[name]
         fields = shrunk(spec["cfg"]) if args.dry_run else spec["cfg"]
@@ -548,13 +546,13 @@ def run(args) -> int:
             reason = (f"needs ~{need / 2**30:.1f} GiB ({args.dtype}) + {args.margin_gib:g} GiB margin, "
                       f"{free / 2**30:.1f} GiB free on {args.device}")
             print(f"{name}: skipped, {reason}", flush=True)
-            skipped = {r["key"] for r in rows_of(csv_path) if r["status"] == "skipped"}
+            skipped = {r["key"] for r in store(csv_path).rows() if r["status"] == "skipped"}
             base = common_fields(argparse.Namespace(**{**vars(args), "model": name}), fields, spec)
             new = [dict(base, key=j["key"], stage=j["stage"], unit=UNITS[j["stage"]],
                         length=j["length"], status="skipped", reason=reason)
                    for j in jobs if j["key"] not in skipped]
             if new:
-                append_rows_atomic(csv_path, FIELDS, new)
+                store(csv_path).append(new)
             continue
         timeout = args.cell_timeout
         if deadline is not None:
@@ -720,7 +718,7 @@ def summarize(csv_path: Path, *, tag: str, png: bool = True) -> str | None:
                    "layers × heads (KV)": f"{int(r.n_layers)} × {int(r.n_heads)} ({int(r.n_kv_heads)})",
                    "d_model / d_mlp / vocab": f"{int(r.d_model)} / {int(r.d_mlp)} / {int(r.d_vocab)}",
                    "weights GiB": fmt(float(r.weights_gib))})
-    from _common import md_table
+    from sitelens.pipelines.experiment import md_table
 
     lines += [md_table(pd.DataFrame(mt)), "",
               "P = every block's parameters plus the unembedding (what a token's forward pass "
