@@ -115,6 +115,23 @@ class PeakRSS:
         self.peak = max(self.peak, self.proc.memory_info().rss)
 
 
+def parser(doc: str, *, models: Sequence[str] = (), tasks: Sequence[str] = (), limit: int | None = None,
+           threads: int | None = 1) -> argparse.ArgumentParser:
+    """The flags every benchmark script takes, with its defaults (its own flags go on top)."""
+    p = argparse.ArgumentParser(description=doc.strip().split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", type=split_list, default=list(models), help="comma-separated")
+    p.add_argument("--tasks", type=split_list, default=list(tasks), help="comma-separated")
+    p.add_argument("--limit", type=int, default=limit, help="test items per task")
+    p.add_argument("--threads", type=int, default=threads, help="torch threads")
+    p.add_argument("--executor", default="local", help=SPEC_HELP)
+    p.add_argument("--data-root", type=Path, default=DATA_ROOT, help=f"datasets (default {DATA_ROOT})")
+    p.add_argument("--dry-run", action="store_true", help="list the cells that would run; run none")
+    p.add_argument("--report", action="store_true", help="only rewrite the report from the CSV")
+    p.add_argument("--out", type=Path, default=RESULTS, help="results directory")
+    return p
+
+
 class Experiment:
     """A benchmark: subclass it, set the class attributes and write :meth:`cells`, :meth:`run`
     and :meth:`report`. ``self.args`` holds the parsed flags while it runs."""
@@ -176,18 +193,8 @@ class Experiment:
         return self.args.command
 
     def parser(self) -> argparse.ArgumentParser:
-        doc = (sys.modules[type(self).__module__].__doc__ or self.title).strip()
-        p = argparse.ArgumentParser(description=doc.split("\n\n")[0],
-                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.add_argument("--models", type=split_list, default=list(self.models), help="comma-separated")
-        p.add_argument("--tasks", type=split_list, default=list(self.tasks), help="comma-separated")
-        p.add_argument("--limit", type=int, default=self.limit, help="test items per task")
-        p.add_argument("--threads", type=int, default=self.threads, help="torch threads")
-        p.add_argument("--executor", default="local", help=SPEC_HELP)
-        p.add_argument("--data-root", type=Path, default=DATA_ROOT, help=f"datasets (default {DATA_ROOT})")
-        p.add_argument("--dry-run", action="store_true", help="list the cells that would run; run none")
-        p.add_argument("--report", action="store_true", help="only rewrite the report from the CSV")
-        p.add_argument("--out", type=Path, default=RESULTS, help="results directory")
+        doc = sys.modules[type(self).__module__].__doc__ or self.title
+        p = parser(doc, models=self.models, tasks=self.tasks, limit=self.limit, threads=self.threads)
         self.add_arguments(p)
         return p
 
@@ -256,6 +263,6 @@ def main(experiment: Experiment, argv: Sequence[str] | None = None, *, prog: str
 
 
 __all__ = [
-    "DATA_ROOT", "Experiment", "Job", "PeakRSS", "main", "md_table", "pct", "plan", "split_list",
-    "write_report",
+    "DATA_ROOT", "RESULTS", "Experiment", "Job", "PeakRSS", "main", "md_table", "parser", "pct", "plan",
+    "split_list", "write_report",
 ]
