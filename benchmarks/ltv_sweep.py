@@ -55,8 +55,6 @@ scored; a rerun skips the keys already in the CSV. The captured hidden states ar
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import sys
 import time
 from pathlib import Path
@@ -70,10 +68,11 @@ from sitelens.baselines.base import Fitted, HookIntervention, last_token_hook, s
 from sitelens.baselines.ltv import SWEEP_N_VALID, ltv_data, ltv_intervention, ridge_closed_form
 from sitelens.eval.labels import continuation_ids, label_set
 from sitelens.eval.metrics import dntp_per_item
-from sitelens.io import atomic_write, atomic_write_text, locked
+from sitelens.io import atomic_write_text
 from sitelens.models import act_name, fingerprint, model_name
 from sitelens.pipelines.bench import reference_logits, score_fitted
 from sitelens.pipelines.experiment import DATA_ROOT, md_table, pct
+from sitelens.pipelines.store import ObjectCache, ResultsStore
 from sitelens.provenance import NUMERICS_VERSION, settings_hash, task_hash
 from sitelens.site import capture_last
 from sitelens.site.training import LastTokenSet, valid_items
@@ -107,31 +106,10 @@ def read_rows(path: Path) -> pd.DataFrame:
     return pd.read_csv(path, dtype={"key": str, "task": str, "model": str})
 
 
-def append(path: Path, row: dict) -> None:
-    """One row, under the lock, by an atomic rewrite (as :func:`sitelens.pipelines.bench.append_row`)."""
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
-    with locked(path):
-        old = path.read_bytes() if path.exists() else b""
-        if not old.strip():
-            w.writeheader()
-        w.writerow({k: row.get(k, "") for k in COLUMNS})
-        atomic_write(path, old + buf.getvalue().encode())
-
-
-# ----------------------------------------------------------------------------------------------
-# hidden states (cached)
-
-
 def cached(name: str, make):
-    path = CACHE / f"{name}.pt"
-    if path.exists():
-        return torch.load(path)
-    value = make()
-    buf = io.BytesIO()
-    torch.save(value, buf)
-    atomic_write(path, buf.getvalue())
-    return value
+    """A keyed tensor cache under ``runs/ltv_sweep_cache`` (the name holds the model, its weights'
+    fingerprint, the task hash and the sizes)."""
+    return ObjectCache(CACHE).get(name, {}, make)
 
 
 def train_states(model, task, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -272,7 +250,7 @@ class Sweep:
             res = self.cheap.score(fitted.hooks(self.model, None), reference)
         row = dict(settings, key=key, **res, **extra_fn(), final_block=self.L - 1,
                    seconds=round(time.perf_counter() - t0, 2))
-        append(self.out, row)
+        ResultsStore(self.out, COLUMNS).append([row])
         self.done.add(key)
         print(f"{self.task.name} {grid} {variant} ℓ={layer} λ={lam:g} N={n} k={k}: "
               f"first {res['first_token_acc']:.2f} label {res.get('label_acc_first', float('nan')):.2f} "
