@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from _common import md_table
+
+from sitelens.pipelines.experiment import md_table
 
 HERE = Path(__file__).resolve().parent
 TIMES = ("open_s", "first_screen_s", "click_s", "pair_s", "plotly_only_s")

@@ -22,10 +22,11 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from _common import PeakRSS, append_csv, md_table
 
 from sitelens.models import DEFAULT_MODEL, encode, load_model, model_name, tiny_model
 from sitelens.models.attention import enable_fast_attention
+from sitelens.pipelines.experiment import DATA_ROOT, PeakRSS, md_table
+from sitelens.pipelines.store import ResultsStore
 from sitelens.tasks import few_shot_prompts, load_task
 
 FIELDS = ["model", "task", "shots", "batch", "tokens", "path", "threads", "seconds", "peak_rss_gib",
@@ -35,7 +36,7 @@ FIELDS = ["model", "task", "shots", "batch", "tokens", "path", "threads", "secon
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--task", default="../shared/datasets/fv/squad_val")
+    p.add_argument("--task", default=str(DATA_ROOT / "fv" / "squad_val"))
     p.add_argument("--shots", default="0,1,3,10", help="comma-separated demonstration counts")
     p.add_argument("--batches", default="1,2", help="comma-separated batch sizes")
     p.add_argument("--repeats", type=int, default=2)
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
                 })
                 print(rows[-1], flush=True)
     csv_path = out_dir / "attention_speed.csv"
-    append_csv(csv_path, FIELDS, rows)
+    ResultsStore(csv_path, FIELDS, key=None).append(rows)
     df = pd.read_csv(csv_path)
     cmd = " ".join(["python", "benchmarks/attention_speed.py", *(argv or sys.argv[1:])])
     md = [

@@ -42,6 +42,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from sitelens.pipelines.experiment import DATA_ROOT
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
@@ -156,7 +158,7 @@ def run_backend(args, model: str, backend: str) -> list[dict]:
 
 
 def main(args) -> None:
-    from _common import append_csv
+    from sitelens.pipelines.store import ResultsStore
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     run = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -187,16 +189,16 @@ def main(args) -> None:
                                 "order": pos,
                                 "wall_per_item": round(r["wall_seconds"] / items, 4),
                                 "cpu_per_item": round(r["cpu_seconds"] / items, 4)})
-                append_csv(CSV, FIELDS, out)
+                ResultsStore(CSV, FIELDS, key=None).append(out)
     print(report(run))
 
 
 def report(run: str | None = None) -> str:
     """``results/bridge_speed.md`` from the CSV rows of ``run`` (default: the latest)."""
     import pandas as pd
-    from _common import md_table
 
     from sitelens.io import atomic_write_text
+    from sitelens.pipelines.experiment import md_table
 
     df = pd.read_csv(CSV)
     run = run or df.run.iloc[-1]
@@ -282,7 +284,7 @@ def report(run: str | None = None) -> str:
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--task", default=str(ROOT.parent / "shared" / "datasets" / "fv" / "country-capital"))
+    p.add_argument("--task", default=str(DATA_ROOT / "fv" / "country-capital"))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--limit", type=int, default=50, help="test items for evaluate and patching")

@@ -24,14 +24,14 @@ import argparse
 from pathlib import Path
 
 import pandas as pd
-from _common import md_table
 
 from sitelens.io import atomic_write_text
 from sitelens.pipelines.bench import dntp_accuracy_correlation, read_results, summary_markdown
+from sitelens.pipelines.experiment import DATA_ROOT, md_table, pct
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-CLS = HERE.parent.parent / "shared" / "datasets" / "cls"
+CLS = DATA_ROOT / "cls"
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 # gradient-free task vectors (the paper's "training-free" LTV, FV, TV, State Vector) and the two
 # that fit a few parameters by gradient (I2CL: 4 per layer; MTV: a head mask by REINFORCE)
@@ -74,15 +74,12 @@ def extras(df: pd.DataFrame) -> list[str]:
         piv = sub.pivot_table(index="task", columns="method", values="label_acc_full")
         dn = sub.pivot_table(index="task", columns="method", values="dntp")
         chance = sub.groupby("task")["chance"].mean()
-        rows = [{"task": t, "chance": _pct(chance[t]),
-                 **{c: f"{_pct(piv.loc[t, c])} ({dn.loc[t, c]:.2f})" for c in cols}} for t in tasks]
+        rows = [{"task": t, "chance": pct(chance[t]),
+                 **{c: f"{pct(piv.loc[t, c])} ({dn.loc[t, c]:.2f})" for c in cols}} for t in tasks]
         lines += [f"**{m}** (on {len(tasks)} of the tasks so far): label accuracy % (dNTP)", "",
                   md_table(pd.DataFrame(rows)), ""]
     return lines
 
-
-def _pct(x) -> str:
-    return "–" if pd.isna(x) else f"{100 * x:.1f}"
 
 
 def ordering(full: pd.DataFrame) -> list[str]:
@@ -94,8 +91,8 @@ def ordering(full: pd.DataFrame) -> list[str]:
     for i, x in enumerate(vec, 1):
         r = m.loc[x]
         lines.append(f"| {i} | {x}{'' if x in TRAINING_FREE else ' (trains)'} | "
-                     f"{_pct(r.label_acc_full)} | {_pct(r.label_acc_first)} | "
-                     f"{_pct(r.exact_match)} | {r.dntp:.2f} |")
+                     f"{pct(r.label_acc_full)} | {pct(r.label_acc_first)} | "
+                     f"{pct(r.exact_match)} | {r.dntp:.2f} |")
     return lines
 
 
@@ -103,7 +100,7 @@ def per_task(full: pd.DataFrame) -> str:
     piv = full.pivot_table(index="task", columns="method", values="label_acc_full")
     cols = [m for m in ORDER if m in piv.columns]
     chance = full.groupby("task")["chance"].mean()
-    rows = [{"task": t, "chance": _pct(chance[t]), **{m: _pct(piv.loc[t, m]) for m in cols}}
+    rows = [{"task": t, "chance": pct(chance[t]), **{m: pct(piv.loc[t, m]) for m in cols}}
             for t in piv.index]
     return md_table(pd.DataFrame(rows))
 

@@ -44,7 +44,7 @@ across —
 and, for reference, Gemma's own zero-shot, TV, LTV and SITE on Gemma. Accuracy: exact match and
 first-token accuracy; on ``cls/`` also the label-ranking accuracies and chance
 (:mod:`sitelens.eval.labels`). ``results/cross_model.csv`` (a row per task × model × method, keyed on
-every setting, LTV rows also on a hash of ``sitelens/baselines/ltv.py``),
+every setting, LTV rows also on ``sitelens.baselines.ltv.LTV_NUMERICS``),
 ``results/cross_model_items.csv`` (per item), ``results/cross_model_alpha_depth.csv`` (α mass
 per relative-depth decile, both models, from the committed α maps and from this run's SITE fits),
 ``results/cross_model.md``. Fits and captured states are cached under ``runs/cross_model/``
@@ -53,9 +53,7 @@ per relative-depth decile, both models, from the committed α maps and from this
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import io
 import json
 import random
 import re
@@ -66,12 +64,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-from _common import append_rows_atomic, done_keys, md_table, pinned_source  # noqa: E402
+from sitelens.baselines.ltv import LTV_NUMERICS
+from sitelens.pipelines.experiment import REPO, RESULTS, md_table, parser, pct
+from sitelens.pipelines.store import ObjectCache, ResultsStore
 
-DATA = ROOT.parent / "shared" / "datasets"
 SRC, DST = "gemma-3-270m", "smollm2-135m-instruct"
 FV_TASKS = ("antonym", "country-capital", "present-past", "english-french", "singular-plural",
             "capitalize_first_letter", "person-occupation", "choose_first_of_3")
@@ -91,26 +87,23 @@ COLUMNS = [
     "tv_rel_err", "fit_seconds", "seconds_per_item", "error",
 ]
 ITEM_COLUMNS = ["key", "model", "task", "method", "item", "correct", "label_correct"]
+R2_TASK_COLUMNS = ["key", "task", "collection", "src_index", "dst_index", "r2_task", "r2_heldout"]
 R2_COLUMNS = ["src_index", "dst_index", "src_depth", "dst_depth", "relative_depth_pair", "rho",
               "r2_valid", "r2_heldout", "r2_train", "n_fit", "n_heldout", "texts_hash"]
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__, limit=50)
     p.add_argument("--fv-tasks", default=",".join(FV_TASKS))
     p.add_argument("--cls-tasks", default=",".join(CLS_TASKS))
     p.add_argument("--only", default="",
                    help="run only these of the evaluation tasks (comma-separated names), in this "
                         "order; the unlabeled texts still exclude every evaluation task's inputs, "
                         "so a partial run keeps the keys, maps and caches of the full one")
-    p.add_argument("--limit", type=int, default=50, help="test items per task (the first N)")
     p.add_argument("--texts-per-task", type=int, default=24)
     p.add_argument("--texts-per-cls", type=int, default=80)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--report", action="store_true", help="only (re)write cross_model.md")
     p.add_argument("--tiny", action="store_true", help="two tiny random models, small sizes (smoke test)")
-    p.add_argument("--out", default=str(HERE / "results"))
-    p.add_argument("--cache", default=str(ROOT / "runs" / "cross_model"))
+    p.add_argument("--cache", default=str(REPO / "runs" / "cross_model"))
     return p.parse_args(argv)
 
 
@@ -137,14 +130,14 @@ def unlabeled_texts(args, eval_tasks) -> tuple[list[str], list[str], dict]:
 
     banned = {_norm(ex.input) for t in eval_tasks for s in ("train", "valid", "test") for ex in t.split(s)}
     eval_names = {t.name for t in eval_tasks}
-    fv_pool = sorted(p.name for p in (DATA / "fv").iterdir() if (p / "train.json").exists()
+    fv_pool = sorted(p.name for p in (args.data_root / "fv").iterdir() if (p / "train.json").exists()
                      and p.name not in eval_names and p.name not in FV_EXCLUDED)
     held_fv = set(fv_pool[4::5])
     sources = [("fv", n, args.texts_per_task, n in held_fv) for n in fv_pool]
     sources += [("cls", n, args.texts_per_cls, n in CLS_HELDOUT) for n in CLS_TEXT_SOURCES]
     fit, held, prov = [], [], {"fit_sources": [], "heldout_sources": []}
     for coll, name, k, is_held in sources:
-        train = load_task(DATA / coll / name, dedupe=True).train
+        train = load_task(args.data_root / coll / name, dedupe=True).train
         inputs = list(dict.fromkeys(_cut(ex.input) for ex in train))
         inputs = [x for x in inputs if x and _norm(x) not in banned]
         picked = random.Random(f"{coll}/{name}").sample(inputs, min(k, len(inputs)))
@@ -152,39 +145,6 @@ def unlabeled_texts(args, eval_tasks) -> tuple[list[str], list[str], dict]:
         prov["heldout_sources" if is_held else "fit_sources"].append(f"{coll}/{name}")
     prov["texts_hash"] = hashlib.sha256(json.dumps([fit, held]).encode()).hexdigest()[:12]
     return fit, held, prov
-
-
-# ----------------------------------------------------------------------------------------------
-# a small keyed cache of tensors under runs/cross_model
-
-
-class Cache:
-    def __init__(self, root: Path):
-        self.root = root
-
-    def path(self, name: str, params: dict) -> Path:
-        from sitelens.provenance import settings_hash
-
-        return self.root / f"{name}_{settings_hash(params)}.pt"
-
-    def get(self, name: str, params: dict, compute):
-        import torch
-
-        from sitelens.io import atomic_write
-
-        path = self.path(name, params)
-        if path.exists():
-            return torch.load(path, weights_only=False)
-        value = compute()
-        buf = io.BytesIO()
-        torch.save(value, buf)
-        atomic_write(path, buf.getvalue())
-        return value
-
-
-def ltv_source() -> str:
-    """The LTV code this process runs (:func:`_common.pinned_source`)."""
-    return pinned_source("sitelens.baselines.ltv")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -203,15 +163,15 @@ class Run:
 
         torch.set_num_threads(args.threads)
         self.args, self.out = args, Path(args.out)
-        self.cache = Cache(Path(args.cache) / ("tiny" if args.tiny else "full"))
+        self.cache = ObjectCache(Path(args.cache) / ("tiny" if args.tiny else "full"))
         if args.tiny:
             self.src = tiny_model(n_layers=3, n_heads=4, d_head=10, post_norm=True, seed=0, n_ctx=2048,
                                   backend="hooked")  # byte tokens: cls prompts run long
             self.dst = tiny_model(n_layers=2, n_heads=3, d_head=8, seed=1, n_ctx=2048, backend="hooked")
         else:
             self.src, self.dst = load_model(SRC), load_model(DST)
-        self.tasks = [("fv", load_task(DATA / "fv" / n)) for n in args.fv_tasks.split(",") if n]
-        self.tasks += [("cls", load_task(DATA / "cls" / n)) for n in args.cls_tasks.split(",") if n]
+        self.tasks = [("fv", load_task(args.data_root / "fv" / n)) for n in args.fv_tasks.split(",") if n]
+        self.tasks += [("cls", load_task(args.data_root / "cls" / n)) for n in args.cls_tasks.split(",") if n]
         self.fit_texts, self.held_texts, self.prov = unlabeled_texts(args, [t for _, t in self.tasks])
         if args.tiny:
             self.fit_texts, self.held_texts = self.fit_texts[:120], self.held_texts[:40]
@@ -300,14 +260,14 @@ class Run:
             model, task, n_prompts=self.sizes["n_prompts"], n_shots=self.sizes["n_shots"], seed=0))
 
     def ltv(self, side: str, task):
-        """LTV fitted with its defaults (the committed ``sitelens/baselines/ltv.py``); cached."""
+        """LTV fitted with its defaults; cached under its numerics version."""
         from sitelens.baselines import LTV
         from sitelens.provenance import canonical, task_hash
 
         model = self.src if side == "src" else self.dst
         method = LTV(n_queries=8, n_shots=2) if self.args.tiny else LTV()
         params = {"fp": self.fp[side], "task": task_hash(task), "method": canonical(method),
-                  "source": ltv_source()}
+                  "source": LTV_NUMERICS}
 
         def compute():
             f = method.fit(model, task, seed=0)
@@ -453,7 +413,7 @@ class Run:
         from sitelens.provenance import settings_hash, task_hash
 
         s = {**self.base, "side": side, "task": task.name, "task_hash": task_hash(task),
-             "method": method, "ltv": ltv_source() if "ltv" in method else ""}
+             "method": method, "ltv": LTV_NUMERICS if "ltv" in method else ""}
         return settings_hash(s, n=16)
 
     def score(self, side, coll, task, method, fitted, fit_s, extra, t0) -> None:
@@ -471,7 +431,7 @@ class Run:
                "source_model": model_name(self.src) if "transfer" in method else model_name(model),
                "task": task.name, "collection": coll, "task_hash": "", "method": method,
                "settings": json.dumps(self.base, sort_keys=True), "numerics_version":
-               self.base["numerics_version"], "ltv_source": ltv_source() if "ltv" in method else "",
+               self.base["numerics_version"], "ltv_source": LTV_NUMERICS if "ltv" in method else "",
                "key": key, "fit_seconds": fit_s, **extra,
                **{k: res[k] for k in ("n", "first_token_acc", "exact_match", "seconds_per_item")},
                **label_ok[1]}
@@ -481,8 +441,8 @@ class Run:
         irows = [{"key": key, "model": row["model"], "task": task.name, "method": method, "item": i,
                   "correct": int(c), "label_correct": "" if lc is None else int(lc)}
                  for i, (c, lc) in enumerate(zip(res["correct"], label_ok[0]))]
-        append_rows_atomic(self.out / "cross_model_items.csv", ITEM_COLUMNS, irows)
-        append_rows_atomic(self.out / "cross_model.csv", COLUMNS, [row])
+        ResultsStore(self.out / "cross_model_items.csv", ITEM_COLUMNS).append(irows)
+        ResultsStore(self.out / "cross_model.csv", COLUMNS).append([row])
         self.done.add(key)
         self.log(f"  {row['model']} {task.name} {method}: em {row['exact_match']:.3f} "
                  f"label {row['label_acc_full']} ({time.perf_counter() - t0:.0f} s)")
@@ -516,7 +476,15 @@ class Run:
                 raise UsageError(f"--only names {unknown}, which are not evaluation tasks "
                                  f"({', '.join(by_name)}); add them to --fv-tasks / --cls-tasks.")
             tasks = [by_name[n] for n in only]
-        self.done = done_keys(self.out / "cross_model.csv")
+        self.done = ResultsStore(self.out / "cross_model.csv", COLUMNS).keys()
+        if self.args.dry_run:  # the cells' keys need no states: list what would run, run none
+            sides = (("src", SRC_METHODS), ("dst", DST_METHODS))
+            cells = [(t, side, m) for _, t in tasks for side, ms in sides for m in ms]
+            todo = [c for c in cells if self.row_key(c[1], None, c[0], c[2]) not in self.done]
+            print(f"cross_model: {len(cells)} cell(s), {len(cells) - len(todo)} done, {len(todo)} to run")
+            for t, side, m in todo:
+                print(f"  would run {t.name}/{side}/{m}")
+            return
         self.maps()
         from sitelens.io import atomic_write_json
 
@@ -532,7 +500,8 @@ class Run:
 
         path = self.out / "cross_model_r2_tasks.csv"
         key = f"{task.name}:{self.prov['texts_hash']}:{self.fp['src']}:{self.fp['dst']}"
-        if key in done_keys(path):
+        store = ResultsStore(path, R2_TASK_COLUMNS)
+        if key in store:
             return
         st = {side: self.states(side, task) for side in ("src", "dst")}
         Ls, Ld = self.src.cfg.n_layers, self.dst.cfg.n_layers
@@ -544,8 +513,7 @@ class Run:
                          "dst_index": jd, "r2_task": r2_score(st["dst"]["resid"][:, jd],
                                                               m.state(st["src"]["resid"][:, i].double())),
                          "r2_heldout": m.r2_heldout})
-        append_rows_atomic(path, ["key", "task", "collection", "src_index", "dst_index", "r2_task",
-                                  "r2_heldout"], rows)
+        store.append(rows)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -562,7 +530,7 @@ def alpha_sources(args) -> dict[str, pd.DataFrame]:
     out = {}
     frames = []
     for model in (SRC, DST):
-        for f in sorted((HERE / "results" / "heads" / model).glob("*/scores.csv")):
+        for f in sorted((RESULTS / "heads" / model).glob("*/scores.csv")):
             d = pd.read_csv(f)
             d = d[d.lens == "alpha"][["task", "layer", "head", "score"]].rename(columns={"score": "alpha"})
             frames.append(d.assign(model=model))
@@ -570,7 +538,7 @@ def alpha_sources(args) -> dict[str, pd.DataFrame]:
         out["heads (λ = 0, 5 seeds)"] = pd.concat(frames)
     frames = []
     for model in (SRC, DST):
-        f = ROOT / "figures" / model / "alpha_facets.csv"
+        f = REPO / "figures" / model / "alpha_facets.csv"
         if f.exists():
             frames.append(pd.read_csv(f)[["task", "layer", "head", "alpha"]].assign(model=model))
     if frames:
@@ -632,9 +600,6 @@ def alpha_depth(args) -> pd.DataFrame:
 # ----------------------------------------------------------------------------------------------
 # report
 
-
-def _pct(x) -> str:
-    return "–" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{100 * x:.1f}"
 
 
 def report(args) -> str:
@@ -700,9 +665,9 @@ def report(args) -> str:
                 v = items[items.key.isin(keys)][col].astype(float).to_numpy()
                 lo, hi = bootstrap_ci(v, n_boot=1000, seed=0)
                 rows.append({"collection": coll, "metric": metric, "model": model, "method": method,
-                             "tasks": len(g), "mean": _pct(float(np.nanmean(v)) if v.size else np.nan),
-                             "95% CI": f"{_pct(lo)}–{_pct(hi)}",
-                             "chance": _pct(g.chance.astype(float).mean()) if coll == "cls" else "–"})
+                             "tasks": len(g), "mean": pct(float(np.nanmean(v)) if v.size else np.nan),
+                             "95% CI": f"{pct(lo)}–{pct(hi)}",
+                             "chance": pct(g.chance.astype(float).mean()) if coll == "cls" else "–"})
         order = {m: i for i, m in enumerate([*DST_METHODS])}
         tab = pd.DataFrame(rows)
         if len(tab):
@@ -764,7 +729,6 @@ def report(args) -> str:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    ltv_source()  # before anything imports sitelens.baselines: the label of the code that runs
     if not args.report:
         from sitelens.errors import SitelensError
 
@@ -773,7 +737,8 @@ def main(argv=None) -> None:
         except SitelensError as e:  # bad input: the message, exit status 2, nothing written
             print(f"error: {e}", file=sys.stderr)
             raise SystemExit(2) from None
-    print(report(args))
+    if not args.dry_run:
+        print(report(args))
 
 
 if __name__ == "__main__":

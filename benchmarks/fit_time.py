@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from _common import append_csv
+
+from sitelens.pipelines.experiment import DATA_ROOT
+from sitelens.pipelines.store import ResultsStore
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -55,7 +57,7 @@ def run(args) -> Path:
                "load_avg_1min": round(load, 2), "stage1_seconds": round(s1, 2),
                "stage2_seconds": round(s2, 2), "fit_seconds": round(s1 + s2, 2),
                "wall_seconds": round(wall, 2)}
-        append_csv(out, FIELDS, [row])
+        ResultsStore(out, FIELDS, key=None).append([row])
         print(row, flush=True)
     return out
 
@@ -164,7 +166,7 @@ def summarize() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--fv", default=str(HERE.parent.parent / "shared" / "datasets" / "fv"))
+    ap.add_argument("--fv", default=str(DATA_ROOT / "fv"))
     ap.add_argument("--tasks", default="")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--summarize", action="store_true")

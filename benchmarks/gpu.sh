@@ -41,7 +41,7 @@ fi
 
 if [[ "${1:-}" == "--dry-run" ]]; then
   PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
-  exec nice -n 10 "$PY" benchmarks/scaling.py --dry-run --device cpu --dtype bfloat16 --group model \
+  exec nice -n 10 "$PY" benchmarks/scaling.py --tiny --device cpu --dtype bfloat16 --group model \
     --models all --lengths 64,128 --threads 1 --tag scaling_gpu_dry --no-png
 fi
 

@@ -28,12 +28,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from _common import md_table
 
 from sitelens.eval.metrics import bootstrap_ci, correlation
 from sitelens.lenses import HeadScores
 from sitelens.lenses.compare import _top, certify_top_k, lens_agreement
 from sitelens.lenses.plots import agreement_matrix, alpha_uncertainty, lens_maps
+from sitelens.pipelines.experiment import md_table
 
 FAST = ("alpha", "alpha-official", "alpha-grad", "atp", "atp-star", "ablation-mean",
         "ablation-zero", "dla")

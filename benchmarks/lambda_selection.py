@@ -28,7 +28,9 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from _common import append_csv, md_table
+
+from sitelens.pipelines.experiment import md_table
+from sitelens.pipelines.store import ResultsStore
 
 HERE = Path(__file__).resolve().parent
 FIGURES = HERE.parent / "figures"
@@ -211,7 +213,7 @@ def main(argv=None) -> int:
             {**r, "random_seed": "" if pd.isna(r["seed"]) else int(r["seed"]), **extra_cols}
             for r in df.to_dict("records")
         ]
-        append_csv(csv_path, FIELDS, rows)
+        ResultsStore(csv_path, FIELDS, key=None).append(rows)
         acc = df.groupby(["selection", "k"]).accuracy.mean()
         tops = " ".join(f"top-{k} {acc[('top', k)]:.2f}" for k in (10, 13, 14) if k in ks)
         print(f"λ={lam:g}: {tops}, SITE {acc[('site', n_total)]:.2f} "

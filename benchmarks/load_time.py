@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from _common import append_csv, md_table
+
+from sitelens.pipelines.experiment import md_table
+from sitelens.pipelines.store import ResultsStore
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -53,7 +55,7 @@ def main() -> None:
                 la = os.getloadavg()[0]
                 m = measure(name, cache, args.threads)
                 s = m["seconds"]
-                append_csv(csv_path, FIELDS, [{
+                ResultsStore(csv_path, FIELDS, key=None).append([{
                     "model": name, "load": kind, "seconds": round(s, 2),
                     "import_seconds": round(m["import_seconds"], 2), "threads": args.threads,
                     "load_average": round(la, 2), "torch": torch.__version__,

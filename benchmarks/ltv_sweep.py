@@ -55,15 +55,12 @@ scored; a rerun skips the keys already in the CSV. The captured hidden states ar
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 import torch
-from _common import md_table
 
 import sitelens as sl
 from sitelens.baselines import LTVValid, get_method
@@ -71,9 +68,11 @@ from sitelens.baselines.base import Fitted, HookIntervention, last_token_hook, s
 from sitelens.baselines.ltv import SWEEP_N_VALID, ltv_data, ltv_intervention, ridge_closed_form
 from sitelens.eval.labels import continuation_ids, label_set
 from sitelens.eval.metrics import dntp_per_item
-from sitelens.io import atomic_write, atomic_write_text, locked
+from sitelens.io import atomic_write_text
 from sitelens.models import act_name, fingerprint, model_name
 from sitelens.pipelines.bench import reference_logits, score_fitted
+from sitelens.pipelines.experiment import DATA_ROOT, md_table, pct
+from sitelens.pipelines.store import ObjectCache, ResultsStore
 from sitelens.provenance import NUMERICS_VERSION, settings_hash, task_hash
 from sitelens.site import capture_last
 from sitelens.site.training import LastTokenSet, valid_items
@@ -83,7 +82,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 CACHE = ROOT / "runs" / "ltv_sweep_cache"
-DATA = ROOT.parent / "shared" / "datasets" / "cls"
+DATA = DATA_ROOT / "cls"
 
 LAM, N_QUERIES, N_SHOTS, SEED = 5.0, 256, 10, 0  # LTV()'s defaults, bench seed 0
 LAMS = (0.05, 0.5, 5.0, 50.0, 500.0, 5e3, 5e4, 5e5)
@@ -107,31 +106,10 @@ def read_rows(path: Path) -> pd.DataFrame:
     return pd.read_csv(path, dtype={"key": str, "task": str, "model": str})
 
 
-def append(path: Path, row: dict) -> None:
-    """One row, under the lock, by an atomic rewrite (as :func:`sitelens.pipelines.bench.append_row`)."""
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
-    with locked(path):
-        old = path.read_bytes() if path.exists() else b""
-        if not old.strip():
-            w.writeheader()
-        w.writerow({k: row.get(k, "") for k in COLUMNS})
-        atomic_write(path, old + buf.getvalue().encode())
-
-
-# ----------------------------------------------------------------------------------------------
-# hidden states (cached)
-
-
 def cached(name: str, make):
-    path = CACHE / f"{name}.pt"
-    if path.exists():
-        return torch.load(path)
-    value = make()
-    buf = io.BytesIO()
-    torch.save(value, buf)
-    atomic_write(path, buf.getvalue())
-    return value
+    """A keyed tensor cache under ``runs/ltv_sweep_cache`` (the name holds the model, its weights'
+    fingerprint, the task hash and the sizes)."""
+    return ObjectCache(CACHE).get(name, {}, make)
 
 
 def train_states(model, task, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -272,7 +250,7 @@ class Sweep:
             res = self.cheap.score(fitted.hooks(self.model, None), reference)
         row = dict(settings, key=key, **res, **extra_fn(), final_block=self.L - 1,
                    seconds=round(time.perf_counter() - t0, 2))
-        append(self.out, row)
+        ResultsStore(self.out, COLUMNS).append([row])
         self.done.add(key)
         print(f"{self.task.name} {grid} {variant} ℓ={layer} λ={lam:g} N={n} k={k}: "
               f"first {res['first_token_acc']:.2f} label {res.get('label_acc_first', float('nan')):.2f} "
@@ -354,9 +332,6 @@ class Sweep:
 # report
 
 
-def _pct(x) -> str:
-    return "–" if pd.isna(x) else f"{100 * x:.1f}"
-
 
 def _f(x, digits: int = 2) -> str:
     return "–" if pd.isna(x) else f"{x:.{digits}f}"
@@ -372,8 +347,8 @@ def _layer_table(lay: pd.DataFrame, chosen: int) -> str:
 
         rows.append({
             "block": f"**{ell}**" if ell == chosen else str(ell),
-            "valid first (ltv)": _pct(get("ltv", "valid_acc")),
-            **{f"label {x}": _pct(get(x, "label_acc_first")) for x in ("ltv", "ltv+b", "shift")},
+            "valid first (ltv)": pct(get("ltv", "valid_acc")),
+            **{f"label {x}": pct(get(x, "label_acc_first")) for x in ("ltv", "ltv+b", "shift")},
             **{f"dNTP {x}": _f(get(x, "dntp")) for x in ("ltv", "ltv+b", "shift")},
             "R² test ltv": _f(get("ltv", "r2_test")), "R² test ltv+b": _f(get("ltv+b", "r2_test")),
         })
@@ -385,8 +360,8 @@ def _knob_table(s: pd.DataFrame, knob: str, label: str) -> str:
     for (ell, variant, v), r in s.groupby(["layer", "variant", knob]):
         r = r.iloc[0]
         rows.append({"block": ell, "variant": variant, label: f"{v:g}",
-                     "λ / (tr XᵀX/d)": f"{r.rel_lam:.2g}", "label": _pct(r.label_acc_first),
-                     "first": _pct(r.first_token_acc), "dNTP": _f(r.dntp),
+                     "λ / (tr XᵀX/d)": f"{r.rel_lam:.2g}", "label": pct(r.label_acc_first),
+                     "first": pct(r.first_token_acc), "dNTP": _f(r.dntp),
                      "R² train": _f(r.r2_train), "R² test": _f(r.r2_test),
                      "‖pred‖/‖true‖": _f(r.norm_ratio)})
     return md_table(pd.DataFrame(rows))
@@ -396,9 +371,9 @@ def _full_table(t: pd.DataFrame) -> str:
     rows = []
     for r in t[t["grid"].isin(["ref", "full"])].itertuples():
         rows.append({"cell": r.variant if r.grid == "ref" else f"{r.variant} @ block {r.layer}",
-                     "label (full)": _pct(r.label_acc_full), "label (first)": _pct(r.label_acc_first),
-                     "label (norm)": _pct(r.label_acc_full_norm), "first": _pct(r.first_token_acc),
-                     "EM": _pct(r.exact_match), "dNTP": _f(r.dntp), "chance": _pct(r.chance)})
+                     "label (full)": pct(r.label_acc_full), "label (first)": pct(r.label_acc_first),
+                     "label (norm)": pct(r.label_acc_full_norm), "first": pct(r.first_token_acc),
+                     "EM": pct(r.exact_match), "dNTP": _f(r.dntp), "chance": pct(r.chance)})
     return md_table(pd.DataFrame(rows))
 
 

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from _common import md_table
 
 from sitelens.models import DEFAULT_MODEL, load_model, model_name, tiny_model
 from sitelens.patching import corrupted_prompts, head_causal_effects, patched_last_logits
+from sitelens.pipelines.experiment import md_table
 from sitelens.site import task_embedding
 from sitelens.tasks import load_task
 

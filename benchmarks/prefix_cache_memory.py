@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from _common import PeakRSS, append_csv, md_table
+
+from sitelens.pipelines.experiment import DATA_ROOT, PeakRSS, md_table
+from sitelens.pipelines.store import ResultsStore
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -61,7 +63,7 @@ def run(args) -> Path:
     print(row, "sitelens from", Path(sitelens.__file__).parent, flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "prefix_cache_memory.csv"
-    append_csv(out, FIELDS, [row])
+    ResultsStore(out, FIELDS, key=None).append([row])
     return out
 
 
@@ -87,7 +89,7 @@ def summarize(path: Path) -> str:
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--fv", default="../shared/datasets/fv")
+    p.add_argument("--fv", default=str(DATA_ROOT / "fv"))
     p.add_argument("--task", default="squad_val")
     p.add_argument("--label", default="working tree")
     p.add_argument("--threads", type=int, default=1)

@@ -28,7 +28,9 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from _common import append_csv
+
+from sitelens.pipelines.experiment import DATA_ROOT, pct
+from sitelens.pipelines.store import ResultsStore
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -103,13 +105,10 @@ def run(args) -> None:
                         "seconds_per_item": round(r.seconds_per_item, 4), **counts,
                         **(fit_info if r.method == "site" else {}),
                     })
-            append_csv(out, FIELDS, rows)
+            ResultsStore(out, FIELDS, key=None).append(rows)
             em = {(r["eval_protocol"], r["method"]): r["exact_match"] for r in rows}
             print(f"{name} [{proto}]: {em}  ({time.perf_counter() - t0:.0f}s)", flush=True)
 
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}"
 
 
 def summarize_all(out: Path = CSV) -> str:
@@ -155,9 +154,9 @@ def summarize_all(out: Path = CSV) -> str:
                 p = piv.xs(method, level="method").loc[subset]
                 em, ft = p["exact_match"].mean(), p["first_token_acc"].mean()
                 lines.append(
-                    f"| {method} | {_pct(em['default'])} | {_pct(em['official'])} | "
-                    f"{100 * (em['official'] - em['default']):+.1f} | {_pct(ft['default'])} | "
-                    f"{_pct(ft['official'])} | {100 * (ft['official'] - ft['default']):+.1f} |"
+                    f"| {method} | {pct(em['default'])} | {pct(em['official'])} | "
+                    f"{100 * (em['official'] - em['default']):+.1f} | {pct(ft['default'])} | "
+                    f"{pct(ft['official'])} | {100 * (ft['official'] - ft['default']):+.1f} |"
                 )
             lines.append("")
         lines += [
@@ -175,9 +174,9 @@ def summarize_all(out: Path = CSV) -> str:
         for t in both:
             d, o = site.loc[(t, "default")], site.loc[(t, "official")]
             lines.append(
-                f"| {t} | {_pct(d.exact_match)} | {_pct(o.exact_match)} | "
-                f"{100 * (o.exact_match - d.exact_match):+.1f} | {_pct(d.first_token_acc)} | "
-                f"{_pct(o.first_token_acc)} | {100 * (o.first_token_acc - d.first_token_acc):+.1f} | "
+                f"| {t} | {pct(d.exact_match)} | {pct(o.exact_match)} | "
+                f"{100 * (o.exact_match - d.exact_match):+.1f} | {pct(d.first_token_acc)} | "
+                f"{pct(o.first_token_acc)} | {100 * (o.first_token_acc - d.first_token_acc):+.1f} | "
                 f"{int(d.n_digit_targets)} / {int(d.n_paren_targets)} | {int(d.kept_step)}, "
                 f"{int(o.kept_step)} | {d.stage2_seconds:.0f}, {o.stage2_seconds:.0f} |"
             )
@@ -194,19 +193,19 @@ def summarize_all(out: Path = CSV) -> str:
             if fp in cp.index:
                 r = cp.loc[fp]
                 lines.append(
-                    f"| {fp} | {_pct(r[('exact_match', 'default')])} | "
-                    f"{_pct(r[('exact_match', 'official')])} | "
-                    f"{_pct(r[('first_token_acc', 'default')])} | "
-                    f"{_pct(r[('first_token_acc', 'official')])} |"
+                    f"| {fp} | {pct(r[('exact_match', 'default')])} | "
+                    f"{pct(r[('exact_match', 'official')])} | "
+                    f"{pct(r[('first_token_acc', 'default')])} | "
+                    f"{pct(r[('first_token_acc', 'official')])} |"
                 )
         lines += ["", "## zero-shot and 10-shot ICL per task", "",
                   "| task | ICL EM default | ICL EM official | zero-shot EM default | zero-shot EM "
                   "official |", "|---|---|---|---|---|"]
         for t in both:
             r = piv.loc[t]["exact_match"]
-            lines.append(f"| {t} | {_pct(r.loc['icl', 'default'])} | {_pct(r.loc['icl', 'official'])} "
-                         f"| {_pct(r.loc['zero-shot', 'default'])} | "
-                         f"{_pct(r.loc['zero-shot', 'official'])} |")
+            lines.append(f"| {t} | {pct(r.loc['icl', 'default'])} | {pct(r.loc['icl', 'official'])} "
+                         f"| {pct(r.loc['zero-shot', 'default'])} | "
+                         f"{pct(r.loc['zero-shot', 'official'])} |")
     lines.append("")
     text = "\n".join(lines)
     out.with_suffix(".md").write_text(text)
@@ -216,7 +215,7 @@ def summarize_all(out: Path = CSV) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--fv", default=str(HERE.parent.parent / "shared" / "datasets" / "fv"))
+    ap.add_argument("--fv", default=str(DATA_ROOT / "fv"))
     ap.add_argument("--limit", type=int, default=50, help="first N test items per task")
     ap.add_argument("--tasks", default="", help="comma-separated FV task names (default: TASKS)")
     ap.add_argument("--seed", type=int, default=0)

@@ -24,7 +24,8 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import append_csv, md_table  # noqa: E402
+from sitelens.pipelines.experiment import md_table
+from sitelens.pipelines.store import ResultsStore
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CSV = RESULTS / "ray_install.csv"
@@ -90,7 +91,7 @@ def main() -> None:
     for _ in range(args.repeats):
         row = measure(args.spec)
         print(row)
-        append_csv(CSV, FIELDS, [row])
+        ResultsStore(CSV, FIELDS, key=None).append([row])
     (RESULTS / "ray_install.md").write_text(report())
 
 

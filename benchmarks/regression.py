@@ -25,8 +25,8 @@ shows: an ideal linear in-context learner).
 
 Results: ``results/regression.csv`` (a row per model × task × method, keyed on every setting:
 model and weight fingerprint, task and a hash of its splits, method and all its hyperparameters,
-seed, shots, limit, template, numerics version and, for LTV, a hash of ``sitelens/baselines/ltv.py``
-— LTV is being redefined, so each LTV row says which version made it) and
+seed, shots, limit, template, numerics version and, for LTV, ``sitelens.baselines.ltv.LTV_NUMERICS``,
+so each LTV row says which LTV numerics made it) and
 ``results/regression_items.csv`` (a row per test item: target, answer, parsed value, squared
 error), appended as each cell finishes. ``results/regression.md``: MSE with 95% bootstrap CIs over
 items (:func:`sitelens.eval.metrics.bootstrap_ci`), unparseable answers, first-token accuracy.
@@ -34,21 +34,16 @@ items (:func:`sitelens.eval.metrics.bootstrap_ci`), unparseable answers, first-t
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-from _common import append_rows_atomic, done_keys, md_table, pinned_source  # noqa: E402
+from sitelens.pipelines.experiment import Experiment, Job, main, md_table
+from sitelens.pipelines.store import row_key
 
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 METHODS = ("zero-shot", "icl", "tv", "ltv", "ltv-valid", "site")
@@ -60,27 +55,6 @@ COLUMNS = [
     "seconds_per_item", "error",
 ]
 ITEM_COLUMNS = ["key", "model", "task", "method", "item", "target", "prediction", "value", "sq_err"]
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--kinds", default="linear,relu")
-    p.add_argument("--seeds", default="0,1")
-    p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--dim", type=int, default=2)
-    p.add_argument("--limit", type=int, default=100, help="test items per task (the first N)")
-    p.add_argument("--n-shots", type=int, default=10)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--report", action="store_true", help="only (re)write regression.md")
-    p.add_argument("--tiny", action="store_true", help="tiny random model, small sizes (smoke test)")
-    p.add_argument("--out", default=str(HERE / "results"))
-    return p.parse_args(argv)
-
-
-def ltv_source() -> str:
-    """The LTV code this process runs (:func:`_common.pinned_source`)."""
-    return pinned_source("sitelens.baselines.ltv")
 
 
 def make_task(args, kind: str, seed: int):
@@ -105,8 +79,10 @@ def make_method(args, name: str):
 
 
 def settings(args, model, task, kind, seed, method_name, method_params) -> dict:
+    """Everything that made a row, and its key; LTV rows carry LTV's declared numerics version."""
+    from sitelens.baselines.ltv import LTV_NUMERICS
     from sitelens.models import fingerprint, model_name
-    from sitelens.provenance import NUMERICS_VERSION, settings_hash, task_hash
+    from sitelens.provenance import NUMERICS_VERSION, task_hash
     from sitelens.tasks import DEFAULT_TEMPLATE
 
     s = {
@@ -116,9 +92,9 @@ def settings(args, model, task, kind, seed, method_name, method_params) -> dict:
         "method": method_name, "method_params": method_params, "n_shots": args.n_shots,
         "limit": args.limit, "template": json.dumps(DEFAULT_TEMPLATE.to_dict(), sort_keys=True),
         "numerics_version": NUMERICS_VERSION,
-        "ltv_source": ltv_source() if method_name.startswith("ltv") else "",
+        "ltv_source": LTV_NUMERICS if method_name.startswith("ltv") else "",
     }
-    return dict(s, key=settings_hash(s, n=16))
+    return dict(s, key=row_key(s))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -221,51 +197,70 @@ def run_method_cell(args, model, task, method, items, base, shared):
                       seconds_per_item=float(df["seconds_per_item"].iloc[0]))
 
 
-def run(args) -> None:
-    import torch
+class Regression(Experiment):
+    name = "regression"
+    title = "In-context regression: MSE of zero-shot, ICL, TV, LTV and SITE"
+    columns = COLUMNS
+    models = MODELS
+    limit = 100
 
-    from sitelens.models import load_model, tiny_model
-    from sitelens.provenance import canonical
-    from sitelens.tasks.regression import train_mean
+    def add_arguments(self, p) -> None:
+        p.add_argument("--kinds", default="linear,relu")
+        p.add_argument("--seeds", default="0,1", help="more seeds append cells")
+        p.add_argument("--methods", default=",".join(METHODS))
+        p.add_argument("--dim", type=int, default=2)
+        p.add_argument("--n-shots", type=int, default=10)
+        p.add_argument("--tiny", action="store_true", help="tiny random model, small sizes (smoke test)")
 
-    torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    csv_path, items_path = out / "regression.csv", out / "regression_items.csv"
-    kinds = [k for k in args.kinds.split(",") if k]
-    seeds = [int(s) for s in args.seeds.split(",") if s]
-    models = [m for m in args.models.split(",") if m]
-    methods = [m for m in args.methods.split(",") if m]
-    for seed in seeds:  # seed-major: the first seeds of every task and model land first
-        for kind in kinds:
-            task = make_task(args, kind, seed)
-            items = task.test[: args.limit]
-            for ref in REFERENCES:
-                base = settings(args, None, task, kind, seed, ref, "{}")
-                if base["key"] in done_keys(csv_path):
-                    continue
-                preds = reference_predictions(task, items, ref, args.n_shots, seed)
-                row, irows = score_rows(base, task, items, preds, None, train_mean(task))
-                append_rows_atomic(items_path, ITEM_COLUMNS, irows)
-                append_rows_atomic(csv_path, COLUMNS, [row])
-            for name in models:
-                model, shared = None, {}
-                for mname in methods:
-                    method = make_method(args, mname)
-                    params = json.dumps(canonical(method), sort_keys=True, separators=(",", ":"))
-                    if model is None:
-                        model = tiny_model(seed=0) if args.tiny else load_model(name)
-                    base = settings(args, model, task, kind, seed, mname, params)
-                    if base["key"] in done_keys(csv_path):
-                        continue
-                    t0 = time.perf_counter()
-                    row, irows = run_method_cell(args, model, task, method, items, base, shared)
-                    if irows:
-                        append_rows_atomic(items_path, ITEM_COLUMNS, irows)
-                    append_rows_atomic(csv_path, COLUMNS, [row])
-                    print(f"{time.strftime('%H:%M:%S')} {base['model']} {task.name} {mname}: "
-                          f"mse {row.get('mse', float('nan')):.4g} unparsed {row.get('n_unparsed', '')} "
-                          f"({time.perf_counter() - t0:.0f} s) {row.get('error', '')}", flush=True)
-                del model
+    def model(self, name: str):
+        from sitelens.models import tiny_model
+        from sitelens.pipelines.executors import cached_model
+
+        return tiny_model(seed=0) if self.args.tiny else cached_model(name)
+
+    def cells(self, args):
+        from sitelens.provenance import canonical
+
+        self._shared: dict = {}
+        for seed in [int(x) for x in args.seeds.split(",") if x]:  # seed-major: every task and model early
+            for kind in [k for k in args.kinds.split(",") if k]:
+                task = make_task(args, kind, seed)
+                for ref in REFERENCES:
+                    base = settings(args, None, task, kind, seed, ref, "{}")
+                    yield Job(base["key"], f"{task.name}/{ref}", dict(base=base, kind=kind, seed=seed))
+                for name in args.models:
+                    model = self.model(name)
+                    for mname in [m for m in args.methods.split(",") if m]:
+                        params = json.dumps(canonical(make_method(args, mname)), sort_keys=True,
+                                            separators=(",", ":"))
+                        base = settings(args, model, task, kind, seed, mname, params)
+                        yield Job(base["key"], f"{base['model']}/{task.name}/{mname}",
+                                  dict(base=base, kind=kind, seed=seed, name=name))
+
+    def run(self, job: Job) -> dict:
+        from sitelens.tasks.regression import train_mean
+
+        args, base = self.args, job["base"]
+        task = make_task(args, job["kind"], job["seed"])
+        items = task.test[: args.limit]
+        if base["model"] == "-":
+            preds = reference_predictions(task, items, base["method"], args.n_shots, job["seed"])
+            row, irows = score_rows(base, task, items, preds, None, train_mean(task))
+        else:
+            shared = self.__dict__.setdefault("_shared", {}).setdefault((job["name"], task.name), {})
+            row, irows = run_method_cell(args, self.model(job["name"]), task,
+                                         make_method(args, base["method"]), items, base, shared)
+            print(f"{time.strftime('%H:%M:%S')} {base['model']} {task.name} {base['method']}: "
+                  f"mse {row.get('mse', float('nan')):.4g} {row.get('error', '')}", flush=True)
+        if irows:
+            self.store("regression_items", ITEM_COLUMNS, key=None).append(irows)
+        return row
+
+    def read(self) -> pd.DataFrame:
+        return self.store().read(dtype={"error": str}, keep_default_na=False, na_values=[""])
+
+    def report(self, df: pd.DataFrame) -> str:
+        return report(self.args, latest(df), pd.read_csv(self.out / "regression_items.csv"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -296,17 +291,11 @@ def pooled(items: pd.DataFrame, keys: list[str]) -> dict:
             "r": float(np.mean(rs)) if rs else float("nan")}
 
 
-def report(args) -> str:
-    out = Path(args.out)
-    df = latest(pd.read_csv(out / "regression.csv", dtype={"error": str}, keep_default_na=False,
-                            na_values=[""]))
-    items = pd.read_csv(out / "regression_items.csv")
+def report(args, df: pd.DataFrame, items: pd.DataFrame) -> str:
     ok = df[df["error"].fillna("") == ""]
     models = [m for m in MODELS if m in set(ok.model)] + sorted(set(ok.model) - set(MODELS) - {"-"})
     lines = [
-        "# In-context regression: MSE of zero-shot, ICL, TV, LTV and SITE",
-        "",
-        "Made by `python benchmarks/regression.py --threads 1` (resumable), on the shared 2-core CPU. "
+        "Resumable; on the shared 2-core CPU. "
         f"Tasks: `regression_task(kind, dim={args.dim}, seed)` (linear: f(x) = w·x; relu: a "
         "two-layer ReLU network with 8 hidden units; x uniform in [-1, 1]^dim, numbers written with "
         "two decimals, e.g. `Q: 0.42, -0.17` / `A: -0.31`), seeds "
@@ -321,7 +310,7 @@ def report(args) -> str:
     ]
     ltv = sorted(set(ok.loc[ok.method.str.startswith("ltv"), "ltv_source"].dropna()))
     if ltv:
-        lines += [f"LTV version used (sha256 of `sitelens/baselines/ltv.py` @ last commit touching it): "
+        lines += [f"LTV numerics (`sitelens.baselines.ltv.LTV_NUMERICS`): "
                   f"{', '.join(f'`{v}`' for v in ltv)}.", ""]
     for kind in [k for k in ("linear", "relu") if k in set(ok.kind)]:
         rows = []
@@ -364,20 +353,8 @@ def report(args) -> str:
     if len(failed):
         lines += [f"{len(failed)} cell(s) failed: " + "; ".join(
             f"{r.model}/{r.task}/{r.method}: {r.error}" for r in failed.itertuples()), ""]
-    text = "\n".join(lines)
-    from sitelens.io import atomic_write_text
-
-    atomic_write_text(out / "regression.md", text)
-    return text
-
-
-def main(argv=None) -> None:
-    args = parse_args(argv)
-    ltv_source()  # before anything imports sitelens.baselines: the label of the code that runs
-    if not args.report:
-        run(args)
-    print(report(args))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main(Regression()))

@@ -2,8 +2,9 @@
 randomly initialised models with the exact shapes of real families.
 
     python benchmarks/scaling.py --threads 1            # the committed CPU run (resumable)
-    python benchmarks/scaling.py --dry-run              # shrunken shapes, about a minute: checks the script
-    python benchmarks/scaling.py --summarize            # rewrite the md / png / html from the CSV
+    python benchmarks/scaling.py --tiny                 # shrunken shapes, about a minute: checks the script
+    python benchmarks/scaling.py --dry-run              # list the cells a run would measure
+    python benchmarks/scaling.py --report               # rewrite the md / png / html from the CSV
     bash benchmarks/gpu.sh                              # the CUDA run (bfloat16, longer prompts, 8B)
 
 Each model is a ``HookedTransformer(cfg)`` built from the configuration in :data:`CONFIGS`
@@ -198,7 +199,7 @@ def compute_params(cfg: dict, family: str) -> int:
 
 def shrunk(cfg: dict) -> dict:
     """The configuration's features (GQA, QK norm, sliding window, llama3 rope) at toy sizes, for
-    ``--dry-run``: 2 layers, d_model / 16, d_head / 8, d_mlp / 16, a 512-token vocabulary."""
+    ``--tiny``: 2 layers, d_model / 16, d_head / 8, d_mlp / 16, a 512-token vocabulary."""
     c = dict(cfg)
     c["n_layers"] = 2
     c["d_model"] = max(32, cfg["d_model"] // 16)
@@ -370,12 +371,13 @@ def run_stage(model, stage: str, length: int, sizes: dict, sync) -> dict:
 
 def worker(args) -> int:
     import torch
-    from _common import PeakRSS, append_rows_atomic
+
+    from sitelens.pipelines.experiment import PeakRSS
 
     jobs = json.loads(args.jobs)  # [{"length", "stage", "key"}]
     torch.set_num_threads(args.threads)
     spec = CONFIGS[args.model]
-    fields = shrunk(spec["cfg"]) if args.dry_run else spec["cfg"]
+    fields = shrunk(spec["cfg"]) if args.tiny else spec["cfg"]
     cuda = args.device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -404,7 +406,7 @@ def worker(args) -> int:
                 wall, cpu = time.perf_counter() - w0, time.process_time() - c0
         except Exception as e:  # recorded, not done: a rerun tries again
             row.update(status="failed", reason=f"{type(e).__name__}: {e}"[:300])
-            append_rows_atomic(Path(args.csv), FIELDS, [row])
+            store(Path(args.csv)).append([row])
             print(f"  {args.model} L={job['length']} {job['stage']}: FAILED {e}", flush=True)
             continue
         wall, cpu = out.get("wall", wall), out.get("cpu", cpu)
@@ -419,7 +421,7 @@ def worker(args) -> int:
             load_avg_after=os.getloadavg()[0],
             detail=json.dumps(out.get("detail", {}), sort_keys=True),
         )
-        append_rows_atomic(Path(args.csv), FIELDS, [row])
+        store(Path(args.csv)).append([row])
         print(f"  {args.model} L={job['length']} {job['stage']}: {cpu / n:.4g} CPU s / "
               f"{wall / n:.4g} wall s per {UNITS[job['stage']]} (n={n})", flush=True)
     return 0
@@ -474,16 +476,15 @@ def cell_key(args, name: str, fields: dict, length: int, stage: str) -> str:
     spec = dict(v=BENCH_VERSION, model=name, cfg=fields, length=length, stage=stage,
                 device=device_type, dtype=args.dtype, torch=torch.__version__, threads=args.threads,
                 n_ctx=args.n_ctx, sizes=SIZES[device_type], n_shots=N_SHOTS)
+    # the committed rows' key rule: sha256 of this JSON (default separators), not settings_hash
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def rows_of(path: Path) -> list[dict]:
-    import csv
+def store(path: Path):
+    """The results CSV: a key is done by its ``ok`` row (failed and skipped cells are retried)."""
+    from sitelens.pipelines.store import ResultsStore
 
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    return ResultsStore(path, FIELDS, done=lambda r: r["status"] == "ok")
 
 
 def needed_bytes(fields: dict, dtype: str, length: int) -> int:
@@ -507,7 +508,7 @@ def free_bytes(device: str) -> int:
 
 
 def run(args) -> int:
-    models = ORDER if args.models == "all" else [m.strip() for m in args.models.split(",")]
+    models = ORDER if args.models == ["all"] else args.models
     unknown = [m for m in models if m not in CONFIGS]
     if unknown:
         print(f"unknown model(s) {unknown}; choose from {', '.join(ORDER)}", file=sys.stderr)
@@ -516,18 +517,16 @@ def run(args) -> int:
     stages = STAGES if args.stages == "all" else [s.strip() for s in args.stages.split(",")]
     csv_path = Path(args.csv)
     csv_path.parent.mkdir(parents=True, exist_ok=True)
-    from _common import append_rows_atomic
 
     deadline = time.time() + args.budget_s if args.budget_s else None
     # The work, in order: by length first on the CPU (--group cell: every model at the shortest
     # length, then the next, so a partial run already spans the model sizes), by model on CUDA
     # (--group model: one worker per model runs all its lengths).
     plan = []  # (name, fields, spec, [jobs]) per worker
-    rows = rows_of(csv_path)
-    done = {r["key"] for r in rows if r["status"] == "ok"}
+    done = store(csv_path).keys()
     for name in models:
         spec = CONFIGS[name]
-        fields = shrunk(spec["cfg"]) if args.dry_run else spec["cfg"]
+        fields = shrunk(spec["cfg"]) if args.tiny else spec["cfg"]
         per_len = []
         for length in lengths:
             jobs = [dict(length=length, stage=s, key=cell_key(args, name, fields, length, s))
@@ -537,6 +536,13 @@ def run(args) -> int:
             plan.append((name, fields, spec, [j for jobs in per_len for j in jobs]))
         else:
             plan += [(name, fields, spec, jobs) for jobs in per_len]
+    if args.dry_run:
+        todo = [f"{name} L={j['length']} {j['stage']}" for name, _, _, jobs in plan for j in jobs]
+        n = len(models) * len(lengths) * len(stages)
+        print(f"{args.tag}: {n} cell(s), {n - len(todo)} done, {len(todo)} to run")
+        for t in todo:
+            print(f"  would run {t}")
+        return 0
     if args.group == "cell":
         plan.sort(key=lambda w: lengths.index(w[3][0]["length"]) if w[3] else 0)  # stable: models in order
     for name, fields, spec, jobs in plan:
@@ -548,13 +554,13 @@ def run(args) -> int:
             reason = (f"needs ~{need / 2**30:.1f} GiB ({args.dtype}) + {args.margin_gib:g} GiB margin, "
                       f"{free / 2**30:.1f} GiB free on {args.device}")
             print(f"{name}: skipped, {reason}", flush=True)
-            skipped = {r["key"] for r in rows_of(csv_path) if r["status"] == "skipped"}
+            skipped = {r["key"] for r in store(csv_path).rows() if r["status"] == "skipped"}
             base = common_fields(argparse.Namespace(**{**vars(args), "model": name}), fields, spec)
             new = [dict(base, key=j["key"], stage=j["stage"], unit=UNITS[j["stage"]],
                         length=j["length"], status="skipped", reason=reason)
                    for j in jobs if j["key"] not in skipped]
             if new:
-                append_rows_atomic(csv_path, FIELDS, new)
+                store(csv_path).append(new)
             continue
         timeout = args.cell_timeout
         if deadline is not None:
@@ -565,8 +571,8 @@ def run(args) -> int:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--model", name,
                "--jobs", json.dumps(jobs), "--csv", str(csv_path), "--device", args.device,
                "--dtype", args.dtype, "--threads", str(args.threads), "--n-ctx", str(args.n_ctx)]
-        if args.dry_run:
-            cmd.append("--dry-run")
+        if args.tiny:
+            cmd.append("--tiny")
         env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
                    MKL_NUM_THREADS=str(args.threads), PYTHONWARNINGS="ignore")
         print(f"{name}: lengths {sorted({j['length'] for j in jobs})}, {len(jobs)} cell(s) "
@@ -698,7 +704,7 @@ def summarize(csv_path: Path, *, tag: str, png: bool = True) -> str | None:
         f"# Scaling: sitelens stages vs model size and prompt length ({device}, "
         f"{', '.join(sorted(set(ok.dtype)))})",
         "",
-        f"Written by `python benchmarks/scaling.py --summarize --csv {shown}` "
+        f"Written by `python benchmarks/scaling.py --report --csv {shown}` "
         f"from `{csv_path.name}` ({len(ok)} finished cells). Randomly initialised "
         "`HookedTransformer`s with the exact shapes of the named models (configurations and sources "
         "in `benchmarks/scaling.py`); random weights cost what trained ones do (the module "
@@ -720,7 +726,7 @@ def summarize(csv_path: Path, *, tag: str, png: bool = True) -> str | None:
                    "layers × heads (KV)": f"{int(r.n_layers)} × {int(r.n_heads)} ({int(r.n_kv_heads)})",
                    "d_model / d_mlp / vocab": f"{int(r.d_model)} / {int(r.d_mlp)} / {int(r.d_vocab)}",
                    "weights GiB": fmt(float(r.weights_gib))})
-    from _common import md_table
+    from sitelens.pipelines.experiment import md_table
 
     lines += [md_table(pd.DataFrame(mt)), "",
               "P = every block's parameters plus the unembedding (what a token's forward pass "
@@ -866,13 +872,13 @@ def write_plot(ok, fits: dict, ycol: str, mcol: str, basis: str, stem: Path, *, 
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="all", help=f"comma list or 'all' ({', '.join(ORDER)})")
+    from sitelens.pipelines.experiment import parser
+
+    p = parser(__doc__, models=["all"], threads=1)  # --models: a comma list or 'all'
     p.add_argument("--lengths", default="64,256,1024", help="prompt lengths in tokens")
     p.add_argument("--stages", default="all", help=f"comma list or 'all' ({', '.join(STAGES)})")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--n-ctx", type=int, default=None,
                    help="context of the built models (default 1088 on the CPU, 4160 on CUDA)")
     p.add_argument("--group", choices=["cell", "model"], default=None,
@@ -883,27 +889,26 @@ def parse_args(argv=None):
     p.add_argument("--margin-gib", type=float, default=2.0, help="free memory to leave unused")
     p.add_argument("--tag", default=None, help="results name (default scaling / scaling_gpu)")
     p.add_argument("--csv", default=None, help="results CSV (default benchmarks/results/{tag}.csv)")
-    p.add_argument("--dry-run", action="store_true",
+    p.add_argument("--tiny", action="store_true",
                    help="the same configurations shrunk to toy sizes, lengths 64,128: checks the "
                         "script end to end (writes runs/scaling_dry/ unless --csv)")
-    p.add_argument("--summarize", action="store_true", help="only rewrite md / png / html")
     p.add_argument("--no-png", action="store_true")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--jobs", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     cuda = args.device.startswith("cuda")
-    if args.dry_run and args.lengths == "64,256,1024":
+    if args.tiny and args.lengths == "64,256,1024":
         args.lengths = "64,128"
     if args.n_ctx is None:  # fixed per device (it is part of every cell's key), raised if needed
-        base = 192 if args.dry_run else (4160 if cuda else 1088)
+        base = 192 if args.tiny else (4160 if cuda else 1088)
         args.n_ctx = max(base, max(int(x) for x in args.lengths.split(",")) + 64)
     if args.group is None:
         args.group = "model" if cuda else "cell"
     if args.tag is None:
-        args.tag = ("scaling_gpu" if cuda else "scaling") + ("_dry" if args.dry_run else "")
+        args.tag = ("scaling_gpu" if cuda else "scaling") + ("_dry" if args.tiny else "")
     if args.csv is None:
-        out = HERE.parent / "runs" / "scaling_dry" if args.dry_run else RESULTS  # runs/ is ignored
+        out = HERE.parent / "runs" / "scaling_dry" if args.tiny else args.out  # runs/ is ignored
         args.csv = str(out / f"{args.tag}.csv")
     return args
 
@@ -913,7 +918,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(HERE))
     if args.worker:
         return worker(args)
-    if args.summarize:
+    if args.report:
         return 0 if summarize(Path(args.csv), tag=Path(args.csv).stem, png=not args.no_png) else 1
     return run(args)
 

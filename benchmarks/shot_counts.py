@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from _common import md_table
 
 import sitelens as sl
 from sitelens.io import atomic_write_text
 from sitelens.models import fingerprint
+from sitelens.pipelines.experiment import DATA_ROOT, md_table
 from sitelens.provenance import task_hash
 from sitelens.tasks import load_collection
 from sitelens.tasks.shots import MAX_SHOTS, RESERVE, guaranteed_lengths, seeded_lengths, shots_that_fit
@@ -84,7 +84,7 @@ def markdown(df: pd.DataFrame) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--datasets", default="../shared/datasets")
+    ap.add_argument("--datasets", default=str(DATA_ROOT))
     ap.add_argument("--models", default="smollm2-135m-instruct,gemma-3-270m")
     args = ap.parse_args()
     rows = []

@@ -61,11 +61,12 @@ from sitelens.pipelines.bench import (
     read_results,
     score_fitted,
 )
+from sitelens.pipelines.experiment import DATA_ROOT, pct
 from sitelens.tasks import DEFAULT_TEMPLATE, embedding_prompts, few_shot_prompts, load_task
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-DATA = HERE.parent.parent / "shared" / "datasets"
+DATA = DATA_ROOT
 MODELS = ["smollm2-135m-instruct", "gemma-3-270m"]
 N_CTX = 2048
 GEN_ROOM = 32  # score_fitted generates at most 32 new tokens
@@ -288,9 +289,6 @@ def _shots(icl: pd.DataFrame) -> int:
     return int(k.iloc[0]) if len(k) else 10
 
 
-def _pct(x) -> str:
-    return "–" if pd.isna(x) else f"{100 * x:.1f}"
-
 
 def _gap(x) -> str:
     return "–" if pd.isna(x) else f"{100 * x:+.1f}"
@@ -321,8 +319,8 @@ def markdown(table: pd.DataFrame, df: pd.DataFrame) -> str:
         chance = "–" if pd.isna(r.chance) else f"{100 * r.chance:.1f}"
         lines.append(
             f"| {r.model} | {r.benchmark} (chance {chance}) | {r.k} | {r.method} | {r.n_tasks} | "
-            f"{r.n_items} | {_pct(r.exact_match)} | {_gap(r.em_gap_icl)} | "
-            f"{_pct(r.label_acc)} ({r.n_label_tasks}) | {_gap(r.label_gap_icl)} | "
+            f"{r.n_items} | {pct(r.exact_match)} | {_gap(r.em_gap_icl)} | "
+            f"{pct(r.label_acc)} ({r.n_label_tasks}) | {_gap(r.label_gap_icl)} | "
             f"{'–' if pd.isna(r.trainable_params) else f'{int(r.trainable_params):,}'} | "
             f"{r.fit_seconds:.1f} | {r.seconds_per_item:.3f} |")
     lines += ["", "Chance: mean over the closed-label-set tasks of 1 / (number of labels of the "

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from _common import PeakRSS, append_csv
 
 from sitelens.pipelines.bench import FV_EXTRACTIVE
+from sitelens.pipelines.experiment import DATA_ROOT, PeakRSS
+from sitelens.pipelines.store import ResultsStore
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -108,7 +109,7 @@ def run(args) -> None:
                 "stage2_seconds": round(ref.meta["stage2_seconds"], 2),
                 "fit_peak_rss_mb": round(mem.peak / 2**20), "best_step": ref.meta["best_step"],
             })
-        append_csv(out, FIELDS, rows)
+        ResultsStore(out, FIELDS, key=None).append(rows)
         em = {r["method"]: r["exact_match"] for r in rows}
         print(f"{args.model} {name}: {em}  ({time.perf_counter() - t0:.0f}s)", flush=True)
 
@@ -194,7 +195,7 @@ def summarize_all() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--fv", default=str(HERE.parent.parent / "shared" / "datasets" / "fv"))
+    ap.add_argument("--fv", default=str(DATA_ROOT / "fv"))
     ap.add_argument("--limit", type=int, default=50)
     ap.add_argument("--abstractive", action="store_true")
     ap.add_argument("--tasks", default="")

@@ -81,6 +81,13 @@ from sitelens.site import capture_last
 from sitelens.site.training import valid_items
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template, few_shot_prompts, zero_shot_prompt
 
+# The version of LTV's numerics that benchmark rows are keyed on (the ``ltv_source`` column of
+# benchmarks/results/regression.csv and cross_model.csv): the sha256[:12]@commit of this file when
+# those rows were made. Bump it (e.g. to the new file hash @ commit) whenever a change here moves
+# LTV's numbers; a change that moves nothing (imports, comments, names) keeps it, so committed
+# rows stay valid.
+LTV_NUMERICS = "3cabdc341926@8894b38"
+
 
 def ridge_closed_form(
     X: Float[Tensor, "n d_in"], Y: Float[Tensor, "n d_out"], lam: float

@@ -1,9 +1,16 @@
-"""Resumable runs: cells, the store that keeps them, and config overrides for run entry points.
+"""Resumable runs: cells, the stores that keep them, and config overrides for run entry points.
 
-A **cell** is one cached result, keyed by a hash of everything that produced it: a file (or an
-adapter directory) under a run directory for ``sitelens figures`` (:class:`CellStore`), a row of
-the results CSV for ``sitelens bench`` (:func:`sitelens.pipelines.bench.cell_key`). A cell whose key differs
-is recomputed, never reused (:mod:`sitelens.provenance`).
+A **cell** is one cached result, keyed by a hash of everything that produced it
+(:func:`row_key`, :mod:`sitelens.provenance`); a cell whose key differs is recomputed, never
+reused. Three stores keep cells:
+
+- :class:`ResultsStore`: keyed rows of one results CSV (``sitelens bench``, every benchmark). A
+  row whose key is already done is skipped, nothing is overwritten; appends take the file's lock
+  (:func:`sitelens.io.locked`) and replace the file atomically, so concurrent writers lose no row
+  and a killed run leaves the old file or the new one.
+- :class:`ObjectCache`: keyed tensors / picklable objects (``torch.save``), one file per key.
+- :class:`CellStore`: files (or adapter directories) of one run directory, plus a timings ledger
+  (``sitelens figures``).
 
 :func:`config_with_overrides` builds a config dataclass from an optional config plus keyword
 overrides, so that entry points (:func:`sitelens.pipelines.figures.make_figures`,
@@ -14,18 +21,22 @@ accept every field as a keyword without repeating the field list.
 from __future__ import annotations
 
 import contextlib
+import csv
 import dataclasses
 import fcntl
+import io
 import json
+import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pandas as pd
 
-from sitelens.io import atomic_write_csv, atomic_write_text
+from sitelens.errors import OutputError
+from sitelens.io import atomic_write, atomic_write_csv, atomic_write_text, locked
 from sitelens.provenance import settings_hash
 
 ConfigT = TypeVar("ConfigT")
@@ -127,4 +138,116 @@ class CellStore:
         return df
 
 
-__all__ = ["CellStore", "config_with_overrides", "slug"]
+def row_key(settings: dict, n: int = 16) -> str:
+    """The key of a results row: :func:`sitelens.provenance.settings_hash` of ``settings``, which
+    must hold everything that made the row (model and weight fingerprint, task hash, method
+    parameters, seed, sizes, numerics version)."""
+    return settings_hash(settings, n=n)
+
+
+def _field(value: Any) -> Any:
+    """A value as a CSV field: NaN as an empty field (read back as NaN)."""
+    return "" if isinstance(value, float) and math.isnan(value) else value
+
+
+class ResultsStore:
+    """The keyed rows of one results CSV with the header ``columns``.
+
+    ``key`` names the key column (``None``: an unkeyed measurement log, where every append is a
+    new measurement). ``done(row)`` says whether a row on disk finishes its key (default: every
+    row; e.g. ``status == "ok"`` where a failed cell is recorded and retried). :meth:`append`
+    skips rows whose key is done on disk and never rewrites a row; the rows of one call are one
+    cell's (several rows may share its key) and are written together."""
+
+    def __init__(self, path: str | Path, columns: Sequence[str], *, key: str | None = "key",
+                 done: Callable[[dict], bool] | None = None):
+        self.path = Path(path)
+        self.columns = list(columns)
+        self.key = key
+        self.done = done
+        if key is not None and key not in self.columns:
+            raise ValueError(f"the key column {key!r} is not among the columns {self.columns}")
+
+    def _rows(self, content: bytes) -> list[dict]:
+        if not content.strip():
+            return []
+        header = content.split(b"\n", 1)[0].decode(errors="replace").strip().split(",")
+        if header != self.columns:
+            raise OutputError(f"{self.path} has columns {header}, not {self.columns}. Use another "
+                              "output or move the old file away.")
+        return list(csv.DictReader(io.StringIO(content.decode())))
+
+    def rows(self) -> list[dict]:
+        """Every row on disk, as strings (an empty list when the file does not exist)."""
+        return self._rows(self.path.read_bytes() if self.path.exists() else b"")
+
+    def _done_keys(self, rows: Iterable[dict]) -> set[str]:
+        return {r[self.key] for r in rows if r.get(self.key) and (self.done is None or self.done(r))}
+
+    def keys(self) -> set[str]:
+        """The keys whose rows are done."""
+        return set() if self.key is None else self._done_keys(self.rows())
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.keys()
+
+    def read(self, **read_csv) -> pd.DataFrame:
+        """The file as a DataFrame (empty, with :attr:`columns`, when it does not exist)."""
+        if not self.path.exists() or not self.path.read_bytes().strip():
+            return pd.DataFrame(columns=self.columns)
+        self.rows()  # checks the header
+        return pd.read_csv(self.path, **read_csv)
+
+    def append(self, rows: Iterable[dict]) -> int:
+        """Append ``rows`` (missing fields blank, NaN blank) under the lock by an atomic rewrite;
+        returns how many were written (rows whose key is done are skipped)."""
+        rows = list(rows)
+        with locked(self.path):
+            old = self.path.read_bytes() if self.path.exists() else b""
+            done = set() if self.key is None else self._done_keys(self._rows(old))
+            buf = io.StringIO()
+            writer = csv.DictWriter(buf, fieldnames=self.columns, lineterminator="\n")
+            if not old.strip():
+                old = b""
+                writer.writeheader()
+            n = 0
+            for row in rows:
+                k = None if self.key is None else str(row.get(self.key) or "")
+                if k and k in done:
+                    continue
+                writer.writerow({c: _field(row.get(c, "")) for c in self.columns})
+                n += 1
+            if n:
+                if old and not old.endswith(b"\n"):
+                    old += b"\n"
+                atomic_write(self.path, old + buf.getvalue().encode())
+        return n
+
+
+class ObjectCache:
+    """Keyed tensors and other picklable objects under ``directory``: ``{name}_{key}.pt``, the key
+    a :func:`sitelens.provenance.settings_hash` of ``params``; written atomically, so a killed
+    run leaves no half-written file. Read back with ``weights_only=False``: only for files this
+    cache wrote."""
+
+    def __init__(self, directory: str | Path):
+        self.dir = Path(directory)
+
+    def path(self, name: str, params: dict) -> Path:
+        return self.dir / f"{name}_{settings_hash(params)}.pt"
+
+    def get(self, name: str, params: dict, compute: Callable[[], Any]) -> Any:
+        """The object ``name`` with ``params``: loaded when cached, else ``compute()``d and saved."""
+        import torch
+
+        path = self.path(name, params)
+        if path.exists():
+            return torch.load(path, weights_only=False)
+        value = compute()
+        buf = io.BytesIO()
+        torch.save(value, buf)
+        atomic_write(path, buf.getvalue())
+        return value
+
+
+__all__ = ["CellStore", "ObjectCache", "ResultsStore", "config_with_overrides", "row_key", "slug"]

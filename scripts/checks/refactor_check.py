@@ -4,7 +4,7 @@ against the committed baselines table.
     OMP_NUM_THREADS=1 sitelens bench --models smollm2-135m-instruct \\
         --tasks ../shared/datasets/fv/synonym,../shared/datasets/fv/capitalize_second_letter \\
         --limit 50 --threads 1 --out benchmarks/results/refactor_check/bench_post_refactor.csv
-    python benchmarks/refactor_check.py
+    python scripts/checks/refactor_check.py
 
 Writes ``results/refactor_check/compare.md``: per (task, method) exact match and first-token
 accuracy (rerun vs committed) and |ΔdNTP|.
@@ -12,12 +12,11 @@ accuracy (rerun vs committed) and |ΔdNTP|.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
-from _common import md_table
 
-HERE = Path(__file__).resolve().parent / "results"
+from sitelens.pipelines.experiment import RESULTS, md_table
+
+HERE = RESULTS
 
 
 def main() -> int:

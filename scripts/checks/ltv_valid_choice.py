@@ -1,6 +1,6 @@
 """What ``ltv-valid`` chose on the regression tasks, and why (issue 21, part 4).
 
-    python benchmarks/ltv_valid_choice.py --threads 1      # writes results/ltv_valid_choice.{csv,md}
+    python scripts/checks/ltv_valid_choice.py --threads 1   # benchmarks/results/ltv_valid_choice.{csv,md}
 
 ``LTVValid`` picks λ (and the block, when it sweeps) by first-token accuracy on the first 64
 valid items, then the lower loss. On ``benchmarks/regression.py``'s tasks the first answer token
@@ -20,16 +20,16 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from _common import append_rows_atomic, done_keys, md_table
 
 import sitelens as sl
 from sitelens.baselines import LTVValid
 from sitelens.io import atomic_write_text
 from sitelens.models import fingerprint, model_name
+from sitelens.pipelines.experiment import RESULTS, md_table
+from sitelens.pipelines.store import ResultsStore
 from sitelens.provenance import NUMERICS_VERSION, settings_hash, task_hash
 from sitelens.tasks.regression import regression_task
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SIZES = dict(n_train=256, n_valid=64, n_test=128)  # regression.py's splits
 FIELDS = ["model", "fingerprint", "task", "task_hash", "seed", "method", "numerics_version", "key",
           "layer", "rel_lam", "lam", "valid_first_token_acc", "valid_loss", "kept"]
@@ -48,7 +48,7 @@ def choices(model, task, seed: int, key: str, method: LTVValid) -> list[dict]:
 
 def report(df: pd.DataFrame) -> str:
     lines = ["# What `ltv-valid` chose on the regression tasks", "",
-             "`python benchmarks/ltv_valid_choice.py` (see its docstring). Every candidate "
+             "`python scripts/checks/ltv_valid_choice.py` (see its docstring). Every candidate "
              "`LTVValid()` scored on the first 64 valid items: first-token accuracy (for these "
              "answers, the sign token) and loss; **kept** is the one the method used.", ""]
     for (model, task), g in df.groupby(["model", "task"], sort=False):
@@ -74,7 +74,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     out, method = Path(args.out), LTVValid()
-    done = done_keys(out)
+    store = ResultsStore(out, FIELDS)
+    done = store.keys()
     for name in args.models.split(","):
         model = sl.load_model(name)
         for kind in args.kinds.split(","):
@@ -83,7 +84,7 @@ def main() -> None:
                                  "seed": args.seed, "method": repr(method),
                                  "numerics_version": NUMERICS_VERSION}, n=16)
             if key not in done:
-                append_rows_atomic(out, FIELDS, choices(model, task, args.seed, key, method))
+                store.append(choices(model, task, args.seed, key, method))
             print(f"{name} {kind}: done", file=sys.stderr, flush=True)
         del model
     df = pd.read_csv(out)

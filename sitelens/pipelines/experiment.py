@@ -1,0 +1,268 @@
+"""The benchmark harness: every benchmark script is an :class:`Experiment` (its config, its cells,
+its metric and its report) run by :func:`main`, as nanoGPT's experiments are configs of one
+script.
+
+An experiment declares its results table (``name`` -> ``{out}/{name}.csv`` and ``.md``, its
+``columns`` and ``key``), lists its cells (:meth:`Experiment.cells`: objects with a ``key`` and a
+``label``, usually :class:`Job`), computes one (:meth:`Experiment.run`: the rows of that cell)
+and writes its report (:meth:`Experiment.report`: markdown from the whole CSV). :func:`main`
+gives every script the same flags::
+
+    --models A,B --tasks X,Y --limit N --threads T --executor local|processes:N|ray[:ADDRESS]
+    --data-root DIR --dry-run --report --out DIR
+
+and the rest: cells whose key is done in the :class:`~sitelens.pipelines.store.ResultsStore` are
+skipped (``--dry-run`` lists what would run and stops), the others run on the executor
+(:func:`sitelens.pipelines.executors.make_executor`) and their rows are appended as each finishes;
+the markdown report starts with the command that regenerates it (:func:`write_report`).
+
+``--data-root`` defaults to :data:`DATA_ROOT`, the ``shared/datasets`` folder beside the
+repository, resolved here once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sitelens.io import atomic_write_text
+from sitelens.pipelines.executors import SPEC_HELP, Cell, make_executor
+from sitelens.pipelines.store import ObjectCache, ResultsStore
+
+REPO = Path(__file__).resolve().parents[2]
+DATA_ROOT = REPO.parent / "shared" / "datasets"  # the datasets folder beside the repository
+RESULTS = REPO / "benchmarks" / "results"
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One cell of an experiment: its store ``key``, a ``label`` for messages and the ``params``
+    :meth:`Experiment.run` needs (picklable when a non-local executor runs it)."""
+
+    key: str
+    label: str = ""
+    params: dict = dataclasses.field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.params[name]
+
+
+def split_list(text: str | Sequence[str] | None) -> list[str]:
+    """``"a,b"`` -> ``["a", "b"]`` (blanks dropped); a list is returned as a list."""
+    if text is None:
+        return []
+    if isinstance(text, str):
+        return [t.strip() for t in text.split(",") if t.strip()]
+    return list(text)
+
+
+def md_table(df: pd.DataFrame) -> str:
+    """A GitHub markdown table of ``df`` (no index)."""
+    head = "| " + " | ".join(str(c) for c in df.columns) + " |"
+    rule = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, rule, *body])
+
+
+def pct(x, digits: int = 1) -> str:
+    """A fraction as a percentage with ``digits`` decimals; ``–`` for a missing value."""
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return "–"
+    return "–" if x != x else f"{100 * x:.{digits}f}"
+
+
+def write_report(path: str | Path, title: str, command: str, body: str) -> str:
+    """Write ``# title``, the line naming ``command`` (what regenerates the file) and ``body``
+    atomically to ``path``; returns the text."""
+    text = f"# {title}\n\nMade by `{command}`.\n\n{body.rstrip()}\n"
+    atomic_write_text(path, text)
+    return text
+
+
+class PeakRSS:
+    """Peak resident memory (bytes) of this process while the block runs, sampled every
+    ``every`` seconds; ``start`` is the resident memory on entry."""
+
+    def __init__(self, every: float = 0.02):
+        self.every = every
+
+    def __enter__(self) -> PeakRSS:
+        import psutil
+
+        self.proc, self._stop = psutil.Process(), threading.Event()
+        self.start = self.peak = self.proc.memory_info().rss
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.every):
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+
+
+def parser(doc: str, *, models: Sequence[str] = (), tasks: Sequence[str] = (), limit: int | None = None,
+           threads: int | None = 1) -> argparse.ArgumentParser:
+    """The flags every benchmark script takes, with its defaults (its own flags go on top)."""
+    p = argparse.ArgumentParser(description=doc.strip().split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", type=split_list, default=list(models), help="comma-separated")
+    p.add_argument("--tasks", type=split_list, default=list(tasks), help="comma-separated")
+    p.add_argument("--limit", type=int, default=limit, help="test items per task")
+    p.add_argument("--threads", type=int, default=threads, help="torch threads")
+    p.add_argument("--executor", default="local", help=SPEC_HELP)
+    p.add_argument("--data-root", type=Path, default=DATA_ROOT, help=f"datasets (default {DATA_ROOT})")
+    p.add_argument("--dry-run", action="store_true", help="list the cells that would run; run none")
+    p.add_argument("--report", action="store_true", help="only rewrite the report from the CSV")
+    p.add_argument("--out", type=Path, default=RESULTS, help="results directory")
+    return p
+
+
+class Experiment:
+    """A benchmark: subclass it, set the class attributes and write :meth:`cells`, :meth:`run`
+    and :meth:`report`. ``self.args`` holds the parsed flags while it runs."""
+
+    name = ""  # results stem: {out}/{name}.csv and {name}.md
+    title = ""  # the report's heading
+    columns: Sequence[str] = ()
+    key: str | None = "key"  # None: an unkeyed measurement log (every run appends)
+    models: Sequence[str] = ()  # --models default
+    tasks: Sequence[str] = ()  # --tasks default
+    limit: int | None = None  # --limit default
+    threads: int | None = 1  # --threads default
+    args: argparse.Namespace
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Flags of this experiment beyond the common ones."""
+
+    def done(self, row: dict) -> bool:
+        """Whether a stored row finishes its key (a row recording a failure may not)."""
+        return True
+
+    def cells(self, args: argparse.Namespace) -> Iterable[Job]:
+        """Every cell of the sweep ``args`` asks for, done or not."""
+        raise NotImplementedError
+
+    def run(self, job: Job) -> list[dict] | dict:
+        """The rows of one cell."""
+        raise NotImplementedError
+
+    def report(self, df: pd.DataFrame) -> str | None:
+        """The report's markdown body from the whole results table (``None``: no report)."""
+        return None
+
+    def read(self) -> pd.DataFrame:
+        """The results table (override for dtypes)."""
+        return self.store().read()
+
+    # ------------------------------------------------------------------------------------------
+
+    def store(self, name: str | None = None, columns: Sequence[str] | None = None,
+              key: str | None = "key") -> ResultsStore:
+        """The results store ``{out}/{name}.csv`` (default: this experiment's own table)."""
+        if name is None:
+            return ResultsStore(self.out / f"{self.name}.csv", self.columns, key=self.key,
+                                done=self.done)
+        return ResultsStore(self.out / f"{name}.csv", columns or (), key=key)
+
+    def cache(self, directory: str | Path) -> ObjectCache:
+        """A keyed tensor / object cache under ``directory``."""
+        return ObjectCache(directory)
+
+    @property
+    def out(self) -> Path:
+        return Path(self.args.out)
+
+    @property
+    def command(self) -> str:
+        """The command line of this run (what the report names)."""
+        return self.args.command
+
+    def parser(self) -> argparse.ArgumentParser:
+        doc = sys.modules[type(self).__module__].__doc__ or self.title
+        p = parser(doc, models=self.models, tasks=self.tasks, limit=self.limit, threads=self.threads)
+        self.add_arguments(p)
+        return p
+
+    def write_report(self) -> str | None:
+        """Rewrite ``{name}.md`` from the whole CSV (nothing when there is no CSV or report)."""
+        if not self.store().path.exists():
+            return None
+        body = self.report(self.read())
+        if body is None:
+            return None
+        return write_report(self.out / f"{self.name}.md", self.title, self.command, body)
+
+
+def _run_job(experiment: Experiment, job: Job):
+    return experiment.run(job)
+
+
+def plan(experiment: Experiment, args: argparse.Namespace) -> tuple[list[Job], list[Job]]:
+    """(every cell, the cells to run): a cell runs when its key is not done (unkeyed
+    experiments run every cell); a key listed twice runs once."""
+    experiment.args = args
+    cells = list(experiment.cells(args))
+    if experiment.key is None:
+        return cells, cells
+    done = experiment.store().keys()
+    todo, seen = [], set(done)
+    for c in cells:
+        if c.key not in seen:
+            seen.add(c.key)
+            todo.append(c)
+    return cells, todo
+
+
+def main(experiment: Experiment, argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
+    """Parse the flags, run the cells not yet done, append their rows, rewrite the report."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = experiment.parser().parse_args(argv)
+    script = prog or f"benchmarks/{Path(sys.argv[0]).name}"
+    # the command that regenerates the results: this one, less the flags that only read them
+    args.command = shlex.join(["python", script, *[a for a in argv if a not in ("--report", "--dry-run")]])
+    experiment.args = args
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if not args.report:
+        cells, todo = plan(experiment, args)
+        print(f"{experiment.name}: {len(cells)} cell(s), {len(cells) - len(todo)} done, "
+              f"{len(todo)} to run", flush=True)
+        if args.dry_run:
+            for c in todo:
+                print(f"  would run {c.label or c.key}")
+            return 0
+        store = experiment.store()
+
+        def on_result(cell: Cell, rows) -> None:
+            store.append([rows] if isinstance(rows, dict) else rows)
+            print(f"  done {cell.label or cell.key}", flush=True)
+
+        with make_executor(args.executor, threads=args.threads) as ex:
+            ex.run([Cell(c.key, _run_job, (experiment, c), c.label) for c in todo], on_result)
+    text = experiment.write_report()
+    if text:
+        print(text)
+    return 0
+
+
+__all__ = [
+    "DATA_ROOT", "RESULTS", "Experiment", "Job", "PeakRSS", "main", "md_table", "parser", "pct", "plan",
+    "split_list", "write_report",
+]
