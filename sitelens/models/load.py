@@ -183,8 +183,8 @@ def _load_bundled_bridge(name: str, *, n_ctx: int, use_cache: bool = True, devic
     return _bridge_from_hf(hf, tokenizer, name=name, prepend_bos=record.prepend_bos, n_ctx=n_ctx)
 
 
-# public names this module defined before the split -> the module that defines them now; importing
-# one from here still works, with a DeprecationWarning naming its home
+# deprecated names: public names of other modules of this package, still importable from here with a
+# DeprecationWarning that names their module
 _MOVED = {
     "ALLOW_DOWNLOAD_ENV": "hf", "check_model_available": "hf", "hf_cached": "hf",
     "BACKENDS": "spec", "default_backend": "spec", "has_hooked_transformer": "spec",
