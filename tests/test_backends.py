@@ -139,7 +139,7 @@ def test_reserved_tiny_names(backend):
 
 
 def test_hooked_backend_needs_tl3(monkeypatch):
-    import sitelens.models.load as M
+    import sitelens.models.spec as M
 
     monkeypatch.setattr(M, "has_hooked_transformer", lambda: False)
     with pytest.raises(ModelError, match=r"backend='hooked' needs HookedTransformer.*backend='bridge'"):
@@ -180,7 +180,9 @@ def twins():
     from transformer_lens.pretrained.weight_conversions import convert_llama_weights
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from sitelens.models import _bridge_from_hf, _finalize, llama_config_from_hf
+    from sitelens.models import llama_config_from_hf
+    from sitelens.models.bridge import _bridge_from_hf
+    from sitelens.models.prepare import _finalize
 
     tok = tiny_tokenizer()
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -190,7 +192,7 @@ def twins():
     cfg._attn_implementation = "eager"
     torch.manual_seed(11)
     hf = LlamaForCausalLM(cfg).eval()
-    # as sitelens.models._from_llama_hf does for SmolLM2, with the tokenizer attached directly
+    # as sitelens.models.gguf._from_llama_hf does for SmolLM2, with the tokenizer attached directly
     ht_cfg = llama_config_from_hf(hf.config, n_ctx=256, prepend_bos=True)
     hooked = HookedTransformer(ht_cfg, tokenizer=None)
     hooked.load_and_process_state_dict(convert_llama_weights(copy.deepcopy(hf), ht_cfg), fold_ln=True,

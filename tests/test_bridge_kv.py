@@ -47,7 +47,9 @@ def _tiny_gemma3_sliding():
     are 8 to 25 tokens): the cached path must apply the window as the full pass does."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    from sitelens.models import _bridge_from_hf, _finalize, tiny_tokenizer
+    from sitelens.models import tiny_tokenizer
+    from sitelens.models.bridge import _bridge_from_hf
+    from sitelens.models.prepare import _finalize
 
     tok = tiny_tokenizer()
     cfg = Gemma3TextConfig(

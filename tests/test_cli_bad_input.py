@@ -577,7 +577,7 @@ def test_heads_dla_needs_a_hooked_transformer(monkeypatch):
     monkeypatch.setenv("SITELENS_BACKEND", "bridge")
     _rejected(BASE["heads"] + ["--lenses", "atp,dla"], "--lenses dla", "SITELENS_BACKEND=hooked")
     monkeypatch.delenv("SITELENS_BACKEND")  # the default backend: bridge on TransformerLens 4
-    monkeypatch.setattr("sitelens.models.load.has_hooked_transformer", lambda: False)
+    monkeypatch.setattr("sitelens.models.spec.has_hooked_transformer", lambda: False)
     _rejected(BASE["heads"] + ["--lenses", "dla"], "--lenses dla", "drop dla")
 
 

@@ -49,6 +49,7 @@ from sitelens.eval.metrics import dntp
 from sitelens.models import (
     ATTENTION_BUDGET_BYTES,
     SELECT_BUDGET_BYTES,
+    LoadSpec,
     encode,
     fingerprint,
     input_device,
@@ -247,15 +248,26 @@ def test_deferred_reads_give_the_same_run(monkeypatch, keep):
         run(bad_step=5)
 
 
-def test_cli_fit_and_eval_in_bfloat16(tmp_path, capsys):
-    """``sitelens fit/eval --dtype bfloat16`` end to end; the adapter is float32; the options are
-    gone from the environment afterwards."""
+def test_cli_fit_and_eval_in_bfloat16(tmp_path, capsys, monkeypatch):
+    """``sitelens fit/eval --dtype bfloat16`` end to end: the options reach ``load_model`` as one
+    :class:`LoadSpec` argument, the model is bfloat16, the adapter float32, and the command writes
+    nothing into the environment."""
     import os
 
     from safetensors.torch import load_file
 
+    import sitelens.models
     from sitelens.cli import main
 
+    specs, real = [], sitelens.models.load_model
+
+    def spy(name, **kw):
+        model = real(name, **kw)
+        specs.append((kw.get("spec"), model.cfg.dtype))
+        return model
+
+    monkeypatch.setattr(sitelens.models, "load_model", spy)
+    env = dict(os.environ)
     out = tmp_path / "ad"
     rc = main(["fit", "--model", "tiny-random", "--task", "antonym", "--out", str(out),
                "--dtype", "bfloat16", "--device", "cpu", "--n-prompts", "4", "--n-shots", "2",
@@ -266,17 +278,23 @@ def test_cli_fit_and_eval_in_bfloat16(tmp_path, capsys):
     rc = main(["eval", "--model", "tiny-random", "--task", "antonym", "--adapter", str(out),
                "--dtype", "bfloat16", "--limit", "3", "--json"])
     assert rc == 0 and '"site"' in capsys.readouterr().out
-    assert "SITELENS_DTYPE" not in os.environ and "SITELENS_DEVICE" not in os.environ
+    assert [(s.dtype, s.device, d) for s, d in specs] == [("bfloat16", "cpu", BF16), ("bfloat16", None, BF16)]
+    assert dict(os.environ) == env
 
 
-def test_dtype_and_device_from_the_environment(monkeypatch):
-    monkeypatch.setenv("SITELENS_DTYPE", "bfloat16")
-    monkeypatch.setenv("SITELENS_DEVICE", "cpu")
-    m = load_model("tiny-random")
+def test_load_spec_is_the_one_source_of_device_and_dtype(monkeypatch):
+    """``load_model(spec=LoadSpec(...))`` places the model; keyword arguments override the spec's
+    fields; the environment is not read for device, dtype, devices or device map."""
+    for var, value in (("SITELENS_DTYPE", "int4"), ("SITELENS_DEVICE", "tpu"),
+                       ("SITELENS_N_DEVICES", "x"), ("SITELENS_DEVICE_MAP", "nope")):
+        monkeypatch.setenv(var, value)  # ignored
+    m = load_model("tiny-random", spec=LoadSpec(dtype="bfloat16", device="cpu"))
     assert m.cfg.dtype == BF16 and str(m.cfg.device) == "cpu"
-    monkeypatch.setenv("SITELENS_DTYPE", "int4")
+    assert load_model("tiny-random").cfg.dtype == torch.float32
+    m = load_model("tiny-random", spec=LoadSpec(dtype="bfloat16"), dtype="float32")
+    assert m.cfg.dtype == torch.float32
     with pytest.raises(sl.ModelError, match="Unknown dtype 'int4'"):
-        load_model("tiny-random")
+        load_model("tiny-random", spec=LoadSpec(dtype="int4"))
 
 
 @pytest.mark.parametrize("kw, needle", [

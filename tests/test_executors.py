@@ -206,6 +206,27 @@ def test_a_worker_with_other_weights_refuses_the_cell(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+def test_cached_model_loads_with_the_load_spec():
+    """The worker's model loads with the cell's LoadSpec (not with the environment), and a
+    different spec is a different model."""
+    from sitelens.models import LoadSpec
+    from sitelens.pipelines.executors import cached_model
+
+    m16 = cached_model("tiny-random", None, LoadSpec(dtype="bfloat16"))
+    assert m16.cfg.dtype == torch.bfloat16
+    assert cached_model("tiny-random", None, LoadSpec(dtype="bfloat16")) is m16
+    m32 = cached_model("tiny-random", None, LoadSpec())
+    assert m32.cfg.dtype == torch.float32 and m32 is not m16
+
+
+def test_run_bench_loads_with_its_load_spec(tmp_path):
+    from sitelens.models import LoadSpec, fingerprint, load_model
+
+    df = bench.run_bench(["tiny-random"], ["antonym"], ["zero-shot"], tmp_path / "b.csv", limit=2,
+                         n_shots=2, load=LoadSpec(dtype="bfloat16"))
+    assert df["fingerprint"].tolist() == [fingerprint(load_model("tiny-random", dtype="bfloat16"))]
+
+
 def _hooked_default() -> bool:
     from sitelens.models import has_hooked_transformer, resolve_backend
 

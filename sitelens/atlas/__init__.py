@@ -19,9 +19,8 @@ from pathlib import Path
 from sitelens.atlas.data import AtlasConfig, AtlasData, build_atlas_data, task_family
 from sitelens.atlas.html import build_atlas_html
 from sitelens.atlas.views import head_card, overview, pair_view, payload, task_map
+from sitelens.models import ATLAS_MODELS, LoadSpec  # ATLAS_MODELS: which FV tasks each atlas covers
 
-# which FV tasks each bundled model's atlas covers (as in the committed benchmarks)
-ATLAS_MODELS: dict[str, str] = {"smollm2-135m-instruct": "all", "gemma-3-270m": "abstractive"}
 DEFAULT_DATA_DIR = Path("figures/atlas")
 
 
@@ -73,13 +72,15 @@ def refit_atlas(
     config: AtlasConfig | None = None, *, cache_dir: str | Path = "runs/atlas",
     heads_results: str | Path | None = "benchmarks/results",
     log: Callable[[str], None] | None = None, n_ctx: int = 4096, executor=None,
+    load: LoadSpec | None = None,
 ) -> list[AtlasData]:
     """Fit (or reuse) and measure every model's atlas and save it under ``data_dir/{model}``.
 
     ``n_ctx`` 4096: the 10-shot prompts of ``squad_val`` reach 2,052 tokens on SmolLM2, past the
     default 2048 (the context length changes no number, only the size of TransformerLens's
     causal mask, and is not part of the fit cache key). ``executor``: where the fits run
-    (:func:`sitelens.pipelines.executors.make_executor`; default in this process)."""
+    (:func:`sitelens.pipelines.executors.make_executor`; default in this process). ``load``: how
+    every model loads, here and in the workers (:class:`~sitelens.models.LoadSpec`)."""
     from sitelens.models import load_model, model_name
     from sitelens.pipelines.executors import make_executor
     from sitelens.tasks import load_task
@@ -88,13 +89,13 @@ def refit_atlas(
     ex = make_executor(executor)
     try:
         for name in models:
-            model = load_model(name, n_ctx=n_ctx)
+            model = load_model(name, n_ctx=n_ctx, spec=load)
             mname = model_name(model)
             which = ATLAS_MODELS.get(mname, "all")
             tasks = [load_task(p, dedupe=True) for p in atlas_task_dirs(tasks_dir, which)]
             lenses = lens_rows_from_heads(heads_results, mname) if heads_results else None
             data = build_atlas_data(model, tasks, config, cache_dir=cache_dir, lenses=lenses,
-                                    log=log, executor=ex, model_spec=name, n_ctx=n_ctx)
+                                    log=log, executor=ex, model_spec=name, n_ctx=n_ctx, load=load)
             data.save(Path(data_dir) / mname)
             out.append(data)
     finally:

@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 
 from sitelens.io import atomic_write_csv, atomic_write_json
+from sitelens.models import LoadSpec
 
 FILES = ("alpha.csv", "similarity.csv", "transfer.csv", "tokens.csv", "lenses.csv", "summary.json")
 
@@ -222,6 +223,7 @@ class AtlasFitJob:
     task: object  # a sitelens.tasks.Task
     seed: int
     config: AtlasConfig
+    load: LoadSpec | None = None  # how the worker loads the model (None: load_model's defaults)
 
 
 def run_atlas_fit(job: AtlasFitJob) -> str:
@@ -231,7 +233,7 @@ def run_atlas_fit(job: AtlasFitJob) -> str:
     from sitelens.errors import SitelensError
     from sitelens.pipelines.executors import cached_model, check_fingerprint
 
-    model = cached_model(job.model, job.n_ctx)
+    model = cached_model(job.model, job.n_ctx, job.load)
     check_fingerprint(model, job.model, job.fingerprint)
     cells = _cell_store(model, job.cache_dir, lambda m: None)
     try:
@@ -242,9 +244,10 @@ def run_atlas_fit(job: AtlasFitJob) -> str:
 
 
 def fit_on_executor(model, spec: str, tasks, cfg: AtlasConfig, cache_dir, executor, *,
-                    n_ctx: int | None = None, log=None) -> dict[str, str]:
+                    n_ctx: int | None = None, log=None, load: LoadSpec | None = None
+                    ) -> dict[str, str]:
     """Run the missing (task, seed) fits of :func:`build_atlas_data` on ``executor`` (each worker
-    loads ``spec`` with ``n_ctx`` itself and writes its adapter into ``cache_dir``); returns
+    loads ``spec`` with ``n_ctx`` and ``load`` itself and writes its adapter into ``cache_dir``); returns
     ``{task: why}`` for the tasks that could not be fitted."""
     from sitelens.pipelines.executors import Cell
 
@@ -256,7 +259,7 @@ def fit_on_executor(model, spec: str, tasks, cfg: AtlasConfig, cache_dir, execut
             path, _ = _fit_path(task, seed, cfg, cells)
             if not (path / "adapter.json").exists():
                 job = AtlasFitJob(spec, n_ctx, cells.base["fingerprint"],
-                                  str(Path(cache_dir).resolve()), task, seed, cfg)
+                                  str(Path(cache_dir).resolve()), task, seed, cfg, load)
                 todo.append(Cell(str(path), run_atlas_fit, (job,),
                                  label=f"{task.name} seed {seed}"))
     skipped: dict[str, str] = {}
@@ -391,6 +394,7 @@ def build_atlas_data(
     executor=None,
     model_spec: str | None = None,
     n_ctx: int | None = None,
+    load: LoadSpec | None = None,
 ) -> AtlasData:
     """Fit, measure and tabulate one model's atlas (see the module docstring). ``tasks``: loaded
     :class:`~sitelens.tasks.Task` objects (a task that cannot be fitted, e.g. too few items for
@@ -401,8 +405,9 @@ def build_atlas_data(
 
     ``executor`` (:func:`sitelens.pipelines.executors.make_executor`; default in this process): with
     ``processes:N`` or ``ray[:ADDRESS]`` the missing fits run on workers first
-    (:func:`fit_on_executor`; each loads ``model_spec``, default the model's name, with ``n_ctx``,
-    and writes into ``cache_dir``, which they must see), the rest as above."""
+    (:func:`fit_on_executor`; each loads ``model_spec``, default the model's name, with ``n_ctx``
+    and the load specification ``load``, and writes into ``cache_dir``, which they must see), the
+    rest as above."""
     from sitelens.models import fingerprint, model_name
     from sitelens.patching import inter_task
     from sitelens.patching.analysis import alpha_similarity
@@ -418,7 +423,7 @@ def build_atlas_data(
     try:
         failed = ({} if ex.in_process else
                   fit_on_executor(model, model_spec or name, tasks, cfg, cache_dir, ex,
-                                  n_ctx=n_ctx, log=log))
+                                  n_ctx=n_ctx, log=log, load=load))
     finally:
         if ex is not executor:
             ex.close()

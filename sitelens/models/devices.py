@@ -17,6 +17,9 @@
   unembedding with the last block. (TransformerLens 3.9's own ``move_model_modules_to_device``
   puts each module on whichever GPU has the most free memory at that moment, which disagrees with
   its forward pass; TransformerLens issue #907.)
+- placing a loaded model (used by :func:`~sitelens.models.load.load_model`): the device-map
+  checks, accelerate's dispatch of an in-memory Hugging Face model, the dtype cast and the move
+  to one device or the split over ``n_devices`` GPUs.
 - :func:`accumulation_dtype`: float32 for float32 / float16 / bfloat16 models (float64 stays
   float64): every mean, loss, KL and the α optimizer state are kept in it.
 - :func:`memory_budget`: memory-bounded batches. On the CPU the budgets are
@@ -232,6 +235,80 @@ def place_pipeline(model, device: torch.device | str, n_devices: int):
         if hasattr(model, name):
             getattr(model, name).to(plan[-1])
     return model
+
+
+# ----------------------------------------------------------------------------------------------
+# placing a loaded model (load_model's device, dtype, n_devices, device_map)
+
+
+def _check_device_map(device_map, *, backend: str, device, n_devices: int) -> None:
+    """``device_map`` is the bridge's (Hugging Face's placement), alone."""
+    if device_map is None:
+        return
+    if backend != "bridge":
+        raise ModelError("device_map places a TransformerBridge's Hugging Face modules; with "
+                         "backend='hooked' split the model with n_devices instead.")
+    if device is not None or n_devices > 1:
+        raise ModelError("Give device_map alone: it already says where every module goes "
+                         "(drop device / n_devices).")
+    if isinstance(device_map, str):
+        if device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
+            raise ModelError(f"Unknown device_map {device_map!r}; use auto, balanced, "
+                             "balanced_low_0, sequential or a dict of module name -> device.")
+    elif not isinstance(device_map, dict) or not device_map:
+        raise ModelError(f"device_map must be a string or a non-empty dict, got {device_map!r}.")
+
+
+def _dispatch(hf, device_map, device, n_devices: int):
+    """Place an in-memory Hugging Face model (bundled, tiny) with accelerate: ``device_map`` (a
+    dict, or a strategy name resolved as Hugging Face's ``from_pretrained`` does), or a balanced
+    split over ``n_devices`` GPUs from ``device`` on."""
+    from accelerate import dispatch_model, infer_auto_device_map
+    from accelerate.utils import get_balanced_memory
+
+    no_split = getattr(hf, "_no_split_modules", None) or []
+    if device_map is None:  # n_devices > 1
+        first = (device.index or 0) if device is not None else 0
+        max_memory = {i: torch.cuda.mem_get_info(i)[0] for i in range(first, first + n_devices)}
+        device_map = "balanced"
+    else:
+        max_memory = None
+    if isinstance(device_map, str):
+        if device_map != "sequential":
+            max_memory = get_balanced_memory(hf, max_memory=max_memory, no_split_module_classes=no_split,
+                                             low_zero=device_map == "balanced_low_0")
+        device_map = infer_auto_device_map(hf, max_memory=max_memory, no_split_module_classes=no_split)
+    dispatch_model(hf, device_map=device_map)
+    hf.hf_device_map = dict(device_map)
+    return hf
+
+
+def _place(model, *, bridge: bool, device=None, dtype=None, n_devices: int = 1) -> None:
+    """Cast a loaded model to ``dtype`` and put it on ``device`` (one device) or split it over
+    ``n_devices`` GPUs; ``bridge``: whether it is a ``TransformerBridge`` (a bridge dispatched by
+    a device map stays where the map put it).
+
+    The cast is ``nn.Module.to``: TransformerLens's own ``HookedTransformer.to(dtype)`` also
+    rebuilds the state dict once per tensor (5 s on SmolLM2) for the same result, and its
+    ``.to(torch.device)`` drops the device index."""
+    if dtype is not None and getattr(model.cfg, "dtype", None) != dtype:
+        if bridge:
+            model.to(dtype, print_details=False)  # the bridge's own: keeps a dispatched split
+        else:
+            torch.nn.Module.to(model, dtype)
+        model.cfg.dtype = dtype
+    if bridge:
+        if getattr(model.original_model, "hf_device_map", None):
+            model.cfg.device = str(input_device(model))  # where encode() puts the tokens
+        elif device is not None:
+            model.to(device, print_details=False)
+            model.cfg.device = str(device)  # (its .to(torch.device) records only the type)
+    elif n_devices > 1:
+        place_pipeline(model, device or torch.device("cuda"), n_devices)
+    elif device is not None:
+        torch.nn.Module.to(model, device)
+        model.cfg.device = str(device)
+        model.cfg.n_devices = 1
 
 
 def stacked_weight(model, name: str, device: torch.device | None = None) -> Tensor:

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from sitelens.models.cache import _gguf_path
+from sitelens.models.registry import BUNDLED
 
 
 def _hf_load(path: Path):
@@ -35,23 +36,27 @@ def load_hf_reference(name: str):
 
 
 def _convert_bundled(name: str, *, n_ctx: int):
-    """``(HookedTransformer, tokenizer)`` of a bundled model, converted from its GGUF file."""
+    """``(HookedTransformer, tokenizer)`` of a bundled model, converted from its GGUF file as its
+    record says (:data:`~sitelens.models.registry.BUNDLED`: a Llama directly, others through
+    TransformerLens's conversion of their official name)."""
+    record = BUNDLED[name]
     hf, tokenizer = _hf_load(_gguf_path(name))
-    if name == "smollm2-135m-instruct":
-        model = _from_llama_hf(hf, tokenizer, n_ctx=n_ctx, prepend_bos=False)
+    if record.architecture is not None:  # a GGUF-loaded config lacks it
+        hf.config.architectures = [record.architecture]
+    if record.tl_name is None:
+        model = _from_llama_hf(hf, tokenizer, n_ctx=n_ctx, prepend_bos=record.prepend_bos)
     else:
         from transformer_lens import HookedTransformer
 
-        hf.config.architectures = ["Gemma3ForCausalLM"]
         model = HookedTransformer.from_pretrained(
-            "google/gemma-3-270m",
+            record.tl_name,
             hf_model=hf,
             tokenizer=tokenizer,
             n_ctx=n_ctx,
             fold_ln=True,
             center_writing_weights=False,
             center_unembed=False,
-            default_prepend_bos=True,
+            default_prepend_bos=record.prepend_bos,
             default_padding_side="left",
         )
     del hf

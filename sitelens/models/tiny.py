@@ -6,7 +6,9 @@ from __future__ import annotations
 import torch
 
 from sitelens.errors import ModelError
-from sitelens.models.load import _bridge_from_hf, _finalize, resolve_backend
+from sitelens.models.bridge import _bridge_from_hf
+from sitelens.models.prepare import _finalize
+from sitelens.models.spec import resolve_backend
 
 
 def tiny_tokenizer():
@@ -50,7 +52,7 @@ def tiny_model(
     """A tiny randomly initialised model with :func:`tiny_tokenizer`, built in code (no files, no
     network): a ``HookedTransformer`` (``backend="hooked"``) or a ``TransformerBridge`` around a
     tiny Hugging Face ``LlamaForCausalLM`` (``backend="bridge"``, rotary only). Default backend:
-    :func:`default_backend`.
+    :func:`~sitelens.models.spec.default_backend`.
 
     ``n_key_value_heads`` < ``n_heads`` gives a grouped-query (GQA) variant; 1 gives MQA.
     ``post_norm=True`` normalizes the attention and MLP outputs before they join the residual

@@ -51,6 +51,7 @@ from sitelens.eval.metrics import bootstrap_ci, correlation, dntp_per_item
 from sitelens.io import atomic_write, locked
 from sitelens.models import (
     Encoded,
+    LoadSpec,
     encode,
     fingerprint,
     length_batches,
@@ -342,7 +343,8 @@ def _task_of(spec) -> Task:
 @dataclass(frozen=True)
 class BenchConfig:
     """The settings of one bench run (see :func:`run_bench`, which also takes each field as a
-    keyword argument). All but ``progress`` and ``n_ctx`` are part of every row's key."""
+    keyword argument). All but ``progress``, ``n_ctx`` and ``load`` are part of every row's key
+    (the weight fingerprint in the key already tells a bfloat16 model from a float32 one)."""
 
     limit: int | None = 100  # test items per task (None: all)
     seed: int = 0  # fits, demonstrations and the ICL reference
@@ -351,6 +353,7 @@ class BenchConfig:
     template: Template = DEFAULT_TEMPLATE
     progress: bool = False  # a tqdm bar over the cells
     n_ctx: int | None = None  # context length of models loaded by name (None: load_model's)
+    load: LoadSpec | None = None  # device, dtype, ... of models loaded by name (None: load_model's)
 
 
 def run_bench(
@@ -415,7 +418,7 @@ def run_bench(
         for spec in models:
             # The key holds the weight fingerprint, so each model is loaded (one at a time) even
             # when all of its cells are done: SmolLM2 takes about a second from the weight cache.
-            model = load_model(spec, n_ctx=cfg.n_ctx) if isinstance(spec, str) else spec
+            model = load_model(spec, n_ctx=cfg.n_ctx, spec=cfg.load) if isinstance(spec, str) else spec
             ref = spec if isinstance(spec, str) else f"<in-process model {id(model)}>"
             cells = []
             for task in task_list:
@@ -433,7 +436,7 @@ def run_bench(
                     cells.append(Cell(key, run_cell, (job,),
                                       label=f"{settings['model']}/{task.name}/{method.name}"))
             if ex.in_process:
-                with preloaded(ref, cfg.n_ctx, model):
+                with preloaded(ref, cfg.n_ctx, model, cfg.load):
                     ex.run(cells, on_result)
             else:
                 later += cells
@@ -492,7 +495,7 @@ def run_cell(job: BenchJob) -> dict:
     process); a model whose weight fingerprint is not the one in the key raises
     :class:`ExecutorError` (a worker with other weights must not write under this key)."""
     cfg, task, method = job.config, job.task, job.method
-    model = cached_model(job.model, job.n_ctx)
+    model = cached_model(job.model, job.n_ctx, cfg.load)
     check_fingerprint(model, job.model, job.settings["fingerprint"])
     items = task.test[:cfg.limit] if cfg.limit else task.test
     reference, ref_error = _reference(model, job, items)

@@ -19,7 +19,9 @@ cells and hands each result to ``on_result`` in the driver as soon as it is ther
   ``ray start --head`` prints). ``ray`` is imported only here, when a sweep starts.
 
 A worker loads each model once and keeps it (:func:`cached_model`; the last model loaded, so one
-model at a time per worker); the cells of one model then cost no reload.
+model at a time per worker); the cells of one model then cost no reload. How it loads (device,
+dtype, devices, device map, backend) travels in the cell's arguments as a
+:class:`~sitelens.models.LoadSpec`, never through the environment.
 """
 
 from __future__ import annotations
@@ -29,9 +31,12 @@ import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from sitelens.errors import ExecutorError
+
+if TYPE_CHECKING:
+    from sitelens.models import LoadSpec
 
 MAX_PROCESSES = 1024
 SPEC_HELP = ("local, processes:N (N worker processes, 1 to 1024) or ray[:ADDRESS] (ADDRESS: auto or "
@@ -111,21 +116,22 @@ class LocalExecutor(_Base):
 # in the workers
 
 
-_MODEL: dict[tuple, Any] = {}  # (spec, n_ctx) -> model: the one this process has loaded
+_MODEL: dict[tuple, Any] = {}  # (spec, n_ctx, load) -> model: the one this process has loaded
 _FINGERPRINT: dict[int, str] = {}  # id(model) -> fingerprint
 
 
-def cached_model(spec: str, n_ctx: int | None = None):
-    """The model ``spec`` (:func:`sitelens.models.load_model` with ``n_ctx``), loaded once per
-    process: a worker keeps the last model it loaded, so consecutive cells of one model reuse it
-    (loading another model drops it first: one model in memory at a time)."""
-    key = (spec, n_ctx)
+def cached_model(spec: str, n_ctx: int | None = None, load: LoadSpec | None = None):
+    """The model ``spec`` (:func:`sitelens.models.load_model` with ``n_ctx`` and the load
+    specification ``load``, None: its defaults), loaded once per process: a worker keeps the last
+    model it loaded, so consecutive cells of one model reuse it (loading another model drops it
+    first: one model in memory at a time)."""
+    key = (spec, n_ctx, load)
     if key not in _MODEL:
         from sitelens.models import load_model
 
         _MODEL.clear()
         _FINGERPRINT.clear()
-        _MODEL[key] = load_model(spec, n_ctx=n_ctx)
+        _MODEL[key] = load_model(spec, n_ctx=n_ctx, spec=load)
     return _MODEL[key]
 
 
@@ -151,12 +157,12 @@ def check_fingerprint(model, spec: str, want: str) -> None:
 
 
 @contextlib.contextmanager
-def preloaded(spec: str, n_ctx: int | None, model) -> Iterator[None]:
-    """Within the block, :func:`cached_model` ``(spec, n_ctx)`` in THIS process returns ``model``
-    (the driver's already loaded model, for cells run in-process)."""
+def preloaded(spec: str, n_ctx: int | None, model, load: LoadSpec | None = None) -> Iterator[None]:
+    """Within the block, :func:`cached_model` ``(spec, n_ctx, load)`` in THIS process returns
+    ``model`` (the driver's already loaded model, for cells run in-process)."""
     old = dict(_MODEL)
     _MODEL.clear()
-    _MODEL[(spec, n_ctx)] = model
+    _MODEL[(spec, n_ctx, load)] = model
     try:
         yield
     finally:
@@ -318,7 +324,7 @@ class RayExecutor(_Base):
     """Cells as Ray remote tasks. ``address``: ``None`` starts a new local Ray instance for the run
     (``num_cpus``: its CPUs, default all), ``"auto"`` joins the cluster of ``RAY_ADDRESS`` or the
     one started on this machine (Ray's rule), ``"HOST:PORT"`` the one at that address (whose
-    workers get this process's ``SITELENS_*`` variables: cache, backend, device, dtype). Each
+    workers get this process's ``SITELENS_*`` variables, e.g. the cache directory). Each
     cell asks for ``threads`` CPUs and runs with that many torch threads; ``max_retries``: how
     often Ray reruns a cell whose worker died. The connection is opened at the first :meth:`run`
     and closed (the local instance stopped) by :meth:`close`."""

@@ -47,6 +47,7 @@ import torch
 
 from sitelens.errors import AdapterError, OutputError
 from sitelens.io import atomic_write, atomic_write_csv, atomic_write_text
+from sitelens.models import FIGURE_MODELS, LoadSpec
 from sitelens.patching import inter_task, intra_task
 from sitelens.patching.analysis import (
     alpha_similarity,
@@ -72,7 +73,7 @@ from sitelens.site import FitConfig, SiteAdapter, fit_site, task_embedding
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, load_task
 from sitelens.viz.export import FigureWriter, notebook_renderer, png_export_error
 
-DEFAULT_MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
+DEFAULT_MODELS = FIGURE_MODELS
 
 # the inter-task set: three families plus dissimilar singletons
 FIGURE_TASKS = (
@@ -372,6 +373,7 @@ class FigureJob:
     task: str | None = None
     sparsity: float | None = None
     verbose: bool = False
+    load: LoadSpec | None = None  # how the worker loads the model (None: load_model's defaults)
 
 
 def run_figure_cell(job: FigureJob) -> str:
@@ -379,7 +381,7 @@ def run_figure_cell(job: FigureJob) -> str:
     (atomically; a cell already there is read back, not recomputed); returns the job's label."""
     cfg = job.config
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if job.verbose else (lambda m: None)
-    model = cached_model(job.model)
+    model = cached_model(job.model, load=job.load)
     check_fingerprint(model, job.model, job.fingerprint)
     cells = _cell_store(model, job.runs_dir, log)
     run = _empty_run(model, cfg)
@@ -410,7 +412,8 @@ def _job_label(job: FigureJob) -> str:
     return f"{job.kind} {job.task or 'all tasks'}{lam}"
 
 
-def _waves(model, name: str, runs_dir: Path, cfg: FigureConfig, verbose: bool) -> list[list[Cell]]:
+def _waves(model, name: str, runs_dir: Path, cfg: FigureConfig, verbose: bool,
+           load: LoadSpec | None = None) -> list[list[Cell]]:
     """The missing cells of one model's run, in the order their inputs need: embeddings, then
     fits, then the intra / effects / inter cells (the ones already in the store are left out)."""
     cells = _cell_store(model, runs_dir, lambda m: None)
@@ -434,7 +437,7 @@ def _waves(model, name: str, runs_dir: Path, cfg: FigureConfig, verbose: bool) -
 
     def cell(kind, task=None, lam=None, key=None) -> Cell:
         job = FigureJob(name, cells.base["fingerprint"], str(Path(runs_dir).resolve()), cfg, kind,
-                        task, lam, verbose)
+                        task, lam, verbose, load)
         return Cell(key or _job_label(job), run_figure_cell, (job,), label=_job_label(job))
 
     return [
@@ -446,14 +449,15 @@ def _waves(model, name: str, runs_dir: Path, cfg: FigureConfig, verbose: bool) -
 
 def run_cells(model, name: str, runs_dir: str | Path, config: FigureConfig | None,
               executor: Executor, *, log: Callable[[str], None] | None = None,
-              verbose: bool = False) -> int:
+              verbose: bool = False, load: LoadSpec | None = None) -> int:
     """Compute the missing cells of one model's run on ``executor`` (wave by wave) so that
     :func:`run_model` then finds them all; returns how many cells ran. ``name``: the model's name
-    for :func:`sitelens.models.load_model` in the workers (``model``, loaded here, gives the keys)."""
+    for :func:`sitelens.models.load_model` in the workers, with ``load`` (``model``, loaded here,
+    gives the keys)."""
     cfg = (config or FigureConfig()).resolved()
     log = log or (lambda msg: None)
     n = 0
-    for wave in _waves(model, name, Path(runs_dir), cfg, verbose):
+    for wave in _waves(model, name, Path(runs_dir), cfg, verbose, load):
         if wave:
             log(f"{name}: {len(wave)} cell(s) on {executor.name}: "
                 + ", ".join(c.label for c in wave[:6]) + (" ..." if len(wave) > 6 else ""))
@@ -480,6 +484,7 @@ def make_figures(
     threads: int | None = None,
     progress: bool = True,
     executor: str | Executor | None = None,
+    load: LoadSpec | None = None,
     **overrides,
 ) -> FiguresResult:
     """Reproduce ``out_dir`` from real runs on ``models`` (see the module docstring).
@@ -493,7 +498,8 @@ def make_figures(
     ``progress``: one line per step on stderr. ``executor``: where the cells run
     (:func:`sitelens.pipelines.executors.make_executor`; default in this process): with ``processes:N`` or
     ``ray[:ADDRESS]`` the missing cells are computed on workers first (:func:`run_cells`), with
-    the same results.
+    the same results. ``load``: how every model loads, here and in the workers
+    (:class:`~sitelens.models.LoadSpec`: device, dtype, devices, device map, backend).
 
     Per model, under ``out_dir/{model}/``: ``alpha_heatmap_{task}``, ``alpha_facets``,
     ``effect_vs_alpha_{task}``, ``patching_curves`` (mean over the intra tasks, one row per λ),
@@ -528,10 +534,10 @@ def make_figures(
         for name in models:
             log(f"{name}: loading")
             t0 = time.perf_counter()
-            model = load_model(name)
+            model = load_model(name, spec=load)
             log(f"{name}: loaded in {time.perf_counter() - t0:.1f}s")
             if not ex.in_process:
-                run_cells(model, name, out / ".runs" / slug(name), cfg, ex, log=log)
+                run_cells(model, name, out / ".runs" / slug(name), cfg, ex, log=log, load=load)
             run = run_model(model, out / ".runs" / slug(name), cfg, log=log)
             del model
             runs[name] = run

@@ -2,7 +2,7 @@
 
 BIG-Bench Hard and MMLU-Pro inputs run to 1,500 characters (the datasets' cleaning cap), so a
 10-shot prompt of them does not fit the bundled models' context of ``n_ctx`` = 2048 tokens
-(:data:`sitelens.models.load.DEFAULT_N_CTX`). The shot count of a (model, task) is the largest
+(:data:`sitelens.models.registry.DEFAULT_N_CTX`). The shot count of a (model, task) is the largest
 ``k ≤ max_shots`` for which every ``k``-shot prompt of the task, plus the tokens the bench may
 generate after it, fits (:func:`shots_that_fit`):
 
@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sitelens.errors import TaskError
-from sitelens.models import prepends_bos, token_ids
+from sitelens.models import BUNDLED, prepends_bos, token_ids
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,
     Example,
@@ -64,12 +64,11 @@ from sitelens.tasks import (
 RESERVE = 32  # new tokens the bench may generate after a prompt (score_fitted's cap)
 MAX_SHOTS = 10  # the SITE / LTV papers' k
 
-# benchmarks/results/shot_counts.md: the guaranteed k per collection (n_ctx 2048, reserve 32)
+# benchmarks/results/shot_counts.md: the guaranteed k per collection and bundled model (n_ctx 2048,
+# reserve 32), held by each model's record (BundledModel.shots)
 MEASURED: dict[str, dict[str, int]] = {
-    "cls": {"smollm2-135m-instruct": 4, "gemma-3-270m": 6},
-    "bbh": {"smollm2-135m-instruct": 4, "gemma-3-270m": 5},
-    "mmlu_pro": {"smollm2-135m-instruct": 1, "gemma-3-270m": 1},
-    "anli": {"smollm2-135m-instruct": 9, "gemma-3-270m": 9},
+    c: {m.name: m.shots[c] for m in BUNDLED.values() if m.shots}
+    for c in dict.fromkeys(c for m in BUNDLED.values() for c in (m.shots or {}))
 }
 
 
