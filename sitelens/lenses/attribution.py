@@ -26,6 +26,8 @@ pass, hence per-prompt values and bootstrap intervals.
   here: the patched node is ``z``, which lies *after* its head's softmax, so the path from ``z`` to
   the residual stream is already linear (``W_O``); the nonlinearity that remains (later layers'
   attention and MLPs, the final softmax) is what GradDrop addresses.
+- :func:`exact_effects`: the lens ``effect``, the exact quantity AtP estimates
+  (:func:`~sitelens.patching.effects.head_causal_effects` with a bootstrap interval over prompts).
 
 Costs are counted, not assumed: ``forward_passes`` counts calls of the model (prefix-cache passes
 included), ``backward_passes`` the backward passes.
@@ -42,9 +44,10 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from sitelens.eval.metrics import bootstrap_ci
 from sitelens.lenses.scores import HeadScores
 from sitelens.models import act_name, model_name
-from sitelens.patching.effects import EffectsConfig, corrupted_prompts
+from sitelens.patching.effects import EffectsConfig, corrupted_prompts, head_causal_effects
 from sitelens.patching.engine import ForwardPassCounter
 from sitelens.site import task_embedding
 from sitelens.site.injection import HeadMix
@@ -207,4 +210,23 @@ def attribution_patching(
         seconds=time.perf_counter() - t0,
         meta={"metric": "prob", "n_prompts": len(data), "n_shots": cfg.n_shots, "seed": cfg.seed,
               "grad_drop": grad_drop},
+    )
+
+
+def exact_effects(
+    model, task: Task, embedding: Float[Tensor, "n_layers n_heads d_head"] | None = None,
+    config: AttributionConfig | None = None, **overrides,
+) -> HeadScores:
+    """Lens ``effect``: :func:`~sitelens.patching.effects.head_causal_effects` (exact, batched) with a
+    percentile bootstrap CI over prompts. ``config`` is shared with :func:`attribution_patching`
+    (an :class:`AttributionConfig` is an :class:`~sitelens.patching.effects.EffectsConfig`)."""
+    cfg = replace(config or AttributionConfig(), **overrides)
+    effects, st = head_causal_effects(model, task, cfg, embedding=embedding, return_stats=True)
+    per = st["per_prompt"]  # [n_prompts, n_layers, n_heads]
+    lo, hi = bootstrap_ci(per.permute(1, 2, 0).numpy(), n_boot=cfg.n_boot, seed=cfg.seed)
+    return HeadScores.from_map(
+        effects, ci_low=lo, ci_high=hi, model=model_name(model), task=task.name, lens="effect",
+        forward_passes=st["forward_passes"], backward_passes=0, seconds=st["seconds"],
+        meta={"n_prompts": st["n_prompts"], "n_shots": cfg.n_shots, "seed": cfg.seed,
+              "rows": st["rows"], "baseline_prob": st["baseline_prob"]},
     )

@@ -149,7 +149,7 @@ class SiteAdapter:
         return cls(alpha=alpha, embedding=embedding, meta=meta)
 
 
-ensure_writable_dir = ensure_dir  # `sitelens fit` creates --out before fitting: an unwritable path fails first
+ensure_writable_dir = ensure_dir  # `sitelens fit` creates --out before fitting: a bad path fails first
 
 
 def fit_site(
