@@ -20,6 +20,7 @@ import hashlib
 import importlib.metadata
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -93,6 +94,24 @@ class SiteAdapter:
             )
 
     # -- persistence ---------------------------------------------------------------------------
+
+    @classmethod
+    def load_matching(cls, path: str | Path, model, on_error: Callable[[AdapterError], None] | None = None
+                      ) -> SiteAdapter | None:
+        """The adapter saved in ``path`` if there is one and it was fitted on ``model``
+        (:meth:`check_model`), else ``None``: the cache check of every runner that refits what
+        it cannot reuse. A corrupted or mismatched adapter is passed to ``on_error`` (to say why
+        it is refitted) before ``None`` is returned."""
+        if not (Path(path) / "adapter.json").exists():
+            return None
+        try:
+            adapter = cls.load(path)
+            adapter.check_model(model)
+        except AdapterError as e:
+            if on_error is not None:
+                on_error(e)
+            return None
+        return adapter
 
     def save(self, path: str | Path) -> Path:
         """Write ``adapter.safetensors`` + ``adapter.json`` (with a SHA-256 of the tensors),
