@@ -31,7 +31,7 @@ import pandas as pd
 
 from sitelens.eval.metrics import bootstrap_ci, correlation
 from sitelens.lenses import HeadScores
-from sitelens.lenses.compare import _top, certify_top_k, lens_agreement
+from sitelens.lenses.compare import certify_top_k, lens_agreement, top_k_indices
 from sitelens.lenses.plots import agreement_matrix, alpha_uncertainty, lens_maps
 from sitelens.pipelines.experiment import md_table
 
@@ -74,7 +74,7 @@ def certified(fast: np.ndarray, exact: np.ndarray, n_prompts: int, k: int = 10,
     n = len(fast)
     max_heads = int(np.floor(budget * (n + 1))) - 1
     c = certify_top_k(fast, lambda idx: exact[np.asarray(idx)], k=k, budget=max_heads / n, rule=rule)
-    found = set(c["top"]) & _top(exact, k)
+    found = set(c["top"]) & top_k_indices(exact, k)
     return {"verified": len(c["verified"]), "verified_share": len(c["verified"]) / n,
             "recall": len(found) / k, "certified": c["certified"], "rounds": c["rounds"],
             "rows": (len(c["verified"]) + 1) * n_prompts}
@@ -94,7 +94,8 @@ def exact_vs_fast(units, k: int = 10) -> tuple[pd.DataFrame, pd.DataFrame]:
             f = _map(s, lens)
             r = s[s.lens == lens].iloc[0]
             rows.append({"model": model, "task": task, "lens": lens,
-                         "spearman": _spearman(f, ex), f"top{k}_recall": len(_top(f, k) & _top(ex, k)) / k,
+                         "spearman": _spearman(f, ex),
+                         f"top{k}_recall": len(top_k_indices(f, k) & top_k_indices(ex, k)) / k,
                          "forward_passes": int(r.forward_passes),
                          "backward_passes": int(r.backward_passes), "seconds": float(r.seconds),
                          "exact_forward_passes": int(e_row.forward_passes),

@@ -23,6 +23,7 @@ from sitelens.errors import (
     AdapterError,
     ExecutorError,
     FitError,
+    LensError,
     MethodError,
     ModelError,
     OutputError,
@@ -152,8 +153,8 @@ __all__ = [
     # provenance: the version of the numerics that every cached result is keyed on
     "NUMERICS_VERSION",
     # errors: SitelensError and its subclasses, each message naming the fix
-    "SitelensError", "AdapterError", "ExecutorError", "FitError", "MethodError", "ModelError",
-    "OutputError", "PromptTooLongError", "TaskError", "TokenizationError", "UsageError",
+    "SitelensError", "AdapterError", "ExecutorError", "FitError", "LensError", "MethodError",
+    "ModelError", "OutputError", "PromptTooLongError", "TaskError", "TokenizationError", "UsageError",
     # submodules (plotting and figures imported on first access)
     "baselines", "lenses", "metrics", "patching", "plotting", "figures", "atlas",
 ]

@@ -1,4 +1,4 @@
-"""Old module paths of sitelens, kept importable as deprecated aliases of where the code lives now.
+"""Module paths of sitelens that moved, importable as deprecated aliases of the modules that hold the code.
 
 The package is laid out by concern (``tasks/``, ``site/``, ``eval/``, ``patching/``, ``pipelines/``,
 ``viz/``); a module that moved keeps its old dotted name through :class:`MovedModuleFinder`, which

@@ -39,6 +39,10 @@ class MethodError(SitelensError, ValueError):
     """An unknown method name (``sitelens.baselines.get_method``, the CLI's ``--methods``)."""
 
 
+class LensError(SitelensError, ValueError):
+    """An unknown lens name (``sitelens.lenses.get_lens``, the CLI's ``--lenses``)."""
+
+
 class UsageError(SitelensError, ValueError):
     """A bad command-line option: missing, malformed or out of range."""
 

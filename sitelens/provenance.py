@@ -60,7 +60,8 @@ def settings_hash(obj: Any, n: int = 12) -> str:
 
 def task_hash(task) -> str:
     """Hash of a task's name, splits (every input and output, in order), case rule and, when the
-    task defines them, its labels (a task without labels hashes as before labels existed)."""
+    task defines them, its labels (a task without labels adds no labels entry, so results keyed
+    on such a task keep their keys)."""
     labels = getattr(task, "labels", None)
     return settings_hash({
         "name": task.name,

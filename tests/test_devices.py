@@ -64,7 +64,7 @@ from sitelens.models import (
 )
 from sitelens.models import devices as devices_module
 from sitelens.site import FitConfig, alpha_logit_rows, first_token_loss, fit_alpha, site_mix
-from sitelens.site import core as site_module
+from sitelens.site import embedding as site_embedding
 from sitelens.site.injection import HeadMix
 from sitelens.tasks import few_shot_prompts, zero_shot_prompt
 
@@ -178,7 +178,7 @@ def _bf16_running_mean(model, prompts, *, batch_size=8, reduce="mean"):
     return (acc / len(z)).float()
 
 
-_true_last_token_z = site_module.last_token_z
+_true_last_token_z = site_embedding.last_token_z
 
 
 def test_broken_bfloat16_accumulation_fails_the_embedding_check(task, monkeypatch):
@@ -191,7 +191,7 @@ def test_broken_bfloat16_accumulation_fails_the_embedding_check(task, monkeypatc
     m32 = load_model("tiny-random", backend=backend)
     m16 = load_model("tiny-random", backend=backend, dtype="bfloat16")
     e32 = sl.task_embedding(m32, task, n_prompts=512, n_shots=1)
-    monkeypatch.setattr(site_module, "last_token_z", _bf16_running_mean)
+    monkeypatch.setattr(site_embedding, "last_token_z", _bf16_running_mean)
     e16 = sl.task_embedding(m16, task, n_prompts=512, n_shots=1)
     with pytest.raises(AssertionError, match="more than float rounding can explain"):
         check_embedding(e16, e32, what="embedding, bfloat16 running mean")

@@ -16,16 +16,21 @@ import torch
 from tolerances import assert_logits_close, assert_probs_close, assert_within, logit_scale
 
 from sitelens import FitConfig, fit_site, load_task
-from sitelens.errors import OutputError
+from sitelens.errors import LensError, OutputError
 from sitelens.lenses import (
+    ALIASES,
+    LENSES,
+    REGISTRY,
     AblationConfig,
     AttributionConfig,
     HeadScores,
     alpha_gradient,
     alpha_over_seeds,
     attribution_patching,
+    available_lenses,
     direct_logit_attribution,
     exact_effects,
+    get_lens,
     head_ablation,
     head_logit_lens,
     head_scores,
@@ -89,6 +94,41 @@ def test_parse_lenses():
     assert parse_lenses(["atp", "ablation"]) == ["atp", "ablation-mean", "ablation-zero"]
     with pytest.raises(ValueError, match="Unknown lens 'atq'"):
         parse_lenses(["atq"])
+
+
+def test_registry_is_the_one_list_of_lenses():
+    """Every lens head_scores and `sitelens heads --lenses` accept is in the registry, once."""
+    assert available_lenses() == list(REGISTRY) == list(LENSES)
+    assert LENSES == ("alpha", "alpha-grad", "atp", "atp-star", "ablation-mean", "ablation-zero",
+                      "effect", "dla")
+    for name in LENSES:
+        lens = get_lens(name)
+        assert lens.name == name and lens is REGISTRY[name] and callable(lens.run)
+    assert all(set(names) <= set(LENSES) for names in ALIASES.values())
+    assert [n for n in LENSES if REGISTRY[n].needs_adapter] == ["dla"]
+
+
+@pytest.mark.parametrize("typo, closest", [("atq", "atp"), ("alpha_grad", "alpha-grad"),
+                                           ("effects", "effect"), ("ablation-max", "ablation-mean")])
+def test_unknown_lens_names_the_closest(typo, closest):
+    with pytest.raises(LensError, match=f"Unknown lens '{typo}'.*Did you mean: {closest}"):
+        get_lens(typo)
+    with pytest.raises(LensError, match=f"Did you mean: {closest}"):
+        parse_lenses(["alpha", typo])
+    with pytest.raises(LensError, match="Unknown lens"):
+        get_lens(["unhashable"])
+    with pytest.raises(LensError, match="stands for several lenses"):
+        get_lens("ablation")
+
+
+@pytest.mark.parametrize("name", [*LENSES, *ALIASES])
+def test_cli_accepts_every_registered_lens(name):
+    """The CLI's --lenses check (the parser's type) accepts every registry name and alias."""
+    from sitelens.cli.parser import build_parser
+
+    args = build_parser().parse_args(["heads", "--model", "tiny-random", "--task", "antonym",
+                                      "--lenses", name, "--out", "x.csv"])
+    assert parse_lenses(args.lenses.split(",")) == list(ALIASES.get(name, (name,)))
 
 
 # ----------------------------------------------------------------------------------------------

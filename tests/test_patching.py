@@ -10,6 +10,7 @@ from tolerances import assert_logits_close, assert_probs_close, logit_scale
 
 from sitelens import patching as P
 from sitelens.errors import AdapterError
+from sitelens.eval.metrics import correlation
 from sitelens.models import encode, tiny_model, z_hook_name
 from sitelens.site import SiteAdapter, task_embedding
 from sitelens.site.injection import HeadMix
@@ -344,7 +345,7 @@ def test_alpha_similarity():
     assert sim["cosine"].loc["a", "a2"] == pytest.approx(1.0)
     assert sim["spearman"].loc["a", "a_sq"] == pytest.approx(1.0)
     assert sim["jaccard_topk"].loc["a", "a_sq"] == pytest.approx(1.0)
-    assert sim["spearman"].loc["a", "b"] == pytest.approx(P.spearman(a, maps["b"]))
+    assert sim["spearman"].loc["a", "b"] == pytest.approx(correlation(a, maps["b"], "spearman"))
     # top-3 sets {0,1,2} vs {1,2,3}: |∩| = 2, |∪| = 4
     x = torch.tensor([[4.0, 3.0, 2.0, 0.0]])
     y = torch.tensor([[0.0, 3.0, 2.0, 4.0]])
@@ -405,9 +406,11 @@ def test_within_between():
 def test_spearman_and_bootstrap():
     x = torch.arange(10.0)
     # float64 rank correlations, exactly ±1 in exact arithmetic: approx's default rel 1e-6
-    assert P.spearman(x, x**3) == pytest.approx(1.0)
-    assert P.spearman(x, -x) == pytest.approx(-1.0)
-    assert np.isnan(P.spearman(x, torch.ones(10)))
+    assert correlation(x, x**3, "spearman") == pytest.approx(1.0)
+    assert correlation(x, -x, "spearman") == pytest.approx(-1.0)
+    assert np.isnan(correlation(x, torch.ones(10), "spearman"))
+    with pytest.warns(DeprecationWarning, match="correlation"):  # the alias, same number
+        assert P.spearman(x, x**3) == correlation(x, x**3, "spearman")
     v = np.array([[1, 0, 1, 1, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0, 1]], dtype=float)
     lo, hi = P.bootstrap_ci(v, n_boot=500, seed=1)
     lo2, hi2 = P.bootstrap_ci(v, n_boot=500, seed=1)

@@ -227,6 +227,12 @@ def test_adapter_round_trip_and_mismatch(tmp_path, tiny_mha, task):
         back.check_model(tiny_model(seed=5))
     with pytest.raises(AdapterError, match="does not match"):
         back.check_model(tiny_model(n_layers=3))
+    # the runners' cache check: the saved adapter for its own model, None (and why) otherwise
+    assert torch.equal(SiteAdapter.load_matching(tmp_path / "ad", tiny_mha).alpha, ad.alpha)
+    errors = []
+    assert SiteAdapter.load_matching(tmp_path / "ad", tiny_model(seed=5), errors.append) is None
+    assert SiteAdapter.load_matching(tmp_path / "none", tiny_mha, errors.append) is None
+    assert len(errors) == 1 and "weights" in str(errors[0])
 
 
 def test_corrupted_adapter_file_is_detected(tmp_path, tiny_mha, task):

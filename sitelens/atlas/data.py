@@ -182,17 +182,12 @@ def _fit_path(task, seed: int, cfg: AtlasConfig, cells):
 
 
 def _fit_cached(model, task, seed: int, cfg: AtlasConfig, cells, log):
-    from sitelens.errors import AdapterError
     from sitelens.site import SiteAdapter, fit_site
 
     path, fc = _fit_path(task, seed, cfg, cells)
-    if (path / "adapter.json").exists():
-        try:
-            ad = SiteAdapter.load(path)
-            ad.check_model(model)
-            return ad
-        except AdapterError as e:
-            log(f"  {path.name}: {e}; refitting")
+    ad = SiteAdapter.load_matching(path, model, on_error=lambda e: log(f"  {path.name}: {e}; refitting"))
+    if ad is not None:
+        return ad
     t0 = time.perf_counter()
     ad = fit_site(model, task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, config=fc)
     ad.save(path)

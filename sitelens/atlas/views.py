@@ -13,16 +13,11 @@ import math
 import numpy as np
 
 from sitelens.atlas.data import AtlasData, depth_profile
-
-
-def _r(x, digits: int = 4):
-    """A float rounded for the payload (NaN → None, which JSON writes as null)."""
-    x = float(x)
-    return None if not math.isfinite(x) else round(x, digits)
+from sitelens.format import round_or_none
 
 
 def _flat(values, digits: int = 4) -> list:
-    return [_r(v, digits) for v in np.asarray(values, dtype=float).ravel()]
+    return [round_or_none(v, digits) for v in np.asarray(values, dtype=float).ravel()]
 
 
 def cluster_order(similarity) -> list[str]:
@@ -69,8 +64,8 @@ def model_payload(data: AtlasData) -> dict:
                      for t in tasks},
         "n_seeds": {t: int(data.alpha[data.alpha.task == t].n_seeds.iloc[0]) for t in tasks},
         "tokens": tokens,
-        "similarity": [[_r(v) for v in row] for row in sim.to_numpy(float)],
-        "transfer": [[_r(v) for v in row] for row in acc.to_numpy(float)],
+        "similarity": [[round_or_none(v) for v in row] for row in sim.to_numpy(float)],
+        "transfer": [[round_or_none(v) for v in row] for row in acc.to_numpy(float)],
         "zero_shot": _flat(zs.to_numpy(float)),
         "depth_mass": _flat(prof["mass"].to_numpy()),
         "summary": {k: data.summary.get(k) for k in (
@@ -139,7 +134,8 @@ def pair_view(p: dict, model: str, a: str, b: str) -> dict:
     m = p["models"][model]
     ia, ib = m["tasks"].index(a), m["tasks"].index(b)
     ma, mb = task_map(p, model, a), task_map(p, model, b)
-    diff = [[_r(x - y) for x, y in zip(ra, rb, strict=True)] for ra, rb in zip(ma, mb, strict=True)]
+    diff = [[round_or_none(x - y) for x, y in zip(ra, rb, strict=True)]
+            for ra, rb in zip(ma, mb, strict=True)]
     return {"a": a, "b": b, "alpha_a": ma, "alpha_b": mb, "diff": diff,
             "similarity": m["similarity"][ia][ib], "transfer": m["transfer"][ia][ib],
             "zero_shot_b": m["zero_shot"][ib]}

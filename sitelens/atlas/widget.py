@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 from sitelens.atlas.views import head_card, overview, pair_view, payload, task_map
+from sitelens.format import fmt_float
 
-
-def _fmt(x) -> str:
-    return "—" if x is None else f"{x:.4f}"
+_fmt = partial(fmt_float, digits=4, missing="—")  # the card's numbers; null in the payload → a dash
 
 
 def card_html(card: dict, lenses: Sequence[str]) -> str:

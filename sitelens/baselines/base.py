@@ -33,7 +33,9 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
+from typing_extensions import deprecated
 
+from sitelens import site
 from sitelens.errors import FitError
 from sitelens.eval.evaluate import intervention_hooks
 from sitelens.models import (
@@ -44,7 +46,6 @@ from sitelens.models import (
     last_position_logits,
 )
 from sitelens.site import FitConfig
-from sitelens.site import capture_last as capture_last  # re-exported: the baselines' old import
 from sitelens.site.injection import HeadMix, apply_hooks
 from sitelens.site.training import LastTokenSet, RunConfig, run_training, training_batches, valid_items
 from sitelens.tasks import DEFAULT_TEMPLATE, Example, Task, Template, answer_token_ids, zero_shot_prompt
@@ -392,3 +393,10 @@ def train_hook_params(
 
 def count_params(params: dict[str, Tensor]) -> int:
     return int(sum(p.numel() for p in params.values()))
+
+
+@deprecated("use sitelens.site.capture_last")
+def capture_last(model, prompts: Sequence[str], hook_names: Sequence[str], *, batch_size: int = 8
+                 ) -> dict[str, Tensor]:
+    """:func:`sitelens.site.capture_last`."""
+    return site.capture_last(model, prompts, hook_names, batch_size=batch_size)

@@ -91,12 +91,6 @@ def adapter_or_fit(model, task, args):
     return fit_from_args(model, task, args, progress=False)
 
 
-def round4_or_none(x) -> float | None:
-    """``x`` as a float rounded to 4 decimals, or ``None`` for NaN (JSON has no NaN)."""
-    x = float(x)
-    return None if x != x else round(x, 4)
-
-
 def top_heads_line(adapter, n: int = 8) -> str:
     """``L{l}H{h}=α, ...`` for the ``n`` highest-α heads of ``adapter``."""
     return ", ".join(f"L{layer}H{h}={a:.2f}" for layer, h, a in adapter.top_heads(n))

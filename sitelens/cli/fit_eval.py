@@ -9,6 +9,7 @@ from pathlib import Path
 
 from sitelens.cli.common import fit_from_args, load_task_and_model, top_heads_line
 from sitelens.cli.parser import split_csv
+from sitelens.format import round_or_none
 from sitelens.io import atomic_write_csv
 
 
@@ -42,16 +43,11 @@ def _summary_json(summary) -> str:
             "exact_match": round(float(r.exact_match), 4),
             "n": int(r.n),
             "seconds_per_item": round(float(r.seconds_per_item), 5),
-            **{c: _rounded(getattr(r, c)) for c in labelled},
+            **{c: round_or_none(getattr(r, c)) for c in labelled},
         }
         for r in summary.itertuples()
     }
     return json.dumps(obj)
-
-
-def _rounded(x) -> float | None:
-    """A float rounded to 4 places; None for NaN (JSON has no NaN)."""
-    return None if x is None or x != x else round(float(x), 4)
 
 
 def _with_settings(df, model, task, adapter, args):

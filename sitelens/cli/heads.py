@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import sys
 
-from sitelens.cli.common import fit_config_from_args, load_task_and_model, round4_or_none
+from sitelens.cli.common import fit_config_from_args, load_task_and_model
 from sitelens.cli.parser import split_csv
+from sitelens.format import round_or_none, round_sig_or_none
 
 
 def _configs(args):
@@ -28,12 +29,6 @@ def _configs(args):
     return att, abl
 
 
-def _sig4_or_none(x) -> float | None:
-    """``x`` to 4 significant digits (the lenses' scores span many scales), ``None`` for NaN."""
-    x = float(x)
-    return None if x != x else float(f"{x:.4g}") + 0.0  # + 0.0: no -0.0
-
-
 def heads_summary(run, model: str, task: str, k: int = 10, n_key_value_heads: int | None = None
                   ) -> dict:
     """The ``--json`` object: per lens its top ``k`` heads ``[layer, head, score]`` (scores to 4
@@ -44,7 +39,7 @@ def heads_summary(run, model: str, task: str, k: int = 10, n_key_value_heads: in
     for lens in scores.lenses:
         row = scores.lens(lens).df.iloc[0]
         lenses[lens] = {
-            "top": [[layer, head, _sig4_or_none(s)] for layer, head, s in scores.top(k, lens)],
+            "top": [[layer, head, round_sig_or_none(s)] for layer, head, s in scores.top(k, lens)],
             "forward_passes": int(row["forward_passes"]),
             "backward_passes": int(row["backward_passes"]),
             "seconds": round(float(row["seconds"]), 3),
@@ -55,15 +50,15 @@ def heads_summary(run, model: str, task: str, k: int = 10, n_key_value_heads: in
         g = scores.by_kv_group(n_key_value_heads)
         obj["kv_groups"] = {
             "n_key_value_heads": int(n_key_value_heads), "aggregation": "sum over query heads",
-            "top": {lens: [[int(r.layer), int(r.kv_group), _sig4_or_none(r.score)]
+            "top": {lens: [[int(r.layer), int(r.kv_group), round_sig_or_none(r.score)]
                            for r in d.sort_values("score", ascending=False).head(5).itertuples()]
                     for lens, d in g.groupby("lens", sort=False)}}
     stab = None if run.alpha is None else run.alpha.stability
     if "alpha" in lenses and stab is not None and len(stab):
         jac = next((c for c in stab.columns if c.endswith("_jaccard")), None)
         obj["alpha_stability"] = {
-            "spearman_mean": round4_or_none(stab["spearman"].mean()),
-            "top10_jaccard_mean": round4_or_none(stab[jac].mean()) if jac else None,
+            "spearman_mean": round_or_none(stab["spearman"].mean()),
+            "top10_jaccard_mean": round_or_none(stab[jac].mean()) if jac else None,
         }
     return obj
 

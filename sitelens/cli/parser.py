@@ -198,12 +198,14 @@ def _method_checker(registry: str) -> Callable[[str], None]:
 
 
 def _check_lens(x: str) -> None:
-    """A lens name :func:`sitelens.lenses.parse_lenses` knows (``ablation`` = both ablations)."""
+    """A lens name of the registry (:func:`sitelens.lenses.parse_lenses`; ``ablation`` = both
+    ablations), with close matches in the error."""
+    from sitelens.errors import LensError
     from sitelens.lenses import parse_lenses
 
     try:
         parse_lenses([x])
-    except ValueError as e:
+    except LensError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
@@ -395,9 +397,11 @@ def _add_patch(sub) -> None:
 def _add_heads(sub) -> None:
     p = sub.add_parser("heads", help="which heads matter: per-head scores of several lenses")
     add_common_options(p)
+    from sitelens.lenses import ALIASES, available_lenses  # sitelens.cli has imported it already
+
+    aliases = "; ".join(f"{a} = {', '.join(names)}" for a, names in ALIASES.items())
     p.add_argument("--lenses", required=True, type=LENS_NAMES,
-                   help="comma-separated lenses: alpha, alpha-grad, atp, atp-star, ablation-mean, "
-                        "ablation-zero (ablation = both), effect, dla")
+                   help=f"comma-separated lenses: {', '.join(available_lenses())} ({aliases})")
     p.add_argument("--seeds", type=POSITIVE_INT, default=5,
                    help="SITE fits of the alpha lens, seeds SEED, SEED+1, ... (dla alone: one)")
     p.add_argument("--n-prompts", type=POSITIVE_INT, default=16,

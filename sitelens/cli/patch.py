@@ -9,15 +9,10 @@ from __future__ import annotations
 import json
 import sys
 
-from sitelens.cli.common import (
-    adapter_or_fit,
-    fit_from_args,
-    load_spec,
-    load_task_and_model,
-    round4_or_none,
-)
+from sitelens.cli.common import adapter_or_fit, fit_from_args, load_spec, load_task_and_model
 from sitelens.cli.parser import split_csv
 from sitelens.cli.validate import check_heads, inter_tasks
+from sitelens.format import round_or_none, round_values
 from sitelens.io import atomic_write_csv
 
 
@@ -46,10 +41,10 @@ def patch_intra(args) -> int:
     if args.json:
         obj = {
             "model": str(df["model"].iloc[0]), "task": task.name, "n": int(df["n"].iloc[0]),
-            "zero_shot": round4_or_none(ref.get("zero_shot", float("nan"))),
-            "site": round4_or_none(ref.get("site", float("nan"))),
-            "rows": [{"k": int(k), "top": round4_or_none(r["top"]),
-                      "bottom": round4_or_none(r["bottom"]), "random": round4_or_none(r["random"])}
+            "zero_shot": round_or_none(ref.get("zero_shot", float("nan"))),
+            "site": round_or_none(ref.get("site", float("nan"))),
+            "rows": [{"k": int(k), "top": round_or_none(r["top"]),
+                      "bottom": round_or_none(r["bottom"]), "random": round_or_none(r["random"])}
                      for k, r in table.iterrows()],
         }
         print(json.dumps(obj))
@@ -81,21 +76,18 @@ def _inter_summary(df, tasks, alpha_m, sim, seed: int) -> dict:
     ``alpha_m`` is the accuracy matrix of the alpha mode, ``sim`` the α similarities."""
     from sitelens.patching import transfer_matrix, transfer_similarity_correlation, within_between
 
-    def rounded(mapping) -> dict:
-        return {key: round4_or_none(v) for key, v in mapping.items()}
-
     obj = {
         "model": str(df["model"].iloc[0]),
         "tasks": [t.name for t in tasks],
-        "alpha": {a: rounded(row) for a, row in alpha_m.iterrows()},
-        "topk": {a: rounded(row) for a, row in transfer_matrix(df, mode="topk").iterrows()},
-        "zero_shot": rounded(df.groupby("target_task")["zero_shot"].first()),
-        "within_between": rounded(within_between(alpha_m)),
+        "alpha": {a: round_values(row) for a, row in alpha_m.iterrows()},
+        "topk": {a: round_values(row) for a, row in transfer_matrix(df, mode="topk").iterrows()},
+        "zero_shot": round_values(df.groupby("target_task")["zero_shot"].first()),
+        "within_between": round_values(within_between(alpha_m)),
     }
     if len(tasks) >= 3:
         c = transfer_similarity_correlation(sim["spearman"], df, mode="alpha", seed=seed)
-        obj["similarity_transfer_spearman"] = {"rho": round4_or_none(c["rho"]),
-                                               "p_value": round4_or_none(c["p_value"])}
+        obj["similarity_transfer_spearman"] = {"rho": round_or_none(c["rho"]),
+                                               "p_value": round_or_none(c["p_value"])}
     return obj
 
 
@@ -163,12 +155,12 @@ def patch_effects(args) -> int:
     obj = {
         "model": model_name(model), "task": task.name, "n_prompts": st["n_prompts"],
         "mode": st["mode"], "seconds": round(st["seconds"], 3),
-        "baseline_prob": round4_or_none(st["baseline_prob"]),
+        "baseline_prob": round_or_none(st["baseline_prob"]),
         "top_heads": [{"head": f"L{int(i) // H}H{int(i) % H}",
-                       "effect": round4_or_none(eff.flatten()[i])} for i in order],
+                       "effect": round_or_none(eff.flatten()[i])} for i in order],
     }
     if adapter is not None:
-        obj["rho_alpha"] = round4_or_none(effect_alpha_correlation(eff, adapter.alpha))
+        obj["rho_alpha"] = round_or_none(effect_alpha_correlation(eff, adapter.alpha))
     if args.json:
         print(json.dumps(obj))
     else:

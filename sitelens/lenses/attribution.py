@@ -26,6 +26,8 @@ pass, hence per-prompt values and bootstrap intervals.
   here: the patched node is ``z``, which lies *after* its head's softmax, so the path from ``z`` to
   the residual stream is already linear (``W_O``); the nonlinearity that remains (later layers'
   attention and MLPs, the final softmax) is what GradDrop addresses.
+- :func:`exact_effects`: the lens ``effect``, the exact quantity AtP estimates
+  (:func:`~sitelens.patching.effects.head_causal_effects` with a bootstrap interval over prompts).
 
 Costs are counted, not assumed: ``forward_passes`` counts calls of the model (prefix-cache passes
 included), ``backward_passes`` the backward passes.
@@ -42,9 +44,10 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from sitelens.eval.metrics import bootstrap_ci
 from sitelens.lenses.scores import HeadScores
 from sitelens.models import act_name, model_name
-from sitelens.patching.effects import EffectsConfig, corrupted_prompts
+from sitelens.patching.effects import EffectsConfig, corrupted_prompts, head_causal_effects
 from sitelens.patching.engine import ForwardPassCounter
 from sitelens.site import task_embedding
 from sitelens.site.injection import HeadMix
@@ -127,24 +130,30 @@ def _scores(per_item: Tensor, stat, *, n_boot: int, seed: int):
     return est, np.quantile(boots, 0.025, axis=0), np.quantile(boots, 0.975, axis=0)
 
 
+def _config_and_embedding(model, task: Task, embedding, config: AttributionConfig | None, overrides,
+                          template: Template | None = None) -> tuple[AttributionConfig, Tensor]:
+    """``config`` with ``overrides`` set, and ``embedding`` or, when it is None,
+    :func:`~sitelens.site.task_embedding` with the config's ``n_mean_prompts``, ``n_shots`` and
+    ``seed`` (and ``template``, else the config's), so every lens of one config sees the same
+    embedding."""
+    cfg = replace(config or AttributionConfig(), **overrides)
+    if embedding is None:
+        template = cfg.template if template is None else template
+        embedding = task_embedding(model, task, n_prompts=cfg.n_mean_prompts, n_shots=cfg.n_shots,
+                                   seed=cfg.seed, template=template)  # [n_layers, n_heads, d_head]
+    return cfg, embedding
+
+
 def alpha_gradient(
-    model,
-    task: Task,
-    embedding: Float[Tensor, "n_layers n_heads d_head"] | None = None,
-    config: AttributionConfig | None = None,
-    *,
-    template: Template = DEFAULT_TEMPLATE,
-    progress: bool = False,
-    **overrides,
+    model, task: Task, embedding: Float[Tensor, "n_layers n_heads d_head"] | None = None,
+    config: AttributionConfig | None = None, *, template: Template = DEFAULT_TEMPLATE,
+    progress: bool = False, **overrides,
 ) -> HeadScores:
     """Lens ``alpha-grad``: ``−∂CE/∂α[l, h]`` at α = 0 (= ``∂ log p(answer)/∂α``), the first-order
     effect of injecting the task embedding into each head alone, averaged over
     ``n_alpha_items`` zero-shot train items; bootstrap CI over items. ``embedding`` defaults to
     :func:`~sitelens.site.task_embedding` with the config's ``n_mean_prompts`` and ``seed``."""
-    cfg = replace(config or AttributionConfig(), **overrides)
-    if embedding is None:
-        embedding = task_embedding(model, task, n_prompts=cfg.n_mean_prompts, n_shots=cfg.n_shots,
-                                   seed=cfg.seed, template=template)  # [n_layers, n_heads, d_head]
+    cfg, embedding = _config_and_embedding(model, task, embedding, config, overrides, template)
     with ForwardPassCounter(model) as passes:
         data = LastTokenSet.build(model, list(task.train[: cfg.n_alpha_items]) or
                                   valid_items(task, cfg.n_alpha_items), template)
@@ -160,24 +169,16 @@ def alpha_gradient(
 
 
 def attribution_patching(
-    model,
-    task: Task,
-    embedding: Float[Tensor, "n_layers n_heads d_head"] | None = None,
-    config: AttributionConfig | None = None,
-    *,
-    grad_drop: bool = False,
-    progress: bool = False,
+    model, task: Task, embedding: Float[Tensor, "n_layers n_heads d_head"] | None = None,
+    config: AttributionConfig | None = None, *, grad_drop: bool = False, progress: bool = False,
     **overrides,
 ) -> HeadScores:
     """Lens ``atp`` (``grad_drop=False``) or ``atp-star`` (``True``): the first-order estimate of
     :func:`~sitelens.patching.effects.head_causal_effects` (same corrupted prompts, same embedding, same
     metric: the answer's first-token probability) for every head from one forward and one
     backward pass per batch (GradDrop: ``n_layers`` of each). Bootstrap CI over prompts."""
-    cfg = replace(config or AttributionConfig(), **overrides)
+    cfg, embedding = _config_and_embedding(model, task, embedding, config, overrides)
     L = model.cfg.n_layers
-    if embedding is None:
-        embedding = task_embedding(model, task, n_prompts=cfg.n_mean_prompts, n_shots=cfg.n_shots,
-                                   seed=cfg.seed, template=cfg.template)  # [n_layers, n_heads, d_head]
     t0 = time.perf_counter()
     with ForwardPassCounter(model) as passes:
         prompts, answers = corrupted_prompts(
@@ -207,4 +208,23 @@ def attribution_patching(
         seconds=time.perf_counter() - t0,
         meta={"metric": "prob", "n_prompts": len(data), "n_shots": cfg.n_shots, "seed": cfg.seed,
               "grad_drop": grad_drop},
+    )
+
+
+def exact_effects(
+    model, task: Task, embedding: Float[Tensor, "n_layers n_heads d_head"] | None = None,
+    config: AttributionConfig | None = None, **overrides,
+) -> HeadScores:
+    """Lens ``effect``: :func:`~sitelens.patching.effects.head_causal_effects` (exact, batched) with a
+    percentile bootstrap CI over prompts. ``config`` is shared with :func:`attribution_patching`
+    (an :class:`AttributionConfig` is an :class:`~sitelens.patching.effects.EffectsConfig`)."""
+    cfg = replace(config or AttributionConfig(), **overrides)
+    effects, st = head_causal_effects(model, task, cfg, embedding=embedding, return_stats=True)
+    per = st["per_prompt"]  # [n_prompts, n_layers, n_heads]
+    lo, hi = bootstrap_ci(per.permute(1, 2, 0).numpy(), n_boot=cfg.n_boot, seed=cfg.seed)
+    return HeadScores.from_map(
+        effects, ci_low=lo, ci_high=hi, model=model_name(model), task=task.name, lens="effect",
+        forward_passes=st["forward_passes"], backward_passes=0, seconds=st["seconds"],
+        meta={"n_prompts": st["n_prompts"], "n_shots": cfg.n_shots, "seed": cfg.seed,
+              "rows": st["rows"], "baseline_prob": st["baseline_prob"]},
     )

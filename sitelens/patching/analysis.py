@@ -18,7 +18,6 @@ data; numpy and pandas only (no scipy). Rank correlations are
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -26,7 +25,9 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
+from typing_extensions import deprecated
 
+from sitelens import format as fmt
 from sitelens.eval.metrics import correlation
 from sitelens.site import SiteAdapter
 
@@ -56,14 +57,10 @@ def _ranks(x: np.ndarray) -> np.ndarray:
     return pd.Series(np.asarray(x, dtype=float)).rank(method="average").to_numpy()
 
 
+@deprecated("use sitelens.format.round_or_none")
 def round_or_none(x, digits: int = 4):
-    """``x`` as a float rounded to ``digits`` (for JSON summaries); ``None`` if it is NaN or
-    infinite; returned unchanged if it is not a number."""
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return x
-    return None if not math.isfinite(x) else round(x, digits)
+    """:func:`sitelens.format.round_or_none`."""
+    return fmt.round_or_none(x, digits)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -239,8 +236,8 @@ def by_target_family(matrix: pd.DataFrame, groups: dict[str, str]) -> dict:
             continue
         same = [matrix.loc[a, b] for b in members for a in members if a != b]
         other = [matrix.loc[a, b] for b in members for a in names if groups[a] != fam]
-        out[fam] = {"from_same_family": round_or_none(np.nanmean(same)),
-                    "from_other_families": round_or_none(np.nanmean(other) if other else float("nan"))}
+        out[fam] = {"from_same_family": fmt.round_or_none(np.nanmean(same)),
+                    "from_other_families": fmt.round_or_none(np.nanmean(other) if other else float("nan"))}
     return out
 
 

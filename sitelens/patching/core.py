@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
+from typing_extensions import deprecated
 
 from sitelens.errors import AdapterError, TaskError
 from sitelens.eval.evaluate import evaluate
@@ -344,9 +345,9 @@ def inter_task(
     return df
 
 
+@deprecated("use sitelens.eval.metrics.correlation(x, y, 'spearman')")
 def spearman(x, y) -> float:
-    """Spearman's ρ; kept for old imports, use
-    ``sitelens.eval.metrics.correlation(x, y, "spearman")``."""
+    """Spearman's ρ: :func:`sitelens.eval.metrics.correlation` with ``method="spearman"``."""
     return correlation(x, y, "spearman")
 
 

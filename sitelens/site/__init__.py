@@ -1,25 +1,23 @@
-"""SITE, the method: stage 1 (task embedding), stage 2 (α), the adapter, the :class:`HeadMix`
-injection and the one training runner."""
+"""SITE, the method: stage 1 (:mod:`~sitelens.site.embedding`, the task embedding), stage 2
+(:mod:`~sitelens.site.alpha`, α), the adapter and :func:`fit_site` (:mod:`~sitelens.site.adapter`),
+the :class:`HeadMix` injection (:mod:`~sitelens.site.injection`) and the one training runner
+(:mod:`~sitelens.site.training`)."""
 
 from __future__ import annotations
 
-from sitelens.site.core import (
+from sitelens.site.adapter import SiteAdapter, ensure_writable_dir, fit_site
+from sitelens.site.alpha import (
     FitConfig,
     FitResult,
     OfficialFitConfig,
-    SiteAdapter,
     alpha_logit_rows,
-    capture_last,
-    ensure_writable_dir,
     first_token_loss,
     fit_alpha,
-    fit_site,
-    last_token_z,
     mean_alpha,
     site_mix,
     stack_rows,
-    task_embedding,
 )
+from sitelens.site.embedding import capture_last, last_token_z, task_embedding
 from sitelens.site.injection import (
     HeadMix,
     apply_hooks,

@@ -18,7 +18,8 @@ of what to keep.
 Off the CPU the runner does not wait for the device on every step: the per-step numbers and the
 finiteness checks stay on the device and are read at each validation check and at the end (a
 non-finite loss still raises :class:`FitError` naming the first bad step). On the CPU, where
-reading a number costs nothing, every step is checked at once, as before.
+reading a number costs nothing, every step is checked at once (its loss before the optimizer
+step, so a non-finite loss never moves the parameters).
 """
 
 from __future__ import annotations
@@ -262,7 +263,7 @@ def run_training(
         for step, batch in enumerate(batches, start=1):
             total, value = objective(batch)
             rec = {"step": step, cfg.metric: float("nan"), "valid_loss": float("nan")}
-            if eager and not torch.isfinite(total):  # before the step, as it always was
+            if eager and not torch.isfinite(total):  # before the step: a bad loss never moves the params
                 pending.append((rec, total.detach(), value, []))
                 settle(bar)
             opt.zero_grad()

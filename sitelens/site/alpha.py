@@ -1,0 +1,229 @@
+"""Stage 2 of SITE: soft head selection, the learned α.
+
+With the model frozen, one logit ``a[l, h]`` per head is trained; α = sigmoid(a) ∈ (0, 1). At the
+last token of a zero-shot prompt every head's output is mixed toward the task embedding ``t``
+(:mod:`sitelens.site.embedding`, the HeadMix of :mod:`sitelens.site.injection`):
+
+    z[l, h, -1] ← (1 − α[l, h]) · z[l, h, -1] + α[l, h] · t[l, h]
+
+and the loss is the cross-entropy of the first answer token y_1 plus an optional sparsity term,
+
+    loss(a) = − log p(y_1 | prompt; α) + λ · mean(α)                (λ = 0: the paper's method)
+
+minimised with Adam by :func:`sitelens.site.training.run_training`. :class:`FitConfig` keeps the
+α with the best validation loss; :class:`OfficialFitConfig` reproduces the paper's public code
+(i.i.d. batches of 1, the α of the last validation check). The prompt prefix is encoded once into a
+KV cache and only the last token is re-run per step (:func:`first_token_loss`), which is exact
+because the mix acts only at that token. Result: α [n_layers, n_heads] (:class:`FitResult`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from sitelens.errors import FitError
+from sitelens.models import last_token_forward, layer_devices, place_layer_rows
+from sitelens.site.injection import HeadMix, apply_hooks
+from sitelens.site.training import (
+    BatchRows,
+    LastTokenSet,
+    RunConfig,
+    iid_batches,
+    run_training,
+    training_batches,
+    valid_items,
+)
+from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
+
+
+def site_mix(alpha, embedding, seq_len: int | None = None) -> HeadMix:
+    """The SITE intervention: α-weighted mix toward the task embedding at the last prompt token."""
+    return HeadMix(weights=alpha, targets=embedding, positions=(-1,), seq_len=seq_len)
+
+
+def first_token_loss(
+    model,
+    cache,
+    last_tokens: Int[Tensor, "batch 1"],
+    answer_ids: Int[Tensor, " batch"],
+    mix: HeadMix | None,
+) -> Tensor:
+    """Mean cross-entropy of the first answer token, running only the last prompt token on top of a
+    frozen prefix KV cache (the mix acts at that token, so the prefix is unaffected). Computed in
+    float32 (float64 for a float64 model) on the device the logits come out on."""
+    hooks = mix.hooks(model) if mix is not None else []
+    with apply_hooks(model, hooks):
+        logits = last_token_forward(model, cache, last_tokens)  # [batch, 1, d_vocab]
+    logits = logits[:, -1].to(torch.promote_types(logits.dtype, torch.float32))  # [batch, d_vocab]
+    return F.cross_entropy(logits, answer_ids.to(logits.device))
+
+
+@dataclass
+class FitConfig:
+    """Stage-2 hyperparameters. The reference: a = 0, lr 0.2, 400 steps of batch 1. The default
+    here spends the same 400 training examples in batches (``n_examples / batch_size`` steps):
+    shuffled passes over the train split, the α with the best validation loss kept.
+    :meth:`official` is the reference's own protocol."""
+
+    protocol: ClassVar[str] = "default"  # a class attribute: not in asdict() or settings hashes
+
+    lr: float = 0.2
+    init: float = 0.0
+    n_examples: int = 400
+    batch_size: int = 8
+    sparsity: float = 0.0  # λ in loss + λ·mean(α); 0 = the paper's method
+    eval_every: int = 10  # steps between validation-loss checks (and at the end)
+    n_valid: int = 64  # validation items used for model selection
+    seed: int = 0
+
+    def __post_init__(self):
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise FitError(f"FitConfig.lr must be a positive finite number, got {self.lr!r}.")
+        if not math.isfinite(self.init) or not math.isfinite(self.sparsity):
+            raise FitError(
+                f"FitConfig.init and .sparsity must be finite, got {self.init!r}, {self.sparsity!r}."
+            )
+        if self.n_examples < 1 or self.batch_size < 1 or self.eval_every < 1:
+            raise FitError("FitConfig.n_examples, .batch_size and .eval_every must be at least 1.")
+
+    @property
+    def steps(self) -> int:
+        return max(1, math.ceil(self.n_examples / self.batch_size))
+
+    @classmethod
+    def official(cls, **overrides) -> OfficialFitConfig:
+        """The public SITE code's stage 2 (:class:`OfficialFitConfig`); ``overrides`` set fields."""
+        return OfficialFitConfig(**overrides)
+
+
+@dataclass
+class OfficialFitConfig(FitConfig):
+    """Stage 2 as the paper's public code runs it (github.com/SNU-DRL/Soft_Injection, commit
+    01bd5d6: ``optimize_head_selection`` and ``validate_head_selection`` in ``utils.py``,
+    ``format_icl`` in ``preprocess.py``, run by ``eval_scripts/eval_site.sh`` with ``--epoch 400
+    --lr 0.2 --batch_size 1 --test_batch_size 1``):
+
+    - 400 steps of batch 1; each step draws its item i.i.d. (with replacement) from the train
+      split (there ``random.sample(range(n), 1)``, unseeded; here seeded with ``seed``);
+    - after every 50th step the validation loss on the first 100 valid items is computed (the
+      mean first-token cross-entropy, there one item at a time) and recorded;
+    - the α of the last check is kept: there the check ``val_loss < best_val_loss`` never updates
+      ``best_val_loss`` (it stays ``inf``), so every check saves the current α. With 400 steps and
+      checks every 50 that is the final α; with no check at all, the final α too;
+    - no space before an all-digit answer (:attr:`sitelens.tasks.Template.bare_digits`), set by
+      :func:`fit_site`, which records ``meta["protocol"] = "official"``.
+    """
+
+    batch_size: int = 1
+    eval_every: int = 50
+    n_valid: int = 100
+
+    protocol: ClassVar[str] = "official"
+
+
+def alpha_logit_rows(model, init: float = 0.0) -> list[Tensor]:
+    """SITE's trainable logits ``a`` (α = sigmoid(a)) as one float32 row ``[n_heads]`` per layer,
+    each on that layer's device (:func:`sitelens.models.layer_devices`), filled with ``init``: the
+    parameters of stage 2, whatever the model's dtype and however it is split over devices."""
+    H = model.cfg.n_heads
+    return [torch.full((H,), float(init), dtype=torch.float32, device=d, requires_grad=True)
+            for d in layer_devices(model)]  # L × [n_heads]
+
+
+def stack_rows(rows: Sequence[Tensor]) -> Float[Tensor, "n_layers n_heads"]:
+    """Per-layer rows stacked on the first row's device (a detached copy)."""
+    dev = rows[0].device
+    return torch.stack([r.detach().to(dev) for r in rows])  # [n_layers, n_heads]
+
+
+def mean_alpha(alpha: Sequence[Tensor], device) -> Tensor:
+    """The mean of α over all heads (rows on any devices), on ``device``, differentiable."""
+    return torch.cat([r.to(device) for r in alpha]).mean()  # []
+
+
+@dataclass
+class FitResult:
+    alpha: Float[Tensor, "n_layers n_heads"]
+    logits: Float[Tensor, "n_layers n_heads"]
+    history: list[dict] = field(default_factory=list)
+    best_step: int = 0
+    seconds: float = 0.0
+
+
+def fit_alpha(
+    model,
+    task: Task,
+    embedding: Float[Tensor, "n_layers n_heads d_head"],
+    config: FitConfig | None = None,
+    *,
+    template: Template = DEFAULT_TEMPLATE,
+    progress: bool = False,
+) -> FitResult:
+    """Stage 2: learn α = sigmoid(a) with the model frozen (only ``a`` gets gradients).
+
+    What is SITE's own is here: the parameters ``a``, the α-mix toward the embedding at the last
+    token and the first-token loss (+ λ·mean(α)). The loop — Adam, batches, validation, which α
+    is kept — is :func:`sitelens.site.training.run_training`. Default: shuffled passes, validation every
+    ``eval_every`` steps and at the end, the best α kept. :class:`OfficialFitConfig`: i.i.d.
+    draws, validation every ``eval_every`` steps only, the α of the last validation kept (the
+    final α for 400 steps checked every 50), and no space before all-digit answers in the answer
+    token."""
+    cfg = config or FitConfig()
+    official = cfg.protocol == "official"
+    if official:
+        template = replace(template, bare_digits=True)
+    t0 = time.perf_counter()
+    a = alpha_logit_rows(model, cfg.init)  # L × [n_heads], float32, each on its layer's device
+    if not torch.isfinite(embedding).all():
+        bad = int((~torch.isfinite(embedding)).sum())
+        raise FitError(
+            f"The task embedding of {task.name!r} has {bad} non-finite value(s) (inf/nan), so the "
+            "loss would be non-finite. Recompute it in float32 (task_embedding) or refit."
+        )
+    target = place_layer_rows(embedding, model, dtype=torch.float32)  # L × [n_heads, d_head]
+    valid = LastTokenSet.build(model, valid_items(task, cfg.n_valid), template)
+    if official:
+        batches = list(iid_batches(len(task.train), cfg))  # [steps][batch_size] indices
+    else:
+        batches = list(training_batches(list(range(len(task.train))), cfg))  # [steps][batch_size]
+    rows = BatchRows(batches)  # each training item's prefix is encoded once
+    train = LastTokenSet.build(model, [task.train[i] for i in rows.used], template)
+
+    def objective(batch: list[int]) -> tuple[Tensor, Tensor]:
+        alpha = [torch.sigmoid(r) for r in a]  # L × [n_heads], each on its layer's device
+        b = train.select(rows(batch))
+        loss = first_token_loss(model, b.cache, b.last, b.answers, site_mix(alpha, target))
+        return loss + cfg.sparsity * mean_alpha(alpha, loss.device), loss.detach()
+
+    def valid_loss() -> float:
+        with torch.no_grad():
+            mix = site_mix([torch.sigmoid(r.detach()) for r in a], target)
+            return first_token_loss(model, valid.cache, valid.last, valid.answers, mix).item()
+
+    run = run_training(
+        a, batches, objective, valid_loss, snapshot=lambda: stack_rows(a),
+        config=RunConfig(
+            lr=cfg.lr, seed=cfg.seed, eval_every=cfg.eval_every,
+            keep="last_check" if official else "best",  # official: the α of the last check
+            what="α", task=task.name, progress=progress, check_params=True,
+            hint="Lower the learning rate (lr), check the model dtype (float32 is safest), or "
+                 "the embedding.",
+        ),
+    )
+    kept = run.kept.cpu()  # [n_layers, n_heads], float32
+    return FitResult(
+        alpha=torch.sigmoid(kept),
+        logits=kept,
+        history=run.history,
+        best_step=run.best_step,
+        seconds=time.perf_counter() - t0,
+    )
