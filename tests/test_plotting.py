@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sitelens.viz import plotting as plots
-from sitelens.viz.plotting import _upgma_order
+from sitelens.viz.matrices import _upgma_order
 
 
 def _heatmaps(fig):
