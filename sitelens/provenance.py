@@ -18,7 +18,9 @@ import dataclasses
 import hashlib
 import json
 import math
-from typing import Any
+from typing import Any, TypeVar
+
+ConfigT = TypeVar("ConfigT")
 
 NUMERICS_VERSION = 2
 
@@ -71,4 +73,29 @@ def task_hash(task) -> str:
     })
 
 
-__all__ = ["NUMERICS_VERSION", "NUMERICS_HISTORY", "canonical", "settings_hash", "task_hash"]
+
+
+def config_with_overrides(
+    config_type: type[ConfigT], config: ConfigT | None, overrides: dict[str, Any], where: str
+) -> ConfigT:
+    """``config`` (default ``config_type()``) with the fields in ``overrides`` replaced. An
+    unknown name raises ``TypeError`` naming ``where`` and the valid fields."""
+    if config is not None and not isinstance(config, config_type):
+        raise TypeError(
+            f"{where}: config must be a {config_type.__name__}, got {type(config).__name__}."
+        )
+    fields = [f.name for f in dataclasses.fields(config_type)]
+    unknown = sorted(set(overrides) - set(fields))
+    if unknown:
+        raise TypeError(
+            f"{where}() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
+            f"{config_type.__name__} fields are: {', '.join(fields)}."
+        )
+    config = config_type() if config is None else config
+    return dataclasses.replace(config, **overrides) if overrides else config
+
+
+__all__ = [
+    "NUMERICS_VERSION", "NUMERICS_HISTORY", "canonical", "settings_hash", "task_hash",
+    "config_with_overrides",
+]

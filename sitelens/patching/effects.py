@@ -22,7 +22,7 @@ from torch import Tensor
 from sitelens.errors import AdapterError, TaskError
 from sitelens.patching.analysis import effect_alpha_correlation
 from sitelens.patching.engine import ForwardPassCounter, batched_answer_probs, serial_answer_probs
-from sitelens.pipelines.store import config_with_overrides
+from sitelens.provenance import config_with_overrides
 from sitelens.site import task_embedding
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import dataclasses
 import fcntl
 import io
 import json
@@ -37,29 +36,9 @@ import pandas as pd
 
 from sitelens.errors import OutputError
 from sitelens.io import atomic_write, atomic_write_csv, atomic_write_text, locked
-from sitelens.provenance import settings_hash
+from sitelens.provenance import config_with_overrides, settings_hash
 
 ConfigT = TypeVar("ConfigT")
-
-
-def config_with_overrides(
-    config_type: type[ConfigT], config: ConfigT | None, overrides: dict[str, Any], where: str
-) -> ConfigT:
-    """``config`` (default ``config_type()``) with the fields in ``overrides`` replaced. An
-    unknown name raises ``TypeError`` naming ``where`` and the valid fields."""
-    if config is not None and not isinstance(config, config_type):
-        raise TypeError(
-            f"{where}: config must be a {config_type.__name__}, got {type(config).__name__}."
-        )
-    fields = [f.name for f in dataclasses.fields(config_type)]
-    unknown = sorted(set(overrides) - set(fields))
-    if unknown:
-        raise TypeError(
-            f"{where}() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
-            f"{config_type.__name__} fields are: {', '.join(fields)}."
-        )
-    config = config_type() if config is None else config
-    return dataclasses.replace(config, **overrides) if overrides else config
 
 
 def slug(name: str) -> str:
