@@ -42,7 +42,7 @@ def summary_table(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> pd.
 
 
 def _numeric(df: pd.DataFrame, column: str) -> pd.Series:
-    """``df[column]`` as numbers (NaN where empty or absent: tables from before the column)."""
+    """``df[column]`` as numbers (NaN where empty, or everywhere in a table without the column)."""
     if column not in df.columns:
         return pd.Series(float("nan"), index=df.index)
     return pd.to_numeric(df[column], errors="coerce")

@@ -322,7 +322,7 @@ def _config_dict(cfg: FigureConfig) -> dict:
 
 def _previous_summary(out: Path) -> dict:
     """``out/summary.json`` of earlier runs, each model entry carrying its own ``config`` (a file
-    from before per-model configs gets its top-level config copied into each entry)."""
+    with one top-level config gets it copied into each entry)."""
     path = out / "summary.json"
     try:
         old = json.loads(path.read_text())
