@@ -526,10 +526,11 @@ def test_changed_answer_prefix_fails(smollm2, golden):
 
 def test_injection_at_second_to_last_token_fails(smollm2, golden, monkeypatch):
     """SITE injecting at position -2 instead of the last prompt token."""
-    import sitelens.site
+    import sitelens.site.adapter
     from sitelens.site.injection import HeadMix
 
-    monkeypatch.setattr(sitelens.site, "site_mix", lambda alpha, emb, seq_len=None: HeadMix(
+    # SiteAdapter.mix looks site_mix up in its own module, sitelens.site.adapter
+    monkeypatch.setattr(sitelens.site.adapter, "site_mix", lambda alpha, emb, seq_len=None: HeadMix(
         weights=alpha, targets=emb, positions=(-2,), seq_len=seq_len))
     snap = compute(smollm2, golden[1], parts=("eval",), methods=("site",))
     with pytest.raises(GoldenMismatch, match=r"site\.answer_logprob"):

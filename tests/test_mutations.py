@@ -166,9 +166,9 @@ def read_padding_as_text(monkeypatch, model):
 
 
 def inject_one_position_early(monkeypatch, *, bridge_only: bool = False):
-    """A HeadMix run through sitelens.eval.evaluate (last_logits, greedy_generate: the full-pass path)
-    injects at -2 instead of -1 (on a TransformerBridge only, with ``bridge_only``)."""
-    E = importlib.import_module("sitelens.eval.evaluate")  # the module (sl.evaluate is a function)
+    """A HeadMix run through sitelens.eval.generation (last_logits, greedy_generate: the full-pass
+    path) injects at -2 instead of -1 (on a TransformerBridge only, with ``bridge_only``)."""
+    E = importlib.import_module("sitelens.eval.generation")
 
     real = E.intervention_hooks
 

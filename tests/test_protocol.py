@@ -37,6 +37,7 @@ from sitelens.tasks import (
 )
 
 ev = importlib.import_module("sitelens.eval.evaluate")  # the module (sitelens.eval.evaluate is the function)
+generation = importlib.import_module("sitelens.eval.generation")
 BARE = replace(DEFAULT_TEMPLATE, bare_digits=True)
 
 
@@ -242,7 +243,7 @@ def _scripted(monkeypatch, model, script):
                 logits[r, -1, t] = 10.0 - rank
         return logits
 
-    monkeypatch.setattr(ev, "kv_forward", fake_kv_forward)
+    monkeypatch.setattr(generation, "kv_forward", fake_kv_forward)
     return calls
 
 

@@ -42,6 +42,12 @@ from sitelens.eval.metrics import (
     dntp,
     dntp_per_item,
 )
+from sitelens.eval.scoring import (
+    ItemScores,
+    answer_lengths,
+    reference_logits,
+    score_items,
+)
 
 __all__ = [
     "dntp_per_item",
@@ -71,6 +77,10 @@ __all__ = [
     "official_exact_match",
     "cut_at_eos",
     "run_method",
+    "ItemScores",
+    "answer_lengths",
+    "score_items",
+    "reference_logits",
     "rank_labels",
     "resolve_labels",
     "METHODS",

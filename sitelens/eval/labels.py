@@ -288,7 +288,24 @@ def nan_mean(values) -> float:
     return sum(vals) / len(vals) if vals else float("nan")
 
 
+# The label metrics of a set of items: the means of their label columns (and of the chance level).
+LABEL_METRICS = ["label_acc_first", "label_acc_full", "label_acc_full_norm", "chance"]
+
+
+def label_metrics_of(cols: list[dict] | None) -> dict:
+    """The :data:`LABEL_METRICS` of per-item :func:`label_columns`: means over the items where each
+    is finite (:func:`nan_mean`); all NaN for ``None`` (no closed label set)."""
+    if cols is None:
+        return dict.fromkeys(LABEL_METRICS, float("nan"))
+    return {
+        "label_acc_first": nan_mean(c["label_rank_first"] for c in cols),
+        "label_acc_full": nan_mean(c["label_rank_full"] for c in cols),
+        "label_acc_full_norm": nan_mean(c["label_rank_full_norm"] for c in cols),
+        "chance": nan_mean(c["chance"] for c in cols),
+    }
+
+
 __all__ = [
-    "LABEL_COLUMNS", "MAX_LABELS", "LabelScores", "LabelSet", "continuation_ids", "item_chance",
-    "label_columns", "label_set", "nan_mean", "score_labels",
+    "LABEL_COLUMNS", "LABEL_METRICS", "MAX_LABELS", "LabelScores", "LabelSet", "continuation_ids",
+    "item_chance", "label_columns", "label_metrics_of", "label_set", "nan_mean", "score_labels",
 ]

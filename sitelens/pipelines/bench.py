@@ -23,6 +23,9 @@ Tasks with a closed label set (:func:`sitelens.eval.labels.label_set`: ``cls/``,
 BIG-Bench Hard) are also scored by ranking their labels under the method's intervention
 (:mod:`sitelens.eval.labels`): ``label_acc_first``, ``label_acc_full``, ``label_acc_full_norm`` and the
 ``chance`` level (mean of 1 / number of labels) beside them; NaN for open-ended tasks.
+
+Scoring is the one generate-and-score loop of :mod:`sitelens.eval.scoring`; the summaries of a
+results table (:func:`summary_markdown`, …) are in :mod:`sitelens.pipelines.bench_summary`.
 """
 
 from __future__ import annotations
@@ -36,28 +39,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
-import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
+from typing_extensions import deprecated
 
 from sitelens.baselines import Fitted, Method, get_method
 from sitelens.errors import ExecutorError, OutputError, SitelensError
-from sitelens.eval.evaluate import exact_match, greedy_generate, rank_labels
-from sitelens.eval.labels import LabelSet, label_set, nan_mean
-from sitelens.eval.metrics import bootstrap_ci, correlation, dntp_per_item
+from sitelens.eval.generation import greedy_generate
+from sitelens.eval.labels import LABEL_METRICS, LabelSet, label_metrics_of, label_set
+from sitelens.eval.scoring import rank_labels, reference_logits, score_items
 from sitelens.io import atomic_write, locked
-from sitelens.models import (
-    Encoded,
-    LoadSpec,
-    encode,
-    fingerprint,
-    length_batches,
-    load_model,
-    model_name,
-    token_ids,
+from sitelens.models import Encoded, LoadSpec, fingerprint, load_model, model_name
+from sitelens.pipelines.bench_summary import (
+    dntp_accuracy_correlation,
+    dntp_accuracy_figure,
+    summary_markdown,
+    summary_table,
 )
 from sitelens.pipelines.executors import (
     Cell,
@@ -69,15 +68,7 @@ from sitelens.pipelines.executors import (
 )
 from sitelens.pipelines.store import config_with_overrides
 from sitelens.provenance import NUMERICS_VERSION, canonical, settings_hash, task_hash
-from sitelens.tasks import (
-    DEFAULT_TEMPLATE,
-    Example,
-    Task,
-    Template,
-    answer_token_ids,
-    few_shot_prompts,
-    load_task,
-)
+from sitelens.tasks import DEFAULT_TEMPLATE, Example, Task, Template, load_task
 
 # What made a row (the resume key hashes all of them) ...
 SETTINGS = [
@@ -90,7 +81,6 @@ METRICS = [
     "label_acc_full_norm", "chance", "dntp", "trainable_params", "fit_seconds",
     "seconds_per_item", "error",
 ]
-LABEL_METRICS = ["label_acc_first", "label_acc_full", "label_acc_full_norm", "chance"]
 COLUMNS = [*SETTINGS, "key", *METRICS]
 # The header of keyed files written before the label metrics existed: read with those columns
 # empty, rewritten with the full header by the first append (rows kept, keys still valid).
@@ -214,44 +204,18 @@ def append_row(out_csv: str | Path, row: dict) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------
-# generation with the hooks in place for every step
+# ----------------------------------------------------------------------------------------------
+# scoring: the one loop of sitelens.eval.scoring
 
 
+@deprecated("use sitelens.eval.greedy_generate(model, enc, intervention=...)")
 def generate(
-    model,
-    enc: Encoded,
-    hooks: list,
-    *,
-    max_new_tokens: int = 16,
-    stop_at_newline: bool = True,
+    model, enc: Encoded, hooks: list, *, max_new_tokens: int = 16, stop_at_newline: bool = True,
 ) -> tuple[Int[Tensor, "batch new"], Float[Tensor, "batch d_vocab"]]:
-    """Greedy KV-cached decoding with ``hooks`` active on the prefill AND every decode step.
-
-    Prefill-scoped hooks (pinned to the prompt length) leave decode steps alone by themselves;
-    every-position hooks (LoRA, (IA)3, I2CL) keep acting, as a weight change would. Returns the
-    generated ids and the first-step logits (the answer-position distribution)."""
-    return greedy_generate(
-        model, enc, intervention=lambda _model, _seq_len: hooks,
-        max_new_tokens=max_new_tokens, stop_at_newline=stop_at_newline,
-    )
-
-
-def reference_logits(
-    model, task: Task, items: Sequence[Example], *, n_shots: int = 10, seed: int = 0,
-    template: Template = DEFAULT_TEMPLATE, batch_size: int = 16,
-) -> Float[Tensor, "n d_vocab"]:
-    """P_icl as logits: the ``n_shots``-shot ICL next-token logits at the answer position (CPU,
-    float32), computed on the same code path and batches as :func:`score_fitted` (so the ``icl``
-    method's dNTP is exactly 0)."""
-    prompts = few_shot_prompts(task, list(items), n_shots, seed=seed, template=template)
-    out: list[Tensor | None] = [None] * len(items)
-    for idx in length_batches(model, prompts, batch_size):
-        enc = encode(model, [prompts[i] for i in idx])
-        _, first = generate(model, enc, [], max_new_tokens=1)
-        first = first.cpu()  # [batch, d_vocab]
-        for j, i in enumerate(idx):
-            out[i] = first[j]
-    return torch.stack(out)
+    """Greedy KV-cached decoding with ``hooks`` active on the prefill and every decode step;
+    returns the generated ids and the first-step logits."""
+    return greedy_generate(model, enc, intervention=lambda _model, _seq_len: hooks,
+                           max_new_tokens=max_new_tokens, stop_at_newline=stop_at_newline)
 
 
 def score_fitted(
@@ -269,55 +233,34 @@ def score_fitted(
     per item of a fitted method on ``items``, plus per-item ``dntp_items`` and ``correct``; with
     ``labels``, the label-ranking accuracies and chance level (:data:`LABEL_METRICS`; NaN
     without), ranked under the same intervention and prompts (not counted in
-    ``seconds_per_item``)."""
-    prompts = fitted.prompts(items, template)
-    answers = answer_token_ids(model, [ex.output for ex in items], template)
-    n_tok = [len(token_ids(model, template.answer_prefix + ex.output)) for ex in items]
-    first_ok = np.zeros(len(items), dtype=bool)
-    correct = np.zeros(len(items), dtype=bool)
-    kl = np.full(len(items), np.nan)
-    t0 = time.perf_counter()
-    for idx in length_batches(model, prompts, batch_size):
-        enc = encode(model, [prompts[i] for i in idx])
-        hooks = fitted.hooks(model, enc.tokens.shape[1])
-        limit = min(32, max(n_tok[i] for i in idx) + 2)
-        gen, first = generate(model, enc, hooks, max_new_tokens=limit)
-        top = first.argmax(-1).cpu()  # [batch]
-        if reference is not None:
-            kl[idx] = dntp_per_item(reference[idx], first.cpu()).numpy()
-        for j, i in enumerate(idx):
-            text = model.tokenizer.decode(gen[j].tolist(), skip_special_tokens=True)
-            first_ok[i] = int(top[j]) == answers[i]
-            correct[i] = exact_match(text, items[i].output, case_sensitive=task.case_sensitive)
-    seconds = time.perf_counter() - t0
+    ``seconds_per_item``). Items are answered greedily from the method's prompts under its
+    intervention (:func:`sitelens.eval.scoring.score_items`, default protocol)."""
+    # The answer room counts template.answer_prefix before every answer, bare_digits or not: the
+    # keyed cells were measured with that room, so another sizing needs a new NUMERICS_VERSION.
+    s = score_items(model, task, items, fitted.prompts(items, template),
+                    intervention=fitted.intervention, template=template, batch_size=batch_size,
+                    reference=reference, labels=labels, bare_digit_room=False)
     return {
         "n": len(items),
-        "first_token_acc": float(first_ok.mean()),
-        "exact_match": float(correct.mean()),
-        "dntp": float(kl.mean()) if reference is not None else float("nan"),
-        "seconds_per_item": seconds / max(1, len(items)),
-        "dntp_items": kl,
-        "correct": correct,
-        **label_metrics(model, items, prompts, fitted, labels, template=template,
-                        batch_size=batch_size),
+        "first_token_acc": float(s.first_token_correct.mean()),
+        "exact_match": float(s.correct.mean()),
+        "dntp": float(s.dntp.mean()) if reference is not None else float("nan"),
+        "seconds_per_item": s.seconds_per_item,
+        "dntp_items": s.dntp,
+        "correct": s.correct,
+        **label_metrics_of(s.labels),
     }
 
 
 def label_metrics(model, items: Sequence[Example], prompts: list[str], fitted: Fitted,
                   labels: LabelSet | None, *, template: Template, batch_size: int) -> dict:
     """The :data:`LABEL_METRICS` of a fitted method: means over items of its label ranks
-    (:func:`sitelens.eval.evaluate.rank_labels`, under ``fitted.intervention``) and of 1 / n_labels;
-    all NaN when ``labels`` is None."""
+    (:func:`sitelens.eval.scoring.rank_labels`, under ``fitted.intervention``) and of
+    1 / n_labels; all NaN when ``labels`` is None."""
     if labels is None:
-        return dict.fromkeys(LABEL_METRICS, float("nan"))
-    cols = rank_labels(model, items, prompts, labels, intervention=fitted.intervention,
-                       template=template, batch_size=batch_size)
-    return {
-        "label_acc_first": nan_mean(c["label_rank_first"] for c in cols),
-        "label_acc_full": nan_mean(c["label_rank_full"] for c in cols),
-        "label_acc_full_norm": nan_mean(c["label_rank_full_norm"] for c in cols),
-        "chance": nan_mean(c["chance"] for c in cols),
-    }
+        return label_metrics_of(None)
+    return label_metrics_of(rank_labels(model, items, prompts, labels, intervention=fitted.intervention,
+                                        template=template, batch_size=batch_size))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -518,140 +461,10 @@ def run_cell(job: BenchJob) -> dict:
     return row
 
 
-# ----------------------------------------------------------------------------------------------
-# summaries
-
-
-def summary_table(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """Per (model, method), means over tasks: first_token_acc, exact_match (with a bootstrap 95%
-    CI over tasks), dntp, trainable_params, fit_seconds, seconds_per_item, n_tasks; and the label
-    metrics (:data:`LABEL_METRICS`) over the tasks that have them (``n_label_tasks``)."""
-    rows = []
-    ok = df[pd.to_numeric(df["exact_match"], errors="coerce").notna()]  # failed cells left out
-    for (model, method), g in ok.groupby(["model", "method"], sort=False):
-        lo, hi = bootstrap_ci(g["exact_match"].to_numpy(float), n_boot=n_boot, seed=seed)
-        rows.append({
-            "model": model,
-            "method": method,
-            "n_tasks": len(g),
-            "first_token_acc": g["first_token_acc"].mean(),
-            "exact_match": g["exact_match"].mean(),
-            "exact_match_lo": lo,
-            "exact_match_hi": hi,
-            "dntp": g["dntp"].mean(),
-            "trainable_params": g["trainable_params"].median(),
-            "fit_seconds": g["fit_seconds"].mean(),
-            "seconds_per_item": g["seconds_per_item"].mean(),
-            "n_label_tasks": int(_numeric(g, "chance").notna().sum()),
-            **{m: nan_mean(_numeric(g, m)) for m in LABEL_METRICS},
-        })
-    return pd.DataFrame(rows)
-
-
-def _numeric(df: pd.DataFrame, column: str) -> pd.Series:
-    """``df[column]`` as numbers (NaN where empty or absent: tables from before the column)."""
-    if column not in df.columns:
-        return pd.Series(float("nan"), index=df.index)
-    return pd.to_numeric(df[column], errors="coerce")
-
-
-def dntp_accuracy_correlation(
-    df: pd.DataFrame, *, accuracy: str = "exact_match", exclude: Sequence[str] = ("icl",)
-) -> dict:
-    """Pearson and Spearman correlation of dNTP and accuracy across (task, method) cells, per
-    model (``exclude``: the reference method, whose dNTP is 0 by construction).
-
-    Pooled cells mix easy and hard tasks; ``within_task_spearman`` removes that: the Spearman
-    correlation across methods inside each task, averaged over the ``n_tasks_within`` tasks
-    where it is defined (≥ 3 finite cells, neither column constant)."""
-    out = {}
-    for model, g in df[~df["method"].isin(exclude)].groupby("model", sort=False):
-        per_task = [correlation(t["dntp"], t[accuracy], "spearman") for _, t in g.groupby("task")]
-        per_task = [r for r in per_task if np.isfinite(r)]
-        out[model] = {
-            "pearson": correlation(g["dntp"], g[accuracy], "pearson"),
-            "spearman": correlation(g["dntp"], g[accuracy], "spearman"),
-            "n_cells": int((np.isfinite(g["dntp"].to_numpy(float))
-                            & np.isfinite(g[accuracy].to_numpy(float))).sum()),
-            "within_task_spearman": float(np.mean(per_task)) if per_task else float("nan"),
-            "n_tasks_within": len(per_task),
-        }
-    return out
-
-
-def _fmt(x, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    return f"{x:.{digits}f}"
-
-
-def _fmt_int(x) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    return f"{int(round(x)):,}"
-
-
-def summary_markdown(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> str:
-    """One markdown section per model: a row per method (means over tasks), the label-ranking
-    table where some tasks have a closed label set (with the chance level), and the dNTP–accuracy
-    correlation across cells."""
-    table = summary_table(df, n_boot=n_boot, seed=seed)
-    corr = dntp_accuracy_correlation(df)
-    parts = []
-    for model, g in table.groupby("model", sort=False):
-        lines = [
-            f"## {model}",
-            "",
-            "| method | tasks | first-token acc | exact match (95% CI over tasks) | dNTP | "
-            "trainable params | fit s | s / item |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in g.itertuples():
-            lines.append(
-                f"| {r.method} | {r.n_tasks} | {_fmt(r.first_token_acc)} | "
-                f"{_fmt(r.exact_match)} ({_fmt(r.exact_match_lo)}–{_fmt(r.exact_match_hi)}) | "
-                f"{_fmt(r.dntp)} | {_fmt_int(r.trainable_params)} | {_fmt(r.fit_seconds, 1)} | "
-                f"{_fmt(r.seconds_per_item, 3)} |"
-            )
-        lines += _label_lines(g)
-        c = corr.get(model)
-        if c is not None:
-            lines += ["", f"dNTP vs exact match across {c['n_cells']} (task, method) cells "
-                          f"(ICL excluded): Pearson r = {_fmt(c['pearson'], 2)}, "
-                          f"Spearman ρ = {_fmt(c['spearman'], 2)}; within a task, across methods, "
-                          f"Spearman ρ = {_fmt(c['within_task_spearman'], 2)} (mean over "
-                          f"{c['n_tasks_within']} tasks)."]
-        failed = df[(df["model"] == model) & df["error"].fillna("").str.len().gt(0)
-                    & ~df["error"].fillna("").str.startswith("dntp:")]
-        if len(failed):
-            lines += ["", f"{len(failed)} cell(s) failed: "
-                      + "; ".join(f"{r.task}/{r.method}" for r in failed.itertuples()) + "."]
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts) + "\n"
-
-
-def _label_lines(g: pd.DataFrame) -> list[str]:
-    """The label-ranking table of one model's :func:`summary_table` rows (none when no task has a
-    closed label set)."""
-    if not (g["n_label_tasks"] > 0).any():
-        return []
-    lines = ["", "Label ranking, over the tasks with a closed label set (chance: mean of "
-                 "1 / number of labels):", "",
-             "| method | tasks | first-token rank | full-label rank | length-normalized | chance |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for r in g.itertuples():
-        lines.append(f"| {r.method} | {r.n_label_tasks} | {_fmt(r.label_acc_first)} | "
-                     f"{_fmt(r.label_acc_full)} | {_fmt(r.label_acc_full_norm)} | {_fmt(r.chance)} |")
-    return lines
-
-
-def dntp_accuracy_figure(df: pd.DataFrame, *, accuracy: str = "exact_match"):
-    """A plotly scatter of dNTP (x) vs accuracy (y), one point per (task, method) cell, coloured
-    by method, one facet per model."""
-    import plotly.express as px
-
-    data = df[np.isfinite(df["dntp"].astype(float))]
-    fig = px.scatter(data, x="dntp", y=accuracy, color="method", facet_col="model",
-                     hover_data=["task"], labels={"dntp": "dNTP = KL(P_icl ‖ P_method)"})
-    fig.update_layout(title="dNTP vs accuracy")
-    return fig
+__all__ = [
+    "SETTINGS", "METRICS", "LABEL_METRICS", "COLUMNS", "UNLABELLED_COLUMNS", "LEGACY_COLUMNS",
+    "cell_settings", "cell_key", "read_results", "append_row", "generate", "reference_logits",
+    "score_fitted", "label_metrics", "FV_EXTRACTIVE", "BenchConfig", "run_bench", "BenchJob",
+    "run_cell", "summary_table", "dntp_accuracy_correlation", "summary_markdown",
+    "dntp_accuracy_figure",
+]

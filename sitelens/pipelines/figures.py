@@ -27,18 +27,19 @@ fits, then the intra / effects / inter cells — each cell written atomically by
 and the driver then builds the figures from the finished cells as above.
 
 The sizes and seeds of a run are a :class:`FigureConfig`; :func:`make_figures` takes one, or its
-fields as keyword arguments. The statistics (:func:`intra_mean`, :func:`intra_gaps`, …) and the
-writer (:class:`FigureWriter`, :func:`notebook_renderer`) are re-exported here from
-:mod:`sitelens.patching.analysis` and :mod:`sitelens.viz.export`.
+fields as keyword arguments. Its cells are listed once (:func:`figure_cells`, in
+:mod:`sitelens.pipelines.figure_config`), for this process and for the workers alike. The
+statistics (:func:`intra_mean`, :func:`intra_gaps`, …) and the writer (:class:`FigureWriter`,
+:func:`notebook_renderer`) are re-exported here from :mod:`sitelens.patching.analysis` and
+:mod:`sitelens.viz.export`.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,8 +47,8 @@ import pandas as pd
 import torch
 
 from sitelens.errors import AdapterError, OutputError
-from sitelens.io import atomic_write, atomic_write_csv, atomic_write_text
-from sitelens.models import FIGURE_MODELS, LoadSpec
+from sitelens.io import atomic_write
+from sitelens.models import LoadSpec
 from sitelens.patching import inter_task, intra_task
 from sitelens.patching.analysis import (
     alpha_similarity,
@@ -58,7 +59,23 @@ from sitelens.patching.analysis import (
 )
 from sitelens.patching.effects import head_causal_effects
 from sitelens.pipelines.executors import Cell, Executor, cached_model, check_fingerprint, make_executor
+from sitelens.pipelines.figure_config import (
+    DEFAULT_MODELS,
+    DEFAULT_SPARSITY,
+    EFFECT_TASKS,
+    FIGURE_TASKS,
+    HEATMAP_TASK,
+    INTRA_TASKS,
+    FigureCell,
+    FigureConfig,
+    ModelRun,
+    figure_cells,
+)
 from sitelens.pipelines.report import (
+    _config_dict,
+    _merge_model,
+    _previous_summary,
+    _write_summary,
     gap_k,
     headline,
     intra_ks,
@@ -69,108 +86,17 @@ from sitelens.pipelines.report import (
 )
 from sitelens.pipelines.store import CellStore, config_with_overrides, slug
 from sitelens.provenance import NUMERICS_VERSION, task_hash
-from sitelens.site import FitConfig, SiteAdapter, fit_site, task_embedding
+from sitelens.site import SiteAdapter, fit_site, task_embedding
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, load_task
 from sitelens.viz.export import FigureWriter, notebook_renderer, png_export_error
 
-DEFAULT_MODELS = FIGURE_MODELS
-
-# the inter-task set: three families plus dissimilar singletons
-FIGURE_TASKS = (
-    "english_french", "english_german", "english_spanish", "english_italian",
-    "first_letter", "last_letter", "capitalize_first_letter", "lowercase_first_letter",
-    "choose_first_of_3", "choose_middle_of_3", "choose_last_of_3",
-    "antonym", "country_capital", "present_past",
-)
-# intra-task patching (with and without sparsity): 8 tasks spanning all families
-INTRA_TASKS = (
-    "antonym", "country_capital", "present_past", "english_french", "english_spanish",
-    "first_letter", "capitalize_first_letter", "choose_first_of_3",
-)
-HEATMAP_TASK = "antonym"
-EFFECT_TASKS = ("antonym", "english_french")
-DEFAULT_SPARSITY = (0.0, 5.0)
-_TUPLE_FIELDS = ("tasks", "intra_tasks", "effect_tasks", "sparsity", "gap_ks", "formats")
-
-
-@dataclass
-class FigureConfig:
-    """Sizes and seeds of one figures run (see :func:`make_figures`, which also takes each field
-    as a keyword argument). Sequences given as lists are stored as tuples."""
-
-    tasks: tuple[str, ...] = FIGURE_TASKS
-    intra_tasks: tuple[str, ...] | None = INTRA_TASKS  # None: the first 8 of tasks
-    effect_tasks: tuple[str, ...] = EFFECT_TASKS
-    heatmap_task: str = HEATMAP_TASK
-    sparsity: tuple[float, ...] = DEFAULT_SPARSITY
-    main_sparsity: float | None = None  # λ of the α maps, inter-task, effects; None: max(sparsity)
-    limit: int | None = 40  # test items per task
-    seed: int = 0
-    n_examples: int = 200  # stage-2 training examples (FitConfig.n_examples)
-    n_prompts: int = 20  # stage-1 few-shot prompts
-    n_shots: int = 10
-    lr: float = 0.2
-    batch_size: int = 8
-    effect_prompts: int = 8  # corrupted prompts for the causal effects
-    n_random_seeds: int = 3
-    n_boot: int = 1000
-    inter_k: int = 10  # top-k heads of the inter-task "topk" mode (and the Jaccard similarity)
-    gap_ks: tuple[str | int, ...] = (10, "5%")  # k at which the high- vs low-α gap is reported
-    formats: tuple[str, ...] = ("png", "html")
-
-    def __post_init__(self) -> None:
-        for name in _TUPLE_FIELDS:
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, tuple):
-                setattr(self, name, tuple(value))
-
-    def resolved(self) -> FigureConfig:
-        """This config made consistent: duplicates dropped, ``intra_tasks`` / ``effect_tasks`` /
-        ``heatmap_task`` restricted to ``tasks`` (with fallbacks), λ as floats, and
-        ``main_sparsity`` set and included in ``sparsity``."""
-        tasks = tuple(dict.fromkeys(self.tasks))
-        intra = self.intra_tasks
-        intra = tuple(t for t in intra if t in tasks) if intra is not None else tasks[:8]
-        intra = intra or tasks[:8]
-        effects = tuple(t for t in self.effect_tasks if t in tasks) or tasks[:1]
-        heat = self.heatmap_task if self.heatmap_task in tasks else tasks[0]
-        sparsity = tuple(float(s) for s in dict.fromkeys(self.sparsity))
-        main = float(max(sparsity) if self.main_sparsity is None else self.main_sparsity)
-        if main not in sparsity:
-            sparsity = sparsity + (main,)
-        return replace(self, tasks=tasks, intra_tasks=intra, effect_tasks=effects,
-                       heatmap_task=heat, sparsity=sparsity, main_sparsity=main)
-
-
-# ----------------------------------------------------------------------------------------------
-# the cells of one model's run
-
-
-@dataclass
-class ModelRun:
-    """What :func:`run_model` computed (or reused) for one model."""
-
-    model: str
-    n_layers: int
-    n_heads: int
-    config: FigureConfig
-    adapters: dict[float, dict[str, SiteAdapter]] = field(default_factory=dict)  # λ -> task -> ad
-    intra: pd.DataFrame | None = None  # intra_task rows of every task and λ, column "sparsity"
-    inter: pd.DataFrame | None = None  # inter_task rows (main λ)
-    similarity: dict[str, pd.DataFrame] = field(default_factory=dict)
-    effects: dict[str, pd.DataFrame] = field(default_factory=dict)  # task -> layer, head, effect
-    effect_stats: dict[str, dict] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def n_total(self) -> int:
-        return self.n_layers * self.n_heads
-
 
 def _fit_params(cfg: FigureConfig, sparsity: float) -> dict:
-    """The settings of one (task, λ) fit, part of the key of every cell built on it."""
-    return {"n_examples": cfg.n_examples, "n_prompts": cfg.n_prompts, "n_shots": cfg.n_shots,
-            "lr": cfg.lr, "batch_size": cfg.batch_size, "seed": cfg.seed, "sparsity": sparsity}
+    """The settings of one (task, λ) fit, part of the key of every cell built on it: stage 1's
+    prompts and the stage-2 fields that a figures run sets (:meth:`FigureConfig.fit_config`)."""
+    fc = cfg.fit_config(sparsity)
+    return {"n_examples": fc.n_examples, "n_prompts": cfg.n_prompts, "n_shots": cfg.n_shots,
+            "lr": fc.lr, "batch_size": fc.batch_size, "seed": fc.seed, "sparsity": fc.sparsity}
 
 
 def _embedding_path(task: Task, cfg: FigureConfig, cells: CellStore) -> Path:
@@ -216,9 +142,8 @@ def fit_cell(model, task: Task, sparsity: float, cfg: FigureConfig, cells: CellS
     t0 = time.perf_counter()
     emb = _embedding(model, task, cfg, cells)  # [n_layers, n_heads, d_head]
     t1 = time.perf_counter()
-    fc = FitConfig(lr=cfg.lr, n_examples=cfg.n_examples, batch_size=cfg.batch_size,
-                   sparsity=sparsity, seed=cfg.seed)
-    ad = fit_site(model, task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, config=fc,
+    ad = fit_site(model, task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots,
+                  config=cfg.fit_config(sparsity),
                   progress=progress, embedding=emb, stage1_seconds=t1 - t0)
     ad.save(path)
     cells.record(f"fit/{task.name}/{lambda_tag(sparsity)}", time.perf_counter() - t1)  # stage 2
@@ -259,28 +184,33 @@ def run_model(
     cells = _cell_store(model, runs_dir, log)
     run = _empty_run(model, cfg)
     tasks = {name: load_task(name, seed=cfg.seed) for name in cfg.tasks}
-    main = cfg.main_sparsity
+    plan = figure_cells(cfg)
 
     # 1. adapters: main λ on every task, the other λ on the intra tasks
-    for lam in cfg.sparsity:
-        names = cfg.tasks if lam == main else cfg.intra_tasks
-        run.adapters[lam] = {
-            name: fit_cell(model, tasks[name], lam, cfg, cells, progress=progress)
-            for name in names
-        }
-    run.intra = _intra_cells(model, run, tasks, cells)  # 2. intra-task patching, every λ
-    # 3. inter-task patching and α similarity (main λ)
+    run.adapters = {lam: {} for lam in cfg.sparsity}
+    for c in _of_kind(plan, "fit"):
+        run.adapters[c.sparsity][c.task] = fit_cell(model, tasks[c.task], c.sparsity, cfg, cells,
+                                                    progress=progress)
+    # 2. intra-task patching, every λ, concatenated with a ``sparsity`` column
+    frames = [_intra_cell(model, run, tasks[c.task], c.sparsity, cells).assign(sparsity=c.sparsity)
+              for c in _of_kind(plan, "intra")]
+    run.intra = pd.concat(frames, ignore_index=True)
+    # 3. inter-task patching (the plan's one inter cell) and α similarity, main λ
     inter_k = min(cfg.inter_k, run.n_total)
     run.inter = _inter_cell(model, run, tasks, cells, inter_k)
-    run.similarity = alpha_similarity(run.adapters[main], k=inter_k)
+    run.similarity = alpha_similarity(run.adapters[cfg.main_sparsity], k=inter_k)
     # 4. per-head causal effects (embedding = the task-mean activation of stage 1)
-    for name in cfg.effect_tasks:
-        df = _effects_cell(model, run, tasks[name], cells)
-        run.effects[name] = df
-        run.effect_stats[name] = {"baseline_prob": float(df["baseline_prob"].iloc[0]),
-                                  "seconds": float(df["seconds"].iloc[0])}
+    for c in _of_kind(plan, "effects"):
+        df = _effects_cell(model, run, tasks[c.task], cells)
+        run.effects[c.task] = df
+        run.effect_stats[c.task] = {"baseline_prob": float(df["baseline_prob"].iloc[0]),
+                                    "seconds": float(df["seconds"].iloc[0])}
     run.timings = dict(cells.timings)
     return run
+
+
+def _of_kind(plan: list[FigureCell], kind: str) -> list[FigureCell]:
+    return [c for c in plan if c.kind == kind]
 
 
 def _intra_spec(cfg: FigureConfig, n_total: int, task: Task, lam: float) -> tuple[str, dict]:
@@ -299,14 +229,6 @@ def _intra_cell(model, run: ModelRun, task: Task, lam: float, cells: CellStore) 
     return cells.csv(name, params, lambda: intra_task(
         model, task, ad, ks=params["ks"], n_random_seeds=cfg.n_random_seeds, limit=cfg.limit,
         seed=cfg.seed, n_boot=cfg.n_boot))
-
-
-def _intra_cells(model, run: ModelRun, tasks: dict[str, Task], cells: CellStore) -> pd.DataFrame:
-    """The intra-task cell of every (intra task, λ), concatenated with a ``sparsity`` column."""
-    cfg = run.config
-    frames = [_intra_cell(model, run, tasks[name], lam, cells).assign(sparsity=lam)
-              for lam in cfg.sparsity for name in cfg.intra_tasks]
-    return pd.concat(frames, ignore_index=True)
 
 
 def _inter_spec(cfg: FigureConfig, tasks: dict[str, Task], inter_k: int) -> tuple[str, dict]:
@@ -418,22 +340,13 @@ def _waves(model, name: str, runs_dir: Path, cfg: FigureConfig, verbose: bool,
     fits, then the intra / effects / inter cells (the ones already in the store are left out)."""
     cells = _cell_store(model, runs_dir, lambda m: None)
     tasks = {n: load_task(n, seed=cfg.seed) for n in cfg.tasks}
-    main = cfg.main_sparsity
     n_total = model.cfg.n_layers * model.cfg.n_heads
-    fits = [(n, lam) for lam in cfg.sparsity
-            for n in (cfg.tasks if lam == main else cfg.intra_tasks)]
-    todo_fits = [(n, lam) for n, lam in fits
-                 if not (_adapter_path(tasks[n], lam, cfg, cells) / "adapter.json").exists()]
-    embed = [n for n in dict.fromkeys(n for n, _ in todo_fits)
+    plan = figure_cells(cfg)
+    todo_fits = [c for c in _of_kind(plan, "fit")
+                 if not (_adapter_path(tasks[c.task], c.sparsity, cfg, cells) / "adapter.json").exists()]
+    embed = [n for n in dict.fromkeys(c.task for c in todo_fits)
              if not _embedding_path(tasks[n], cfg, cells).exists()]
-    last: list[tuple[str, str | None, float | None, Path]] = []
-    for lam in cfg.sparsity:
-        for n in cfg.intra_tasks:
-            last.append(("intra", n, lam, cells.path(*_intra_spec(cfg, n_total, tasks[n], lam), ".csv")))
-    for n in cfg.effect_tasks:
-        last.append(("effects", n, None, cells.path(*_effects_spec(cfg, tasks[n]), ".csv")))
-    inter_k = min(cfg.inter_k, n_total)
-    last.append(("inter", None, None, cells.path(*_inter_spec(cfg, tasks, inter_k), ".csv")))
+    last = [(c, _result_path(c, cfg, cells, tasks, n_total)) for c in plan if c.kind != "fit"]
 
     def cell(kind, task=None, lam=None, key=None) -> Cell:
         job = FigureJob(name, cells.base["fingerprint"], str(Path(runs_dir).resolve()), cfg, kind,
@@ -442,9 +355,19 @@ def _waves(model, name: str, runs_dir: Path, cfg: FigureConfig, verbose: bool,
 
     return [
         [cell("embedding", n) for n in embed],
-        [cell("fit", n, lam) for n, lam in todo_fits],
-        [cell(kind, n, lam, key=str(path)) for kind, n, lam, path in last if not path.exists()],
+        [cell("fit", c.task, c.sparsity) for c in todo_fits],
+        [cell(c.kind, c.task, c.sparsity, key=str(path)) for c, path in last if not path.exists()],
     ]
+
+
+def _result_path(c: FigureCell, cfg: FigureConfig, cells: CellStore, tasks: dict[str, Task],
+                 n_total: int) -> Path:
+    """The CSV file of an ``intra``, ``effects`` or ``inter`` cell."""
+    if c.kind == "intra":
+        return cells.path(*_intra_spec(cfg, n_total, tasks[c.task], c.sparsity), ".csv")
+    if c.kind == "effects":
+        return cells.path(*_effects_spec(cfg, tasks[c.task]), ".csv")
+    return cells.path(*_inter_spec(cfg, tasks, min(cfg.inter_k, n_total)), ".csv")
 
 
 def run_cells(model, name: str, runs_dir: str | Path, config: FigureConfig | None,
@@ -561,52 +484,9 @@ def make_figures(
     return FiguresResult(out_dir=out, summary=summary, figures=figures, runs=runs)
 
 
-def _config_dict(cfg: FigureConfig) -> dict:
-    d = asdict(cfg)
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
-
-
-def _previous_summary(out: Path) -> dict:
-    """``out/summary.json`` of earlier runs, each model entry carrying its own ``config`` (a file
-    from before per-model configs gets its top-level config copied into each entry)."""
-    path = out / "summary.json"
-    try:
-        old = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {"models": []}
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise OutputError(
-            f"{path} exists but is not a figures summary ({e}); move it away or choose another "
-            "--out, so that its numbers are not lost."
-        ) from e
-    if not isinstance(old, dict) or not isinstance(old.get("models"), list):
-        raise OutputError(f"{path} is not a figures summary (no 'models' list); move it away or "
-                          "choose another --out.")
-    top = old.pop("config", None)
-    for m in old["models"]:
-        if top is not None:
-            m.setdefault("config", top)
-        m.setdefault("numerics_version", 1)
-    return {"models": old["models"]}
-
-
-def _merge_model(summary: dict, entry: dict) -> None:
-    """Replace ``entry['model']``'s entry in ``summary['models']`` (in place) or append it."""
-    models = summary["models"]
-    for i, m in enumerate(models):
-        if m.get("model") == entry["model"]:
-            models[i] = entry
-            return
-    models.append(entry)
-
-
-def _write_summary(summary: dict, out: Path) -> None:
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
-    atomic_write_csv(out / "summary.csv", summary_rows(summary))
-
-
 __all__ = [
-    "DEFAULT_MODELS", "FIGURE_TASKS", "INTRA_TASKS", "EFFECT_TASKS", "FigureConfig", "ModelRun",
+    "DEFAULT_MODELS", "FIGURE_TASKS", "INTRA_TASKS", "HEATMAP_TASK", "EFFECT_TASKS",
+    "DEFAULT_SPARSITY", "FigureConfig", "ModelRun", "FigureCell", "figure_cells",
     "FiguresResult", "FigureWriter", "fit_cell", "run_model", "intra_mean", "intra_gaps",
     "summarize_model", "summary_rows", "model_figures", "make_figures", "run_cells",
     "run_figure_cell", "FigureJob", "gap_k", "intra_ks",

@@ -1,24 +1,30 @@
 """What a figures run measured and shows: the summary numbers and the figures of one model's run
-(a :class:`sitelens.pipelines.figures.ModelRun`), rebuilt from its cells in seconds.
+(a :class:`~sitelens.pipelines.figure_config.ModelRun`), rebuilt from its cells in seconds.
 
 - :func:`summarize_model`: high- vs low-α gaps (per λ, at ``gap_ks``), transfer within vs between
   families, α similarity within vs between, α-similarity / transfer Spearman (Mantel p), and
   effect–α Spearman per task; :func:`summary_rows` flattens a summary into a long table and
   :func:`headline` picks its headline numbers.
 - :func:`model_figures`: ``{name: (plotly Figure, CSV frame)}`` from :mod:`sitelens.viz.plotting`.
+- the summary files of a figures directory: ``summary.json`` (one entry per model, each with the
+  config that made it; other models' entries are kept) and ``summary.csv`` (:func:`summary_rows`).
 
 The statistics themselves are in :mod:`sitelens.patching.analysis`.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from typing import TYPE_CHECKING
+from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
+from sitelens.errors import OutputError
+from sitelens.io import atomic_write_csv, atomic_write_text
 from sitelens.patching import default_ks
 from sitelens.patching.analysis import (
     TASK_FAMILIES,
@@ -32,6 +38,7 @@ from sitelens.patching.analysis import (
     transfer_similarity_correlation,
     within_between,
 )
+from sitelens.pipelines.figure_config import FigureConfig, ModelRun
 from sitelens.site import SiteAdapter
 from sitelens.viz.plotting import (
     alpha_facets,
@@ -41,9 +48,6 @@ from sitelens.viz.plotting import (
     matrix_heatmap,
     patching_curves,
 )
-
-if TYPE_CHECKING:
-    from sitelens.pipelines.figures import FigureConfig, ModelRun
 
 
 def gap_k(spec: str | int, n_total: int) -> int:
@@ -305,6 +309,54 @@ def model_figures(run: ModelRun) -> dict[str, tuple]:
         long,
     )
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the summary files of a figures directory (summary.json, summary.csv)
+
+
+def _config_dict(cfg: FigureConfig) -> dict:
+    d = asdict(cfg)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+def _previous_summary(out: Path) -> dict:
+    """``out/summary.json`` of earlier runs, each model entry carrying its own ``config`` (a file
+    with one top-level config gets it copied into each entry)."""
+    path = out / "summary.json"
+    try:
+        old = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {"models": []}
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise OutputError(
+            f"{path} exists but is not a figures summary ({e}); move it away or choose another "
+            "--out, so that its numbers are not lost."
+        ) from e
+    if not isinstance(old, dict) or not isinstance(old.get("models"), list):
+        raise OutputError(f"{path} is not a figures summary (no 'models' list); move it away or "
+                          "choose another --out.")
+    top = old.pop("config", None)
+    for m in old["models"]:
+        if top is not None:
+            m.setdefault("config", top)
+        m.setdefault("numerics_version", 1)
+    return {"models": old["models"]}
+
+
+def _merge_model(summary: dict, entry: dict) -> None:
+    """Replace ``entry['model']``'s entry in ``summary['models']`` (in place) or append it."""
+    models = summary["models"]
+    for i, m in enumerate(models):
+        if m.get("model") == entry["model"]:
+            models[i] = entry
+            return
+    models.append(entry)
+
+
+def _write_summary(summary: dict, out: Path) -> None:
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
+    atomic_write_csv(out / "summary.csv", summary_rows(summary))
 
 
 __all__ = ["gap_k", "intra_ks", "lambda_tag", "summarize_model", "summary_rows", "headline",

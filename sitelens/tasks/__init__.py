@@ -4,6 +4,7 @@ the context, in-context regression tasks."""
 from __future__ import annotations
 
 from sitelens.tasks.core import (
+    ANSWER_ROOM,
     CASE_SENSITIVE_MARKERS,
     DEFAULT_TEMPLATE,
     SPLIT_FRACTIONS,
@@ -55,6 +56,7 @@ from sitelens.tasks.shots import (
 __all__ = [
     "SPLIT_FRACTIONS",
     "CASE_SENSITIVE_MARKERS",
+    "ANSWER_ROOM",
     "Example",
     "Template",
     "DEFAULT_TEMPLATE",

@@ -26,6 +26,10 @@ from sitelens.errors import TaskError, TokenizationError
 
 SPLIT_FRACTIONS = (0.7, 0.1, 0.2)  # train, valid, test (the FV splits are about 70/9/21)
 CASE_SENSITIVE_MARKERS = ("capitalize", "lowercase", "uppercase")
+# The most new tokens a default-protocol generation takes after a prompt (it takes
+# min(ANSWER_ROOM, longest answer in tokens + 2) per batch); shot counts keep this room free in the
+# context, so every answer that fits it can be generated.
+ANSWER_ROOM = 32
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ generate after it, fits (:func:`shots_that_fit`):
 
     prompt_tokens(k) + reserve ≤ n_ctx,     reserve = :data:`RESERVE` = 32
 
-``reserve`` is :func:`sitelens.pipelines.bench.score_fitted`'s cap on new tokens (it generates
-``min(32, longest answer + 2)``; a label continuation of :mod:`sitelens.eval.labels` is never longer).
+``reserve`` is :data:`sitelens.tasks.core.ANSWER_ROOM`, the cap on new tokens of
+:func:`sitelens.eval.scoring.score_items` (it generates ``min(ANSWER_ROOM, longest answer + 2)``;
+a label continuation of :mod:`sitelens.eval.labels` is never longer).
 ``prompt_tokens(k)`` is, with ``guaranteed=True`` (the default), the bound that holds for *every*
 seed: the prompt made of the ``k`` longest training shots (each tokenized alone) and the longest
 query of any split, tokenized whole, with BOS where the model prepends one. It is tokenized
@@ -52,6 +53,7 @@ from dataclasses import dataclass
 from sitelens.errors import TaskError
 from sitelens.models import BUNDLED, prepends_bos, token_ids
 from sitelens.tasks import (
+    ANSWER_ROOM,
     DEFAULT_TEMPLATE,
     Example,
     Task,
@@ -61,7 +63,7 @@ from sitelens.tasks import (
     sample_demos,
 )
 
-RESERVE = 32  # new tokens the bench may generate after a prompt (score_fitted's cap)
+RESERVE = ANSWER_ROOM  # the context kept free after a prompt: the most new tokens generation takes
 MAX_SHOTS = 10  # the SITE / LTV papers' k
 
 # benchmarks/results/shot_counts.md: the guaranteed k per collection and bundled model (n_ctx 2048,

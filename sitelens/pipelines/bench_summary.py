@@ -1,0 +1,153 @@
+"""Summaries of a bench results table (:func:`sitelens.pipelines.bench.read_results`): per (model,
+method) means over tasks with bootstrap intervals, the dNTP–accuracy correlation across cells, the
+markdown report of each model and the dNTP–accuracy scatter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from sitelens.eval.labels import LABEL_METRICS, nan_mean
+from sitelens.eval.metrics import bootstrap_ci, correlation
+
+
+def summary_table(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Per (model, method), means over tasks: first_token_acc, exact_match (with a bootstrap 95%
+    CI over tasks), dntp, trainable_params, fit_seconds, seconds_per_item, n_tasks; and the label
+    metrics (:data:`LABEL_METRICS`) over the tasks that have them (``n_label_tasks``)."""
+    rows = []
+    ok = df[pd.to_numeric(df["exact_match"], errors="coerce").notna()]  # failed cells left out
+    for (model, method), g in ok.groupby(["model", "method"], sort=False):
+        lo, hi = bootstrap_ci(g["exact_match"].to_numpy(float), n_boot=n_boot, seed=seed)
+        rows.append({
+            "model": model,
+            "method": method,
+            "n_tasks": len(g),
+            "first_token_acc": g["first_token_acc"].mean(),
+            "exact_match": g["exact_match"].mean(),
+            "exact_match_lo": lo,
+            "exact_match_hi": hi,
+            "dntp": g["dntp"].mean(),
+            "trainable_params": g["trainable_params"].median(),
+            "fit_seconds": g["fit_seconds"].mean(),
+            "seconds_per_item": g["seconds_per_item"].mean(),
+            "n_label_tasks": int(_numeric(g, "chance").notna().sum()),
+            **{m: nan_mean(_numeric(g, m)) for m in LABEL_METRICS},
+        })
+    return pd.DataFrame(rows)
+
+
+def _numeric(df: pd.DataFrame, column: str) -> pd.Series:
+    """``df[column]`` as numbers (NaN where empty, or everywhere in a table without the column)."""
+    if column not in df.columns:
+        return pd.Series(float("nan"), index=df.index)
+    return pd.to_numeric(df[column], errors="coerce")
+
+
+def dntp_accuracy_correlation(
+    df: pd.DataFrame, *, accuracy: str = "exact_match", exclude: Sequence[str] = ("icl",)
+) -> dict:
+    """Pearson and Spearman correlation of dNTP and accuracy across (task, method) cells, per
+    model (``exclude``: the reference method, whose dNTP is 0 by construction).
+
+    Pooled cells mix easy and hard tasks; ``within_task_spearman`` removes that: the Spearman
+    correlation across methods inside each task, averaged over the ``n_tasks_within`` tasks
+    where it is defined (≥ 3 finite cells, neither column constant)."""
+    out = {}
+    for model, g in df[~df["method"].isin(exclude)].groupby("model", sort=False):
+        per_task = [correlation(t["dntp"], t[accuracy], "spearman") for _, t in g.groupby("task")]
+        per_task = [r for r in per_task if np.isfinite(r)]
+        out[model] = {
+            "pearson": correlation(g["dntp"], g[accuracy], "pearson"),
+            "spearman": correlation(g["dntp"], g[accuracy], "spearman"),
+            "n_cells": int((np.isfinite(g["dntp"].to_numpy(float))
+                            & np.isfinite(g[accuracy].to_numpy(float))).sum()),
+            "within_task_spearman": float(np.mean(per_task)) if per_task else float("nan"),
+            "n_tasks_within": len(per_task),
+        }
+    return out
+
+
+def _fmt(x, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{x:.{digits}f}"
+
+
+def _fmt_int(x) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{int(round(x)):,}"
+
+
+def summary_markdown(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> str:
+    """One markdown section per model: a row per method (means over tasks), the label-ranking
+    table where some tasks have a closed label set (with the chance level), and the dNTP–accuracy
+    correlation across cells."""
+    table = summary_table(df, n_boot=n_boot, seed=seed)
+    corr = dntp_accuracy_correlation(df)
+    parts = []
+    for model, g in table.groupby("model", sort=False):
+        lines = [
+            f"## {model}",
+            "",
+            "| method | tasks | first-token acc | exact match (95% CI over tasks) | dNTP | "
+            "trainable params | fit s | s / item |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in g.itertuples():
+            lines.append(
+                f"| {r.method} | {r.n_tasks} | {_fmt(r.first_token_acc)} | "
+                f"{_fmt(r.exact_match)} ({_fmt(r.exact_match_lo)}–{_fmt(r.exact_match_hi)}) | "
+                f"{_fmt(r.dntp)} | {_fmt_int(r.trainable_params)} | {_fmt(r.fit_seconds, 1)} | "
+                f"{_fmt(r.seconds_per_item, 3)} |"
+            )
+        lines += _label_lines(g)
+        c = corr.get(model)
+        if c is not None:
+            lines += ["", f"dNTP vs exact match across {c['n_cells']} (task, method) cells "
+                          f"(ICL excluded): Pearson r = {_fmt(c['pearson'], 2)}, "
+                          f"Spearman ρ = {_fmt(c['spearman'], 2)}; within a task, across methods, "
+                          f"Spearman ρ = {_fmt(c['within_task_spearman'], 2)} (mean over "
+                          f"{c['n_tasks_within']} tasks)."]
+        failed = df[(df["model"] == model) & df["error"].fillna("").str.len().gt(0)
+                    & ~df["error"].fillna("").str.startswith("dntp:")]
+        if len(failed):
+            lines += ["", f"{len(failed)} cell(s) failed: "
+                      + "; ".join(f"{r.task}/{r.method}" for r in failed.itertuples()) + "."]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def _label_lines(g: pd.DataFrame) -> list[str]:
+    """The label-ranking table of one model's :func:`summary_table` rows (none when no task has a
+    closed label set)."""
+    if not (g["n_label_tasks"] > 0).any():
+        return []
+    lines = ["", "Label ranking, over the tasks with a closed label set (chance: mean of "
+                 "1 / number of labels):", "",
+             "| method | tasks | first-token rank | full-label rank | length-normalized | chance |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in g.itertuples():
+        lines.append(f"| {r.method} | {r.n_label_tasks} | {_fmt(r.label_acc_first)} | "
+                     f"{_fmt(r.label_acc_full)} | {_fmt(r.label_acc_full_norm)} | {_fmt(r.chance)} |")
+    return lines
+
+
+def dntp_accuracy_figure(df: pd.DataFrame, *, accuracy: str = "exact_match"):
+    """A plotly scatter of dNTP (x) vs accuracy (y), one point per (task, method) cell, coloured
+    by method, one facet per model."""
+    import plotly.express as px
+
+    data = df[np.isfinite(df["dntp"].astype(float))]
+    fig = px.scatter(data, x="dntp", y=accuracy, color="method", facet_col="model",
+                     hover_data=["task"], labels={"dntp": "dNTP = KL(P_icl ‖ P_method)"})
+    fig.update_layout(title="dNTP vs accuracy")
+    return fig
+
+
+__all__ = ["summary_table", "dntp_accuracy_correlation", "summary_markdown", "dntp_accuracy_figure"]
