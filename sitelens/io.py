@@ -209,6 +209,15 @@ def locked(path: str | Path) -> Iterator[None]:
         raise OutputError(
             f"Cannot write the results to {path}: {e.strerror or e}. Choose a writable path."
         ) from e
+    with flocked(fd):
+        yield
+
+
+@contextlib.contextmanager
+def flocked(fd: int):
+    """An exclusive ``flock`` on the open descriptor ``fd`` while the body runs; ``fd`` is closed
+    after. Every lock of sitelens goes through here (a lock file by :func:`locked`, a run
+    directory itself by :class:`sitelens.pipelines.store.CellStore`)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -220,5 +229,5 @@ def locked(path: str | Path) -> Iterator[None]:
 __all__ = [
     "KINDS", "atomic_write", "atomic_write_csv", "atomic_write_dir", "atomic_write_json",
     "atomic_write_text",
-    "check_dir", "check_output", "ensure_dir", "locked", "sniff_kind",
+    "check_dir", "check_output", "ensure_dir", "flocked", "locked", "sniff_kind",
 ]

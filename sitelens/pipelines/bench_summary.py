@@ -5,7 +5,6 @@ markdown report of each model and the dNTP–accuracy scatter.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -13,6 +12,7 @@ import pandas as pd
 
 from sitelens.eval.labels import LABEL_METRICS, nan_mean
 from sitelens.eval.metrics import bootstrap_ci, correlation
+from sitelens.format import fmt_float, fmt_int
 
 
 def summary_table(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
@@ -72,18 +72,6 @@ def dntp_accuracy_correlation(
     return out
 
 
-def _fmt(x, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    return f"{x:.{digits}f}"
-
-
-def _fmt_int(x) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    return f"{int(round(x)):,}"
-
-
 def summary_markdown(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> str:
     """One markdown section per model: a row per method (means over tasks), the label-ranking
     table where some tasks have a closed label set (with the chance level), and the dNTP–accuracy
@@ -101,18 +89,18 @@ def summary_markdown(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> 
         ]
         for r in g.itertuples():
             lines.append(
-                f"| {r.method} | {r.n_tasks} | {_fmt(r.first_token_acc)} | "
-                f"{_fmt(r.exact_match)} ({_fmt(r.exact_match_lo)}–{_fmt(r.exact_match_hi)}) | "
-                f"{_fmt(r.dntp)} | {_fmt_int(r.trainable_params)} | {_fmt(r.fit_seconds, 1)} | "
-                f"{_fmt(r.seconds_per_item, 3)} |"
+                f"| {r.method} | {r.n_tasks} | {fmt_float(r.first_token_acc)} | "
+                f"{fmt_float(r.exact_match)} ({fmt_float(r.exact_match_lo)}–{fmt_float(r.exact_match_hi)}) | "
+                f"{fmt_float(r.dntp)} | {fmt_int(r.trainable_params)} | {fmt_float(r.fit_seconds, 1)} | "
+                f"{fmt_float(r.seconds_per_item, 3)} |"
             )
         lines += _label_lines(g)
         c = corr.get(model)
         if c is not None:
             lines += ["", f"dNTP vs exact match across {c['n_cells']} (task, method) cells "
-                          f"(ICL excluded): Pearson r = {_fmt(c['pearson'], 2)}, "
-                          f"Spearman ρ = {_fmt(c['spearman'], 2)}; within a task, across methods, "
-                          f"Spearman ρ = {_fmt(c['within_task_spearman'], 2)} (mean over "
+                          f"(ICL excluded): Pearson r = {fmt_float(c['pearson'], 2)}, "
+                          f"Spearman ρ = {fmt_float(c['spearman'], 2)}; within a task, across methods, "
+                          f"Spearman ρ = {fmt_float(c['within_task_spearman'], 2)} (mean over "
                           f"{c['n_tasks_within']} tasks)."]
         failed = df[(df["model"] == model) & df["error"].fillna("").str.len().gt(0)
                     & ~df["error"].fillna("").str.startswith("dntp:")]
@@ -133,8 +121,9 @@ def _label_lines(g: pd.DataFrame) -> list[str]:
              "| method | tasks | first-token rank | full-label rank | length-normalized | chance |",
              "|---|---:|---:|---:|---:|---:|"]
     for r in g.itertuples():
-        lines.append(f"| {r.method} | {r.n_label_tasks} | {_fmt(r.label_acc_first)} | "
-                     f"{_fmt(r.label_acc_full)} | {_fmt(r.label_acc_full_norm)} | {_fmt(r.chance)} |")
+        lines.append(f"| {r.method} | {r.n_label_tasks} | {fmt_float(r.label_acc_first)} | "
+                     f"{fmt_float(r.label_acc_full)} | {fmt_float(r.label_acc_full_norm)} | "
+                     f"{fmt_float(r.chance)} |")
     return lines
 
 

@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sitelens.errors import AdapterError, OutputError
+from sitelens.errors import OutputError
 from sitelens.io import atomic_write
 from sitelens.models import LoadSpec
 from sitelens.patching import inter_task, intra_task
@@ -132,13 +132,10 @@ def fit_cell(model, task: Task, sparsity: float, cfg: FigureConfig, cells: CellS
     """The SITE adapter cell of (task, λ = ``sparsity``): loaded from ``adapters/`` if a valid one
     was saved with the same parameters, else fitted (stage 1 shared across λ) and saved."""
     path = _adapter_path(task, sparsity, cfg, cells)
-    if (path / "adapter.json").exists():
-        try:
-            ad = SiteAdapter.load(path)
-            ad.check_model(model)
-            return ad
-        except AdapterError as e:
-            cells.log(f"  {path.name}: {e} — refitting")
+    ad = SiteAdapter.load_matching(
+        path, model, on_error=lambda e: cells.log(f"  {path.name}: {e} — refitting"))
+    if ad is not None:
+        return ad
     t0 = time.perf_counter()
     emb = _embedding(model, task, cfg, cells)  # [n_layers, n_heads, d_head]
     t1 = time.perf_counter()

@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 
 from sitelens.errors import OutputError
+from sitelens.format import round_or_none, round_values
 from sitelens.io import atomic_write_csv, atomic_write_text
 from sitelens.patching import default_ks
 from sitelens.patching.analysis import (
@@ -32,7 +33,6 @@ from sitelens.patching.analysis import (
     effect_alpha_correlation,
     intra_gaps,
     intra_mean,
-    round_or_none,
     target_centred,
     transfer_matrix,
     transfer_similarity_correlation,
@@ -90,16 +90,12 @@ def summarize_model(run: ModelRun) -> dict:
         "intra": _intra_summary(run),
         "transfer": _transfer_summary(run.inter, families),
         "alpha_similarity": {
-            name: _rounded(within_between(mat, families)) for name, mat in run.similarity.items()
+            name: round_values(within_between(mat, families)) for name, mat in run.similarity.items()
         },
         "similarity_transfer_spearman": _similarity_transfer_summary(run),
         "effects": _effects_summary(run),
         "compute_seconds": round_or_none(math.fsum(run.timings.values()), 1),  # order-independent
     }
-
-
-def _rounded(numbers: dict) -> dict:
-    return {k: round_or_none(v) for k, v in numbers.items()}
 
 
 def _norm_suffix(normalize: str) -> str:
@@ -120,7 +116,7 @@ def _intra_summary(run: ModelRun) -> dict:
                 continue
             r = m.iloc[0]
             per_task = gaps[(gaps.sparsity == lam) & (gaps.task != "mean") & (gaps.k == k)]
-            d[f"k={spec}"] = {"k": k, **_rounded({"top": r.top, "bottom": r.bottom,
+            d[f"k={spec}"] = {"k": k, **round_values({"top": r.top, "bottom": r.bottom,
                                                   "random": r.random, "gap": r.gap}),
                               "tasks_top_gt_bottom": int((per_task.gap > 0).sum()),
                               "n_tasks": len(per_task)}
@@ -137,10 +133,10 @@ def _transfer_summary(inter: pd.DataFrame, families: dict[str, str]) -> dict:
     transfer = {}
     for mode, norm in (("alpha", "none"), ("alpha", "zero_shot"), ("topk", "none")):
         wb = within_between(transfer_matrix(inter, mode=mode, normalize=norm), families)
-        transfer[mode + _norm_suffix(norm)] = _rounded(wb)
+        transfer[mode + _norm_suffix(norm)] = round_values(wb)
     for mode in ("alpha", "topk"):
         wb = within_between(target_centred(transfer_matrix(inter, mode=mode)), families)
-        transfer[f"{mode}_target_centred"] = _rounded(wb)
+        transfer[f"{mode}_target_centred"] = round_values(wb)
     transfer["alpha_by_target_family"] = by_target_family(
         transfer_matrix(inter, mode="alpha"), families)
     diag = np.diag(transfer_matrix(inter, mode="alpha").to_numpy(dtype=float))
@@ -156,7 +152,7 @@ def _similarity_transfer_summary(run: ModelRun) -> dict:
             c = transfer_similarity_correlation(run.similarity[name], run.inter, mode="alpha",
                                                 normalize=norm, seed=run.config.seed)
             corr[name + _norm_suffix(norm)] = {
-                **_rounded({"rho": c["rho"], "p_value": c["p_value"]}), "n_pairs": c["n_pairs"]}
+                **round_values({"rho": c["rho"], "p_value": c["p_value"]}), "n_pairs": c["n_pairs"]}
     return corr
 
 
@@ -169,7 +165,7 @@ def _effects_summary(run: ModelRun) -> dict:
         for lam, ads in run.adapters.items():
             if task in ads:
                 d[f"rho_alpha_{lambda_tag(lam)}"] = effect_alpha_correlation(eff, ads[task].alpha)
-        effects[task] = _rounded(d)
+        effects[task] = round_values(d)
     return effects
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import fcntl
 import io
 import json
 import math
@@ -35,7 +34,7 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from sitelens.errors import OutputError
-from sitelens.io import atomic_write, atomic_write_csv, atomic_write_text, locked
+from sitelens.io import atomic_write, atomic_write_csv, atomic_write_text, flocked, locked
 from sitelens.provenance import config_with_overrides, settings_hash
 
 ConfigT = TypeVar("ConfigT")
@@ -50,13 +49,8 @@ def slug(name: str) -> str:
 def _dir_locked(directory: Path):
     """An exclusive ``flock`` on ``directory`` itself (no lock file among the cells) while the body
     runs: the processes of one sweep take turns updating the timings ledger."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with flocked(os.open(directory, os.O_RDONLY)):
         yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
 
 
 class CellStore:
