@@ -187,6 +187,7 @@ class Experiment:
     title = ""  # the report's heading
     columns: Sequence[str] = ()
     key: str | None = "key"  # None: an unkeyed measurement log (every run appends)
+    replace = False  # True: a run replaces the table (a snapshot of the latest run, not a log)
     models: Sequence[str] = ()  # --models default
     tasks: Sequence[str] = ()  # --tasks default
     limit: int | None = None  # --limit default
@@ -314,6 +315,8 @@ def _main(experiment: Experiment, args: argparse.Namespace) -> int:
                 print(f"  would run {c.label or c.key}")
             return 0
         store = experiment.store()
+        if experiment.replace and todo:
+            store.path.unlink(missing_ok=True)
 
         def on_result(cell: Cell, rows) -> None:
             store.append([rows] if isinstance(rows, dict) else rows)
