@@ -7,37 +7,11 @@ streams; and the two models' α maps compared by relative depth.
     python benchmarks/cross_model.py --only sst2,antonym     # some evaluation tasks now, the rest later
     python benchmarks/cross_model.py --tiny --out /tmp/xm    # smoke test on two tiny random models
 
-**Unlabeled texts** (:func:`unlabeled_texts`): train inputs of tasks not evaluated — the FV tasks
-outside the evaluation sample (not ``ag_news`` / ``sentiment``, the sources of ``cls/agnews`` and
-``cls/sst2``), ``--texts-per-task`` (24) each, and the ``cls/`` datasets dbpedia, rte, cb, mr, cr,
-subj, ``--texts-per-cls`` (80) each; cut at a word to ≤ 200 characters; a text equal (case and
-spacing aside) to an evaluation input is dropped. Each is read as ``"Q: {x}\\nA:"`` (its last token
-is where every vector acts). **Held out by source**: every fifth of those FV tasks (by name) and
-``cls/cr`` give the held-out R²; the rest fit the maps.
-
-**The maps** (:mod:`sitelens.pipelines.transfer`): an affine ridge map per pair of residual points
-(penalty chosen on 20% of the fitting texts); ``results/cross_model_r2.csv``: held-out R² of every
-(Gemma point, SmolLM2 point) pair, relative-depth pairs marked; ``cross_model_r2_tasks.csv``: the
-relative-depth maps' R² on each evaluation task's 50 ten-shot prompts.
-
-**Accuracy** on SmolLM2 (first ``--limit`` = 50 test items; ``cls/`` sst2, trec, agnews; FV: the
-first eight of the committed baselines grid): zero-shot; its own TV, LTV, SITE (the
-:mod:`sitelens.baselines` defaults, seed 0); Gemma's vectors carried across —
-``tv-transfer`` (Gemma's TV state at its layer ℓ mapped ``A s + b`` to the SmolLM2 point at the same
-relative depth), ``tv-transfer-valid`` (every layer's state mapped, the SmolLM2 layer chosen on
-valid as TV does), ``tv-transfer-shuffled`` (through a map fitted on shuffled pairs: control),
-``ltv-transfer`` (``W' = A W B``, ``c = A W b_B``: :func:`sitelens.pipelines.transfer.transfer_linear`),
-``site-transfer`` (Gemma's SITE embedding carried block by block through SmolLM2's ``W_O``,
-:func:`sitelens.pipelines.transfer.transfer_embedding`, α then fitted on SmolLM2),
-``site-transfer-own-alpha`` (the carried embedding, SmolLM2's own α), ``site-transfer-shuffled``;
-and Gemma's own zero-shot, TV, LTV and SITE. Exact match and first-token accuracy; on ``cls/`` the
-label-ranking accuracies and chance (:mod:`sitelens.eval.labels`).
-
-Results: ``results/cross_model.csv`` (a row per task × model × method, keyed on every setting, LTV
-rows also on ``LTV_NUMERICS``), ``cross_model_items.csv`` (per item),
-``cross_model_alpha_depth.csv`` (α mass per relative-depth decile, both models, from the committed
-α maps and this run's SITE fits), ``cross_model.md``. Fits and states are cached (keyed) under
-``runs/cross_model/``, so a killed run resumes where it stopped.
+Every definition (the unlabeled texts and their held-out sources, the maps, each transfer method):
+docs/benchmarks.md, "cross_model.py". Results: ``results/cross_model.csv`` (a row per task × model ×
+method, keyed on every setting, LTV rows also on ``LTV_NUMERICS``), ``cross_model_items.csv`` (per
+item), ``cross_model_r2.csv`` / ``_r2_tasks.csv`` (map R²), ``cross_model_alpha_depth.csv``,
+``cross_model.md``. Fits and states are cached (keyed) under ``runs/cross_model/``.
 """
 
 from __future__ import annotations
@@ -482,79 +456,63 @@ class CrossModel(Experiment):
 
 
 def alpha_sources(args) -> dict[str, pd.DataFrame]:
-    """α maps of both models (task, layer, head, alpha + model, n_layers): the committed ones
-    (``results/heads/*/*/scores.csv`` lens ``alpha``: λ = 0, mean over 5 seeds, 8 tasks;
-    ``figures/*/alpha_facets.csv``: λ = 5, 14 tasks) and this run's own SITE fits (λ = 0, seed 0)."""
+    """α maps of both models (task, layer, head, alpha + model, n_layers), per source, over the tasks
+    both models have there: the committed ones (``results/heads/*/*/scores.csv`` lens ``alpha``: λ =
+    0, mean over 5 seeds; ``figures/*/alpha_facets.csv``: λ = 5) and this run's SITE fits (λ = 0)."""
     import torch
 
-    n_layers = {SRC: 18, DST: 30}
-    out = {}
-    frames = []
-    for model in (SRC, DST):
-        for f in sorted((RESULTS / "heads" / model).glob("*/scores.csv")):
-            d = pd.read_csv(f)
-            d = d[d.lens == "alpha"][["task", "layer", "head", "score"]].rename(columns={"score": "alpha"})
-            frames.append(d.assign(model=model))
-    if frames:
-        out["heads (λ = 0, 5 seeds)"] = pd.concat(frames)
-    frames = []
-    for model in (SRC, DST):
-        f = REPO / "figures" / model / "alpha_facets.csv"
-        if f.exists():
-            frames.append(pd.read_csv(f)[["task", "layer", "head", "alpha"]].assign(model=model))
-    if frames:
-        out["figures (λ = 5)"] = pd.concat(frames)
-    frames = []
-    root = Path(args.cache) / "full"
+    cols = ["task", "layer", "head", "alpha"]
+    heads = [pd.read_csv(f).rename(columns={"score": "alpha"}).query("lens == 'alpha'")[cols].assign(model=m)
+             for m in (SRC, DST) for f in sorted((RESULTS / "heads" / m).glob("*/scores.csv"))]
+    figs = [pd.read_csv(f)[cols].assign(model=m) for m in (SRC, DST)
+            for f in [REPO / "figures" / m / "alpha_facets.csv"] if f.exists()]
+    own = []
     for side, model in (("src", SRC), ("dst", DST)):
-        for f in sorted(root.glob(f"alpha_{side}_own_*.pt")):
+        for f in sorted((Path(args.cache) / "full").glob(f"alpha_{side}_own_*.pt")):
             a = torch.load(f, weights_only=False)["alpha"]  # [n_layers, n_heads]
-            task = re.sub(r"_[0-9a-f]{12}$", "", f.stem.removeprefix(f"alpha_{side}_own_"))
             L, H = a.shape
-            frames.append(pd.DataFrame({"task": task, "layer": np.repeat(np.arange(L), H),
-                                        "head": np.tile(np.arange(H), L), "alpha": a.flatten().numpy(),
-                                        "model": model}))
-    if frames:
-        out["this run (λ = 0, seed 0)"] = pd.concat(frames)
-    return {k: v.assign(n_layers=v.model.map(n_layers)) for k, v in out.items()}
+            task = re.sub(r"_[0-9a-f]{12}$", "", f.stem.removeprefix(f"alpha_{side}_own_"))
+            own.append(pd.DataFrame({"task": task,
+                                     "layer": np.repeat(np.arange(L), H), "head": np.tile(np.arange(H), L),
+                                     "alpha": a.flatten().numpy(), "model": model}))
+    out = {}
+    for source, frames in (("heads (λ = 0, 5 seeds)", heads), ("figures (λ = 5)", figs),
+                           ("this run (λ = 0, seed 0)", own)):
+        if frames:
+            df = pd.concat(frames).assign(n_layers=lambda d: d.model.map({SRC: 18, DST: 30}))
+            out[source] = df[df.task.isin(set(df[df.model == SRC].task) & set(df[df.model == DST].task))]
+    return out
 
 
-def centre_of_mass(args) -> pd.DataFrame:
+def centre_of_mass(sources: dict) -> pd.DataFrame:
     """Per source, task and model: the α-weighted mean relative depth of the blocks
-    (``(layer + 0.5) / n_layers``), over the tasks both models have in that source."""
-    rows = []
-    for source, df in alpha_sources(args).items():
-        common = set(df[df.model == SRC].task) & set(df[df.model == DST].task)
-        d = df[df.task.isin(common)].assign(depth=lambda x: (x.layer + 0.5) / x.n_layers)
-        for (task, model), g in d.groupby(["task", "model"]):
-            rows.append({"source": source, "task": task, "model": model,
-                         "centre_of_mass": float((g.alpha * g.depth).sum() / g.alpha.sum())})
-    return pd.DataFrame(rows)
+    (``(layer + 0.5) / n_layers``)."""
+    return pd.DataFrame([{"source": source, "task": task, "model": model,
+                          "centre_of_mass": float((g.alpha * g.depth).sum() / g.alpha.sum())}
+                         for source, df in sources.items()
+                         for (task, model), g in df.assign(depth=(df.layer + 0.5) / df.n_layers)
+                         .groupby(["task", "model"])])
 
 
-def alpha_depth(args) -> pd.DataFrame:
+def alpha_depth(sources: dict, com: pd.DataFrame) -> pd.DataFrame:
     """α mass per relative-depth decile (:func:`sitelens.atlas.data.depth_profile`), per source
-    and model, over the tasks of that source that both models have."""
+    and model."""
     from sitelens.atlas.data import AtlasData, depth_profile
 
     rows = []
-    for source, df in alpha_sources(args).items():
-        common = set(df[df.model == SRC].task) & set(df[df.model == DST].task)
-        for model, g in df[df.task.isin(common)].groupby("model"):
-            data = AtlasData(model=model, n_layers=int(g.n_layers.iloc[0]), n_heads=int(g["head"].max() + 1),
+    for source, df in sources.items():
+        for model, g in df.groupby("model"):
+            L = int(g.n_layers.iloc[0])
+            data = AtlasData(model=model, n_layers=L, n_heads=int(g["head"].max() + 1),
                              alpha=g[["task", "layer", "head", "alpha"]], similarity=pd.DataFrame(),
                              transfer=pd.DataFrame(), tokens=pd.DataFrame(), lenses=pd.DataFrame())
-            prof = depth_profile(data)
-            a = g.assign(depth=(g.layer + 0.5) / g.n_layers)
-            com = (a.groupby("task").apply(lambda t: float((t.alpha * t.depth).sum() / t.alpha.sum()),
-                                           include_groups=False))
-            L = data.n_layers
+            c = com[(com.source == source) & (com.model == model)].centre_of_mass
             share = np.bincount(np.minimum(((np.arange(L) + 0.5) / L * 10).astype(int), 9), minlength=10) / L
-            for r in prof.itertuples():
-                rows.append({"source": source, "model": model, "n_tasks": len(common), "bin": r.bin,
-                             "depth_low": r.depth_low, "mass": r.mass, "layer_share": share[r.bin],
-                             "enrichment": r.mass / share[r.bin] if share[r.bin] else float("nan"),
-                             "mean_alpha": r.mean_alpha, "centre_of_mass": float(com.mean())})
+            rows += [{"source": source, "model": model, "n_tasks": df.task.nunique(), "bin": r.bin,
+                      "depth_low": r.depth_low, "mass": r.mass, "layer_share": share[r.bin],
+                      "enrichment": r.mass / share[r.bin] if share[r.bin] else float("nan"),
+                      "mean_alpha": r.mean_alpha, "centre_of_mass": float(c.mean())}
+                     for r in depth_profile(data).itertuples()]
     return pd.DataFrame(rows)
 
 
@@ -649,7 +607,9 @@ def report(args, df: pd.DataFrame) -> str:
         if len(err):
             lines += [f"{len(err)} cell(s) failed: " + "; ".join(f"{r.task}/{r.method}: {r.error}"
                                                                  for r in err.itertuples()), ""]
-    ad, com = alpha_depth(args), centre_of_mass(args)
+    sources = alpha_sources(args)
+    com = centre_of_mass(sources)
+    ad = alpha_depth(sources, com)
     if len(ad):
         atomic_write_csv(out / "cross_model_alpha_depth.csv", ad)
         lines += ["## α maps by relative depth", "",

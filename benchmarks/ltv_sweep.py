@@ -4,39 +4,10 @@ demonstrations k, on classification tasks (``{data-root}/cls``), with diagnostic
     python benchmarks/ltv_sweep.py --models smollm2-135m-instruct --tasks sst2 --limit 50 --threads 1
     python benchmarks/ltv_sweep.py --report   # the markdown from the CSV alone
 
-The map is :mod:`sitelens.baselines.ltv`'s: ``X``/``Y`` come from :func:`~sitelens.baselines.ltv.ltv_data`
-with the method's own seeds, so the cell (final block, λ = 5, N = 256, k = 10, variant ``ltv``) is
-exactly ``LTV()`` and the cell at the block chosen on valid is exactly ``LTV(layer="sweep")``.
-N < 256 takes the first N of those 256 queries. The grid, one knob at a time around those defaults:
-
-- ``layer``: every block, variants ``ltv`` (the method: ``h ← h + W h``), ``ltv+b`` (a ridge with
-  an intercept: ``h ← h + W (h − x̄) + ȳ``, ``W`` fitted on centred ``X``, ``Y``) and ``shift``
-  (``h ← h + ȳ``: ``ltv+b`` as λ → ∞); the valid first-token accuracy of ``ltv`` at each block
-  (the sweep's choice) is recorded beside the test metrics;
-- ``lam``: λ ∈ {0.05 … 5e5} (8 decades) at the final block and the block chosen on valid, ``ltv``
-  and ``ltv+b``;
-- ``lam_rel``: the same with λ = r · tr(XᵀX)/d for r in :class:`~sitelens.baselines.LTVValid`'s
-  grid (10⁻³ … 10): comparable across models whose residual streams differ in scale (the row's
-  ``lam`` is the absolute λ rounded to 6 significant digits, ``rel_lam`` the multiple r);
-- ``n``: N ∈ {16, 32, 64, 128, 256}; ``k``: k ∈ {1, 2, 5, 10} (the same queries), both at the two
-  blocks, ``ltv``; ``full``: the two blocks, every variant, scored in full; ``ref``: zero-shot and
-  10-shot ICL (in full).
-
-Scoring: a last-token intervention changes only the answer position, so a cell is scored by one
-one-position pass over the frozen prefix KV cache of the zero-shot test prompts
-(:class:`sitelens.site.training.LastTokenSet`): ``first_token_acc``, ``label_acc_first`` (the label
-whose first token has the highest logit is the gold one) and dNTP against the 10-shot ICL
-reference of ``sitelens bench`` (:func:`sitelens.pipelines.bench.reference_logits`), on the first
-``--limit`` test items. ``full`` and ``ref`` use :func:`sitelens.pipelines.bench.score_fitted`
-(greedy exact match, full-label and length-normalized ranking, chance); the cheap path must agree
-on the first-token numbers (checked). Diagnostics: ``rel_lam`` = λ / (tr XᵀX / d), ``r2_train``,
-``r2_test`` (the map predicting ``Y`` of the test items, whose ``h_icl`` uses the reference's
-demonstrations) and ``norm_ratio`` = mean ‖predicted shift‖ / mean ‖true shift‖ on the test items.
-
-Resumable: a row is keyed on everything that made it (model fingerprint, task hash, grid, variant,
-block, λ, N, k, seed, limit, numerics version). The block chosen on valid and the λ of ``lam_rel``
-depend on the captured states; those recorded by an earlier run of the same model, task and limit
-are reused to list the cells (``--dry-run`` captures nothing). States are cached under
+The grid (``layer``, ``lam``, ``lam_rel``, ``n``, ``k``, ``full``, ``ref``; variants ``ltv``,
+``ltv+b``, ``shift``), the cheap first-token scoring and the diagnostics: docs/benchmarks.md,
+"ltv_sweep.py". Resumable: a row is keyed on everything that made it (model fingerprint, task hash,
+grid, variant, block, λ, N, k, seed, limit, numerics version); states are cached under
 ``runs/ltv_sweep_cache/``.
 """
 

@@ -1,40 +1,15 @@
-"""How the cost of every sitelens stage grows with model size and prompt length, measured on
-randomly initialised models with the exact shapes of real families.
+"""How the cost of every sitelens stage grows with model size and prompt length, on randomly
+initialised models with the exact shapes of real families (:data:`CONFIGS`; nothing is downloaded).
 
     python benchmarks/scaling.py --threads 1     # the committed CPU run (resumable; --dry-run lists it)
     python benchmarks/scaling.py --tiny          # shrunken shapes, about a minute: checks the script
     python benchmarks/scaling.py --report        # rewrite the md / png / html from the CSV
     bash benchmarks/gpu.sh                       # the CUDA run (bfloat16, longer prompts, 8B)
 
-Each model is a ``HookedTransformer(cfg)`` of a configuration in :data:`CONFIGS` (the published
-``config.json`` values; nothing is downloaded), initialised by TransformerLens and readied as
-:func:`sitelens.models.tiny.tiny_model` does (fast layout, fused attention, the byte tokenizer of
-:func:`sitelens.models.tiny.tiny_tokenizer`: a prompt of n characters is n + 1 tokens; the real
-``d_vocab`` is kept, so the unembedding costs what it does).
-
-**Why random weights cost the same as trained ones.** Every stage is dense products, fused
-attention and elementwise ops whose work is fixed by the shapes: no data-dependent sparsity,
-routing or early exit (``forward_until`` stops at a hook chosen by name; length batching reads
-token counts). Generation length is the one value-dependent cost, so the generation stage forces
-``min_new_tokens = max_new_tokens`` with no newline stop, checked by counting the model calls;
-subnormal floats (slow on x86) do not occur with N(0, initializer_range²) weights and RMS-normed
-activations.
-
-Stages, each timed around the library's function (per unit): ``stage1``
-:func:`sitelens.site.task_embedding` (prompt); ``stage2`` :func:`sitelens.site.fit_alpha`, batch 8,
-timed from the model calls of the step passes only (step); ``generate``
-:func:`sitelens.eval.evaluate.run_method` with ``site_mix``, ``new_tokens`` forced (item);
-``patching`` :func:`sitelens.patching.effects.head_causal_effects` (head × prompt); ``atp``
-:func:`sitelens.lenses.attribution_patching` (head × prompt); ``alpha_grad``
-:func:`sitelens.lenses.alpha_gradient` (head × item). Prompts have ~L tokens. The fits use CPU
-seconds on the CPU (the machine is shared), wall seconds after ``torch.cuda.synchronize`` on CUDA;
-memory is the peak RSS sampled every 20 ms (CPU) or ``torch.cuda.max_memory_allocated`` (CUDA).
-One worker process per (model, length) on the CPU (``--group cell``), per model on CUDA.
-
-Results: ``results/{tag}.csv`` (a row per cell, keyed on configuration, length, stage, sizes,
-device, dtype, threads and torch version; a model that does not fit in free memory is recorded as
-``skipped``), ``{tag}.md`` (tables, log-log fits cost ∝ params^a · tokens^b with R², the sweep
-projection) and ``{tag}.png`` / ``.html``.
+Why random weights cost what trained ones do (generation length is forced), and what each stage
+times: docs/benchmarks.md, "scaling.py". Results: ``results/{tag}.csv`` (a row per model × length ×
+stage, keyed on the configuration, sizes, device, dtype, threads and torch version), ``{tag}.md``
+(tables, log-log fits cost ∝ params^a · tokens^b, the sweep projection), ``{tag}.png`` / ``.html``.
 """
 
 from __future__ import annotations
@@ -45,7 +20,6 @@ import hashlib
 import json
 import math
 import os
-import platform
 import random
 import resource
 import string
@@ -54,7 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from sitelens.pipelines.experiment import REPO, Clock, Experiment, Job, PeakRSS, main, md_table, worker_env
+from sitelens.pipelines import experiment as xp
+from sitelens.pipelines.experiment import REPO, CallClock, Clock, Experiment, Job, PeakRSS, main, md_table
 
 BENCH_VERSION = 1  # bump when what a cell measures changes
 
@@ -204,24 +179,6 @@ def make_task(kind: str, length: int, *, n_train: int, n_valid: int = 2, seed: i
                 items[n_train + n_valid:])
 
 
-class ModelClock:
-    """Timestamps (wall, CPU) of every call of ``model`` (a forward pre-hook)."""
-
-    def __init__(self, model, sync):
-        self.model, self.sync, self.marks = model, sync, []
-
-    def _pre(self, module, args):
-        self.sync()
-        self.marks.append((time.perf_counter(), time.process_time()))
-
-    def __enter__(self):
-        self._h = self.model.register_forward_pre_hook(self._pre)
-        return self
-
-    def __exit__(self, *exc):
-        self._h.remove()
-
-
 def run_stage(model, stage: str, length: int, sizes: dict, sync) -> dict:
     """Run one stage; return its unit count, prompt tokens and details, and optionally an own
     timing (``wall``/``cpu``) that replaces the timing around the whole call."""
@@ -253,7 +210,7 @@ def run_stage(model, stage: str, length: int, sizes: dict, sync) -> dict:
     if stage == "stage2":
         steps, bs = sizes["stage2_steps"], sizes["stage2_batch"]
         fc = FitConfig(n_examples=steps * bs, batch_size=bs, eval_every=steps + 1, n_valid=1)
-        with ModelClock(model, sync) as clock:
+        with CallClock(model, sync) as clock:
             res = fit_alpha(model, zero, emb, fc)
         # calls: prefix caches, the check before training, `steps` step passes, the final check
         (w0, c0), (w1, c1) = clock.marks[-1 - steps], clock.marks[-1]
@@ -266,7 +223,7 @@ def run_stage(model, stage: str, length: int, sizes: dict, sync) -> dict:
         prompts = [zero_shot_prompt(ex.input) for ex in items]
         fixed = Protocol(name="fixed-length", max_new_tokens=new, min_new_tokens=new, stop_at_newline=False)
         alpha = torch.full((L, H), 0.5)  # [n_layers, n_heads]
-        with ModelClock(model, sync) as clock:
+        with CallClock(model, sync) as clock:
             run_method(model, zero, items, "site", prompts=prompts, intervention=site_mix(alpha, emb),
                        batch_size=n, protocol=fixed)
         if len(clock.marks) != new:  # one prefill + new - 1 decode steps, every one of them
@@ -291,20 +248,6 @@ def run_stage(model, stage: str, length: int, sizes: dict, sync) -> dict:
         alpha_gradient(model, task, embedding=emb, n_alpha_items=n, n_boot=0)
         return dict(units=L * H * n, tokens=zero_tokens(task.train))
     raise ValueError(f"unknown stage {stage!r}")
-
-
-def host_name(device_type: str) -> str:
-    if device_type == "cuda":
-        import torch
-
-        return torch.cuda.get_device_name(0)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def needed_bytes(fields: dict, dtype: str, length: int) -> int:
@@ -419,7 +362,7 @@ class Scaling(Experiment):
             d_model=fields["d_model"], d_head=fields["d_head"], d_mlp=fields["d_mlp"],
             d_vocab=fields["d_vocab"], device=self.device_type, dtype=a.dtype, torch=torch.__version__,
             threads=a.threads, n_ctx=a.n_ctx, sizes=json.dumps(SIZES[self.device_type], sort_keys=True),
-            host=host_name(self.device_type), date=time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+            host=xp.host_name(self.device_type == "cuda"), date=xp.now(),
         )
 
     def run(self, group: Job) -> list:
@@ -447,7 +390,7 @@ class Scaling(Experiment):
         print(f"{name}: lengths {sorted({j['length'] for j in jobs})}, {len(jobs)} cell(s) "
               f"[{time.strftime('%H:%M:%S')}]", flush=True)
         try:
-            rc = subprocess.run(cmd, env=worker_env(a.threads), timeout=timeout, cwd=REPO).returncode
+            rc = subprocess.run(cmd, env=xp.worker_env(a.threads), timeout=timeout, cwd=REPO).returncode
             if rc:
                 print(f"{name}: worker exited with {rc} (-9: killed, e.g. for memory)", flush=True)
         except subprocess.TimeoutExpired:

@@ -17,8 +17,8 @@ skipped (``--dry-run`` lists what would run and stops), the others run on the ex
 the markdown report starts with the command that regenerates it (:func:`write_report`). Hooks:
 :meth:`Experiment.configure` (defaults that depend on other flags), :meth:`Experiment.batch`
 (several cells run by one job, e.g. one model build for all its stages). Helpers for measurements:
-:class:`Clock` (wall and CPU seconds), :class:`PeakRSS`, :func:`load_avg`, :func:`worker_env`,
-:func:`json_lines`, :func:`now`.
+:class:`Clock` (wall and CPU seconds), :class:`CallClock`, :class:`PeakRSS`, :func:`host_name`,
+:func:`load_avg`, :func:`worker_env`, :func:`json_lines`, :func:`now`.
 
 ``--data-root`` defaults to :data:`DATA_ROOT`, the ``shared/datasets`` folder beside the
 repository, resolved here once.
@@ -134,6 +134,43 @@ class Clock:
     def __exit__(self, *exc) -> None:
         self.sync()
         self.wall, self.cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
+
+
+class CallClock:
+    """Timestamps (wall, CPU) of every call of ``module`` while the block runs (a forward
+    pre-hook; ``sync`` first, e.g. ``torch.cuda.synchronize``): times parts of a call sequence,
+    such as the step passes of a fit without its setup."""
+
+    def __init__(self, module, sync=None):
+        self.module, self.sync, self.marks = module, sync or (lambda: None), []
+
+    def _pre(self, module, args) -> None:
+        self.sync()
+        self.marks.append((time.perf_counter(), time.process_time()))
+
+    def __enter__(self) -> CallClock:
+        self._hook = self.module.register_forward_pre_hook(self._pre)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hook.remove()
+
+
+def host_name(cuda: bool = False) -> str:
+    """The GPU's name (``cuda``) or the CPU's model name."""
+    import platform
+
+    if cuda:
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 class PeakRSS:
@@ -332,6 +369,7 @@ def _main(experiment: Experiment, args: argparse.Namespace) -> int:
 
 
 __all__ = [
-    "DATA_ROOT", "RESULTS", "Clock", "Experiment", "Job", "PeakRSS", "json_lines", "load_avg", "main",
-    "md_table", "now", "parser", "pct", "plan", "split_list", "worker_env", "write_report",
+    "DATA_ROOT", "RESULTS", "CallClock", "Clock", "Experiment", "Job", "PeakRSS", "host_name", "json_lines",
+    "load_avg", "main", "md_table", "now", "parser", "pct", "plan", "split_list", "worker_env",
+    "write_report",
 ]
