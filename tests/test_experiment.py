@@ -6,7 +6,16 @@ import json
 import pandas as pd
 
 from sitelens.errors import UsageError
-from sitelens.pipelines.experiment import CallClock, Clock, Experiment, Job, json_lines, main, md_table, worker_env
+from sitelens.pipelines.experiment import (
+    CallClock,
+    Clock,
+    Experiment,
+    Job,
+    json_lines,
+    main,
+    md_table,
+    worker_env,
+)
 
 
 class Grouped(Experiment):
