@@ -11,22 +11,21 @@ on the first screen (1400 × 1000) is drawn (views further down draw when scroll
 ``plotly_only_s``, until a page holding only the same inlined plotly.js has evaluated it (the
 floor any page built on it pays on this CPU); ``click_s``, a click on a head in the task map
 to the head card showing it (layer 1, head 1); ``pair_s``, a click on a similarity cell to the
-pair drawn. Writes ``results/atlas_speed.{csv,md}`` and, with ``--screenshots DIR``, one PNG per
-view into ``DIR``.
+pair drawn. Writes ``results/atlas_speed.{csv,md}`` (the latest run) and, with ``--screenshots
+DIR``, one PNG per view into ``DIR``.
 """
 
 from __future__ import annotations
 
-import argparse
+import os
 import statistics
 import time
 from pathlib import Path
 
 import pandas as pd
 
-from sitelens.pipelines.experiment import md_table
+from sitelens.pipelines.experiment import Experiment, Job, load_avg, main, md_table
 
-HERE = Path(__file__).resolve().parent
 TIMES = ("open_s", "first_screen_s", "click_s", "pair_s", "plotly_only_s")
 
 
@@ -101,31 +100,34 @@ def measure(path: Path, repeats: int, screenshots: Path | None) -> dict:
             "first_screen_s": statistics.median(screens),
             "click_s": statistics.median(clicks), "pair_s": statistics.median(pairs),
             "plotly_only_s": statistics.median(floors),
-            "repeats": repeats, "load_1m": round(__import__("os").getloadavg()[0], 2),
-            "cpus": __import__("os").cpu_count()}
+            "repeats": repeats, "load_1m": load_avg(), "cpus": os.cpu_count()}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("pages", nargs="+", help="atlas pages (e.g. one per plotly.js bundle)")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--screenshots", default=None)
-    p.add_argument("--out", default=str(HERE / "results"))
-    args = p.parse_args(argv)
-    rows = [measure(Path(page), args.repeats,
-                    Path(args.screenshots) if args.screenshots and i == 0 else None)
-            for i, page in enumerate(args.pages)]
-    df = pd.DataFrame([{**row, "mb": round(row["bytes"] / 1e6, 2),
-                        **{k: round(row[k], 3) for k in TIMES}} for row in rows])
-    out = Path(args.out)
-    df.to_csv(out / "atlas_speed.csv", index=False)
-    (out / "atlas_speed.md").write_text("\n".join([
-        "# Atlas page: size and speed", "",
-        "`python benchmarks/atlas_speed.py ATLAS.html` (headless Chromium, median of "
-        f"{args.repeats} fresh pages; see the script's docstring).", "", md_table(df), ""]))
-    print(df.to_string(index=False))
-    return 0
+class AtlasSpeed(Experiment):
+    name = "atlas_speed"
+    columns = ["bytes", "plotly_bundle", *TIMES[:4], "plotly_only_s", "repeats", "load_1m", "cpus", "mb"]
+    key, replace = None, True
+
+    def add_arguments(self, p) -> None:
+        p.add_argument("pages", nargs="*", help="atlas pages (e.g. one per plotly.js bundle)")
+        p.add_argument("--repeats", type=int, default=5)
+        p.add_argument("--screenshots", default=None)
+
+    def cells(self, args):
+        return [Job(page, page, {"i": i}) for i, page in enumerate(args.pages)]
+
+    def run(self, job: Job) -> dict:
+        a = self.args
+        shots = Path(a.screenshots) if a.screenshots and job["i"] == 0 else None
+        row = measure(Path(job.key), a.repeats, shots)
+        return {**row, "mb": round(row["bytes"] / 1e6, 2), **{k: round(row[k], 3) for k in TIMES}}
+
+    def report(self, df: pd.DataFrame) -> str:
+        return "\n".join([
+            "# Atlas page: size and speed", "",
+            "`python benchmarks/atlas_speed.py ATLAS.html` (headless Chromium, median of "
+            f"{int(df.repeats.iloc[0])} fresh pages; see the script's docstring).", "", md_table(df), ""])
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(AtlasSpeed()))

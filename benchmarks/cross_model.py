@@ -7,48 +7,11 @@ streams; and the two models' α maps compared by relative depth.
     python benchmarks/cross_model.py --only sst2,antonym     # some evaluation tasks now, the rest later
     python benchmarks/cross_model.py --tiny --out /tmp/xm    # smoke test on two tiny random models
 
-**Unlabeled texts** (:func:`unlabeled_texts`): inputs only, of tasks not used for evaluation — the
-FV tasks outside the evaluation sample (and not ``ag_news`` / ``sentiment``, which share sources
-with ``cls/agnews`` and ``cls/sst2``), ``--texts-per-task`` (24) train inputs each, and the
-``cls/`` datasets not evaluated (dbpedia, rte, cb, mr, cr, subj), ``--texts-per-cls`` (80) train
-inputs each; cut at a word boundary to at most 200 characters; any text equal (case and spacing
-aside) to an input of an evaluation task, in any split, is dropped. Each is read as the
-zero-shot prompt ``"Q: {x}\\nA:"``, so its last token is the position where every vector here
-acts. **Held out by source**: every fifth of those FV tasks (sorted by name) and ``cls/cr`` are
-used only for the held-out R²; the rest fit the maps.
-
-**The maps** (:mod:`sitelens.pipelines.transfer`): an affine ridge map per pair of residual points (penalty
-chosen on 20% of the fitting texts), ``results/cross_model_r2.csv``: held-out R² for every
-(Gemma point, SmolLM2 point) pair, with the relative-depth pairs marked; and, per evaluation task,
-the R² of the relative-depth maps on that task's 50 ten-shot prompts
-(``results/cross_model_r2_tasks.csv``).
-
-**Accuracy** on SmolLM2 (test split capped at the first ``--limit`` = 50 items; ``cls/``: sst2,
-trec, agnews; FV: an 8-task sample, the first eight of the committed baselines grid): zero-shot;
-its own TV, LTV, SITE (the :mod:`sitelens.baselines` defaults, seed 0); Gemma's vectors carried
-across —
-
-- ``tv-transfer``: Gemma's TV state at its chosen layer ℓ, mapped (``A s + b``) to the SmolLM2
-  point at the same relative depth; ``tv-transfer-valid``: Gemma's TV state of every layer mapped
-  the same way, the SmolLM2 layer chosen on SmolLM2's validation items (as TV chooses its own);
-  ``tv-transfer-shuffled``: ``tv-transfer`` through a map fitted on shuffled text pairs (control);
-- ``ltv-transfer``: Gemma's LTV map ``W`` carried as ``W' = A W B``, ``c = A W b_B``
-  (:func:`sitelens.pipelines.transfer.transfer_linear`) at the same relative depth;
-- ``site-transfer``: Gemma's SITE embedding carried layer by layer (each SmolLM2 block gets the
-  α = 1 write of the Gemma block at its relative depth, mapped and solved into per-head z through
-  SmolLM2's ``W_O``: :func:`sitelens.pipelines.transfer.transfer_embedding`), α then fitted on SmolLM2 (SITE's
-  stage 2 with that embedding: α is per head of the model it runs in);
-  ``site-transfer-own-alpha``: the carried embedding through SmolLM2's own α (no fit);
-  ``site-transfer-shuffled``: as ``site-transfer`` through maps fitted on shuffled text pairs.
-
-and, for reference, Gemma's own zero-shot, TV, LTV and SITE on Gemma. Accuracy: exact match and
-first-token accuracy; on ``cls/`` also the label-ranking accuracies and chance
-(:mod:`sitelens.eval.labels`). ``results/cross_model.csv`` (a row per task × model × method, keyed on
-every setting, LTV rows also on ``sitelens.baselines.ltv.LTV_NUMERICS``),
-``results/cross_model_items.csv`` (per item), ``results/cross_model_alpha_depth.csv`` (α mass
-per relative-depth decile, both models, from the committed α maps and from this run's SITE fits),
-``results/cross_model.md``. Fits and captured states are cached under ``runs/cross_model/``
-(keyed; not committed), so a killed run resumes where it stopped.
+Every definition (the unlabeled texts and their held-out sources, the maps, each transfer method):
+docs/benchmarks.md, "cross_model.py". Results: ``results/cross_model.csv`` (a row per task × model ×
+method, keyed on every setting, LTV rows also on ``LTV_NUMERICS``), ``cross_model_items.csv`` (per
+item), ``cross_model_r2.csv`` / ``_r2_tasks.csv`` (map R²), ``cross_model_alpha_depth.csv``,
+``cross_model.md``. Fits and states are cached (keyed) under ``runs/cross_model/``.
 """
 
 from __future__ import annotations
@@ -57,7 +20,6 @@ import hashlib
 import json
 import random
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -65,8 +27,8 @@ import numpy as np
 import pandas as pd
 
 from sitelens.baselines.ltv import LTV_NUMERICS
-from sitelens.pipelines.experiment import REPO, RESULTS, md_table, parser, pct
-from sitelens.pipelines.store import ObjectCache, ResultsStore
+from sitelens.pipelines.experiment import REPO, RESULTS, Experiment, Job, main, md_table, pct
+from sitelens.pipelines.store import ObjectCache
 
 SRC, DST = "gemma-3-270m", "smollm2-135m-instruct"
 FV_TASKS = ("antonym", "country-capital", "present-past", "english-french", "singular-plural",
@@ -90,25 +52,6 @@ ITEM_COLUMNS = ["key", "model", "task", "method", "item", "correct", "label_corr
 R2_TASK_COLUMNS = ["key", "task", "collection", "src_index", "dst_index", "r2_task", "r2_heldout"]
 R2_COLUMNS = ["src_index", "dst_index", "src_depth", "dst_depth", "relative_depth_pair", "rho",
               "r2_valid", "r2_heldout", "r2_train", "n_fit", "n_heldout", "texts_hash"]
-
-
-def parse_args(argv=None):
-    p = parser(__doc__, limit=50)
-    p.add_argument("--fv-tasks", default=",".join(FV_TASKS))
-    p.add_argument("--cls-tasks", default=",".join(CLS_TASKS))
-    p.add_argument("--only", default="",
-                   help="run only these of the evaluation tasks (comma-separated names), in this "
-                        "order; the unlabeled texts still exclude every evaluation task's inputs, "
-                        "so a partial run keeps the keys, maps and caches of the full one")
-    p.add_argument("--texts-per-task", type=int, default=24)
-    p.add_argument("--texts-per-cls", type=int, default=80)
-    p.add_argument("--tiny", action="store_true", help="two tiny random models, small sizes (smoke test)")
-    p.add_argument("--cache", default=str(REPO / "runs" / "cross_model"))
-    return p.parse_args(argv)
-
-
-# ----------------------------------------------------------------------------------------------
-# texts
 
 
 def _norm(text: str) -> str:
@@ -137,8 +80,8 @@ def unlabeled_texts(args, eval_tasks) -> tuple[list[str], list[str], dict]:
     sources += [("cls", n, args.texts_per_cls, n in CLS_HELDOUT) for n in CLS_TEXT_SOURCES]
     fit, held, prov = [], [], {"fit_sources": [], "heldout_sources": []}
     for coll, name, k, is_held in sources:
-        train = load_task(args.data_root / coll / name, dedupe=True).train
-        inputs = list(dict.fromkeys(_cut(ex.input) for ex in train))
+        inputs = list(dict.fromkeys(_cut(ex.input) for ex in load_task(args.data_root / coll / name,
+                                                                      dedupe=True).train))
         inputs = [x for x in inputs if x and _norm(x) not in banned]
         picked = random.Random(f"{coll}/{name}").sample(inputs, min(k, len(inputs)))
         (held if is_held else fit).extend(zero_shot_prompt(x) for x in picked)
@@ -147,48 +90,88 @@ def unlabeled_texts(args, eval_tasks) -> tuple[list[str], list[str], dict]:
     return fit, held, prov
 
 
-# ----------------------------------------------------------------------------------------------
-# the run
+class CrossModel(Experiment):
+    name = "cross_model"
+    columns = COLUMNS
+    limit = 50
 
+    def add_arguments(self, p) -> None:
+        p.add_argument("--fv-tasks", default=",".join(FV_TASKS))
+        p.add_argument("--cls-tasks", default=",".join(CLS_TASKS))
+        p.add_argument("--only", default="",
+                       help="run only these of the evaluation tasks (comma-separated names), in this "
+                            "order; the unlabeled texts still exclude every evaluation task's inputs, "
+                            "so a partial run keeps the keys, maps and caches of the full one")
+        p.add_argument("--texts-per-task", type=int, default=24)
+        p.add_argument("--texts-per-cls", type=int, default=80)
+        p.add_argument("--tiny", action="store_true", help="two tiny random models, small sizes (smoke test)")
+        p.add_argument("--cache", default=str(REPO / "runs" / "cross_model"))
 
-class Run:
-    """Everything one invocation needs: models, texts, states, maps, caches, output files."""
+    def log(self, msg: str) -> None:
+        print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
 
-    def __init__(self, args):
-        import torch
-
+    def setup(self, args) -> None:
+        """The models, tasks, unlabeled texts and the settings every key holds."""
+        from sitelens.baselines import LTV, SITE, TV
         from sitelens.models import fingerprint, load_model, tiny_model
-        from sitelens.provenance import NUMERICS_VERSION
+        from sitelens.provenance import NUMERICS_VERSION, canonical
         from sitelens.tasks import load_task
 
-        torch.set_num_threads(args.threads)
-        self.args, self.out = args, Path(args.out)
         self.cache = ObjectCache(Path(args.cache) / ("tiny" if args.tiny else "full"))
-        if args.tiny:
-            self.src = tiny_model(n_layers=3, n_heads=4, d_head=10, post_norm=True, seed=0, n_ctx=2048,
-                                  backend="hooked")  # byte tokens: cls prompts run long
-            self.dst = tiny_model(n_layers=2, n_heads=3, d_head=8, seed=1, n_ctx=2048, backend="hooked")
+        if args.tiny:  # byte tokens: cls prompts run long
+            kw = dict(n_ctx=2048, backend="hooked")
+            self.m = {"src": tiny_model(n_layers=3, n_heads=4, d_head=10, post_norm=True, seed=0, **kw),
+                      "dst": tiny_model(n_layers=2, n_heads=3, d_head=8, seed=1, **kw)}
         else:
-            self.src, self.dst = load_model(SRC), load_model(DST)
-        self.tasks = [("fv", load_task(args.data_root / "fv" / n)) for n in args.fv_tasks.split(",") if n]
-        self.tasks += [("cls", load_task(args.data_root / "cls" / n)) for n in args.cls_tasks.split(",") if n]
+            self.m = {"src": load_model(SRC), "dst": load_model(DST)}
+        self.src, self.dst = self.m["src"], self.m["dst"]
+        self.tasks = [(c, load_task(args.data_root / c / n)) for c, names in (("fv", args.fv_tasks),
+                                                                            ("cls", args.cls_tasks))
+                      for n in names.split(",") if n]
         self.fit_texts, self.held_texts, self.prov = unlabeled_texts(args, [t for _, t in self.tasks])
         if args.tiny:
             self.fit_texts, self.held_texts = self.fit_texts[:120], self.held_texts[:40]
-        self.sizes = (dict(n_prompts=4, n_shots=2, n_valid=8, n_queries=8, n_examples=16)
-                      if args.tiny else dict(n_prompts=50, n_shots=10, n_valid=64, n_queries=256,
-                                             n_examples=400))
-        self.fp = {"src": fingerprint(self.src), "dst": fingerprint(self.dst)}
-        from sitelens.baselines import LTV, SITE, TV
-        from sitelens.provenance import canonical
-
+        self.sizes = (dict(n_prompts=4, n_shots=2, n_valid=8, n_queries=8, n_examples=16) if args.tiny
+                      else dict(n_prompts=50, n_shots=10, n_valid=64, n_queries=256, n_examples=400))
+        self.fp = {side: fingerprint(m) for side, m in self.m.items()}
         self.base = {"src": self.fp["src"], "dst": self.fp["dst"], "texts": self.prov["texts_hash"],
                      "defaults": canonical([TV(), LTV(), SITE()]),
                      "numerics_version": NUMERICS_VERSION, "sizes": self.sizes, "limit": args.limit,
                      "seed": 0}
 
-    def log(self, msg: str) -> None:
-        print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
+    def cells(self, args):
+        self.setup(args)
+        by_name = {t.name: (coll, t) for coll, t in self.tasks}
+        only = [n for n in args.only.split(",") if n]
+        unknown = [n for n in only if n not in by_name]
+        if unknown:
+            from sitelens.errors import UsageError
+
+            raise UsageError(f"--only names {unknown}, which are not evaluation tasks "
+                             f"({', '.join(by_name)}); add them to --fv-tasks / --cls-tasks.")
+        for coll, task in [by_name[n] for n in only] if only else self.tasks:
+            for side, methods in (("src", SRC_METHODS), ("dst", DST_METHODS)):
+                for m in methods:
+                    yield Job(self.row_key(side, task, m), f"{task.name}/{side}/{m}",
+                              dict(coll=coll, task=task, side=side, method=m))
+
+    def batch(self, todo):
+        """One job per task: its cells share the task's captured states and fits."""
+        tasks: dict = {}
+        for j in todo:
+            tasks.setdefault(j["task"].name, []).append(j)
+        return [Job(n, n, dict(coll=js[0]["coll"], task=js[0]["task"],
+                               todo=[(j["side"], j["method"]) for j in js])) for n, js in tasks.items()]
+
+    def run(self, job: Job) -> list:
+        if not hasattr(self, "map"):
+            self.maps()
+            from sitelens.io import atomic_write_json
+
+            atomic_write_json(self.out / "cross_model_texts.json", self.prov)
+        self.run_task(job["coll"], job["task"], job["todo"])
+        self.task_r2(job["coll"], job["task"])
+        return []  # score() appends each cell's rows as it finishes
 
     # -- states and maps -----------------------------------------------------------------------
 
@@ -196,7 +179,7 @@ class Run:
         from sitelens.pipelines.transfer import resid_states
 
         out = {}
-        for side, model in (("src", self.src), ("dst", self.dst)):
+        for side, model in self.m.items():
             for part, texts in (("fit", self.fit_texts), ("held", self.held_texts)):
                 params = {"fp": self.fp[side], "texts": texts}
                 out[side, part] = self.cache.get(f"states_{side}_{part}", params,
@@ -208,31 +191,26 @@ class Run:
         """The R² grid (every pair) and the maps the transfers use (fitted on demand)."""
         import torch
 
-        from sitelens.pipelines.transfer import fit_ridge_map, map_grid
+        from sitelens.io import atomic_write_csv
+        from sitelens.pipelines.transfer import corresponding_index, fit_ridge_map, map_grid
 
-        S = self.text_states()
-        self.S = S
+        S = self.S = self.text_states()
         Ls, Ld = self.src.cfg.n_layers, self.dst.cfg.n_layers
         grid = self.cache.get("r2_grid", {"base": self.base},
                               lambda: map_grid(S["src", "fit"], S["dst", "fit"], S["src", "held"],
                                                S["dst", "held"]))
-        from sitelens.pipelines.transfer import corresponding_index
-
         grid = grid.assign(src_depth=grid.src_index / Ls, dst_depth=grid.dst_index / Ld,
                            relative_depth_pair=[corresponding_index(j, Ld, Ls) == i for i, j in
                                                 zip(grid.src_index, grid.dst_index)],
                            n_fit=len(self.fit_texts), n_heldout=len(self.held_texts),
                            texts_hash=self.prov["texts_hash"])
-        from sitelens.io import atomic_write_csv
-
         atomic_write_csv(self.out / "cross_model_r2.csv", grid[R2_COLUMNS])
-        self._maps: dict = {}
+        maps: dict = {}
         perm = torch.randperm(len(self.fit_texts), generator=torch.Generator().manual_seed(0))
-        self._perm = perm
 
         def get(i: int, j: int, *, reverse: bool = False, shuffled: bool = False):
             key = (i, j, reverse, shuffled)
-            if key not in self._maps:
+            if key not in maps:
                 X, Y = S["src", "fit"][:, i], S["dst", "fit"][:, j]
                 Xh, Yh = S["src", "held"][:, i], S["dst", "held"][:, j]
                 if reverse:
@@ -241,8 +219,8 @@ class Run:
                     Y = Y[perm]
                 m = fit_ridge_map(X, Y, X_heldout=Xh, Y_heldout=Yh)
                 m.src_index, m.dst_index = (j, i) if reverse else (i, j)
-                self._maps[key] = m
-            return self._maps[key]
+                maps[key] = m
+            return maps[key]
 
         self.map = get
         self.log("maps ready")
@@ -253,24 +231,22 @@ class Run:
         from sitelens.pipelines.transfer import task_states
         from sitelens.provenance import task_hash
 
-        model = self.src if side == "src" else self.dst
-        params = {"fp": self.fp[side], "task": task_hash(task), "n": self.sizes["n_prompts"],
-                  "k": self.sizes["n_shots"]}
-        return self.cache.get(f"task_states_{side}_{task.name}", params, lambda: task_states(
-            model, task, n_prompts=self.sizes["n_prompts"], n_shots=self.sizes["n_shots"], seed=0))
+        n, k = self.sizes["n_prompts"], self.sizes["n_shots"]
+        params = {"fp": self.fp[side], "task": task_hash(task), "n": n, "k": k}
+        return self.cache.get(f"task_states_{side}_{task.name}", params,
+                              lambda: task_states(self.m[side], task, n_prompts=n, n_shots=k, seed=0))
 
     def ltv(self, side: str, task):
         """LTV fitted with its defaults; cached under its numerics version."""
         from sitelens.baselines import LTV
         from sitelens.provenance import canonical, task_hash
 
-        model = self.src if side == "src" else self.dst
         method = LTV(n_queries=8, n_shots=2) if self.args.tiny else LTV()
         params = {"fp": self.fp[side], "task": task_hash(task), "method": canonical(method),
                   "source": LTV_NUMERICS}
 
         def compute():
-            f = method.fit(model, task, seed=0)
+            f = method.fit(self.m[side], task, seed=0)
             return {"state": {k: v for k, v in f.state.items() if k in ("W", "layer")},
                     "n_params": f.n_params, "fit_seconds": f.fit_seconds}
 
@@ -281,34 +257,29 @@ class Run:
         from sitelens.provenance import task_hash
         from sitelens.site import FitConfig, fit_site
 
-        model = self.src if side == "src" else self.dst
         cfg = FitConfig(n_examples=self.sizes["n_examples"], n_valid=self.sizes["n_valid"], seed=0)
         params = {"fp": self.fp[side], "task": task_hash(task), "cfg": repr(cfg),
                   "emb": hashlib.sha256(embedding.numpy().tobytes()).hexdigest()[:16]}
 
         def compute():
             t0 = time.perf_counter()
-            ad = fit_site(model, task, config=cfg, embedding=embedding)
+            ad = fit_site(self.m[side], task, config=cfg, embedding=embedding)
             return {"alpha": ad.alpha, "fit_seconds": time.perf_counter() - t0}
 
         return self.cache.get(f"alpha_{side}_{tag}_{task.name}", params, compute)
 
-    # -- transfers -------------------------------------------------------------------------------
-
-    def carried_embedding(self, task, embedding, shuffled: bool):
+    def carried_embedding(self, embedding, shuffled: bool):
         from sitelens.pipelines.transfer import corresponding_layer, transfer_embedding
 
         Ls, Ld = self.src.cfg.n_layers, self.dst.cfg.n_layers
-        maps = {}
-        for ld in range(Ld):
-            ls = corresponding_layer(ld, Ld, Ls)
-            maps[ld] = (ls, self.map(ls + 1, ld + 1, shuffled=shuffled))  # the state after the block
-        t, table = transfer_embedding(self.src, self.dst, embedding, maps)
-        return t, table
+        maps = {ld: (corresponding_layer(ld, Ld, Ls),
+                     self.map(corresponding_layer(ld, Ld, Ls) + 1, ld + 1, shuffled=shuffled))
+                for ld in range(Ld)}  # the state after the block
+        return transfer_embedding(self.src, self.dst, embedding, maps)
 
     # -- one task --------------------------------------------------------------------------------
 
-    def run_task(self, coll: str, task) -> None:
+    def run_task(self, coll: str, task, todo: list) -> None:
         import torch
 
         from sitelens.baselines import Fitted
@@ -320,16 +291,11 @@ class Run:
         from sitelens.site import site_mix
 
         Ls, Ld = self.src.cfg.n_layers, self.dst.cfg.n_layers
-        todo = [("src", m) for m in SRC_METHODS] + [("dst", m) for m in DST_METHODS]
-        todo = [(side, m) for side, m in todo if self.row_key(side, coll, task, m) not in self.done]
-        if not todo:
-            return
         self.log(f"{task.name}: {len(todo)} cells")
         st = {side: self.states(side, task) for side in ("src", "dst")}
         need = {m for _, m in todo}
         own: dict = {}
-        for side in ("src", "dst"):
-            model = self.src if side == "src" else self.dst
+        for side, model in self.m.items():
             if (side, "tv") in todo or (side == "src" and need & {"tv-transfer", "tv-transfer-shuffled"}):
                 own[side, "tv"] = tv_fitted(model, task, st[side]["tv"], n_valid=self.sizes["n_valid"])
             if (side, "ltv") in todo or (side == "src" and "ltv-transfer" in need):
@@ -337,10 +303,7 @@ class Run:
             if (side, "site") in todo or (side == "dst" and "site-transfer-own-alpha" in need):
                 own[side, "site"] = self.site_alpha(side, task, st[side]["embedding"], "own")
         for side, method in todo:
-            model = self.src if side == "src" else self.dst
-            extra: dict = {}
-            t0 = time.perf_counter()
-            fit_s = 0.0
+            model, extra, t0, fit_s = self.m[side], {}, time.perf_counter(), 0.0
             if method == "zero-shot":
                 fitted = Fitted("zero-shot")
             elif method == "tv":
@@ -395,7 +358,7 @@ class Run:
                 extra = {"layer_src": ls, "layer_dst": jd - 1, "map_r2_heldout": fwd.r2_heldout}
             elif method in ("site-transfer", "site-transfer-shuffled", "site-transfer-own-alpha"):
                 shuffled = method.endswith("shuffled")
-                t, table = self.carried_embedding(task, st["src"]["embedding"], shuffled)
+                t, table = self.carried_embedding(st["src"]["embedding"], shuffled)
                 if method == "site-transfer-own-alpha":
                     alpha = own["dst", "site"]["alpha"]
                 else:
@@ -409,7 +372,7 @@ class Run:
                 raise ValueError(method)
             self.score(side, coll, task, method, fitted, fit_s, extra, t0)
 
-    def row_key(self, side, coll, task, method) -> str:
+    def row_key(self, side, task, method) -> str:
         from sitelens.provenance import settings_hash, task_hash
 
         s = {**self.base, "side": side, "task": task.name, "task_hash": task_hash(task),
@@ -420,37 +383,33 @@ class Run:
         from sitelens.eval.labels import label_set
         from sitelens.models import model_name
         from sitelens.pipelines.bench import score_fitted
+        from sitelens.provenance import task_hash
 
-        model = self.src if side == "src" else self.dst
+        model = self.m[side]
         items = task.test[: self.args.limit]
-        labels = label_set(task)
         res = score_fitted(model, task, items, fitted, labels=None)
-        label_ok = self.label_correct(model, task, items, fitted, labels)
-        key = self.row_key(side, coll, task, method)
+        label_ok, label_metrics = self.label_correct(model, items, fitted, label_set(task))
+        key = self.row_key(side, task, method)
         row = {"model": model_name(model), "fingerprint": self.fp[side],
                "source_model": model_name(self.src) if "transfer" in method else model_name(model),
-               "task": task.name, "collection": coll, "task_hash": "", "method": method,
+               "task": task.name, "collection": coll, "task_hash": task_hash(task), "method": method,
                "settings": json.dumps(self.base, sort_keys=True), "numerics_version":
                self.base["numerics_version"], "ltv_source": LTV_NUMERICS if "ltv" in method else "",
                "key": key, "fit_seconds": fit_s, **extra,
                **{k: res[k] for k in ("n", "first_token_acc", "exact_match", "seconds_per_item")},
-               **label_ok[1]}
-        from sitelens.provenance import task_hash
-
-        row["task_hash"] = task_hash(task)
+               **label_metrics}
         irows = [{"key": key, "model": row["model"], "task": task.name, "method": method, "item": i,
                   "correct": int(c), "label_correct": "" if lc is None else int(lc)}
-                 for i, (c, lc) in enumerate(zip(res["correct"], label_ok[0]))]
-        ResultsStore(self.out / "cross_model_items.csv", ITEM_COLUMNS).append(irows)
-        ResultsStore(self.out / "cross_model.csv", COLUMNS).append([row])
-        self.done.add(key)
+                 for i, (c, lc) in enumerate(zip(res["correct"], label_ok))]
+        self.store("cross_model_items", ITEM_COLUMNS).append(irows)
+        self.store().append([row])
         self.log(f"  {row['model']} {task.name} {method}: em {row['exact_match']:.3f} "
                  f"label {row['label_acc_full']} ({time.perf_counter() - t0:.0f} s)")
 
-    def label_correct(self, model, task, items, fitted, labels):
+    def label_correct(self, model, items, fitted, labels):
         """Per item, whether the full-label ranking picks the target (None without labels), and
-        the label metrics of :data:`sitelens.pipelines.bench.LABEL_METRICS` (as ``sitelens bench`` computes
-        them: :func:`sitelens.pipelines.bench.label_metrics`, from the same ranks)."""
+        the label metrics as ``sitelens bench`` computes them
+        (:func:`sitelens.pipelines.bench.label_metrics`)."""
         from sitelens.eval.evaluate import rank_labels
         from sitelens.eval.labels import nan_mean
         from sitelens.pipelines.bench import LABEL_METRICS
@@ -464,43 +423,13 @@ class Run:
                    "chance": nan_mean(c["chance"] for c in cols)}
         return [c["label_rank_full"] for c in cols], metrics
 
-    def go(self) -> None:
-        tasks = self.tasks
-        if self.args.only:  # checked before any state is computed
-            by_name = {t.name: (coll, t) for coll, t in self.tasks}
-            only = [n for n in self.args.only.split(",") if n]
-            unknown = [n for n in only if n not in by_name]
-            if unknown:
-                from sitelens.errors import UsageError
-
-                raise UsageError(f"--only names {unknown}, which are not evaluation tasks "
-                                 f"({', '.join(by_name)}); add them to --fv-tasks / --cls-tasks.")
-            tasks = [by_name[n] for n in only]
-        self.done = ResultsStore(self.out / "cross_model.csv", COLUMNS).keys()
-        if self.args.dry_run:  # the cells' keys need no states: list what would run, run none
-            sides = (("src", SRC_METHODS), ("dst", DST_METHODS))
-            cells = [(t, side, m) for _, t in tasks for side, ms in sides for m in ms]
-            todo = [c for c in cells if self.row_key(c[1], None, c[0], c[2]) not in self.done]
-            print(f"cross_model: {len(cells)} cell(s), {len(cells) - len(todo)} done, {len(todo)} to run")
-            for t, side, m in todo:
-                print(f"  would run {t.name}/{side}/{m}")
-            return
-        self.maps()
-        from sitelens.io import atomic_write_json
-
-        atomic_write_json(self.out / "cross_model_texts.json", self.prov)
-        for coll, task in tasks:
-            self.run_task(coll, task)
-            self.task_r2(coll, task)
-
     def task_r2(self, coll, task) -> None:
         """R² of the relative-depth maps on the task's own ten-shot prompts (both models read the
         same 50 prompts)."""
         from sitelens.pipelines.transfer import corresponding_index, r2_score
 
-        path = self.out / "cross_model_r2_tasks.csv"
         key = f"{task.name}:{self.prov['texts_hash']}:{self.fp['src']}:{self.fp['dst']}"
-        store = ResultsStore(path, R2_TASK_COLUMNS)
+        store = self.store("cross_model_r2_tasks", R2_TASK_COLUMNS)
         if key in store:
             return
         st = {side: self.states(side, task) for side in ("src", "dst")}
@@ -509,11 +438,17 @@ class Run:
         for jd in range(Ld + 1):
             i = corresponding_index(jd, Ld, Ls)
             m = self.map(i, jd)
-            rows.append({"key": key, "task": task.name, "collection": coll, "src_index": i,
-                         "dst_index": jd, "r2_task": r2_score(st["dst"]["resid"][:, jd],
-                                                              m.state(st["src"]["resid"][:, i].double())),
-                         "r2_heldout": m.r2_heldout})
+            r2 = r2_score(st["dst"]["resid"][:, jd], m.state(st["src"]["resid"][:, i].double()))
+            rows.append({"key": key, "task": task.name, "collection": coll, "src_index": i, "dst_index": jd,
+                         "r2_task": r2, "r2_heldout": m.r2_heldout})
         store.append(rows)
+
+    def read(self) -> pd.DataFrame:
+        return self.store().read(dtype={"error": str, "ltv_source": str}, keep_default_na=False,
+                                 na_values=[""])
+
+    def report(self, df: pd.DataFrame) -> str:
+        return report(self.args, df)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -521,79 +456,63 @@ class Run:
 
 
 def alpha_sources(args) -> dict[str, pd.DataFrame]:
-    """α maps of both models (task, layer, head, alpha + model, n_layers): the committed ones
-    (``results/heads/*/*/scores.csv`` lens ``alpha``: λ = 0, mean over 5 seeds, 8 tasks;
-    ``figures/*/alpha_facets.csv``: λ = 5, 14 tasks) and this run's own SITE fits (λ = 0, seed 0)."""
+    """α maps of both models (task, layer, head, alpha + model, n_layers), per source, over the tasks
+    both models have there: the committed ones (``results/heads/*/*/scores.csv`` lens ``alpha``: λ =
+    0, mean over 5 seeds; ``figures/*/alpha_facets.csv``: λ = 5) and this run's SITE fits (λ = 0)."""
     import torch
 
-    n_layers = {SRC: 18, DST: 30}
-    out = {}
-    frames = []
-    for model in (SRC, DST):
-        for f in sorted((RESULTS / "heads" / model).glob("*/scores.csv")):
-            d = pd.read_csv(f)
-            d = d[d.lens == "alpha"][["task", "layer", "head", "score"]].rename(columns={"score": "alpha"})
-            frames.append(d.assign(model=model))
-    if frames:
-        out["heads (λ = 0, 5 seeds)"] = pd.concat(frames)
-    frames = []
-    for model in (SRC, DST):
-        f = REPO / "figures" / model / "alpha_facets.csv"
-        if f.exists():
-            frames.append(pd.read_csv(f)[["task", "layer", "head", "alpha"]].assign(model=model))
-    if frames:
-        out["figures (λ = 5)"] = pd.concat(frames)
-    frames = []
-    root = Path(args.cache) / "full"
+    cols = ["task", "layer", "head", "alpha"]
+    heads = [pd.read_csv(f).rename(columns={"score": "alpha"}).query("lens == 'alpha'")[cols].assign(model=m)
+             for m in (SRC, DST) for f in sorted((RESULTS / "heads" / m).glob("*/scores.csv"))]
+    figs = [pd.read_csv(f)[cols].assign(model=m) for m in (SRC, DST)
+            for f in [REPO / "figures" / m / "alpha_facets.csv"] if f.exists()]
+    own = []
     for side, model in (("src", SRC), ("dst", DST)):
-        for f in sorted(root.glob(f"alpha_{side}_own_*.pt")):
+        for f in sorted((Path(args.cache) / "full").glob(f"alpha_{side}_own_*.pt")):
             a = torch.load(f, weights_only=False)["alpha"]  # [n_layers, n_heads]
-            task = re.sub(r"_[0-9a-f]{12}$", "", f.stem.removeprefix(f"alpha_{side}_own_"))
             L, H = a.shape
-            frames.append(pd.DataFrame({"task": task, "layer": np.repeat(np.arange(L), H),
-                                        "head": np.tile(np.arange(H), L), "alpha": a.flatten().numpy(),
-                                        "model": model}))
-    if frames:
-        out["this run (λ = 0, seed 0)"] = pd.concat(frames)
-    return {k: v.assign(n_layers=v.model.map(n_layers)) for k, v in out.items()}
+            task = re.sub(r"_[0-9a-f]{12}$", "", f.stem.removeprefix(f"alpha_{side}_own_"))
+            own.append(pd.DataFrame({"task": task,
+                                     "layer": np.repeat(np.arange(L), H), "head": np.tile(np.arange(H), L),
+                                     "alpha": a.flatten().numpy(), "model": model}))
+    out = {}
+    for source, frames in (("heads (λ = 0, 5 seeds)", heads), ("figures (λ = 5)", figs),
+                           ("this run (λ = 0, seed 0)", own)):
+        if frames:
+            df = pd.concat(frames).assign(n_layers=lambda d: d.model.map({SRC: 18, DST: 30}))
+            out[source] = df[df.task.isin(set(df[df.model == SRC].task) & set(df[df.model == DST].task))]
+    return out
 
 
-def centre_of_mass(args) -> pd.DataFrame:
+def centre_of_mass(sources: dict) -> pd.DataFrame:
     """Per source, task and model: the α-weighted mean relative depth of the blocks
-    (``(layer + 0.5) / n_layers``), over the tasks both models have in that source."""
-    rows = []
-    for source, df in alpha_sources(args).items():
-        common = set(df[df.model == SRC].task) & set(df[df.model == DST].task)
-        d = df[df.task.isin(common)].assign(depth=lambda x: (x.layer + 0.5) / x.n_layers)
-        for (task, model), g in d.groupby(["task", "model"]):
-            rows.append({"source": source, "task": task, "model": model,
-                         "centre_of_mass": float((g.alpha * g.depth).sum() / g.alpha.sum())})
-    return pd.DataFrame(rows)
+    (``(layer + 0.5) / n_layers``)."""
+    return pd.DataFrame([{"source": source, "task": task, "model": model,
+                          "centre_of_mass": float((g.alpha * g.depth).sum() / g.alpha.sum())}
+                         for source, df in sources.items()
+                         for (task, model), g in df.assign(depth=(df.layer + 0.5) / df.n_layers)
+                         .groupby(["task", "model"])])
 
 
-def alpha_depth(args) -> pd.DataFrame:
+def alpha_depth(sources: dict, com: pd.DataFrame) -> pd.DataFrame:
     """α mass per relative-depth decile (:func:`sitelens.atlas.data.depth_profile`), per source
-    and model, over the tasks of that source that both models have."""
+    and model."""
     from sitelens.atlas.data import AtlasData, depth_profile
 
     rows = []
-    for source, df in alpha_sources(args).items():
-        common = set(df[df.model == SRC].task) & set(df[df.model == DST].task)
-        for model, g in df[df.task.isin(common)].groupby("model"):
-            data = AtlasData(model=model, n_layers=int(g.n_layers.iloc[0]), n_heads=int(g["head"].max() + 1),
+    for source, df in sources.items():
+        for model, g in df.groupby("model"):
+            L = int(g.n_layers.iloc[0])
+            data = AtlasData(model=model, n_layers=L, n_heads=int(g["head"].max() + 1),
                              alpha=g[["task", "layer", "head", "alpha"]], similarity=pd.DataFrame(),
                              transfer=pd.DataFrame(), tokens=pd.DataFrame(), lenses=pd.DataFrame())
-            prof = depth_profile(data)
-            a = g.assign(depth=(g.layer + 0.5) / g.n_layers)
-            com = (a.groupby("task").apply(lambda t: float((t.alpha * t.depth).sum() / t.alpha.sum()),
-                                           include_groups=False))
-            L = data.n_layers
+            c = com[(com.source == source) & (com.model == model)].centre_of_mass
             share = np.bincount(np.minimum(((np.arange(L) + 0.5) / L * 10).astype(int), 9), minlength=10) / L
-            for r in prof.itertuples():
-                rows.append({"source": source, "model": model, "n_tasks": len(common), "bin": r.bin,
-                             "depth_low": r.depth_low, "mass": r.mass, "layer_share": share[r.bin],
-                             "enrichment": r.mass / share[r.bin] if share[r.bin] else float("nan"),
-                             "mean_alpha": r.mean_alpha, "centre_of_mass": float(com.mean())})
+            rows += [{"source": source, "model": model, "n_tasks": df.task.nunique(), "bin": r.bin,
+                      "depth_low": r.depth_low, "mass": r.mass, "layer_share": share[r.bin],
+                      "enrichment": r.mass / share[r.bin] if share[r.bin] else float("nan"),
+                      "mean_alpha": r.mean_alpha, "centre_of_mass": float(c.mean())}
+                     for r in depth_profile(data).itertuples()]
     return pd.DataFrame(rows)
 
 
@@ -601,10 +520,9 @@ def alpha_depth(args) -> pd.DataFrame:
 # report
 
 
-
-def report(args) -> str:
+def report(args, df: pd.DataFrame) -> str:
     from sitelens.eval.metrics import bootstrap_ci
-    from sitelens.io import atomic_write_csv, atomic_write_text
+    from sitelens.io import atomic_write_csv
 
     out = Path(args.out)
     lines = ["# Cross-model transfer: Gemma-3-270M → SmolLM2-135M", "",
@@ -642,10 +560,8 @@ def report(args) -> str:
                   "(the states TV averages; R² around that task's own mean, so it measures how well "
                   "the within-task variation is carried):", "",
                   md_table(sel.round(2).reset_index().rename(columns={"dst_index": "SmolLM2 point"})), ""]
-    res = out / "cross_model.csv"
-    if res.exists():
-        df = pd.read_csv(res, dtype={"error": str, "ltv_source": str}, keep_default_na=False,
-                         na_values=[""]).drop_duplicates(["model", "task", "method"], keep="last")
+    if len(df):
+        df = df.drop_duplicates(["model", "task", "method"], keep="last")
         items = pd.read_csv(out / "cross_model_items.csv")
         ltv = sorted(set(df.ltv_source.dropna()) - {""})
         lines += ["## Accuracy", "",
@@ -691,7 +607,9 @@ def report(args) -> str:
         if len(err):
             lines += [f"{len(err)} cell(s) failed: " + "; ".join(f"{r.task}/{r.method}: {r.error}"
                                                                  for r in err.itertuples()), ""]
-    ad, com = alpha_depth(args), centre_of_mass(args)
+    sources = alpha_sources(args)
+    com = centre_of_mass(sources)
+    ad = alpha_depth(sources, com)
     if len(ad):
         atomic_write_csv(out / "cross_model_alpha_depth.csv", ad)
         lines += ["## α maps by relative depth", "",
@@ -722,24 +640,10 @@ def report(args) -> str:
                       f"{b.centre_of_mass.iloc[0]:.3f} (SmolLM2), SmolLM2 − Gemma per task "
                       f"{diff.mean():+.3f} (95% CI over tasks {lo:+.3f} to {hi:+.3f})", "",
                       md_table(tab), ""]
-    text = "\n".join(lines)
-    atomic_write_text(out / "cross_model.md", text)
-    return text
+    return "\n".join(lines)
 
 
-def main(argv=None) -> None:
-    args = parse_args(argv)
-    if not args.report:
-        from sitelens.errors import SitelensError
-
-        try:
-            Run(args).go()
-        except SitelensError as e:  # bad input: the message, exit status 2, nothing written
-            print(f"error: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
-    if not args.dry_run:
-        print(report(args))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main(CrossModel()))

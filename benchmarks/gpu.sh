@@ -1,30 +1,22 @@
 #!/usr/bin/env bash
-# The scaling benchmark (benchmarks/scaling.py) on one CUDA GPU: randomly initialised models with
-# the shapes of SmolLM2-135M/360M/1.7B, Qwen2.5-0.5B, Llama-3.2-1B, Gemma-3-1B and Llama-3.1-8B, in
-# bfloat16, at prompt lengths 256, 1024 and 4096, every stage (stage 1, stage 2, injected
-# generation, exact patching, AtP, the alpha gradient). Writes
-# benchmarks/results/scaling_gpu.{csv,md,html} (+ .png where kaleido and a Chromium exist).
-# Sized to finish in under 8 minutes on one H200-class GPU: the benchmark stops starting models
-# after BUDGET_S seconds (default 390) and each model's worker is killed at the budget, keeping the
-# cells it finished; a rerun resumes the missing ones.
+# The scaling benchmark (benchmarks/scaling.py) on one CUDA GPU: the seven model shapes in bfloat16
+# at prompt lengths 256, 1024 and 4096, every stage; writes benchmarks/results/scaling_gpu.{csv,md,html}
+# (+ .png where kaleido and a Chromium exist). It stops starting models after BUDGET_S seconds
+# (default 390: under 8 minutes on an H200-class GPU); a rerun resumes the missing cells.
 #
-#   bash benchmarks/gpu.sh              # on the GPU machine, from the repository root
-#   bash benchmarks/gpu.sh --dry-run    # anywhere: the same run on the CPU with shrunken shapes
-#                                       #   (bfloat16, one worker per model), to check it is not broken
-#   bash benchmarks/gpu.sh --fetch-wheels   # where pip can reach PyPI: the wheels an offline GPU
-#                                           #   machine lacks, into .whl/ (then carry .whl there)
+#   bash benchmarks/gpu.sh                  # on the GPU machine, from the repository root
+#   bash benchmarks/gpu.sh --dry-run        # anywhere: the same run on the CPU with shrunken shapes
+#   bash benchmarks/gpu.sh --fetch-wheels   # where pip reaches PyPI: the wheels an offline GPU machine
+#                                           #   lacks, into .whl/ (then carry .whl there)
 #
-# Python: $PYTHON (default: .venv/bin/python if it sees a GPU, else python3). It needs a CUDA
-# build of torch and sitelens's dependencies. Where they are missing and a .whl/ folder exists
-# (--fetch-wheels), the wheels are installed with --no-deps into /tmp/site; otherwise
-# `pip install -e .` is tried (needs network). Then commit benchmarks/results/scaling_gpu.*.
+# Python: $PYTHON (default: .venv/bin/python if it sees a GPU, else python3), with a CUDA torch. Missing
+# dependencies come from .whl/ (installed --no-deps into /tmp/site) or `pip install -e .`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 BUDGET_S=${BUDGET_S:-390}
 
-# What a CUDA machine with only torch/transformers (this workplace's H200 image, Python 3.12)
-# lacks of sitelens's import closure (measured: the distributions loaded by the benchmark).
+# What a CUDA image with only torch/transformers (Python 3.12) lacks of sitelens's import closure.
 WHEELS="transformer-lens==3.9.0 better-abc==0.0.3 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 plotly==7.1.0 fancy-einsum==0.0.3
 typeguard==4.6.1 beartype==0.23.1"

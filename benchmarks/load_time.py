@@ -1,33 +1,21 @@
 """Model load times: the first load (GGUF dequantized and converted, weights written to a fresh
-cache) and the second load (from that cache), for both bundled models, in fresh processes.
+cache) and the second (from that cache), for both bundled models, each in a fresh process with
+``SITELENS_CACHE`` a new temporary directory; the load average before each is recorded.
 
     python benchmarks/load_time.py            # appends to results/load_time.csv, writes load_time.md
-
-Each measurement runs in its own Python process (so nothing is shared through memory) with
-``SITELENS_CACHE`` pointed at a new temporary directory; the first load fills it, the second reads
-it. The load average before each run is recorded: the two cores may be shared.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import subprocess
 import sys
 import tempfile
-import time
-from pathlib import Path
 
 import pandas as pd
-import torch
 
-from sitelens.pipelines.experiment import md_table
-from sitelens.pipelines.store import ResultsStore
+from sitelens.pipelines import experiment as xp
+from sitelens.pipelines.experiment import Experiment, Job, main, md_table
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
-FIELDS = ["model", "load", "seconds", "import_seconds", "threads", "load_average", "torch", "date"]
 CHILD = (
     "import json, time, torch; torch.set_num_threads({threads}); t = time.perf_counter(); "
     "import sitelens; t1 = time.perf_counter(); m = sitelens.load_model({name!r}); "
@@ -35,42 +23,40 @@ CHILD = (
 )
 
 
-def measure(name: str, cache: str, threads: int) -> dict:
-    env = dict(os.environ, SITELENS_CACHE=cache)
-    out = subprocess.run([sys.executable, "-c", CHILD.format(name=name, threads=threads)],
-                         env=env, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+class LoadTime(Experiment):
+    name = "load_time"
+    columns = ["model", "load", "seconds", "import_seconds", "threads", "load_average", "torch", "date"]
+    key = None
+    models = ("smollm2-135m-instruct", "gemma-3-270m")
+    threads = 2
 
+    def cells(self, args):
+        return [Job(m, m, {"model": m}) for m in args.models]
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--models", default="smollm2-135m-instruct,gemma-3-270m")
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
-    RESULTS.mkdir(exist_ok=True)
-    csv_path = RESULTS / "load_time.csv"
-    for name in args.models.split(","):
+    def run(self, job: Job) -> list[dict]:
+        import torch
+
+        rows, name, threads = [], job["model"], self.args.threads
         with tempfile.TemporaryDirectory() as cache:
             for kind in ("first (convert + write cache)", "second (from cache)"):
-                la = os.getloadavg()[0]
-                m = measure(name, cache, args.threads)
-                s = m["seconds"]
-                ResultsStore(csv_path, FIELDS, key=None).append([{
-                    "model": name, "load": kind, "seconds": round(s, 2),
-                    "import_seconds": round(m["import_seconds"], 2), "threads": args.threads,
-                    "load_average": round(la, 2), "torch": torch.__version__,
-                    "date": time.strftime("%Y-%m-%d"),
-                }])
-                print(f"{name} {kind}: {s:.2f}s (load average {la:.1f})")
-    df = pd.read_csv(csv_path)
-    (RESULTS / "load_time.md").write_text(
-        "# Model load times\n\nMade by `python benchmarks/load_time.py` (each load in a fresh "
-        "process, `SITELENS_CACHE` a new temporary directory; the second load reads what the first "
-        "wrote). `seconds` is `load_model` alone; `import_seconds` is `import sitelens` before "
-        "it. Every run is appended; the load average before each is recorded.\n\n"
-        + md_table(df) + "\n"
-    )
+                la = xp.load_avg()
+                out = subprocess.run([sys.executable, "-c", CHILD.format(name=name, threads=threads)],
+                                     env=xp.worker_env(None, SITELENS_CACHE=cache), capture_output=True,
+                                     text=True, check=True).stdout
+                m = xp.json_lines(out)[-1]
+                rows.append({"model": name, "load": kind, "seconds": round(m["seconds"], 2),
+                             "import_seconds": round(m["import_seconds"], 2), "threads": threads,
+                             "load_average": la, "torch": torch.__version__, "date": xp.now("%Y-%m-%d")})
+                print(f"{name} {kind}: {m['seconds']:.2f}s (load average {la:.1f})")
+        return rows
+
+    def report(self, df: pd.DataFrame) -> str:
+        return ("# Model load times\n\nMade by `python benchmarks/load_time.py` (each load in a fresh "
+                "process, `SITELENS_CACHE` a new temporary directory; the second load reads what the first "
+                "wrote). `seconds` is `load_model` alone; `import_seconds` is `import sitelens` before "
+                "it. Every run is appended; the load average before each is recorded.\n\n"
+                + md_table(df) + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main(LoadTime()))

@@ -1,89 +1,40 @@
 """LTV's robustness to its choices: the block ℓ, the ridge λ, the number of queries N and of
-demonstrations k, on classification tasks (``../shared/datasets/cls``), with diagnostics of why.
+demonstrations k, on classification tasks (``{data-root}/cls``), with diagnostics of why.
 
-    python benchmarks/ltv_sweep.py --models smollm2-135m-instruct --tasks sst2,agnews,trec \\
-        --limit 100 --threads 1          # appends to results/ltv_sweep.csv, writes ltv_sweep.md
+    python benchmarks/ltv_sweep.py --models smollm2-135m-instruct --tasks sst2 --limit 50 --threads 1
     python benchmarks/ltv_sweep.py --report   # the markdown from the CSV alone
 
-The map is :mod:`sitelens.baselines.ltv`'s: ``X``/``Y`` come from :func:`~sitelens.baselines.ltv.ltv_data`
-with the method's own seeds, so the cell (final block, λ = 5, N = 256, k = 10, variant ``ltv``) is
-exactly ``LTV()`` and the cell at the block chosen on valid is exactly ``LTV(layer="sweep")``.
-N < 256 takes the first N of those 256 queries (not a fresh draw of N). The grid, one knob at a
-time around those defaults:
-
-- ``layer``: every block, variants ``ltv`` (the method: ``h ← h + W h``), ``ltv+b`` (a ridge with
-  an intercept: ``h ← h + W (h − x̄) + ȳ``, ``W`` fitted on centred ``X``, ``Y``) and ``shift``
-  (``h ← h + ȳ``, the mean demonstration effect alone: ``ltv+b`` as λ → ∞); the valid-split
-  first-token accuracy of ``ltv`` at each block (the sweep's choice) is recorded beside the test
-  metrics;
-- ``lam``: λ ∈ {0.05 … 5e5} (8 decades) at the final block and at the block chosen on valid,
-  ``ltv`` and ``ltv+b``;
-- ``lam_rel``: the same two blocks and variants with λ in units of the data, λ = r · tr(XᵀX)/d
-  for r in :class:`~sitelens.baselines.LTVValid`'s grid (10⁻³ … 10). A raw-λ grid covers
-  different regimes on different models (Gemma's residual stream is far larger than SmolLM2's,
-  so 5e5 is still under 1% of its mean eigenvalue); this one is comparable across models. The
-  row's ``lam`` is the absolute λ (rounded to 6 significant digits, which is also what is fitted)
-  and ``rel_lam`` the multiple r;
-- ``n``: N ∈ {16, 32, 64, 128, 256}; ``k``: k ∈ {1, 2, 5, 10} (the same queries, k-shot
-  demonstrations), both at the two blocks, ``ltv``;
-- ``full``: the default block and the block chosen on valid, every variant, scored in full;
-- ``ref``: zero-shot and 10-shot ICL (in full).
-
-Scoring. An LTV-style intervention acts at the last prompt token only (prefill), so the answer
-position's distribution is a one-position forward pass over a frozen prefix KV cache of the
-zero-shot test prompts (:class:`sitelens.site.training.LastTokenSet`, as the layer choice of TV and
-``LTV(layer="sweep")``): per cell, ``first_token_acc`` (argmax = the gold answer's first token),
-``label_acc_first`` (the label whose first token has the highest logit is the gold one) and dNTP
-against the same 10-shot ICL reference as ``sitelens bench``
-(:func:`sitelens.pipelines.bench.reference_logits`),
-on the first ``--limit`` test items. The ``full`` grid scores the default and the chosen block
-(every variant) with :func:`sitelens.pipelines.bench.score_fitted` instead, the bench's whole code path:
-greedy generation (exact match), full-label and length-normalized ranking with the chance level;
-its first-token numbers must agree with the cheap path's (checked on each run). Diagnostics per
-cell: ``rel_lam`` = λ / (tr XᵀX / d) (λ in units of the mean eigenvalue of the queries' Gram
-matrix), ``r2_train`` (the fit on its own queries) and ``r2_test`` (the same map predicting
-``Y`` of the test items, whose ``h_icl`` uses the ICL reference's demonstrations: how far the
-map's prediction of the demonstration effect generalizes), and ``norm_ratio`` = mean ‖predicted
-shift‖ / mean ‖true shift‖ on the test items.
-
-Resumable: each cell is keyed on everything that made it (model fingerprint, task hash, grid,
-variant, block, λ, N, k, seed, limit, numerics version) and appended under a lock as soon as it is
-scored; a rerun skips the keys already in the CSV. The captured hidden states are cached under
-``runs/ltv_sweep_cache/`` (ignored by git), keyed the same way.
+The grid (``layer``, ``lam``, ``lam_rel``, ``n``, ``k``, ``full``, ``ref``; variants ``ltv``,
+``ltv+b``, ``shift``), the cheap first-token scoring and the diagnostics: docs/benchmarks.md,
+"ltv_sweep.py". Resumable: a row is keyed on everything that made it (model fingerprint, task hash,
+grid, variant, block, λ, N, k, seed, limit, numerics version); states are cached under
+``runs/ltv_sweep_cache/``.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
+import math
 import time
-from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
-import sitelens as sl
 from sitelens.baselines import LTVValid, get_method
 from sitelens.baselines.base import Fitted, HookIntervention, last_token_hook, select_layer
 from sitelens.baselines.ltv import SWEEP_N_VALID, ltv_data, ltv_intervention, ridge_closed_form
 from sitelens.eval.labels import continuation_ids, label_set
 from sitelens.eval.metrics import dntp_per_item
-from sitelens.io import atomic_write_text
 from sitelens.models import act_name, fingerprint, model_name
 from sitelens.pipelines.bench import reference_logits, score_fitted
-from sitelens.pipelines.experiment import DATA_ROOT, md_table, pct
-from sitelens.pipelines.store import ObjectCache, ResultsStore
-from sitelens.provenance import NUMERICS_VERSION, settings_hash, task_hash
+from sitelens.pipelines.experiment import REPO, Experiment, Job, main, md_table, pct
+from sitelens.pipelines.store import ObjectCache, row_key
+from sitelens.provenance import NUMERICS_VERSION, task_hash
 from sitelens.site import capture_last
 from sitelens.site.training import LastTokenSet, valid_items
 from sitelens.tasks import few_shot_prompts, load_task, zero_shot_prompt
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
-CACHE = ROOT / "runs" / "ltv_sweep_cache"
-DATA = DATA_ROOT / "cls"
-
+CACHE = ObjectCache(REPO / "runs" / "ltv_sweep_cache")
 LAM, N_QUERIES, N_SHOTS, SEED = 5.0, 256, 10, 0  # LTV()'s defaults, bench seed 0
 LAMS = (0.05, 0.5, 5.0, 50.0, 500.0, 5e3, 5e4, 5e5)
 NS = (16, 32, 64, 128, 256)
@@ -94,47 +45,6 @@ METRICS = ["n", "first_token_acc", "exact_match", "label_acc_first", "label_acc_
            "label_acc_full_norm", "chance", "dntp", "valid_acc", "rel_lam", "r2_train", "r2_test",
            "norm_ratio", "final_block", "chosen_block", "seconds"]
 COLUMNS = [*SETTINGS, "key", *METRICS]
-
-
-# ----------------------------------------------------------------------------------------------
-# the results file
-
-
-def read_rows(path: Path) -> pd.DataFrame:
-    if not path.exists() or path.stat().st_size == 0:
-        return pd.DataFrame(columns=COLUMNS)
-    return pd.read_csv(path, dtype={"key": str, "task": str, "model": str})
-
-
-def cached(name: str, make):
-    """A keyed tensor cache under ``runs/ltv_sweep_cache`` (the name holds the model, its weights'
-    fingerprint, the task hash and the sizes)."""
-    return ObjectCache(CACHE).get(name, {}, make)
-
-
-def train_states(model, task, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """LTV's own X, Y at every block (N_QUERIES queries, k shots, the method's seeds)."""
-    tag = f"{model_name(model)}-{fingerprint(model)[:12]}-{task.name}-{task_hash(task)}"
-    return cached(f"{tag}-train-k{k}-n{N_QUERIES}-s{SEED}", lambda: ltv_data(
-        model, task, range(model.cfg.n_layers), n_queries=N_QUERIES, n_shots=k, seed=SEED))
-
-
-def test_states(model, task, items) -> tuple[torch.Tensor, torch.Tensor]:
-    """X, Y of the test items: zero-shot vs the ICL reference's 10-shot prompts (seed 0)."""
-    tag = f"{model_name(model)}-{fingerprint(model)[:12]}-{task.name}-{task_hash(task)}"
-
-    def make():
-        names = [act_name("resid_post", ell) for ell in range(model.cfg.n_layers)]
-        hz = capture_last(model, [zero_shot_prompt(ex.input) for ex in items], names)
-        hi = capture_last(model, few_shot_prompts(task, items, N_SHOTS, seed=SEED), names)
-        X = torch.stack([hz[n] for n in names], 1)  # [n, n_layers, d_model]
-        return X, torch.stack([hi[n] for n in names], 1) - X  # [n, n_layers, d_model]
-
-    return cached(f"{tag}-test-n{len(items)}-s{SEED}", make)
-
-
-# ----------------------------------------------------------------------------------------------
-# the variants
 
 
 def fit_variant(X, Y, lam: float, variant: str):
@@ -171,10 +81,6 @@ def r2(Y, P) -> float:
     return float(1 - ((Y - P) ** 2).sum() / ((Y - Y.mean(0)) ** 2).sum())
 
 
-# ----------------------------------------------------------------------------------------------
-# the sweep
-
-
 class FirstTokens:
     """The zero-shot test prompts as a frozen prefix cache, their gold first tokens and the label
     set's first tokens: the answer-position metrics of a last-token intervention in one
@@ -204,22 +110,22 @@ class FirstTokens:
 
 
 class Sweep:
-    def __init__(self, model, task, limit: int, out: Path):
-        self.model, self.task, self.limit, self.out = model, task, limit, out
-        self.items = task.test[:limit]
-        self.done = set(read_rows(out)["key"].astype(str))
-        self.base = {"model": model_name(model), "fingerprint": fingerprint(model),
-                     "task": task.name, "task_hash": task_hash(task), "seed": SEED,
-                     "limit": limit, "numerics_version": NUMERICS_VERSION}
-        self.L = model.cfg.n_layers
+    """One model and task: its settings, and (computed once, on demand) the reference logits, the
+    first-token scorer and LTV's states with the block chosen on valid."""
+
+    def __init__(self, model, task, limit: int):
+        self.model, self.task, self.items, self.L = model, task, task.test[:limit], model.cfg.n_layers
+        self.base = {"model": model_name(model), "fingerprint": fingerprint(model), "task": task.name,
+                     "task_hash": task_hash(task), "seed": SEED, "limit": limit,
+                     "numerics_version": NUMERICS_VERSION}
+        self.tag = f"{model_name(model)}-{fingerprint(model)[:12]}-{task.name}-{task_hash(task)}"
         self.labels = label_set(task)
-        self._ref = self._cheap = None
+        self._ref = self._cheap = self._states = None
 
     @property
     def ref(self):
         if self._ref is None:
-            self._ref = reference_logits(self.model, self.task, self.items, n_shots=N_SHOTS,
-                                         seed=SEED)
+            self._ref = reference_logits(self.model, self.task, self.items, n_shots=N_SHOTS, seed=SEED)
         return self._ref
 
     @property
@@ -228,109 +134,158 @@ class Sweep:
             self._cheap = FirstTokens(self.model, self.items, self.labels)
         return self._cheap
 
-    def cell(self, grid, variant, layer, lam, n, k, fitted_fn, extra_fn=lambda: {}):
-        settings = dict(self.base, grid=grid, variant=variant, layer=layer, lam=lam, n_queries=n,
-                        n_shots=k)
-        key = settings_hash({c: settings[c] for c in SETTINGS}, n=16)
-        if key in self.done:
-            return
-        t0 = time.perf_counter()
-        fitted = fitted_fn()
-        reference = self.ref
+    def train_states(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """LTV's own X, Y at every block (N_QUERIES queries, k shots, the method's seeds)."""
+        return CACHE.get(f"{self.tag}-train-k{k}-n{N_QUERIES}-s{SEED}", {}, lambda: ltv_data(
+            self.model, self.task, range(self.L), n_queries=N_QUERIES, n_shots=k, seed=SEED))
+
+    def test_states(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """X, Y of the test items: zero-shot vs the ICL reference's 10-shot prompts (seed 0)."""
+        def make():
+            names = [act_name("resid_post", ell) for ell in range(self.L)]
+            hz = capture_last(self.model, [zero_shot_prompt(ex.input) for ex in self.items], names)
+            hi = capture_last(self.model, few_shot_prompts(self.task, self.items, N_SHOTS, seed=SEED), names)
+            X = torch.stack([hz[n] for n in names], 1)  # [n, n_layers, d_model]
+            return X, torch.stack([hi[n] for n in names], 1) - X  # [n, n_layers, d_model]
+
+        return CACHE.get(f"{self.tag}-test-n{len(self.items)}-s{SEED}", {}, make)
+
+    def states(self) -> dict:
+        """X, Y (k = 10), the test items' Xt, Yt, the block chosen on valid and each block's valid
+        accuracy (``LTV(layer="sweep")``'s choice)."""
+        if self._states is None:
+            X, Y = self.train_states(N_SHOTS)
+            Ws = {ell: ridge_closed_form(X[:, ell], Y[:, ell], LAM).to(self.model.cfg.device)
+                  for ell in range(self.L)}
+            chosen, table = select_layer(self.model, valid_items(self.task, SWEEP_N_VALID),
+                                         lambda ell: ltv_intervention(Ws[ell], ell)(self.model, None),
+                                         list(range(self.L)))
+            print(f"{self.task.name}: block chosen on valid = {chosen} (final {self.L - 1})", flush=True)
+            self._states = dict(X=X, Y=Y, test=self.test_states(), chosen=chosen,
+                                vacc={r["layer"]: r["valid_acc"] for r in table})
+        return self._states
+
+    def choices(self, recorded: pd.DataFrame, dry_run: bool):
+        """(the block chosen on valid, rel -> λ per block) from the recorded rows of these settings,
+        else from the states (``None`` in a dry run)."""
+        b = self.base
+        same = [recorded[c] == b[c] for c in ("fingerprint", "task_hash", "limit", "numerics_version")]
+        rec = recorded[same[0] & same[1] & same[2] & same[3]]
+        chosen = rec.chosen_block.dropna()
+        if len(chosen):
+            rel = rec[rec.grid == "lam_rel"]
+
+            def lam(ell, r):
+                hit = rel[(rel.layer == ell) & np.isclose(rel.rel_lam.astype(float), r, rtol=1e-4)]
+                return float(hit.lam.iloc[0]) if len(hit) else self.rel_lam(ell, r)
+
+            return int(chosen.iloc[0]), lam
+        if dry_run:
+            return None, None
+        return self.states()["chosen"], self.rel_lam
+
+    def rel_lam(self, ell: int, rel: float) -> float:
+        """λ = rel · tr XᵀX / d at block ``ell``, rounded so the key survives a re-capture."""
+        Xl = self.states()["X"][:N_QUERIES, ell]
+        return float(f"{rel * float((Xl ** 2).sum() / Xl.shape[1]):.6g}")
+
+
+class LTVSweep(Experiment):
+    name = "ltv_sweep"
+    columns = COLUMNS
+    models = ("smollm2-135m-instruct",)
+    tasks = ("sst2", "agnews", "trec")
+    limit = 100
+
+    def add_arguments(self, p) -> None:
+        p.add_argument("--grids", default="ref,layer,full,lam,lam_rel,n,k", help="comma-separated")
+
+    def read(self) -> pd.DataFrame:
+        return self.store().read(dtype={"key": str, "task": str, "model": str})
+
+    def cells(self, args):
+        from sitelens.pipelines.executors import cached_model
+
+        grids, recorded = args.grids.split(","), self.read()
+        self.sweeps: dict = {}
+        for name in args.models:
+            for t in args.tasks:
+                sw = Sweep(cached_model(name), load_task(args.data_root / "cls" / t), args.limit)
+                self.sweeps[name, t] = sw
+
+                def job(grid, variant, layer, lam, n, k, sw=sw, at=(name, t), **extra):
+                    s = dict(sw.base, grid=grid, variant=variant, layer=layer, lam=lam, n_queries=n,
+                             n_shots=k)
+                    return Job(row_key({c: s[c] for c in SETTINGS}),
+                               f"{'/'.join(at)} {grid} {variant} ℓ={layer} λ={lam:g} N={n} k={k}",
+                               dict(sweep=at, settings=s, **extra))
+
+                if "ref" in grids:
+                    for m in ("zero-shot", "icl"):
+                        yield job("ref", m, -1, float("nan"), 0, N_SHOTS if m == "icl" else 0)
+                chosen, lam_of = sw.choices(recorded, args.dry_run)
+                if chosen is None:
+                    print(f"  {name}/{t}: the cells after the block choice are listed once its states "
+                          "are captured", flush=True)
+                    continue
+                blocks, L = sorted({sw.L - 1, chosen}), sw.L
+                for grid, ells in (("layer", range(L)), ("full", blocks)):
+                    if grid in grids:
+                        for ell in ells:
+                            for v in ("ltv", "ltv+b", "shift"):
+                                yield job(grid, v, ell, LAM, N_QUERIES, N_SHOTS, chosen=chosen)
+                for ell in blocks:
+                    for grid, vals in (("lam", LAMS), ("lam_rel", LTVValid.rel_lams), ("n", NS)):
+                        if grid in grids:
+                            for x in vals:
+                                for v in ("ltv", "ltv+b"):
+                                    lam = {"lam": x, "lam_rel": lam_of(ell, x) if grid == "lam_rel" else 0,
+                                           "n": LAM}[grid]
+                                    yield job(grid, v, ell, lam, x if grid == "n" else N_QUERIES, N_SHOTS,
+                                              chosen=chosen)
+                if "k" in grids:
+                    for k in KS:
+                        for ell in blocks:
+                            for v in ("ltv", "ltv+b"):
+                                yield job("k", v, ell, LAM, N_QUERIES, k, chosen=chosen)
+
+    def run(self, job: Job) -> dict:
+        sw, s = self.sweeps[job["sweep"]], job["settings"]
+        grid, variant, ell = s["grid"], s["variant"], s["layer"]
+        t0, extra = time.perf_counter(), {}
+        if grid == "ref":
+            fitted = get_method(variant).fit(sw.model, sw.task, seed=SEED)
+        else:
+            st = sw.states()
+            X, Y = (st["X"], st["Y"]) if s["n_shots"] == N_SHOTS else sw.train_states(s["n_shots"])
+            Xl, Yl = X[:s["n_queries"], ell], Y[:s["n_queries"], ell]  # [n, d_model]
+            W, xm, ym = fit_variant(Xl, Yl, s["lam"], variant)
+            Xt, Yt = (x[:, ell] for x in st["test"])
+            P = predict(W, xm, ym, Xt)
+            full_ltv = grid in ("layer", "full") and variant == "ltv"
+            extra = {"valid_acc": st["vacc"][ell] if full_ltv else math.nan,
+                     "rel_lam": s["lam"] / float((Xl ** 2).sum() / Xl.shape[1]),
+                     "r2_train": r2(Yl, predict(W, xm, ym, Xl)), "r2_test": r2(Yt, P),
+                     "norm_ratio": float(P.norm(dim=-1).mean() / Yt.norm(dim=-1).mean()),
+                     "chosen_block": job["chosen"]}
+            fitted = Fitted("ltv", intervention=intervention(W, xm, ym, ell, variant))
         if grid in ("full", "ref"):
-            res = score_fitted(self.model, self.task, self.items, fitted, reference=reference,
-                               labels=self.labels)
+            res = score_fitted(sw.model, sw.task, sw.items, fitted, reference=sw.ref, labels=sw.labels)
             res = {m: res[m] for m in METRICS if m in res}
             if grid == "full":  # the cheap path must agree with the bench's
-                cheap = self.cheap.score(fitted.hooks(self.model, None), reference)
+                cheap = sw.cheap.score(fitted.hooks(sw.model, None), sw.ref)
                 for m in ("first_token_acc", "label_acc_first"):
                     if m in cheap and abs(cheap[m] - res[m]) > 0.011:  # one item in 100
                         raise AssertionError(f"{m}: cheap {cheap[m]} vs full {res[m]}")
         else:
-            res = self.cheap.score(fitted.hooks(self.model, None), reference)
-        row = dict(settings, key=key, **res, **extra_fn(), final_block=self.L - 1,
-                   seconds=round(time.perf_counter() - t0, 2))
-        ResultsStore(self.out, COLUMNS).append([row])
-        self.done.add(key)
-        print(f"{self.task.name} {grid} {variant} ℓ={layer} λ={lam:g} N={n} k={k}: "
-              f"first {res['first_token_acc']:.2f} label {res.get('label_acc_first', float('nan')):.2f} "
-              f"dNTP {res['dntp']:.2f} ({row['seconds']} s)", flush=True)
+            res = sw.cheap.score(fitted.hooks(sw.model, None), sw.ref)
+        print(f"  {job.label}: first {res['first_token_acc']:.2f} label "
+              f"{res.get('label_acc_first', math.nan):.2f} dNTP {res['dntp']:.2f}", flush=True)
+        return dict(s, key=job.key, **res, **extra, final_block=sw.L - 1,
+                    seconds=round(time.perf_counter() - t0, 2))
 
-    def map_cell(self, grid, variant, layer, lam, n, k, X, Y, Xt, Yt, valid_acc=float("nan"),
-                 chosen=None, rel=None):
-        Xl, Yl = X[:n, layer], Y[:n, layer]  # [n, d_model]
-        scale = float((Xl ** 2).sum() / Xl.shape[1])  # tr XᵀX / d
-        if rel is not None:  # λ in units of the data; rounded so the key survives a re-capture
-            lam = float(f"{rel * scale:.6g}")
-        W, xm, ym = fit_variant(Xl, Yl, lam, variant)
-
-        def extra():
-            P = predict(W, xm, ym, Xt[:, layer])
-            return {"valid_acc": valid_acc, "rel_lam": lam / scale,
-                    "r2_train": r2(Yl, predict(W, xm, ym, Xl)), "r2_test": r2(Yt[:, layer], P),
-                    "norm_ratio": float(P.norm(dim=-1).mean() / Yt[:, layer].norm(dim=-1).mean()),
-                    "chosen_block": chosen}
-
-        self.cell(grid, variant, layer, lam, n, k,
-                  lambda: Fitted("ltv", intervention=intervention(W, xm, ym, layer, variant)),
-                  extra)
-
-    def run(self, grids=("ref", "layer", "full", "lam", "lam_rel", "n", "k")):
-        model, task, L = self.model, self.task, self.L
-        if "ref" in grids:
-            for name in ("zero-shot", "icl"):
-                self.cell("ref", name, -1, float("nan"), 0, N_SHOTS if name == "icl" else 0,
-                          lambda name=name: get_method(name).fit(model, task, seed=SEED))
-        X, Y = train_states(model, task, N_SHOTS)
-        Xt, Yt = test_states(model, task, self.items)
-        Ws = {ell: ridge_closed_form(X[:, ell], Y[:, ell], LAM).to(model.cfg.device)
-              for ell in range(L)}
-        chosen, table = select_layer(model, valid_items(task, SWEEP_N_VALID),
-                                     lambda ell: ltv_intervention(Ws[ell], ell)(model, None),
-                                     list(range(L)))
-        vacc = {r["layer"]: r["valid_acc"] for r in table}
-        print(f"{task.name}: block chosen on valid = {chosen} (final {L - 1})", flush=True)
-        blocks = sorted({L - 1, chosen})
-        if "layer" in grids:
-            for ell in range(L):
-                for variant in ("ltv", "ltv+b", "shift"):
-                    self.map_cell("layer", variant, ell, LAM, N_QUERIES, N_SHOTS, X, Y, Xt, Yt,
-                                  valid_acc=vacc[ell] if variant == "ltv" else float("nan"),
-                                  chosen=chosen)
-        if "full" in grids:
-            for ell in blocks:
-                for variant in ("ltv", "ltv+b", "shift"):
-                    self.map_cell("full", variant, ell, LAM, N_QUERIES, N_SHOTS, X, Y, Xt, Yt,
-                                  valid_acc=vacc[ell] if variant == "ltv" else float("nan"),
-                                  chosen=chosen)
-        for ell in blocks:
-            if "lam" in grids:
-                for lam in LAMS:
-                    for variant in ("ltv", "ltv+b"):
-                        self.map_cell("lam", variant, ell, lam, N_QUERIES, N_SHOTS, X, Y, Xt, Yt,
-                                      chosen=chosen)
-            if "lam_rel" in grids:
-                for rel in LTVValid.rel_lams:
-                    for variant in ("ltv", "ltv+b"):
-                        self.map_cell("lam_rel", variant, ell, None, N_QUERIES, N_SHOTS, X, Y,
-                                      Xt, Yt, chosen=chosen, rel=rel)
-            if "n" in grids:
-                for n in NS:
-                    for variant in ("ltv", "ltv+b"):
-                        self.map_cell("n", variant, ell, LAM, n, N_SHOTS, X, Y, Xt, Yt,
-                                      chosen=chosen)
-        if "k" in grids:
-            for k in KS:
-                Xk, Yk = (X, Y) if k == N_SHOTS else train_states(model, task, k)
-                for ell in blocks:
-                    for variant in ("ltv", "ltv+b"):
-                        self.map_cell("k", variant, ell, LAM, N_QUERIES, k, Xk, Yk, Xt, Yt,
-                                      chosen=chosen)
-
-
-# ----------------------------------------------------------------------------------------------
-# report
-
+    def report(self, df: pd.DataFrame) -> str:
+        return report(df)
 
 
 def _f(x, digits: int = 2) -> str:
@@ -412,29 +367,5 @@ def report(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--models", default="smollm2-135m-instruct")
-    ap.add_argument("--tasks", default="sst2,agnews,trec")
-    ap.add_argument("--data", default=str(DATA))
-    ap.add_argument("--limit", type=int, default=100)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=str(RESULTS / "ltv_sweep.csv"))
-    ap.add_argument("--report", action="store_true", help="only rewrite the markdown")
-    args = ap.parse_args()
-    out = Path(args.out)
-    if not args.report:
-        torch.set_num_threads(args.threads)
-        for name in args.models.split(","):
-            model = sl.load_model(name)
-            for t in args.tasks.split(","):
-                Sweep(model, load_task(Path(args.data) / t), args.limit, out).run()
-                atomic_write_text(out.with_suffix(".md"), report(read_rows(out)))
-            del model
-    md = report(read_rows(out))
-    atomic_write_text(out.with_suffix(".md"), md)
-    print(md, file=sys.stderr if not args.report else sys.stdout)
-
-
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main(LTVSweep()))

@@ -14,7 +14,11 @@ gives every script the same flags::
 and the rest: cells whose key is done in the :class:`~sitelens.pipelines.store.ResultsStore` are
 skipped (``--dry-run`` lists what would run and stops), the others run on the executor
 (:func:`sitelens.pipelines.executors.make_executor`) and their rows are appended as each finishes;
-the markdown report starts with the command that regenerates it (:func:`write_report`).
+the markdown report starts with the command that regenerates it (:func:`write_report`). Hooks:
+:meth:`Experiment.configure` (defaults that depend on other flags), :meth:`Experiment.batch`
+(several cells run by one job, e.g. one model build for all its stages). Helpers for measurements:
+:class:`Clock` (wall and CPU seconds), :class:`CallClock`, :class:`PeakRSS`, :func:`host_name`,
+:func:`load_avg`, :func:`worker_env`, :func:`json_lines`, :func:`now`.
 
 ``--data-root`` defaults to :data:`DATA_ROOT`, the ``shared/datasets`` folder beside the
 repository, resolved here once.
@@ -24,15 +28,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import os
 import shlex
 import sys
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from sitelens.errors import SitelensError
 from sitelens.io import atomic_write_text
 from sitelens.pipelines.executors import SPEC_HELP, Cell, make_executor
 from sitelens.pipelines.store import ObjectCache, ResultsStore
@@ -83,10 +91,86 @@ def pct(x, digits: int = 1) -> str:
 
 def write_report(path: str | Path, title: str, command: str, body: str) -> str:
     """Write ``# title``, the line naming ``command`` (what regenerates the file) and ``body``
-    atomically to ``path``; returns the text."""
-    text = f"# {title}\n\nMade by `{command}`.\n\n{body.rstrip()}\n"
+    atomically to ``path``; returns the text. A ``body`` that starts with ``# `` is the whole
+    document (its own heading names its command) and is written as it is."""
+    text = body if body.startswith("# ") else f"# {title}\n\nMade by `{command}`.\n\n{body.rstrip()}\n"
     atomic_write_text(path, text)
     return text
+
+
+def now(fmt: str = "%Y-%m-%d %H:%M") -> str:
+    """The UTC time now, formatted."""
+    return time.strftime(fmt, time.gmtime())
+
+
+def load_avg() -> float:
+    """The 1-minute load average (other jobs on a shared machine inflate wall time)."""
+    return round(os.getloadavg()[0], 2)
+
+
+def worker_env(threads: int | None, **extra: str) -> dict:
+    """The environment of a measuring child process: ``threads`` BLAS/OpenMP threads, warnings off."""
+    t = {} if threads is None else {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    return {**os.environ, **t, "PYTHONWARNINGS": "ignore", **extra}
+
+
+def json_lines(text: str) -> list[dict]:
+    """The JSON objects printed one per line in ``text`` (a child's stdout); other lines ignored."""
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+class Clock:
+    """Wall (``wall``) and process-CPU (``cpu``) seconds of the block; ``sync`` runs at both ends
+    (e.g. ``torch.cuda.synchronize``). CPU time is what other jobs on a shared machine inflate least."""
+
+    def __init__(self, sync=None):
+        self.sync = sync or (lambda: None)
+
+    def __enter__(self) -> Clock:
+        self.sync()
+        self.t0, self.c0 = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.sync()
+        self.wall, self.cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
+
+
+class CallClock:
+    """Timestamps (wall, CPU) of every call of ``module`` while the block runs (a forward
+    pre-hook; ``sync`` first, e.g. ``torch.cuda.synchronize``): times parts of a call sequence,
+    such as the step passes of a fit without its setup."""
+
+    def __init__(self, module, sync=None):
+        self.module, self.sync, self.marks = module, sync or (lambda: None), []
+
+    def _pre(self, module, args) -> None:
+        self.sync()
+        self.marks.append((time.perf_counter(), time.process_time()))
+
+    def __enter__(self) -> CallClock:
+        self._hook = self.module.register_forward_pre_hook(self._pre)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hook.remove()
+
+
+def host_name(cuda: bool = False) -> str:
+    """The GPU's name (``cuda``) or the CPU's model name."""
+    import platform
+
+    if cuda:
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 class PeakRSS:
@@ -140,6 +224,7 @@ class Experiment:
     title = ""  # the report's heading
     columns: Sequence[str] = ()
     key: str | None = "key"  # None: an unkeyed measurement log (every run appends)
+    replace = False  # True: a run replaces the table (a snapshot of the latest run, not a log)
     models: Sequence[str] = ()  # --models default
     tasks: Sequence[str] = ()  # --tasks default
     limit: int | None = None  # --limit default
@@ -148,6 +233,15 @@ class Experiment:
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Flags of this experiment beyond the common ones."""
+
+    def configure(self, args: argparse.Namespace) -> None:
+        """Adjust ``args`` after parsing (defaults that depend on other flags)."""
+
+    def batch(self, todo: list[Job]) -> list[Job]:
+        """The jobs that run ``todo`` (the cells not done): by default each cell alone; an
+        experiment whose cells share an expensive setup (a model build, captured states) groups
+        them, and :meth:`run` of a group returns (or appends itself) the rows of all its cells."""
+        return todo
 
     def done(self, row: dict) -> bool:
         """Whether a stored row finishes its key (a row recording a failure may not)."""
@@ -232,14 +326,23 @@ def main(experiment: Experiment, argv: Sequence[str] | None = None, *, prog: str
     """Parse the flags, run the cells not yet done, append their rows, rewrite the report."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = experiment.parser().parse_args(argv)
+    experiment.args = args
+    experiment.configure(args)
     script = prog or f"benchmarks/{Path(sys.argv[0]).name}"
     # the command that regenerates the results: this one, less the flags that only read them
     args.command = shlex.join(["python", script, *[a for a in argv if a not in ("--report", "--dry-run")]])
-    experiment.args = args
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
+    try:
+        return _main(experiment, args)
+    except SitelensError as e:  # bad input: the message and exit status 2
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(experiment: Experiment, args: argparse.Namespace) -> int:
     if not args.report:
         cells, todo = plan(experiment, args)
         print(f"{experiment.name}: {len(cells)} cell(s), {len(cells) - len(todo)} done, "
@@ -249,13 +352,16 @@ def main(experiment: Experiment, argv: Sequence[str] | None = None, *, prog: str
                 print(f"  would run {c.label or c.key}")
             return 0
         store = experiment.store()
+        if experiment.replace and todo:
+            store.path.unlink(missing_ok=True)
 
         def on_result(cell: Cell, rows) -> None:
             store.append([rows] if isinstance(rows, dict) else rows)
             print(f"  done {cell.label or cell.key}", flush=True)
 
         with make_executor(args.executor, threads=args.threads) as ex:
-            ex.run([Cell(c.key, _run_job, (experiment, c), c.label) for c in todo], on_result)
+            jobs = experiment.batch(todo) if todo else []
+            ex.run([Cell(c.key, _run_job, (experiment, c), c.label) for c in jobs], on_result)
     text = experiment.write_report()
     if text:
         print(text)
@@ -263,6 +369,7 @@ def main(experiment: Experiment, argv: Sequence[str] | None = None, *, prog: str
 
 
 __all__ = [
-    "DATA_ROOT", "RESULTS", "Experiment", "Job", "PeakRSS", "main", "md_table", "parser", "pct", "plan",
-    "split_list", "write_report",
+    "DATA_ROOT", "RESULTS", "CallClock", "Clock", "Experiment", "Job", "PeakRSS", "host_name", "json_lines",
+    "load_avg", "main", "md_table", "now", "parser", "pct", "plan", "split_list", "worker_env",
+    "write_report",
 ]
