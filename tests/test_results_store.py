@@ -177,3 +177,16 @@ def test_common_flags_and_defaults(tmp_path):
 
 def test_pct():
     assert pct(0.1234) == "12.3" and pct(float("nan")) == "–" and pct("") == "–"
+
+
+def test_an_older_header_is_upgraded_with_its_rows_kept_as_written(tmp_path):
+    # bench's results files from before the label metrics: the store reads them with the new
+    # column blank and rewrites them with the full header on the first append, old text intact
+    path = tmp_path / "r.csv"
+    path.write_text("key,x\nk0,0.10000000000000001\n,7\n")  # a keyless legacy row, a long float
+    store = ResultsStore(path, COLS, older=[["key", "x"]])
+    assert store.keys() == {"k0"} and store.rows()[1] == {"key": "", "x": "7", "y": ""}
+    assert store.append(_rows(["k0", "k1"])) == 1
+    assert path.read_text() == "key,x,y\nk0,0.10000000000000001,\n,7,\nk1,1,vk1\n"
+    with pytest.raises(OutputError, match="columns"):
+        ResultsStore(path, ["key", "z"], older=[["key", "x"]]).rows()

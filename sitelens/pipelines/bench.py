@@ -30,10 +30,7 @@ results table (:func:`summary_markdown`, …) are in :mod:`sitelens.pipelines.be
 
 from __future__ import annotations
 
-import csv
-import io
 import json
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,11 +43,10 @@ from tqdm.auto import tqdm
 from typing_extensions import deprecated
 
 from sitelens.baselines import Fitted, Method, get_method
-from sitelens.errors import ExecutorError, OutputError, SitelensError
+from sitelens.errors import ExecutorError, SitelensError
 from sitelens.eval.generation import greedy_generate
 from sitelens.eval.labels import LABEL_METRICS, LabelSet, label_metrics_of, label_set
 from sitelens.eval.scoring import rank_labels, reference_logits, score_items
-from sitelens.io import atomic_write, locked
 from sitelens.models import Encoded, LoadSpec, fingerprint, load_model, model_name
 from sitelens.pipelines.bench_summary import (
     dntp_accuracy_correlation,
@@ -66,7 +62,7 @@ from sitelens.pipelines.executors import (
     make_executor,
     preloaded,
 )
-from sitelens.pipelines.store import config_with_overrides
+from sitelens.pipelines.store import ResultsStore, config_with_overrides
 from sitelens.provenance import NUMERICS_VERSION, canonical, settings_hash, task_hash
 from sitelens.tasks import DEFAULT_TEMPLATE, Example, Task, Template, load_task
 
@@ -128,13 +124,19 @@ def cell_key(settings: dict) -> str:
 # the results file
 
 
+def results_store(out_csv: str | Path) -> ResultsStore:
+    """The keyed store of a bench results file: :data:`COLUMNS`, keyed on ``key``; files with the
+    :data:`UNLABELLED_COLUMNS` or :data:`LEGACY_COLUMNS` header are read and upgraded by it."""
+    return ResultsStore(out_csv, COLUMNS, key="key", older=(UNLABELLED_COLUMNS, LEGACY_COLUMNS))
+
+
 def read_results(out_csv: str | Path) -> pd.DataFrame:
     """The results table so far (empty, with :data:`COLUMNS`, when the file does not exist).
-    A file with the :data:`LEGACY_COLUMNS` header is read with the new columns empty."""
+    A file with an older header is read with the new columns empty."""
     path = Path(out_csv)
     if not path.exists() or path.stat().st_size == 0:
         return pd.DataFrame(columns=COLUMNS)
-    header = _check_header(path, path.read_bytes())
+    header = results_store(path).header(path.read_bytes())
     df = pd.read_csv(path, dtype={c: str for c in _TEXT if c in header},
                      keep_default_na=False, na_values=[""])  # a task named "nan" stays a name
     for c in COLUMNS:
@@ -145,62 +147,13 @@ def read_results(out_csv: str | Path) -> pd.DataFrame:
     return df[COLUMNS]
 
 
-def _check_header(path: Path, content: bytes) -> list[str]:
-    header = content.split(b"\n", 1)[0].decode(errors="replace").strip().split(",")
-    if header not in (COLUMNS, UNLABELLED_COLUMNS, LEGACY_COLUMNS):
-        raise OutputError(
-            f"{path} has columns {header}, not the bench columns {COLUMNS}. Use another "
-            "out_csv or move the old file away."
-        )
-    return header
-
-
-def _csv_field(value):
-    """A value as a CSV field: NaN as an empty field (read back as NaN)."""
-    if isinstance(value, float) and math.isnan(value):
-        return ""
-    return value
-
-
-def _done_keys(df: pd.DataFrame) -> set[str]:
-    return {k for k in df["key"].astype(str) if k}
-
-
-def _csv_text(rows: list[dict], *, header: bool) -> bytes:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
-    if header:
-        writer.writeheader()
-    for row in rows:
-        writer.writerow({k: _csv_field(row.get(k, "")) for k in COLUMNS})
-    return buf.getvalue().encode()
-
-
 def append_row(out_csv: str | Path, row: dict) -> bool:
-    """Append one row: under an exclusive lock (:func:`sitelens.io.locked`, so concurrent
-    processes lose no rows), the old content + the row go to a temp file renamed over ``out_csv``
-    (a kill leaves either the old or the new file, never a torn line). A file with an older
-    header (:data:`LEGACY_COLUMNS`, :data:`UNLABELLED_COLUMNS`) is rewritten with the full header
-    first (its rows kept). Idempotent: a row whose ``key`` is already in the file is not appended
-    again (returns False; True when appended), so a cell computed twice (a rerun worker, two
-    runs racing) still has one row."""
-    path = Path(out_csv)
-    with locked(path):
-        old = path.read_bytes() if path.exists() else b""
-        key = str(row.get("key") or "")
-        if key and old.strip() and key in _done_keys(read_results(path)):
-            return False
-        if old.strip():
-            if _check_header(path, old) != COLUMNS:
-                older = read_results(path).to_dict("records")
-                old = _csv_text(older, header=True)
-            elif not old.endswith(b"\n"):
-                old += b"\n"
-            data = old + _csv_text([row], header=False)
-        else:
-            data = _csv_text([row], header=True)
-        atomic_write(path, data)
-    return True
+    """Append one row through the results store (:class:`~sitelens.pipelines.store.ResultsStore`:
+    under the file's lock, by an atomic rewrite; a file with an older header is rewritten with the
+    full one first, its rows kept). Idempotent: a row whose ``key`` is already in the file is not
+    appended again (returns False; True when appended), so a cell computed twice (a rerun worker,
+    two runs racing) still has one row."""
+    return results_store(out_csv).append([row]) > 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -347,7 +300,7 @@ def run_bench(
     if not ex.in_process and not all(isinstance(m, str) for m in models):
         raise ExecutorError(f"run_bench with executor {ex.name} needs model names (each worker "
                             "loads its model), not loaded models; or use the local executor.")
-    done = _done_keys(read_results(out_csv))
+    done = results_store(out_csv).keys()
     keys_this_run: list[str] = []
     bar = tqdm(total=len(models) * len(task_list) * len(methods), desc="bench",
                disable=not cfg.progress)

@@ -130,25 +130,35 @@ class ResultsStore:
     new measurement). ``done(row)`` says whether a row on disk finishes its key (default: every
     row; e.g. ``status == "ok"`` where a failed cell is recorded and retried). :meth:`append`
     skips rows whose key is done on disk and never rewrites a row; the rows of one call are one
-    cell's (several rows may share its key) and are written together."""
+    cell's (several rows may share its key) and are written together. A file with one of the
+    ``older`` headers is read with the missing columns blank, and the first append rewrites it
+    with ``columns`` (every old row kept as it was written)."""
 
     def __init__(self, path: str | Path, columns: Sequence[str], *, key: str | None = "key",
-                 done: Callable[[dict], bool] | None = None):
+                 done: Callable[[dict], bool] | None = None, older: Sequence[Sequence[str]] = ()):
         self.path = Path(path)
         self.columns = list(columns)
         self.key = key
         self.done = done
+        self.older = [list(h) for h in older]
         if key is not None and key not in self.columns:
             raise ValueError(f"the key column {key!r} is not among the columns {self.columns}")
+
+    def header(self, content: bytes) -> list[str]:
+        """The header of ``content``: :attr:`columns` or one of the ``older`` headers, else an
+        :class:`OutputError` naming both."""
+        header = content.split(b"\n", 1)[0].decode(errors="replace").strip().split(",")
+        if header != self.columns and header not in self.older:
+            raise OutputError(f"{self.path} has columns {header}, not {self.columns}. Use another "
+                              "output or move the old file away.")
+        return header
 
     def _rows(self, content: bytes) -> list[dict]:
         if not content.strip():
             return []
-        header = content.split(b"\n", 1)[0].decode(errors="replace").strip().split(",")
-        if header != self.columns:
-            raise OutputError(f"{self.path} has columns {header}, not {self.columns}. Use another "
-                              "output or move the old file away.")
-        return list(csv.DictReader(io.StringIO(content.decode())))
+        self.header(content)
+        return [{c: r.get(c) or "" for c in self.columns}
+                for r in csv.DictReader(io.StringIO(content.decode()))]
 
     def rows(self) -> list[dict]:
         """Every row on disk, as strings (an empty list when the file does not exist)."""
@@ -180,9 +190,11 @@ class ResultsStore:
             done = set() if self.key is None else self._done_keys(self._rows(old))
             buf = io.StringIO()
             writer = csv.DictWriter(buf, fieldnames=self.columns, lineterminator="\n")
-            if not old.strip():
-                old = b""
+            if not old.strip() or self.header(old) != self.columns:
                 writer.writeheader()
+                for r in self._rows(old):  # an older header: its rows under the full one
+                    writer.writerow(r)
+                old = b""
             n = 0
             for row in rows:
                 k = None if self.key is None else str(row.get(self.key) or "")
