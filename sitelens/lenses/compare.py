@@ -27,7 +27,8 @@ from sitelens.patching.effects import EffectsConfig, corrupted_prompts
 from sitelens.patching.engine import ForwardPassCounter, prefix_rows, run_rows
 
 
-def _top(a: np.ndarray, k: int) -> set[int]:
+def top_k_heads(a: np.ndarray, k: int) -> set[int]:
+    """The flat indices of the ``k`` highest scores of a head map (NaN lowest, ties by index)."""
     return set(np.argsort(-np.nan_to_num(a, nan=-np.inf), kind="stable")[:k].tolist())
 
 
@@ -39,7 +40,7 @@ def lens_agreement(scores: HeadScores, k: int = 10, lenses: list[str] | None = N
         maps = {x: d[d.lens == x].sort_values(["layer", "head"])["score"].to_numpy(float)
                 for x in have}
         for a, b in combinations(have, 2):
-            ta, tb = _top(maps[a], k), _top(maps[b], k)
+            ta, tb = top_k_heads(maps[a], k), top_k_heads(maps[b], k)
             rows.append({"model": model, "task": task, "lens_a": a, "lens_b": b,
                          "spearman": correlation(maps[a], maps[b], "spearman"),
                          f"top{k}_jaccard": len(ta & tb) / len(ta | tb)})
