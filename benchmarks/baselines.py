@@ -43,26 +43,27 @@ FIT_WORK = {
 }
 COMMANDS = {  # the commands that made the committed CSVs
     "smollm2-135m-instruct": (
-        "sitelens bench --models smollm2-135m-instruct --tasks ../shared/datasets/fv/{antonym,country-capital,"
-        "present-past,singular-plural,capitalize_first_letter,choose_first_of_3,person-occupation,english-french,"
-        "capitalize_last_letter,lowercase_last_letter,capitalize_second_letter,verb_v_adjective_3,country-curren"
-        "cy,choose_middle_of_3,object_v_concept_3,alphabetically_last_3,color_v_animal_3,prev_item,next_item,conc"
-        "ept_v_object_3,next_capital_letter,alphabetically_first_3,choose_last_of_3,animal_v_object_3,fruit_v_an"
-        "imal_3,word_length,synonym,person-sport,english-spanish,park-country,person-instrument,english-german,pr"
-        "oduct-company,capitalize,landmark-country,adjective_v_verb_3,color_v_animal_5,choose_last_of_5,animal_v_"
-        "object_5,choose_middle_of_5,verb_v_adjective_5,alphabetically_last_5,national_parks,lowercase_first_lett"
-        "er,adjective_v_verb_5,sentiment,object_v_concept_5,concept_v_object_5,alphabetically_first_5,fruit_v_ani"
-        "mal_5,choose_first_of_5,conll2003_location,conll2003_person,conll2003_organization,commonsense_qa,ag_new"
-        "s,squad_val} --limit 50 --threads 1 --n-ctx 4096 --out benchmarks/results/baselines_smollm2-135m-instru"
-        "ct.csv"
+        "sitelens bench --models smollm2-135m-instruct --tasks ../shared/datasets/fv/{antonym,country-capital"
+        ",present-past,singular-plural,capitalize_first_letter,choose_first_of_3,person-occupation,english-fr"
+        "ench,capitalize_last_letter,lowercase_last_letter,capitalize_second_letter,verb_v_adjective_3,countr"
+        "y-currency,choose_middle_of_3,object_v_concept_3,alphabetically_last_3,color_v_animal_3,prev_item,ne"
+        "xt_item,concept_v_object_3,next_capital_letter,alphabetically_first_3,choose_last_of_3,animal_v_obje"
+        "ct_3,fruit_v_animal_3,word_length,synonym,person-sport,english-spanish,park-country,person-instrumen"
+        "t,english-german,product-company,capitalize,landmark-country,adjective_v_verb_3,color_v_animal_5,cho"
+        "ose_last_of_5,animal_v_object_5,choose_middle_of_5,verb_v_adjective_5,alphabetically_last_5,national"
+        "_parks,lowercase_first_letter,adjective_v_verb_5,sentiment,object_v_concept_5,concept_v_object_5,alp"
+        "habetically_first_5,fruit_v_animal_5,choose_first_of_5,conll2003_location,conll2003_person,conll2003"
+        "_organization,commonsense_qa,ag_news,squad_val} --limit 50 --threads 1 --n-ctx 4096 --out benchmarks"
+        "/results/baselines_smollm2-135m-instruct.csv"
     ),
     "gemma-3-270m": (
-        "sitelens bench --models gemma-3-270m --tasks ../shared/datasets/fv/{antonym,country-capital,present-past"
-        ",english-french,singular-plural,capitalize_first_letter,person-occupation,choose_first_of_3,english-germ"
-        "an,capitalize,person-sport,english-spanish,lowercase_first_letter,person-instrument,synonym,next_item,pr"
-        "ev_item,product-company,lowercase_last_letter,capitalize_second_letter,capitalize_last_letter,landmark-c"
-        "ountry,next_capital_letter,word_length,national_parks,sentiment,country-currency,park-country,commonsens"
-        "e_qa,ag_news} --limit 50 --threads 1 --out benchmarks/results/baselines_gemma-3-270m.csv"
+        "sitelens bench --models gemma-3-270m --tasks ../shared/datasets/fv/{antonym,country-capital,present-"
+        "past,english-french,singular-plural,capitalize_first_letter,person-occupation,choose_first_of_3,engl"
+        "ish-german,capitalize,person-sport,english-spanish,lowercase_first_letter,person-instrument,synonym,"
+        "next_item,prev_item,product-company,lowercase_last_letter,capitalize_second_letter,capitalize_last_l"
+        "etter,landmark-country,next_capital_letter,word_length,national_parks,sentiment,country-currency,par"
+        "k-country,commonsense_qa,ag_news} --limit 50 --threads 1 --out benchmarks/results/baselines_gemma-3-"
+        "270m.csv"
     ),
 }
 NOTE = ("Run on the shared 2-core CPU with one torch thread while other benchmarks ran, so fit "
@@ -70,15 +71,15 @@ NOTE = ("Run on the shared 2-core CPU with one torch thread while other benchmar
         "squad_val on SmolLM2 (10-shot prompts up to 2,621 tokens; the other cells ran at the "
         "default 2048, which gives the same results for prompts that fit).")
 TIME_NOTE = (
-    "Median fit seconds per task, slowest first, with the work each fit does by default (a ten-shot prompt is "
-    "about ten times as long as a zero-shot one). FV and LTV are the slow ones because of how many prompts "
-    "their definitions need (FV: a patch of every head on corrupted prompts; LTV: 256 ten-shot prompts); "
-    "fewer prompts (`FV(n_effect_prompts=…)`, `LTV(n_queries=…)`) trade accuracy for time. On very long "
-    "prompts FV is slower than it needs to be: every (prompt, head) row of the causal-effect pass gets its "
-    "own copy of its prompt's prefix K/V (`select_cache`, and TransformerLens's KV append concatenates past "
-    "and new keys), so on SmolLM2's squad_val (2,400-token ten-shot prefixes, 113 MB of K/V per row, 16 × "
-    "271 rows) a fit copies about 490 GB; an attention that reads one shared prefix per prompt would remove "
-    "that cost (not implemented).")
+    "Median fit seconds per task, slowest first, with the work each fit does by default (a ten-shot prompt "
+    "is about ten times as long as a zero-shot one). FV and LTV are the slow ones because of how many "
+    "prompts their definitions need (FV: a patch of every head on corrupted prompts; LTV: 256 ten-shot "
+    "prompts); fewer prompts (`FV(n_effect_prompts=…)`, `LTV(n_queries=…)`) trade accuracy for time. On very "
+    "long prompts FV is slower than it needs to be: every (prompt, head) row of the causal-effect pass gets "
+    "its own copy of its prompt's prefix K/V (`select_cache`, and TransformerLens's KV append concatenates "
+    "past and new keys), so on SmolLM2's squad_val (2,400-token ten-shot prefixes, 113 MB of K/V per row, 16 "
+    "× 271 rows) a fit copies about 490 GB; an attention that reads one shared prefix per prompt would "
+    "remove that cost (not implemented).")
 
 
 def targets(df: pd.DataFrame) -> list[str]:
@@ -129,7 +130,8 @@ def dntp_notes(full: pd.DataFrame) -> list[str]:
     lines = ["### dNTP and exact match", "",
              "| methods | cells | Pearson r | Spearman ρ (pooled) | Spearman ρ within a task (mean) |",
              "|---|---:|---:|---:|---:|"]
-    for label, exclude in (("all but ICL", ("icl",)), ("ICL-derived and zero-shot (no LoRA, (IA)3)", ("icl", *PEFT))):
+    for label, exclude in (("all but ICL", ("icl",)),
+                           ("ICL-derived and zero-shot (no LoRA, (IA)3)", ("icl", *PEFT))):
         c = next(iter(dntp_accuracy_correlation(full, exclude=exclude).values()), None)
         if c:
             lines.append(f"| {label} | {c['n_cells']} | {c['pearson']:.2f} | {c['spearman']:.2f} "

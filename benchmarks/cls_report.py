@@ -60,13 +60,14 @@ def extras(ok: pd.DataFrame, core: list[str]) -> list[str]:
         dn = sub.pivot_table(index="task", columns="method", values="dntp")
         cols = [c for c in ("zero-shot", "icl", "tv", "ltv", m) if c in set(sub["method"])]
         lines += [f"**{m}** (on {sub['task'].nunique()} of the tasks so far): label accuracy % (dNTP)", "",
-                  label_table(sub, cols, lambda p, t, c: f"{pct(p.loc[t, c])} ({dn.loc[t, c]:.2f})"), ""]
+                  label_table(sub, cols, lambda p, t, c, d=dn: f"{pct(p.loc[t, c])} ({d.loc[t, c]:.2f})"), ""]
     return lines
 
 
 def ordering(full: pd.DataFrame) -> list[str]:
     m = full.groupby("method")[["label_acc_full", "label_acc_first", "exact_match", "dntp"]].mean()
-    vec = [x for x in m.sort_values("label_acc_full", ascending=False).index if x in TRAINING_FREE + FEW_PARAMS]
+    vec = [x for x in m.sort_values("label_acc_full", ascending=False).index
+           if x in TRAINING_FREE + FEW_PARAMS]
     return ["| rank | method | label acc (full) | label acc (first token) | exact match | dNTP |",
             "|---:|---|---:|---:|---:|---:|"] + [
         f"| {i} | {x}{'' if x in TRAINING_FREE else ' (trains)'} | {pct(r.label_acc_full)} | "
@@ -81,8 +82,9 @@ def correlations(full: pd.DataFrame) -> list[str]:
         for label, exclude in (("all but ICL", ("icl",)), ("task vectors only", ("icl", "zero-shot"))):
             c = next(iter(dntp_accuracy_correlation(full, accuracy=acc, exclude=exclude).values()), None)
             if c:
-                lines.append(f"| {acc} | {label} | {c['n_cells']} | {c['pearson']:.2f} | {c['spearman']:.2f} | "
-                             f"{c['within_task_spearman']:.2f} ({c['n_tasks_within']} tasks) |")
+                lines.append(f"| {acc} | {label} | {c['n_cells']} | {c['pearson']:.2f} | "
+                             f"{c['spearman']:.2f} | {c['within_task_spearman']:.2f} "
+                             f"({c['n_tasks_within']} tasks) |")
     return lines
 
 
@@ -103,8 +105,9 @@ class ClsReport(Experiment):
         from sitelens.tasks import load_collection
 
         for model in args.models:
-            run_bench([model], load_collection(args.data_root / "cls"), [LTV(layer="sweep", name="ltv-sweep")],
-                      self.out / f"cls_{model}.csv", limit=args.limit, progress=True)
+            run_bench([model], load_collection(args.data_root / "cls"),
+                      [LTV(layer="sweep", name="ltv-sweep")], self.out / f"cls_{model}.csv", limit=args.limit,
+                      progress=True)
         yield from ()
 
     def write_report(self) -> str:

@@ -27,11 +27,11 @@ SAMPLE = (
 FIELDS = ["model", "task", "threads", "load_avg_1min", "stage1_seconds", "stage2_seconds",
           "fit_seconds", "wall_seconds"]
 INTRO = (
-    "Made by `python benchmarks/fit_time.py --models MODEL --data-root ../shared/datasets --threads 2` on the "
-    "2-core CPU machine with no other job running (the load average before each fit is in the CSV). Default "
-    "configuration: stage 1 = 50 prompts of 10 shots, stage 2 = 400 training examples in batches of 8 with "
-    "validation every 10 steps on 64 items. Target (issue 3): stage 1 + stage 2 median ≤ 30 s per task on "
-    "SmolLM2.")
+    "Made by `python benchmarks/fit_time.py --models MODEL --data-root ../shared/datasets --threads 2` on "
+    "the 2-core CPU machine with no other job running (the load average before each fit is in the CSV). "
+    "Default configuration: stage 1 = 50 prompts of 10 shots, stage 2 = 400 training examples in batches of "
+    "8 with validation every 10 steps on 64 items. Target (issue 3): stage 1 + stage 2 median ≤ 30 s per "
+    "task on SmolLM2.")
 
 
 class FitTime(Experiment):
@@ -68,8 +68,9 @@ class FitTime(Experiment):
         wall = time.perf_counter() - t0
         s1, s2 = adapter.meta["stage1_seconds"], adapter.meta["stage2_seconds"]
         row = {"model": self.args.models[0], "task": job.key, "threads": self.args.threads,
-               "load_avg_1min": round(load, 2), "stage1_seconds": round(s1, 2), "stage2_seconds": round(s2, 2),
-               "fit_seconds": round(s1 + s2, 2), "wall_seconds": round(wall, 2)}
+               "load_avg_1min": round(load, 2), "stage1_seconds": round(s1, 2),
+               "stage2_seconds": round(s2, 2), "fit_seconds": round(s1 + s2, 2),
+               "wall_seconds": round(wall, 2)}
         print(row, flush=True)
         return row
 
@@ -84,7 +85,8 @@ class FitTime(Experiment):
                       f"min {df.fit_seconds.min():.1f} s, max {df.fit_seconds.max():.1f} s "
                       f"(stage 1 median {df.stage1_seconds.median():.1f} s, stage 2 median "
                       f"{df.stage2_seconds.median():.1f} s).", "",
-                      "| task | threads | load avg | stage 1 s | stage 2 s | fit s |", "|---|---|---|---|---|---|"]
+                      "| task | threads | load avg | stage 1 s | stage 2 s | fit s |",
+                      "|---|---|---|---|---|---|"]
             lines += [f"| {r.task} | {r.threads} | {r.load_avg_1min:.2f} | {r.stage1_seconds:.1f} "
                       f"| {r.stage2_seconds:.1f} | {r.fit_seconds:.1f} |" for r in df.itertuples()]
             lines.append("")
@@ -94,7 +96,8 @@ class FitTime(Experiment):
                       "Kept to show run-to-run variation and the effect of code changes (file name: "
                       "model, code version, conditions). `e04f815`: the code before stage 1 and the "
                       "prefix caches stopped right after the last `hook_z` (`forward_until`).", "",
-                      "| run | tasks | median fit s | min | max | load avg range |", "|---|---:|---:|---:|---:|---|"]
+                      "| run | tasks | median fit s | min | max | load avg range |",
+                      "|---|---:|---:|---:|---:|---|"]
             for path in runs:
                 df = pd.read_csv(path)
                 lines.append(f"| {path.stem} | {len(df)} | {df.fit_seconds.median():.1f} | "
@@ -134,7 +137,8 @@ def profile(exp: FitTime, args) -> list:
     stage1 = time.perf_counter() - t
     saved = training.prefix_cache, site.first_token_loss, torch.Tensor.backward
     training.prefix_cache = timed(training.prefix_cache, "prefix caches")
-    site.first_token_loss = timed(site.first_token_loss, "forward passes (50 batches of 8, 6 validations of 64)")
+    site.first_token_loss = timed(site.first_token_loss,
+                                  "forward passes (50 batches of 8, 6 validations of 64)")
     torch.Tensor.backward = timed(torch.Tensor.backward, "backward passes (50)")
     try:
         t = time.perf_counter()

@@ -47,7 +47,7 @@ class Heads(Experiment):
         p.add_argument("--official-tasks", type=int, default=4,
                        help="official-protocol fits on the first N tasks only (the schedule experiment)")
         p.add_argument("--k", type=int, default=None, help="heads per selection (default 10; --tiny: 3)")
-        p.add_argument("--tiny", action="store_true", help="tiny random model, tiny sizes, k = 3 (smoke test)")
+        p.add_argument("--tiny", action="store_true", help="tiny random model and sizes, k = 3 (smoke test)")
 
     @property
     def k(self) -> int:
@@ -82,15 +82,16 @@ class Heads(Experiment):
         att, abl = self.configs()
         return {
             "model": model_name(model), "fingerprint": fingerprint(model), "task": task.name,
-            "task_hash": task_hash(task), "seeds": self.args.seeds, "official_seeds": self.official_seeds(task),
-            "limit": self.args.limit, "k": self.k, "fit": asdict(self.fit_config()),
+            "task_hash": task_hash(task), "seeds": self.args.seeds,
+            "official_seeds": self.official_seeds(task), "limit": self.args.limit, "k": self.k,
+            "fit": asdict(self.fit_config()),
             "official": asdict(self.fit_config(official=True)), "attribution": asdict(att),
             "ablation": asdict(abl), "numerics_version": NUMERICS_VERSION, "tiny": self.args.tiny,
             "_types": [type(c).__name__ for c in (FitConfig(), AttributionConfig(), AblationConfig())],
         }
 
     def done_keys(self) -> set[str]:
-        return {json.loads(m.read_text())["settings_hash"] for m in (self.out / "heads").glob("*/*/meta.json")}
+        return {json.loads(m.read_text())["settings_hash"] for m in self.out.glob("heads/*/*/meta.json")}
 
     def cells(self, args):
         from sitelens.pipelines.executors import cached_model
@@ -100,21 +101,13 @@ class Heads(Experiment):
         for name in ["tiny-random"] if args.tiny else args.models:
             for t in args.tasks[: 2 if args.tiny else None]:
                 st = self.settings(cached_model(name), load_task(t))
-                yield Job(settings_hash(st), f"{st['model']}/{st['task']}", dict(name=name, task=t, settings=st))
+                yield Job(settings_hash(st), f"{st['model']}/{t}", dict(name=name, task=t, settings=st))
 
     def run(self, job: Job) -> list:
         import torch
 
+        from sitelens import lenses as L
         from sitelens.io import atomic_write_dir, atomic_write_json
-        from sitelens.lenses import (
-            HeadScores,
-            alpha_gradient,
-            alpha_over_seeds,
-            attribution_patching,
-            direct_logit_attribution,
-            exact_effects,
-            head_ablation,
-        )
         from sitelens.patching import intra_task
         from sitelens.pipelines.executors import cached_model
         from sitelens.site import SiteAdapter
@@ -124,25 +117,27 @@ class Heads(Experiment):
         model, task = cached_model(job["name"]), load_task(job["task"])
         att, abl = self.configs()
         t0 = time.perf_counter()
-        runs = {"default": alpha_over_seeds(model, task, range(args.seeds), self.fit_config(),
+        runs = {"default": L.alpha_over_seeds(model, task, range(args.seeds), self.fit_config(),
                                             n_prompts=att.n_mean_prompts, n_shots=att.n_shots, k=k)}
         if self.official_seeds(task):
-            runs["official"] = alpha_over_seeds(model, task, range(self.official_seeds(task)),
+            runs["official"] = L.alpha_over_seeds(model, task, range(self.official_seeds(task)),
                                                 self.fit_config(official=True), n_prompts=att.n_mean_prompts,
                                                 n_shots=att.n_shots, k=k, lens="alpha-official")
         ad0 = runs["default"].adapters[0]
         emb = ad0.embedding
-        scores = HeadScores.concat([r.scores for r in runs.values()] + [
-            alpha_gradient(model, task, emb, att), attribution_patching(model, task, emb, att),
-            attribution_patching(model, task, emb, att, grad_drop=True), exact_effects(model, task, emb, att),
-            head_ablation(model, task, abl, reference="mean"), head_ablation(model, task, abl, reference="zero"),
-            direct_logit_attribution(model, task, ad0, limit=64 if not args.tiny else 8, n_boot=att.n_boot)])
+        scores = L.HeadScores.concat([r.scores for r in runs.values()] + [
+            L.alpha_gradient(model, task, emb, att), L.attribution_patching(model, task, emb, att),
+            L.attribution_patching(model, task, emb, att, grad_drop=True),
+            L.exact_effects(model, task, emb, att), L.head_ablation(model, task, abl, reference="mean"),
+            L.head_ablation(model, task, abl, reference="zero"),
+            L.direct_logit_attribution(model, task, ad0, limit=8 if args.tiny else 64, n_boot=att.n_boot)])
         print(f"  {task.name}: lenses {time.perf_counter() - t0:.0f} s", flush=True)
         stab = pd.concat([r.stability.assign(schedule=s) for s, r in runs.items()], ignore_index=True)
         intra = []
         for sched, run in runs.items():
             for seed, ad in enumerate(run.adapters):
-                df = intra_task(model, task, ad, ks=[k], n_random_seeds=3, limit=args.limit, reverse=False, seed=0)
+                df = intra_task(model, task, ad, ks=[k], n_random_seeds=3, limit=args.limit, reverse=False,
+                                seed=0)
                 intra.append(df.assign(kind="alpha_fit", schedule=sched, fit_seed=seed, lens="alpha"))
         for lens in [x for x in LENS_TOPK if x in scores.lenses]:
             m = torch.nan_to_num(scores.map(lens), nan=float("-inf"))  # [n_layers, n_heads]
@@ -170,7 +165,8 @@ class Heads(Experiment):
         return []
 
     def write_report(self) -> str | None:
-        return write_report(self.out, self.out if self.args.tiny else self.out.parent.parent / "figures", self.k)
+        figures = self.out if self.args.tiny else self.out.parent.parent / "figures"
+        return write_report(self.out, figures, self.k)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,7 +215,8 @@ def exact_vs_fast(units, k: int = 10) -> tuple[pd.DataFrame, pd.DataFrame]:
         meta = json.loads(e_row["meta"])
         for lens in [x for x in FAST if x in set(s.lens)]:
             f, r = head_map(s, lens), s[s.lens == lens].iloc[0]
-            rows.append({"model": model, "task": task, "lens": lens, "spearman": correlation(f, ex, "spearman"),
+            rows.append({"model": model, "task": task, "lens": lens,
+                         "spearman": correlation(f, ex, "spearman"),
                          f"top{k}_recall": len(top_k_heads(f, k) & top_k_heads(ex, k)) / k,
                          "forward_passes": int(r.forward_passes), "backward_passes": int(r.backward_passes),
                          "seconds": float(r.seconds), "exact_forward_passes": int(e_row.forward_passes),
@@ -263,13 +260,14 @@ def schedule(units, k: int = 10) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFra
                     continue
                 g = g[g.index.isin(tasks)]
                 m, lo, hi = boot_mean(g.to_numpy())
-                rows.append({"model": model, "schedule": label, "selection": sel, "accuracy": m, "ci_low": lo,
-                             "ci_high": hi, "n_tasks": len(g), "n_seeds": am[am.schedule == sched].fit_seed.nunique(),
+                rows.append({"model": model, "schedule": label, "selection": sel, "accuracy": m,
+                             "ci_low": lo, "ci_high": hi, "n_tasks": len(g),
+                             "n_seeds": am[am.schedule == sched].fit_seed.nunique(),
                              "tasks": " ".join(tasks)})
     lt = intra[(intra.kind == "lens_topk") & (intra.k == k)]
+    per_lens = lt.groupby(["model_key", "lens", "selection", "task"])["accuracy"].mean()
     lens_rows = []
-    for (model, lens, sel), g in lt.groupby(["model_key", "lens", "selection", "task"])["accuracy"].mean().groupby(
-            level=[0, 1, 2]):
+    for (model, lens, sel), g in per_lens.groupby(level=[0, 1, 2]):
         m, lo, hi = boot_mean(g.to_numpy())
         lens_rows.append({"model": model, "lens": lens, "selection": sel, "accuracy": m, "ci_low": lo,
                           "ci_high": hi, "n_tasks": len(g)})
@@ -360,7 +358,8 @@ def write_report(out: Path, figures: Path, k: int = 10, heatmap_task: str = "ant
                 hs = HeadScores(u["scores"])
                 w.write(alpha_uncertainty(hs, "alpha"), hs.lens("alpha").df,
                         figures / model / f"alpha_uncertainty_{task}")
-                w.write(lens_maps(hs, [x for x in ORDER if x in hs.lenses]), hs.df, figures / model / f"lens_maps_{task}")
+                w.write(lens_maps(hs, [x for x in ORDER if x in hs.lenses]), hs.df,
+                        figures / model / f"lens_maps_{task}")
     finally:
         w.close()
     mean = frame[frame.lens_a < frame.lens_b]

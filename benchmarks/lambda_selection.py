@@ -63,9 +63,10 @@ class LambdaSelection(Experiment):
             extra = [int(k) for k in self.args.extra_ks.split(",") if k.strip()]
             ks = sorted(set(intra_ks(n_total, cfg)) | {k for k in extra if 1 <= k <= n_total})
             s = {"model": model_name(model), "fingerprint": fingerprint(model), "task": task.name,
-                 "task_hash": task_hash(task), "split": "test", "limit": cfg.limit, "n_examples": cfg.n_examples,
-                 "n_prompts": cfg.n_prompts, "n_shots": cfg.n_shots, "lr": cfg.lr, "batch_size": cfg.batch_size,
-                 "seed": cfg.seed, "n_random_seeds": cfg.n_random_seeds, "n_boot": cfg.n_boot,
+                 "task_hash": task_hash(task), "split": "test", "limit": cfg.limit,
+                 "n_examples": cfg.n_examples, "n_prompts": cfg.n_prompts, "n_shots": cfg.n_shots,
+                 "lr": cfg.lr, "batch_size": cfg.batch_size, "seed": cfg.seed,
+                 "n_random_seeds": cfg.n_random_seeds, "n_boot": cfg.n_boot,
                  "ks": " ".join(map(str, ks)), "numerics_version": NUMERICS_VERSION}
             self._setup = model, task, cfg, ks, dict(s, settings_hash=settings_hash(s))
         return self._setup
@@ -94,8 +95,10 @@ class LambdaSelection(Experiment):
             self._emb = task_embedding(model, task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots,
                                        seed=cfg.seed)  # [n_layers, n_heads, d_head]
         load, lam = os.getloadavg()[0], job["lam"]
-        fc = FitConfig(lr=cfg.lr, n_examples=cfg.n_examples, batch_size=cfg.batch_size, sparsity=lam, seed=cfg.seed)
-        ad = fit_site(model, task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, config=fc, embedding=self._emb)
+        fc = FitConfig(lr=cfg.lr, n_examples=cfg.n_examples, batch_size=cfg.batch_size, sparsity=lam,
+                       seed=cfg.seed)
+        ad = fit_site(model, task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, config=fc,
+                      embedding=self._emb)
         df = intra_task(model, task, ad, ks=ks, n_random_seeds=cfg.n_random_seeds, limit=cfg.limit,
                         seed=cfg.seed, n_boot=cfg.n_boot)
         alpha = ad.alpha.detach().float()  # [n_layers, n_heads]
@@ -103,7 +106,8 @@ class LambdaSelection(Experiment):
                  "final_valid_loss": round(float(ad.meta["final_valid_loss"]), 5),
                  "stage2_seconds": round(float(ad.meta["stage2_seconds"]), 1),
                  "alpha_mean": round(float(alpha.mean()), 5), "alpha_gt_half": int((alpha > 0.5).sum()),
-                 "threads": torch.get_num_threads(), "torch": torch.__version__, "load_avg_1min": round(load, 2)}
+                 "threads": torch.get_num_threads(), "torch": torch.__version__,
+                 "load_avg_1min": round(load, 2)}
         acc = df.groupby(["selection", "k"]).accuracy.mean()
         tops = " ".join(f"top-{k} {acc[('top', k)]:.2f}" for k in (10, 13, 14) if k in ks)
         print(f"λ={lam:g}: {tops} (stage 2 {ad.meta['stage2_seconds']:.0f}s, {time.strftime('%H:%M:%S')})",
@@ -123,16 +127,18 @@ class LambdaSelection(Experiment):
         for lam, g in df.groupby("sparsity", sort=True):
             acc = g.groupby(["selection", "k"]).accuracy.mean()  # random: mean over seeds
             top = g[(g.selection == "top") & (g.k == show[0])]
+            r = g.iloc[0]
             table.append({"λ": f"{lam:g}", **{f"top-{k}": f"{acc[('top', k)]:.2f}" for k in show},
                           **{f"bottom-{k}": f"{acc[('bottom', k)]:.2f}" for k in show},
                           f"random-{show[0]}": f"{acc[('random', show[0])]:.2f}",
                           f"top-{show[0]} P(answer)": f"{top.answer_prob.mean():.3f}",
-                          "SITE": f"{acc[('site', n_total)]:.2f}", "zero-shot": f"{acc[('zero_shot', 0)]:.2f}",
-                          "mean α": f"{g.alpha_mean.iloc[0]:.3f}", "heads α > 0.5": int(g.alpha_gt_half.iloc[0]),
-                          "best step": int(g.best_step.iloc[0]), "stage 2 (s)": f"{g.stage2_seconds.iloc[0]:.0f}"})
+                          "SITE": f"{acc[('site', n_total)]:.2f}",
+                          "zero-shot": f"{acc[('zero_shot', 0)]:.2f}",
+                          "mean α": f"{r.alpha_mean:.3f}", "heads α > 0.5": int(r.alpha_gt_half),
+                          "best step": int(r.best_step), "stage 2 (s)": f"{r.stage2_seconds:.0f}"})
         md = [
             "# Choosing the sparsity λ of the figures", "",
-            *(["**Smoke test on a tiny random model (--tiny): not a benchmark.**\n"] if self.args.tiny else []),
+            *(["**Smoke test on a tiny random model (--tiny): not a benchmark.**\n"] * self.args.tiny),
             f"Model `{s.model}` ({n_total} heads, weights {s.fingerprint}), task `{s.task}` "
             f"(first {s.limit} test items: n = {int(s.n)}), SITE fitted as in `sitelens figures` "
             f"(`FigureConfig()` defaults: {s.n_prompts} {s.n_shots}-shot prompts for stage 1, "

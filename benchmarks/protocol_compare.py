@@ -38,8 +38,8 @@ INTRO = [
     "Exact match (EM) and first-token accuracy (FT) in %; Δ = official − default, in points.", "",
     "- **default**: `FitConfig()` — 400 training examples in batches of 8 (shuffled passes), validation on "
     "64 valid items every 10 steps, the best-validation α kept; generation of up to min(32, answer tokens + "
-    "2) tokens, stopped at a newline; first line, lowercased unless the task is case-sensitive, prefix match; "
-    "a space before every answer.",
+    "2) tokens, stopped at a newline; first line, lowercased unless the task is case-sensitive, prefix "
+    "match; a space before every answer.",
     "- **official**: `FitConfig.official()` + `evaluate(..., protocol=\"official\")` — the public SITE code "
     "(github.com/SNU-DRL/Soft_Injection): 400 steps of batch 1 drawn i.i.d., validation on the first 100 "
     "valid items every 50 steps, the final α kept; up to 20 new tokens (at least 1), no newline stop; `St.` "
@@ -71,7 +71,8 @@ class ProtocolCompare(Experiment):
         return {f"{t}/{p}" for t, p in zip(df.task, df.fit_protocol)}
 
     def cells(self, args):
-        return [Job(f"{t}/{p}", f"{t} [{p}]", {"task": t, "protocol": p}) for t in args.tasks for p in PROTOCOLS]
+        return [Job(f"{t}/{p}", f"{t} [{p}]", {"task": t, "protocol": p})
+                for t in args.tasks for p in PROTOCOLS]
 
     def run(self, job: Job) -> list[dict]:
         from sitelens import FitConfig, fit_site, load_task, summarize
@@ -88,15 +89,17 @@ class ProtocolCompare(Experiment):
         adapter = fit_site(model, task, config=(FitConfig.official if proto == "official" else FitConfig)(
             seed=args.seed))
         m = adapter.meta
-        fit_info = {"stage1_seconds": round(m["stage1_seconds"], 2), "stage2_seconds": round(m["stage2_seconds"], 2),
-                    "kept_step": m["best_step"], "final_valid_loss": round(m["final_valid_loss"], 4)}
+        fit_info = {"stage1_seconds": round(m["stage1_seconds"], 2),
+                    "stage2_seconds": round(m["stage2_seconds"], 2), "kept_step": m["best_step"],
+                    "final_valid_loss": round(m["final_valid_loss"], 4)}
         other = "official" if proto == "default" else "default"
         rows = []
         for eval_proto, methods in ((proto, ["zero-shot", "icl", "site"]), (other, ["site"])):
             df = evaluate(model, task, methods=methods, adapter=adapter, limit=args.limit, seed=args.seed,
                           protocol=eval_proto)
-            rows += [{"model": args.models[0], "task": name, "fit_protocol": proto, "eval_protocol": eval_proto,
-                      "method": r.method, "first_token_acc": round(r.first_token_acc, 4),
+            rows += [{"model": args.models[0], "task": name, "fit_protocol": proto,
+                      "eval_protocol": eval_proto, "method": r.method,
+                      "first_token_acc": round(r.first_token_acc, 4),
                       "exact_match": round(r.exact_match, 4), "n": r.n,
                       "seconds_per_item": round(r.seconds_per_item, 4), **counts,
                       **(fit_info if r.method == "site" else {})} for r in summarize(df).itertuples()]
@@ -121,14 +124,15 @@ class ProtocolCompare(Experiment):
         piv = sub.pivot_table(index=["task", "method"], columns="fit_protocol",
                               values=["exact_match", "first_token_acc"])
         sample = [t for t in both if t not in ("word_length", "country-currency")]
-        for title, subset in ((f"all {len(both)} tasks", both), (f"the {len(sample)}-task sample (without "
-                                                                 "word_length and country-currency)", sample)):
+        sample_title = f"the {len(sample)}-task sample (without word_length and country-currency)"
+        for title, subset in ((f"all {len(both)} tasks", both), (sample_title, sample)):
             lines += [f"## Means over {title}", "",
                       "| method | EM default | EM official | Δ EM | FT default | FT official | Δ FT |",
                       "|---|---|---|---|---|---|---|"]
             for method in ("site", "icl", "zero-shot"):
                 p = piv.xs(method, level="method").loc[subset].mean()
-                d, o = (pd.Series({c: p[(c, x)] for c in ("exact_match", "first_token_acc")}) for x in PROTOCOLS)
+                d, o = (pd.Series({c: p[(c, x)] for c in ("exact_match", "first_token_acc")})
+                        for x in PROTOCOLS)
                 lines.append(f"| {method} | {em_ft(d, o)} |")
             lines.append("")
         lines += [
@@ -136,29 +140,34 @@ class ProtocolCompare(Experiment):
             "is the space of `\" 5\"`, which the model always predicts (FT 100%, EM 0%), so the "
             "default FT there measures nothing; the official protocol scores the digit itself.", "",
             "## SITE per task (fit and eval under the same protocol)", "",
-            "| task | EM default | EM official | Δ EM | FT default | FT official | Δ FT | digit / `(` targets "
-            "| kept step (default, official) | stage 2 s (default, official) |",
+            "| task | EM default | EM official | Δ EM | FT default | FT official | Δ FT | digit / `(` "
+            "targets | kept step (default, official) | stage 2 s (default, official) |",
             "|---|---|---|---|---|---|---|---|---|---|"]
         site = sub[sub.method == "site"].set_index(["task", "fit_protocol"])
         for t in both:
             d, o = site.loc[(t, "default")], site.loc[(t, "official")]
             lines.append(f"| {t} | {em_ft(d, o)} | {int(d.n_digit_targets)} / {int(d.n_paren_targets)} | "
-                         f"{int(d.kept_step)}, {int(o.kept_step)} | {d.stage2_seconds:.0f}, {o.stage2_seconds:.0f} |")
+                         f"{int(d.kept_step)}, {int(o.kept_step)} | "
+                         f"{d.stage2_seconds:.0f}, {o.stage2_seconds:.0f} |")
         cp = df[(df.method == "site") & df.task.isin(both)].pivot_table(
-            index="fit_protocol", columns="eval_protocol", values=["exact_match", "first_token_acc"], aggfunc="mean")
+            index="fit_protocol", columns="eval_protocol", values=["exact_match", "first_token_acc"],
+            aggfunc="mean")
         lines += ["", "## SITE: fit protocol × scoring protocol (means over the same tasks)", "",
                   "Each adapter is also scored under the other protocol's generation and scoring, "
                   "which separates the effect of the fit from that of the scoring.", "",
-                  "| fit ↓ / scored → | EM default | EM official | FT default | FT official |", "|---|---|---|---|---|"]
-        lines += [f"| {fp} | " + " | ".join(pct(cp.loc[fp][(v, e)]) for v in ("exact_match", "first_token_acc")
-                                            for e in PROTOCOLS) + " |" for fp in PROTOCOLS if fp in cp.index]
+                  "| fit ↓ / scored → | EM default | EM official | FT default | FT official |",
+                  "|---|---|---|---|---|"]
+        cols = [(v, e) for v in ("exact_match", "first_token_acc") for e in PROTOCOLS]
+        lines += [f"| {fp} | " + " | ".join(pct(cp.loc[fp][c]) for c in cols) + " |"
+                  for fp in PROTOCOLS if fp in cp.index]
         lines += ["", "## zero-shot and 10-shot ICL per task", "",
-                  "| task | ICL EM default | ICL EM official | zero-shot EM default | zero-shot EM official |",
+                  "| task | ICL EM default | ICL EM official | zero-shot EM default | zero-shot EM "
+                  "official |",
                   "|---|---|---|---|---|"]
         for t in both:
             r = piv.loc[t]["exact_match"]
-            lines.append(f"| {t} | " + " | ".join(pct(r.loc[m, p]) for m in ("icl", "zero-shot") for p in PROTOCOLS)
-                         + " |")
+            lines.append(f"| {t} | " + " | ".join(pct(r.loc[m, p]) for m in ("icl", "zero-shot")
+                                                 for p in PROTOCOLS) + " |")
         return "\n".join(lines + [""])
 
 

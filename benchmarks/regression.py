@@ -285,7 +285,8 @@ def report(args, df: pd.DataFrame, items: pd.DataFrame) -> str:
                     "MSE (95% CI)": f"{p['mse']:.3f} ({p['lo']:.3f}–{p['hi']:.3f})",
                     "median SE": f"{p['median']:.3f}", "r(answer, f(x))": f"{p['r']:.2f}",
                     "unparsed": "–" if model == "-" else f"{int(g.n_unparsed.sum())} / {int(g.n.sum())}",
-                    "first-token acc": "–" if model == "-" else f"{g.first_token_acc.astype(float).mean():.2f}",
+                    "first-token acc": "–" if model == "-" else
+                    f"{g.first_token_acc.astype(float).mean():.2f}",
                     "fit s": "–" if model == "-" else f"{g.fit_seconds.astype(float).mean():.0f}",
                 })
         lines += [f"## {kind} regression (dim {args.dim})", "",

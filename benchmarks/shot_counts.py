@@ -19,7 +19,8 @@ from sitelens.pipelines.experiment import Experiment, Job, main, md_table
 COLLECTIONS = ("cls", "bbh", "mmlu_pro", "anli")
 N_CTX = 2048
 COLUMNS = ["model", "fingerprint", "collection", "task", "task_hash", "n_ctx", "reserve", "k_guaranteed",
-           "k_seed0", "tokens_0shot_max", "tokens_10shot_bound", "tokens_10shot_seed0", "tokens_at_k_guaranteed"]
+           "k_seed0", "tokens_0shot_max", "tokens_10shot_bound", "tokens_10shot_seed0",
+           "tokens_at_k_guaranteed"]
 
 
 class ShotCounts(Experiment):
@@ -38,23 +39,24 @@ class ShotCounts(Experiment):
         from sitelens.models import fingerprint
         from sitelens.pipelines.executors import cached_model
         from sitelens.provenance import task_hash
-        from sitelens.tasks import load_collection
-        from sitelens.tasks.shots import MAX_SHOTS, RESERVE, guaranteed_lengths, seeded_lengths, shots_that_fit
+        from sitelens.tasks import load_collection, shots
 
         model, rows = cached_model(job.key), []
         for c in COLLECTIONS:
             for t in load_collection(self.args.data_root / c):
-                g = guaranteed_lengths(model, t, MAX_SHOTS)
-                s = seeded_lengths(model, t, MAX_SHOTS, seed=0)
+                g = shots.guaranteed_lengths(model, t, shots.MAX_SHOTS)
+                s = shots.seeded_lengths(model, t, shots.MAX_SHOTS, seed=0)
                 if any(a < b for a, b in zip(g, s)):
                     raise AssertionError(f"{t.name}: a seeded prompt is longer than the bound: {g} vs {s}")
-                fit_g = shots_that_fit(model, t, n_ctx=N_CTX, guaranteed=True)
+                fit_g = shots.shots_that_fit(model, t, n_ctx=N_CTX, guaranteed=True)
                 rows.append({
                     "model": job.key, "fingerprint": fingerprint(model), "collection": c, "task": t.name,
-                    "task_hash": task_hash(t), "n_ctx": N_CTX, "reserve": RESERVE, "k_guaranteed": fit_g.k,
-                    "k_seed0": shots_that_fit(model, t, n_ctx=N_CTX, guaranteed=False, seed=0).k,
-                    "tokens_0shot_max": g[0], "tokens_10shot_bound": g[-1] if len(g) > MAX_SHOTS else "",
-                    "tokens_10shot_seed0": s[-1] if len(s) > MAX_SHOTS else "",
+                    "task_hash": task_hash(t), "n_ctx": N_CTX, "reserve": shots.RESERVE,
+                    "k_guaranteed": fit_g.k,
+                    "k_seed0": shots.shots_that_fit(model, t, n_ctx=N_CTX, guaranteed=False, seed=0).k,
+                    "tokens_0shot_max": g[0],
+                    "tokens_10shot_bound": g[-1] if len(g) > shots.MAX_SHOTS else "",
+                    "tokens_10shot_seed0": s[-1] if len(s) > shots.MAX_SHOTS else "",
                     "tokens_at_k_guaranteed": fit_g.tokens_at_k,
                 })
         return rows
@@ -83,7 +85,8 @@ class ShotCounts(Experiment):
             "them all.", "",
             md_table(per.rename(columns={"k_seed0": "k (seed 0)",
                                          "longest_zero_shot": "longest 0-shot prompt (tokens)"})),
-            "", "## Per task (k < 10 only)", "", md_table(short) if len(short) else "Every task fits 10 shots.",
+            "", "## Per task (k < 10 only)", "",
+            md_table(short) if len(short) else "Every task fits 10 shots.",
         ]) + "\n"
 
 

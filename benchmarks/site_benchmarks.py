@@ -174,8 +174,9 @@ def measure_shots(model, args) -> list:
         for k in range(args.start[bench.name], 0, -1):
             n = {t: lengths(task, k) for t, task in tasks.items()}
             longest = max(n, key=lambda t: max(n[t]))
-            rows.append({"model": args.models[0], "benchmark": bench.name, "k": k, "max_tokens": max(n[longest]),
-                         "longest_task": longest, "median_tokens": int(np.median(np.concatenate(list(n.values())))),
+            rows.append({"model": args.models[0], "benchmark": bench.name, "k": k,
+                         "max_tokens": max(n[longest]), "longest_task": longest,
+                         "median_tokens": int(np.median(np.concatenate(list(n.values())))),
                          "fits": max(n[longest]) + GEN_ROOM <= N_CTX})
             print(rows[-1], flush=True)
             if rows[-1]["fits"]:

@@ -128,8 +128,8 @@ def model_section(df: pd.DataFrame) -> list[str]:
     means = df.groupby("method")[["exact_match", "first_token_acc", "seconds_per_item"]].mean()
     lines = [f"## {df.model.iloc[0]} ({df.task.nunique()} tasks)", "",
              "| method | mean EM | mean FT | mean s/item |", "|---|---|---|---|"]
-    lines += [f"| {m} | {100 * r.exact_match:.1f} | {100 * r.first_token_acc:.1f} | {r.seconds_per_item:.3f} |"
-              for m, r in ((m, means.loc[m]) for m in MAIN if m in means.index)]
+    lines += [f"| {m} | {100 * r.exact_match:.1f} | {100 * r.first_token_acc:.1f} | "
+              f"{r.seconds_per_item:.3f} |" for m, r in ((m, means.loc[m]) for m in MAIN if m in means.index)]
     if {"site", "icl"} <= set(means.index):
         gap = 100 * (means.loc["site", "exact_match"] - means.loc["icl", "exact_match"])
         lines += ["", f"- SITE − 10-shot ICL, mean exact match: {gap:+.1f} points."]
@@ -139,7 +139,8 @@ def model_section(df: pd.DataFrame) -> list[str]:
     lines += [
         f"- stage 1 + stage 2 per task: median {fit.median():.1f} s (stage 1 median "
         f"{site.stage1_seconds.median():.1f} s, stage 2 median {site.stage2_seconds.median():.1f} s); "
-        f"peak RSS of a fit: median {site.fit_peak_rss_mb.median():.0f} MB, max {site.fit_peak_rss_mb.max():.0f} MB.",
+        f"peak RSS of a fit: median {site.fit_peak_rss_mb.median():.0f} MB, "
+        f"max {site.fit_peak_rss_mb.max():.0f} MB.",
         f"- SITE s/item ÷ zero-shot s/item: median {(spi['site'] / spi['zero-shot']).median():.2f}; "
         f"ICL s/item ÷ SITE s/item: median {(spi['icl'] / spi['site']).median():.2f}.",
     ]
@@ -148,11 +149,12 @@ def model_section(df: pd.DataFrame) -> list[str]:
         sub = df[df.task.isin(ref.task)]
         m = sub.groupby("method").exact_match.mean()
         s_rows = sub[sub.method == "site"]
-        lines.append(f"- reference schedule (400 × batch 1) on {len(ref)} tasks: EM {100 * m['site-ref']:.1f} vs "
-                     f"batched default {100 * m['site']:.1f}; fit median "
+        lines.append(f"- reference schedule (400 × batch 1) on {len(ref)} tasks: "
+                     f"EM {100 * m['site-ref']:.1f} vs batched default {100 * m['site']:.1f}; fit median "
                      f"{(ref.stage1_seconds + ref.stage2_seconds).median():.1f} s vs "
                      f"{(s_rows.stage1_seconds + s_rows.stage2_seconds).median():.1f} s.")
-    lines += ["", "| task | zero-shot EM | ICL EM | SITE EM | SITE-ref EM | zero-shot FT | ICL FT | SITE FT |",
+    lines += ["", "| task | zero-shot EM | ICL EM | SITE EM | SITE-ref EM | zero-shot FT | ICL FT "
+              "| SITE FT |",
               "|---|---|---|---|---|---|---|---|"]
     cols = [("exact_match", m) for m in (*MAIN, "site-ref")] + [("first_token_acc", m) for m in MAIN]
     for task, r in piv.iterrows():
