@@ -2,215 +2,375 @@
 
     python benchmarks/heads.py --models smollm2-135m-instruct --threads 1     # one model per process
     python benchmarks/heads.py --models gemma-3-270m --threads 1
-    python benchmarks/heads.py --report                                       # tables + figure only
+    python benchmarks/heads.py --report                                       # tables + figures only
     python benchmarks/heads.py --tiny --out /tmp/heads                        # smoke test
 
-Per (model, task) unit, written atomically to ``results/heads/{model}/{task}/`` and skipped on a
-rerun when its ``meta.json`` has the same settings hash:
-
-- ``scores.csv`` (:class:`sitelens.lenses.HeadScores`): ``alpha`` (SITE α, mean and 95%
-  t-interval over ``--seeds`` fits with the default protocol, ``FitConfig()``: 50 steps of batch 8,
-  best validation α), ``alpha-official`` (``--official-seeds`` fits with the paper code's schedule,
-  ``FitConfig.official()``: 400 steps of batch 1, final α; on the first ``--official-tasks``
-  tasks only, to bound the cost), and with the first default fit's
-  embedding: ``alpha-grad``, ``atp``, ``atp-star``, ``effect`` (exact), ``ablation-mean``,
-  ``ablation-zero``, ``dla``;
-- ``stability.csv``: Spearman and top-10 Jaccard of every pair of seeds, per schedule;
-- ``intra.csv``: intra-task patching at λ = 0 (:func:`sitelens.patching.intra_task`, k = 10,
-  first-token accuracy on the first ``--limit`` test items, bootstrap CIs over items): per
-  schedule and fit seed the top-10 / bottom-10 / random-10 α heads (3 random draws) and the
-  full α; per lens the top-10 and bottom-10 heads of that lens's map, injected with α = 1.
-
-The report (``--report``, also run at the end) writes ``results/heads_exact_vs_fast.{csv,md}``,
-``results/heads_schedule.{csv,md}``, ``results/heads_agreement.{csv,md}`` and
-``results/heads_lens_agreement.{png,html}`` and per-model figures under ``figures/`` (see
-:mod:`heads_report`).
+A (model, task) unit is written atomically to ``results/heads/{model}/{task}/`` (``scores.csv``,
+``stability.csv``, ``intra.csv``, ``meta.json``) and skipped when its settings hash is done. The
+report writes ``results/heads_{exact_vs_fast,certified_topk,agreement,schedule,lens_topk,
+stability}.csv``, ``heads_{exact_vs_fast,schedule,agreement}.md``, ``heads_lens_agreement.{png,html}``
+and the antonym figures under ``figures/{model}/``; docs/lenses.md describes every setting.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
-import torch
 
-HERE = Path(__file__).resolve().parent
+from sitelens.pipelines.experiment import Experiment, Job, main, md_table
+
 TASKS = ("antonym", "country_capital", "present_past", "english_french", "english_spanish",
          "first_letter", "capitalize_first_letter", "choose_first_of_3")  # figures' INTRA_TASKS
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
+FAST = ("alpha", "alpha-official", "alpha-grad", "atp", "atp-star", "ablation-mean", "ablation-zero", "dla")
+ORDER = ("effect", "atp", "atp-star", "alpha-grad", "alpha", "alpha-official", "ablation-mean",
+         "ablation-zero", "dla")
 LENS_TOPK = ("alpha", "alpha-official", "alpha-grad", "atp", "atp-star", "effect",
              "ablation-mean", "ablation-zero", "dla")
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--tasks", default=",".join(TASKS))
-    p.add_argument("--seeds", type=int, default=5, help="default-protocol fits per task")
-    p.add_argument("--official-seeds", type=int, default=3, help="official-protocol fits per task")
-    p.add_argument("--official-tasks", type=int, default=4,
-                   help="official-protocol fits on the first N tasks only (the schedule experiment)")
-    p.add_argument("--limit", type=int, default=40, help="test items of intra-task patching")
-    p.add_argument("--k", type=int, default=10)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--report", action="store_true", help="only (re)write the report")
-    p.add_argument("--tiny", action="store_true", help="tiny random model, tiny sizes, k = 3 (smoke test)")
-    p.add_argument("--out", default=str(HERE / "results"))
-    return p.parse_args(argv)
+class Heads(Experiment):
+    name = "heads"
+    key = None
+    models = MODELS
+    tasks = TASKS
+    limit = 40  # test items of intra-task patching
+
+    def add_arguments(self, p) -> None:
+        p.add_argument("--seeds", type=int, default=5, help="default-protocol fits per task")
+        p.add_argument("--official-seeds", type=int, default=3, help="official-protocol fits per task")
+        p.add_argument("--official-tasks", type=int, default=4,
+                       help="official-protocol fits on the first N tasks only (the schedule experiment)")
+        p.add_argument("--k", type=int, default=None, help="heads per selection (default 10; --tiny: 3)")
+        p.add_argument("--tiny", action="store_true", help="tiny random model and sizes, k = 3 (smoke test)")
+
+    @property
+    def k(self) -> int:
+        return self.args.k or (3 if self.args.tiny else 10)
+
+    def official_seeds(self, task) -> int:
+        """``--official-seeds`` on the first ``--official-tasks`` tasks, none on the others."""
+        return self.args.official_seeds if task.name in self.args.tasks[: self.args.official_tasks] else 0
+
+    def fit_config(self, official: bool = False):
+        from sitelens import FitConfig
+
+        if official:
+            return FitConfig.official(**({"n_examples": 16, "eval_every": 8, "n_valid": 8}
+                                         if self.args.tiny else {}))
+        return FitConfig(**({"n_examples": 16, "n_valid": 8} if self.args.tiny else {}))
+
+    def configs(self):
+        from sitelens.lenses import AblationConfig, AttributionConfig
+
+        if self.args.tiny:
+            return (AttributionConfig(n_prompts=4, n_shots=2, n_mean_prompts=4, n_boot=100, n_alpha_items=8),
+                    AblationConfig(n_prompts=4, n_shots=2, n_boot=100))
+        return AttributionConfig(), AblationConfig()
+
+    def settings(self, model, task) -> dict:
+        from sitelens import FitConfig
+        from sitelens.lenses import AblationConfig, AttributionConfig
+        from sitelens.models import fingerprint, model_name
+        from sitelens.provenance import NUMERICS_VERSION, task_hash
+
+        att, abl = self.configs()
+        return {
+            "model": model_name(model), "fingerprint": fingerprint(model), "task": task.name,
+            "task_hash": task_hash(task), "seeds": self.args.seeds,
+            "official_seeds": self.official_seeds(task), "limit": self.args.limit, "k": self.k,
+            "fit": asdict(self.fit_config()),
+            "official": asdict(self.fit_config(official=True)), "attribution": asdict(att),
+            "ablation": asdict(abl), "numerics_version": NUMERICS_VERSION, "tiny": self.args.tiny,
+            "_types": [type(c).__name__ for c in (FitConfig(), AttributionConfig(), AblationConfig())],
+        }
+
+    def done_keys(self) -> set[str]:
+        return {json.loads(m.read_text())["settings_hash"] for m in self.out.glob("heads/*/*/meta.json")}
+
+    def cells(self, args):
+        from sitelens.pipelines.executors import cached_model
+        from sitelens.provenance import settings_hash
+        from sitelens.tasks import load_task
+
+        for name in ["tiny-random"] if args.tiny else args.models:
+            for t in args.tasks[: 2 if args.tiny else None]:
+                st = self.settings(cached_model(name), load_task(t))
+                yield Job(settings_hash(st), f"{st['model']}/{t}", dict(name=name, task=t, settings=st))
+
+    def run(self, job: Job) -> list:
+        import torch
+
+        from sitelens import lenses as L
+        from sitelens.io import atomic_write_dir, atomic_write_json
+        from sitelens.patching import intra_task
+        from sitelens.pipelines.executors import cached_model
+        from sitelens.site import SiteAdapter
+        from sitelens.tasks import load_task
+
+        args, k = self.args, self.k
+        model, task = cached_model(job["name"]), load_task(job["task"])
+        att, abl = self.configs()
+        t0 = time.perf_counter()
+        runs = {"default": L.alpha_over_seeds(model, task, range(args.seeds), self.fit_config(),
+                                            n_prompts=att.n_mean_prompts, n_shots=att.n_shots, k=k)}
+        if self.official_seeds(task):
+            runs["official"] = L.alpha_over_seeds(model, task, range(self.official_seeds(task)),
+                                                self.fit_config(official=True), n_prompts=att.n_mean_prompts,
+                                                n_shots=att.n_shots, k=k, lens="alpha-official")
+        ad0 = runs["default"].adapters[0]
+        emb = ad0.embedding
+        scores = L.HeadScores.concat([r.scores for r in runs.values()] + [
+            L.alpha_gradient(model, task, emb, att), L.attribution_patching(model, task, emb, att),
+            L.attribution_patching(model, task, emb, att, grad_drop=True),
+            L.exact_effects(model, task, emb, att), L.head_ablation(model, task, abl, reference="mean"),
+            L.head_ablation(model, task, abl, reference="zero"),
+            L.direct_logit_attribution(model, task, ad0, limit=8 if args.tiny else 64, n_boot=att.n_boot)])
+        print(f"  {task.name}: lenses {time.perf_counter() - t0:.0f} s", flush=True)
+        stab = pd.concat([r.stability.assign(schedule=s) for s, r in runs.items()], ignore_index=True)
+        intra = []
+        for sched, run in runs.items():
+            for seed, ad in enumerate(run.adapters):
+                df = intra_task(model, task, ad, ks=[k], n_random_seeds=3, limit=args.limit, reverse=False,
+                                seed=0)
+                intra.append(df.assign(kind="alpha_fit", schedule=sched, fit_seed=seed, lens="alpha"))
+        for lens in [x for x in LENS_TOPK if x in scores.lenses]:
+            m = torch.nan_to_num(scores.map(lens), nan=float("-inf"))  # [n_layers, n_heads]
+            df = intra_task(model, task, SiteAdapter(alpha=m, embedding=emb, meta=ad0.meta), ks=[k],
+                            n_random_seeds=0, limit=args.limit, reverse=False, references=False, seed=0)
+            intra.append(df.assign(kind="lens_topk", schedule="", fit_seed=pd.NA, lens=lens))
+        intra = pd.concat(intra, ignore_index=True)
+        seconds = time.perf_counter() - t0
+
+        def fill(tmp: Path) -> None:
+            scores.to_csv(tmp / "scores.csv")
+            stab.to_csv(tmp / "stability.csv", index=False)
+            intra.to_csv(tmp / "intra.csv", index=False)
+            atomic_write_json(tmp / "meta.json", {
+                "settings_hash": job.key, "settings": job["settings"], "seconds": seconds,
+                "threads": torch.get_num_threads(), "torch": torch.__version__,
+                "best_steps": {s: [a.meta["best_step"] for a in r.adapters] for s, r in runs.items()},
+            })
+
+        path = self.out / "heads" / job["settings"]["model"] / task.name
+        if path.exists():  # stale settings: keep the old unit beside, never overwrite it
+            path.rename(path.with_name(f"{path.name}.stale-{int(time.time())}"))
+        atomic_write_dir(path, fill)
+        print(f"  {task.name}: {seconds:.0f} s", flush=True)
+        return []
+
+    def write_report(self) -> str | None:
+        figures = self.out if self.args.tiny else self.out.parent.parent / "figures"
+        return write_report(self.out, figures, self.k)
 
 
-def official_seeds(args, task) -> int:
-    """Official-protocol fits of ``task``: ``--official-seeds`` on the first ``--official-tasks``
-    tasks, none on the others."""
-    names = [t for t in args.tasks.split(",") if t]
-    return args.official_seeds if task.name in names[: args.official_tasks] else 0
+# ----------------------------------------------------------------------------------------------
+# report
 
 
-def settings(args, model, task) -> dict:
-    from sitelens import FitConfig
-    from sitelens.lenses import AblationConfig, AttributionConfig
-    from sitelens.models import fingerprint
-    from sitelens.provenance import NUMERICS_VERSION, task_hash
-
-    att, abl = configs(args)
-    return {
-        "model": args.model_name, "fingerprint": fingerprint(model), "task": task.name,
-        "task_hash": task_hash(task), "seeds": args.seeds, "official_seeds": official_seeds(args, task),
-        "limit": args.limit, "k": args.k, "fit": asdict(fit_config(args)),
-        "official": asdict(fit_config(args, official=True)), "attribution": asdict(att),
-        "ablation": asdict(abl), "numerics_version": NUMERICS_VERSION, "tiny": args.tiny,
-        "_types": [type(c).__name__ for c in (FitConfig(), AttributionConfig(), AblationConfig())],
-    }
+def load_units(out: Path) -> dict[tuple[str, str], dict]:
+    units = {}
+    for meta in sorted((out / "heads").glob("*/*/meta.json")):
+        d = meta.parent
+        if ".stale-" in d.name or ".tmp" in d.name:
+            continue
+        units[(d.parent.name, d.name)] = {name: pd.read_csv(d / f"{name}.csv")
+                                          for name in ("scores", "intra", "stability")}
+    return units
 
 
-def fit_config(args, official: bool = False):
-    from sitelens import FitConfig
-
-    small = {"n_examples": 16, "n_valid": 8} if args.tiny else {}
-    if official:
-        return FitConfig.official(**({"n_examples": 16, "eval_every": 8, "n_valid": 8}
-                                     if args.tiny else {}))
-    return FitConfig(**small)
+def head_map(scores: pd.DataFrame, lens: str) -> np.ndarray:
+    return scores[scores.lens == lens].sort_values(["layer", "head"])["score"].to_numpy(dtype=float)
 
 
-def configs(args):
-    from sitelens.lenses import AblationConfig, AttributionConfig
+def certified(fast: np.ndarray, exact: np.ndarray, n_prompts: int, k: int = 10, budget: float = 0.15,
+              rule: str = "absolute") -> dict:
+    """:func:`sitelens.lenses.compare.certify_top_k` with the exact values read from the full exact
+    run (each of its rows is one head on one prompt, so a subset gives the same numbers); rows
+    counted as ``certified_top_k`` runs them (one unpatched row per prompt, then one per verified
+    head and prompt); ``budget`` is a share of the full run's rows ``(n_heads + 1) × n_prompts``."""
+    from sitelens.lenses.compare import certify_top_k, top_k_heads
 
-    if args.tiny:
-        return (AttributionConfig(n_prompts=4, n_shots=2, n_mean_prompts=4, n_boot=100,
-                                  n_alpha_items=8),
-                AblationConfig(n_prompts=4, n_shots=2, n_boot=100))
-    return AttributionConfig(), AblationConfig()
-
-
-def run_unit(args, model, task, path: Path) -> None:
-    from sitelens.io import atomic_write_dir, atomic_write_json
-    from sitelens.lenses import (
-        HeadScores,
-        alpha_gradient,
-        alpha_over_seeds,
-        attribution_patching,
-        direct_logit_attribution,
-        exact_effects,
-        head_ablation,
-    )
-    from sitelens.patching import intra_task
-    from sitelens.provenance import settings_hash
-    from sitelens.site import SiteAdapter
-
-    st = settings(args, model, task)
-    key = settings_hash(st)
-    meta_path = path / "meta.json"
-    if meta_path.exists() and json.loads(meta_path.read_text()).get("settings_hash") == key:
-        print(f"  {task.name}: done (settings {key})", flush=True)
-        return
-    att, abl = configs(args)
-    n_prompts, n_shots = att.n_mean_prompts, att.n_shots
-    t0 = time.perf_counter()
-    runs = {"default": alpha_over_seeds(model, task, range(args.seeds), fit_config(args),
-                                        n_prompts=n_prompts, n_shots=n_shots, k=args.k)}
-    if official_seeds(args, task):
-        runs["official"] = alpha_over_seeds(model, task, range(official_seeds(args, task)),
-                                            fit_config(args, official=True), n_prompts=n_prompts,
-                                            n_shots=n_shots, k=args.k, lens="alpha-official")
-    ad0 = runs["default"].adapters[0]
-    emb = ad0.embedding
-    parts = [r.scores for r in runs.values()] + [
-             alpha_gradient(model, task, emb, att),
-             attribution_patching(model, task, emb, att),
-             attribution_patching(model, task, emb, att, grad_drop=True),
-             exact_effects(model, task, emb, att),
-             head_ablation(model, task, abl, reference="mean"),
-             head_ablation(model, task, abl, reference="zero"),
-             direct_logit_attribution(model, task, ad0, limit=64 if not args.tiny else 8,
-                                      n_boot=att.n_boot)]
-    scores = HeadScores.concat(parts)
-    print(f"  {task.name}: lenses {time.perf_counter() - t0:.0f} s", flush=True)
-
-    stab = pd.concat([r.stability.assign(schedule=s) for s, r in runs.items()], ignore_index=True)
-    intra = []
-    for sched, run in runs.items():
-        for seed, ad in enumerate(run.adapters):
-            df = intra_task(model, task, ad, ks=[args.k], n_random_seeds=3, limit=args.limit,
-                            reverse=False, seed=0)
-            intra.append(df.assign(kind="alpha_fit", schedule=sched, fit_seed=seed, lens="alpha"))
-    for lens in [x for x in LENS_TOPK if x in scores.lenses]:
-        m = scores.map(lens)  # [n_layers, n_heads]
-        m = torch.nan_to_num(m, nan=float("-inf"))
-        ad = SiteAdapter(alpha=m, embedding=emb, meta=ad0.meta)
-        df = intra_task(model, task, ad, ks=[args.k], n_random_seeds=0, limit=args.limit,
-                        reverse=False, references=False, seed=0)
-        intra.append(df.assign(kind="lens_topk", schedule="", fit_seed=pd.NA, lens=lens))
-    intra = pd.concat(intra, ignore_index=True)
-    seconds = time.perf_counter() - t0
-
-    def fill(tmp: Path) -> None:
-        scores.to_csv(tmp / "scores.csv")
-        stab.to_csv(tmp / "stability.csv", index=False)
-        intra.to_csv(tmp / "intra.csv", index=False)
-        atomic_write_json(tmp / "meta.json", {
-            "settings_hash": key, "settings": st, "seconds": seconds,
-            "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "best_steps": {s: [a.meta["best_step"] for a in r.adapters] for s, r in runs.items()},
-        })
-
-    if path.exists():  # stale settings: keep the old unit beside, never overwrite it
-        path.rename(path.with_name(f"{path.name}.stale-{int(time.time())}"))
-    atomic_write_dir(path, fill)
-    print(f"  {task.name}: {seconds:.0f} s", flush=True)
+    n = len(fast)
+    max_heads = int(np.floor(budget * (n + 1))) - 1
+    c = certify_top_k(fast, lambda idx: exact[np.asarray(idx)], k=k, budget=max_heads / n, rule=rule)
+    return {"verified": len(c["verified"]), "verified_share": len(c["verified"]) / n,
+            "recall": len(set(c["top"]) & top_k_heads(exact, k)) / k, "certified": c["certified"],
+            "rounds": c["rounds"], "rows": (len(c["verified"]) + 1) * n_prompts}
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.tiny:
-        args.k = 3
-    out = Path(args.out)
-    if not args.report:
-        os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-        torch.set_num_threads(args.threads)
-        import sitelens as sl
+def exact_vs_fast(units, k: int = 10) -> tuple[pd.DataFrame, pd.DataFrame]:
+    from sitelens.eval.metrics import correlation
+    from sitelens.lenses.compare import top_k_heads
 
-        models = ["tiny-random"] if args.tiny else [m for m in args.models.split(",") if m]
-        tasks = [t for t in args.tasks.split(",") if t][: 2 if args.tiny else None]
-        for name in models:
-            model = sl.load_model(name)
-            args.model_name = sl.models.model_name(model)
-            print(f"{args.model_name}: {len(tasks)} tasks", flush=True)
-            for t in tasks:
-                task = sl.load_task(t)
-                run_unit(args, model, task, out / "heads" / args.model_name / task.name)
-    sys.path.insert(0, str(HERE))
-    from heads_report import write_report
+    rows, cert = [], []
+    for (model, task), u in units.items():
+        s = u["scores"]
+        ex, e_row = head_map(s, "effect"), s[s.lens == "effect"].iloc[0]
+        meta = json.loads(e_row["meta"])
+        for lens in [x for x in FAST if x in set(s.lens)]:
+            f, r = head_map(s, lens), s[s.lens == lens].iloc[0]
+            rows.append({"model": model, "task": task, "lens": lens,
+                         "spearman": correlation(f, ex, "spearman"),
+                         f"top{k}_recall": len(top_k_heads(f, k) & top_k_heads(ex, k)) / k,
+                         "forward_passes": int(r.forward_passes), "backward_passes": int(r.backward_passes),
+                         "seconds": float(r.seconds), "exact_forward_passes": int(e_row.forward_passes),
+                         "exact_rows": int(meta["rows"]), "exact_seconds": float(e_row.seconds)})
+        for lens in [x for x in ("atp", "atp-star") if x in set(s.lens)]:
+            for rule in ("absolute", "relative"):
+                c = certified(head_map(s, lens), ex, meta["n_prompts"], k, rule=rule)
+                cert.append({"model": model, "task": task, "lens": lens, "rule": rule, **c,
+                             "exact_rows_share": c["rows"] / meta["rows"], "n_heads": len(ex)})
+    return pd.DataFrame(rows), pd.DataFrame(cert)
 
-    write_report(out, figures=(out.parent.parent / "figures") if not args.tiny else out, k=args.k)
-    return 0
+
+def boot_mean(x) -> tuple[float, float, float]:
+    """Mean over tasks and its 95% percentile bootstrap CI (2,000 seeded resamples)."""
+    from sitelens.eval.metrics import bootstrap_ci
+
+    x = np.asarray(x, dtype=float)
+    x = x[np.isfinite(x)]
+    lo, hi = bootstrap_ci(x, n_boot=2000, seed=0)
+    return (float(x.mean()) if len(x) else float("nan")), lo, hi
+
+
+def schedule(units, k: int = 10) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(per model × schedule × selection: mean over tasks of the seed-averaged first-token accuracy,
+    95% bootstrap CI over tasks; per model × lens: the lens's top-k / bottom-k; per model ×
+    schedule: seed stability)."""
+    intra = pd.concat([u["intra"].assign(model_key=m) for (m, _), u in units.items()], ignore_index=True)
+    a = intra[intra.kind == "alpha_fit"]
+    a = a[(a.k == k) | a.selection.isin(["site", "zero_shot"])]
+    per_task = a.groupby(["model_key", "schedule", "selection", "task"])["accuracy"].mean()
+    rows = []
+    for model in sorted(set(a.model_key)):
+        am = a[a.model_key == model]
+        paired = sorted(set(am[am.schedule == "official"].task) & set(am[am.schedule == "default"].task))
+        for sched, label, tasks in (("default", "default", paired), ("official", "official", paired),
+                                    ("default", "default (all tasks)", sorted(set(am.task)))):
+            for sel in sorted(set(am.selection)) if tasks else []:
+                try:
+                    g = per_task.loc[(model, sched, sel)]
+                except KeyError:
+                    continue
+                g = g[g.index.isin(tasks)]
+                m, lo, hi = boot_mean(g.to_numpy())
+                rows.append({"model": model, "schedule": label, "selection": sel, "accuracy": m,
+                             "ci_low": lo, "ci_high": hi, "n_tasks": len(g),
+                             "n_seeds": am[am.schedule == sched].fit_seed.nunique(),
+                             "tasks": " ".join(tasks)})
+    lt = intra[(intra.kind == "lens_topk") & (intra.k == k)]
+    per_lens = lt.groupby(["model_key", "lens", "selection", "task"])["accuracy"].mean()
+    lens_rows = []
+    for (model, lens, sel), g in per_lens.groupby(level=[0, 1, 2]):
+        m, lo, hi = boot_mean(g.to_numpy())
+        lens_rows.append({"model": model, "lens": lens, "selection": sel, "accuracy": m, "ci_low": lo,
+                          "ci_high": hi, "n_tasks": len(g)})
+    st = pd.concat([u["stability"].assign(model=m, task=t) for (m, t), u in units.items()], ignore_index=True)
+    stab = st.groupby(["model", "schedule"]).agg(
+        spearman=("spearman", "mean"), spearman_min=("spearman", "min"),
+        **{f"top{k}_jaccard": (f"top{k}_jaccard", "mean")}, pairs=("spearman", "size")).reset_index()
+    return pd.DataFrame(rows), pd.DataFrame(lens_rows), stab
+
+
+def write_report(out: Path, figures: Path, k: int = 10, heatmap_task: str = "antonym") -> str | None:
+    from sitelens.io import atomic_write_csv, atomic_write_text
+    from sitelens.lenses import HeadScores
+    from sitelens.lenses.compare import lens_agreement
+    from sitelens.lenses.plots import agreement_matrix, alpha_uncertainty, lens_maps
+    from sitelens.viz.export import FigureWriter
+
+    units = load_units(out)
+    if not units:
+        print("no units yet")
+        return None
+    evf, cert = exact_vs_fast(units, k)
+    agree = lens_agreement(HeadScores.concat([HeadScores(u["scores"]) for u in units.values()]), k,
+                           lenses=list(ORDER))
+    sched, lens_top, stab = schedule(units, k)
+    for name, df in (("exact_vs_fast", evf), ("certified_topk", cert), ("agreement", agree),
+                     ("schedule", sched), ("lens_topk", lens_top), ("stability", stab)):
+        atomic_write_csv(out / f"heads_{name}.csv", df)
+    summ = evf.groupby(["model", "lens"]).agg(
+        tasks=("task", "size"), spearman_median=("spearman", "median"),
+        spearman_min=("spearman", "min"), tasks_rho_ge_0_8=("spearman", lambda x: int((x >= 0.8).sum())),
+        **{f"top{k}_recall": (f"top{k}_recall", "mean")},
+        forward=("forward_passes", "median"), backward=("backward_passes", "median"),
+        seconds=("seconds", "median"), exact_forward=("exact_forward_passes", "median"),
+        exact_rows=("exact_rows", "median"), exact_seconds=("exact_seconds", "median"),
+    ).reset_index().round(3)
+    csum = cert.groupby(["model", "lens", "rule"]).agg(
+        tasks=("task", "size"), recall=("recall", "mean"), certified=("certified", "sum"),
+        verified_share=("verified_share", "mean"), exact_rows_share=("exact_rows_share", "mean"),
+    ).reset_index().round(3)
+    tasks, models = sorted({t for _, t in units}), sorted({m for m, _ in units})
+    atomic_write_text(out / "heads_exact_vs_fast.md", "\n".join([
+        "# Exact vs fast head-importance lenses", "",
+        f"Models: {', '.join(models)}; tasks ({len(tasks)}): {', '.join(tasks)}. Written by "
+        "`python benchmarks/heads.py` (see its docstring for every setting); per-task rows in "
+        "`heads_exact_vs_fast.csv`.", "",
+        "Each fast lens against exact activation patching (`effect`, one forward row per head and "
+        "corrupted prompt): Spearman over all heads (median and minimum over tasks, tasks with "
+        f"ρ ≥ 0.8), mean top-{k} recall; passes and seconds are medians per task (forward passes "
+        "are calls of the model: prefix-cache passes plus last-token passes; `exact_rows` are the "
+        "single-token rows those passes ran).", "", md_table(summ), "", f"## Certified top-{k}", "",
+        "Candidates ranked by AtP / AtP*; the best-ranked heads are verified exactly until the "
+        f"exact top-{k} is certified (the k-th verified exact effect above every unverified head's "
+        "bound: rule `absolute`, fast score + the largest residual seen; rule `relative`, fast "
+        "score × (1 + the largest relative residual seen)) or the verification has used 15% of "
+        f"the full exact run's rows. `recall`: share of the exact top-{k} found; `certified`: tasks "
+        "where the certificate held within the budget; `exact_rows_share`: exact rows needed / rows "
+        "of the full exact run.", "", md_table(csum), ""]))
+
+    def pivot(df, index):
+        v = df.apply(lambda r: f"{r.accuracy:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]", axis=1)
+        return df.assign(v=v).pivot_table(index=index, columns="selection", values="v",
+                                          aggfunc="first").reset_index()
+
+    atomic_write_text(out / "heads_schedule.md", "\n".join([
+        "# Does α pick the heads that carry the task? (λ = 0)", "",
+        f"Intra-task patching ({len(tasks)} tasks, first-token accuracy on the first 40 test "
+        f"items): inject the task embedding with α = 1 into only the top-{k}, bottom-{k} or "
+        f"{k} random heads (3 draws) by the fitted α, or the full α (`site`). `default`: "
+        "`FitConfig()` (50 steps of batch 8, the best-validation α); `official`: the paper code's "
+        "schedule (400 steps of batch 1, the final α), fitted on the first tasks only; both rows "
+        "`default` and `official` are over the same tasks (those with official fits), "
+        "`default (all tasks)` over all. Mean over tasks of the seed-averaged accuracy, 95% "
+        "bootstrap CI over tasks. Written by `python benchmarks/heads.py`.", "",
+        md_table(pivot(sched, ["model", "schedule"])), "", "## α's stability over seeds", "",
+        f"Mean (and minimum) Spearman of every pair of fit seeds, mean top-{k} Jaccard.", "",
+        md_table(stab.round(3)), "", f"## The top-{k} heads of every lens", "",
+        f"The same injection (α = 1, the first default fit's embedding) into the top-{k} / "
+        f"bottom-{k} heads of each lens's map.", "", md_table(pivot(lens_top, ["model", "lens"])), ""]))
+
+    fig, frame = agreement_matrix(agree, list(ORDER))
+    figures.mkdir(parents=True, exist_ok=True)
+    w = FigureWriter()
+    try:
+        w.write(fig, frame, out / "heads_lens_agreement")  # beside the tables (and their plotly.js)
+        for (model, task), u in units.items():
+            if task == heatmap_task:
+                hs = HeadScores(u["scores"])
+                w.write(alpha_uncertainty(hs, "alpha"), hs.lens("alpha").df,
+                        figures / model / f"alpha_uncertainty_{task}")
+                w.write(lens_maps(hs, [x for x in ORDER if x in hs.lenses]), hs.df,
+                        figures / model / f"lens_maps_{task}")
+    finally:
+        w.close()
+    mean = frame[frame.lens_a < frame.lens_b]
+    atomic_write_text(out / "heads_agreement.md", "\n".join([
+        "# Agreement across lenses", "",
+        f"Spearman ρ between the head maps of every pair of lenses, mean ± sd over {len(tasks)} "
+        f"tasks (per-task rows with top-{k} Jaccard: `heads_agreement.csv`; figure: "
+        "`heads_lens_agreement.png`).", "",
+        md_table(mean.round(3)[["model", "lens_a", "lens_b", "spearman_mean", "spearman_sd"]]), ""]))
+    return f"report: {len(units)} units -> {out}"
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(Heads()))

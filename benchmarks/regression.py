@@ -1,35 +1,13 @@
-"""In-context regression (issue 21, part 4): mean squared error of zero-shot, ICL, TV, LTV and SITE
-on seeded linear and ReLU regression tasks, on both bundled models.
+"""In-context regression: MSE of zero-shot, ICL, TV, LTV and SITE (and two model-free references,
+``train-mean`` and ``ols-k``) on seeded linear and ReLU regression tasks, on both bundled models.
 
     python benchmarks/regression.py --threads 1            # resumable; the same command continues
     python benchmarks/regression.py --report               # regression.md from the CSVs only
     python benchmarks/regression.py --tiny --out /tmp/reg  # smoke test on a tiny random model
 
-Tasks (:func:`sitelens.tasks.regression.regression_task`; its docstring has the function classes and the
-text format): ``kind`` in ``--kinds`` (linear, relu), ``dim=--dim`` (2) inputs, two decimals,
-seeds ``--seeds`` (0, 1; the seed draws the function and the points, and seeds every fit and
-the demonstrations; more seeds append cells), 256 train / 64 valid / 128 test items; **the test
-split is capped at the first ``--limit`` (100) items** of each task.
-
-Methods: the :mod:`sitelens.baselines` defaults (``ZeroShot``, ``ICL(n_shots=10)``, ``TV``,
-``LTV``, ``LTVValid`` (``ltv-valid``: λ chosen on valid in Gram units), ``SITE``), fitted on the
-task's train/valid splits (TV and SITE from one shared stage-1
-capture, :func:`sitelens.pipelines.transfer.task_states`: the same prompts and tensors as their own fits)
-and answered greedily on zero-shot prompts (ICL: 10-shot prompts) by
-:func:`sitelens.eval.evaluate.run_method`. Answers are scored by
-:func:`sitelens.tasks.regression.regression_mse`: the first number of the first line; an answer
-without a number is counted (``n_unparsed``) and scored as the train mean. Two references need no model:
-``train-mean`` (the constant train mean, what an unparseable answer is scored as) and ``ols-k``
-(least squares with an intercept on the very ``n_shots`` demonstrations that item's ICL prompt
-shows: an ideal linear in-context learner).
-
-Results: ``results/regression.csv`` (a row per model × task × method, keyed on every setting:
-model and weight fingerprint, task and a hash of its splits, method and all its hyperparameters,
-seed, shots, limit, template, numerics version and, for LTV, ``sitelens.baselines.ltv.LTV_NUMERICS``,
-so each LTV row says which LTV numerics made it) and
-``results/regression_items.csv`` (a row per test item: target, answer, parsed value, squared
-error), appended as each cell finishes. ``results/regression.md``: MSE with 95% bootstrap CIs over
-items (:func:`sitelens.eval.metrics.bootstrap_ci`), unparseable answers, first-token accuracy.
+Results: ``results/regression.csv`` (a row per model × task × method, keyed on every setting),
+``results/regression_items.csv`` (a row per test item) and ``results/regression.md``; the setup is
+in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -38,6 +16,7 @@ import json
 import math
 import random
 import time
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -97,10 +76,6 @@ def settings(args, model, task, kind, seed, method_name, method_params) -> dict:
     return dict(s, key=row_key(s))
 
 
-# ----------------------------------------------------------------------------------------------
-# scoring
-
-
 def item_errors(predictions, targets, fallback: float) -> tuple[list, np.ndarray]:
     """Per item: the parsed value (None when unparseable) and the squared error as
     :func:`sitelens.tasks.regression.regression_mse` scores it."""
@@ -133,8 +108,7 @@ def score_rows(base: dict, task, items, predictions, first_ok, fallback, *, fit_
 
 def reference_predictions(task, items, method: str, n_shots: int, seed: int) -> list[str]:
     """``train-mean``: the constant train mean; ``ols-k``: least squares with an intercept on the
-    ``n_shots`` demonstrations that the item's ICL prompt shows (the same draw as
-    :func:`sitelens.tasks.few_shot_prompts` with ``seed``: ``ICL.fit(seed=seed)``'s prompts)."""
+    ``n_shots`` demonstrations that the item's ICL prompt shows (``ICL.fit(seed=seed)``'s draw)."""
     from sitelens.tasks import sample_demos
     from sitelens.tasks.regression import parse_point, train_mean
 
@@ -153,8 +127,8 @@ def reference_predictions(task, items, method: str, n_shots: int, seed: int) -> 
 
 def fit_method(model, task, method, seed: int, shared: dict):
     """``method.fit``; TV and SITE share one stage-1 capture (:func:`sitelens.pipelines.transfer.task_states`,
-    the very prompts and tensors of ``TV.fit`` and SITE's stage 1, tested equal), kept in
-    ``shared`` with its seconds, which count in both fits' ``fit_seconds``."""
+    the very prompts and tensors of their own fits), kept in ``shared`` with its seconds, which
+    count in both fits' ``fit_seconds``."""
     from sitelens.baselines import SITE, TV, Fitted
     from sitelens.pipelines.transfer import task_states, tv_fitted
     from sitelens.site import fit_site
@@ -169,15 +143,13 @@ def fit_method(model, task, method, seed: int, shared: dict):
     st = shared["states"]
     if isinstance(method, TV):
         return tv_fitted(model, task, st["tv"], n_valid=method.n_valid, name=method.name)
-    from dataclasses import replace
-
     ad = fit_site(model, task, n_prompts=method.n_prompts, n_shots=method.n_shots,
                   config=replace(method.config, seed=seed), embedding=st["embedding"])
     L, H, _ = ad.embedding.shape
     return Fitted(method.name, intervention=ad.mix(), n_params=L * H, state={"adapter": ad})
 
 
-def run_method_cell(args, model, task, method, items, base, shared):
+def run_method_cell(model, task, method, items, base, shared):
     from sitelens.errors import SitelensError
     from sitelens.eval.evaluate import run_method
     from sitelens.tasks import DEFAULT_TEMPLATE
@@ -199,7 +171,6 @@ def run_method_cell(args, model, task, method, items, base, shared):
 
 class Regression(Experiment):
     name = "regression"
-    title = "In-context regression: MSE of zero-shot, ICL, TV, LTV and SITE"
     columns = COLUMNS
     models = MODELS
     limit = 100
@@ -248,8 +219,8 @@ class Regression(Experiment):
             row, irows = score_rows(base, task, items, preds, None, train_mean(task))
         else:
             shared = self.__dict__.setdefault("_shared", {}).setdefault((job["name"], task.name), {})
-            row, irows = run_method_cell(args, self.model(job["name"]), task,
-                                         make_method(args, base["method"]), items, base, shared)
+            row, irows = run_method_cell(self.model(job["name"]), task, make_method(args, base["method"]),
+                                         items, base, shared)
             print(f"{time.strftime('%H:%M:%S')} {base['model']} {task.name} {base['method']}: "
                   f"mse {row.get('mse', float('nan')):.4g} {row.get('error', '')}", flush=True)
         if irows:
@@ -260,30 +231,19 @@ class Regression(Experiment):
         return self.store().read(dtype={"error": str}, keep_default_na=False, na_values=[""])
 
     def report(self, df: pd.DataFrame) -> str:
-        return report(self.args, latest(df), pd.read_csv(self.out / "regression_items.csv"))
-
-
-# ----------------------------------------------------------------------------------------------
-# report
-
-
-ORDER = [*REFERENCES, *METHODS]
-
-
-def latest(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (model, task, method): the last one written (a rerun under new settings, e.g.
-    a changed LTV, appends rows; the report reads the newest)."""
-    return df.drop_duplicates(["model", "task", "method"], keep="last")
+        # one row per (model, task, method): the last one written (a rerun under new settings appends)
+        df = df.drop_duplicates(["model", "task", "method"], keep="last")
+        return report(self.args, df, pd.read_csv(self.out / "regression_items.csv"))
 
 
 def pooled(items: pd.DataFrame, keys: list[str]) -> dict:
+    """MSE of the items of ``keys`` pooled, its bootstrap CI, the median squared error and the
+    mean over tasks of the Pearson r of parsed answers (unparsed left out) and targets."""
     from sitelens.eval.metrics import bootstrap_ci, correlation
 
     sel = items[items["key"].isin(keys)]
     err = sel["sq_err"].to_numpy(float)
     lo, hi = bootstrap_ci(err, n_boot=1000, seed=0)
-    # does the answer track f(x)? Pearson r of parsed answers and targets within each task (the
-    # unparsed ones left out), averaged over tasks
     rs = [correlation(g["value"], g["target"]) for _, g in sel.dropna(subset=["value"]).groupby("key")]
     rs = [r for r in rs if np.isfinite(r)]
     return {"mse": float(err.mean()) if err.size else float("nan"), "lo": lo, "hi": hi, "n": err.size,
@@ -295,7 +255,8 @@ def report(args, df: pd.DataFrame, items: pd.DataFrame) -> str:
     ok = df[df["error"].fillna("") == ""]
     models = [m for m in MODELS if m in set(ok.model)] + sorted(set(ok.model) - set(MODELS) - {"-"})
     lines = [
-        "Resumable; on the shared 2-core CPU. "
+        "# In-context regression: MSE of zero-shot, ICL, TV, LTV and SITE", "",
+        "Made by `python benchmarks/regression.py --threads 1` (resumable), on the shared 2-core CPU. "
         f"Tasks: `regression_task(kind, dim={args.dim}, seed)` (linear: f(x) = w·x; relu: a "
         "two-layer ReLU network with 8 hidden units; x uniform in [-1, 1]^dim, numbers written with "
         "two decimals, e.g. `Q: 0.42, -0.17` / `A: -0.31`), seeds "
@@ -305,49 +266,38 @@ def report(args, df: pd.DataFrame, items: pd.DataFrame) -> str:
         "answer without a number is counted (unparsed) and scored as the train mean (the "
         "`train-mean` row: what that constant scores). `ols-k`: least squares with an intercept on "
         "the same demonstrations each ICL prompt shows. The variance of f(x) is about 1/3 by "
-        "construction, so MSE ≈ 0.33 is the level of a constant guess.",
-        "",
+        "construction, so MSE ≈ 0.33 is the level of a constant guess.", "",
     ]
     ltv = sorted(set(ok.loc[ok.method.str.startswith("ltv"), "ltv_source"].dropna()))
     if ltv:
-        lines += [f"LTV numerics (`sitelens.baselines.ltv.LTV_NUMERICS`): "
+        lines += ["LTV version used (sha256 of `sitelens/baselines/ltv.py` @ last commit touching it): "
                   f"{', '.join(f'`{v}`' for v in ltv)}.", ""]
     for kind in [k for k in ("linear", "relu") if k in set(ok.kind)]:
         rows = []
-        refs = ok[(ok.kind == kind) & (ok.model == "-")]
-        for m in REFERENCES:
-            g = refs[refs.method == m]
-            if len(g):
-                p = pooled(items, g["key"].tolist())
-                rows.append({"model": "(no model)", "method": m, "tasks": len(g),
-                             "MSE (95% CI)": f"{p['mse']:.3f} ({p['lo']:.3f}–{p['hi']:.3f})",
-                             "median SE": f"{p['median']:.3f}", "r(answer, f(x))": f"{p['r']:.2f}",
-                             "unparsed": "–",
-                             "first-token acc": "–", "fit s": "–"})
-        for model in models:
-            for m in METHODS:
+        for model in ["-", *models]:
+            for m in REFERENCES if model == "-" else METHODS:
                 g = ok[(ok.kind == kind) & (ok.model == model) & (ok.method == m)]
                 if not len(g):
                     continue
                 p = pooled(items, g["key"].tolist())
                 rows.append({
-                    "model": model, "method": m, "tasks": len(g),
+                    "model": "(no model)" if model == "-" else model, "method": m, "tasks": len(g),
                     "MSE (95% CI)": f"{p['mse']:.3f} ({p['lo']:.3f}–{p['hi']:.3f})",
                     "median SE": f"{p['median']:.3f}", "r(answer, f(x))": f"{p['r']:.2f}",
-                    "unparsed": f"{int(g.n_unparsed.sum())} / {int(g.n.sum())}",
-                    "first-token acc": f"{g.first_token_acc.astype(float).mean():.2f}",
-                    "fit s": f"{g.fit_seconds.astype(float).mean():.0f}",
+                    "unparsed": "–" if model == "-" else f"{int(g.n_unparsed.sum())} / {int(g.n.sum())}",
+                    "first-token acc": "–" if model == "-" else
+                    f"{g.first_token_acc.astype(float).mean():.2f}",
+                    "fit s": "–" if model == "-" else f"{g.fit_seconds.astype(float).mean():.0f}",
                 })
         lines += [f"## {kind} regression (dim {args.dim})", "",
                   "MSE over all test items of all seeds pooled (CI: bootstrap over those items; median SE: "
                   "the median squared error, robust to the few wild answers that can dominate a mean; "
                   "r(answer, f(x)): Pearson correlation of the parsed answers with the targets within "
                   "each task, mean over tasks — near 0 when a low MSE only comes from answering "
-                  "near the mean); "
-                  "first-token accuracy is, for these answers, the accuracy of the sign token "
-                  "(` -` vs ` `).", "", md_table(pd.DataFrame(rows)), ""]
+                  "near the mean); first-token accuracy is, for these answers, the accuracy of the sign "
+                  "token (` -` vs ` `).", "", md_table(pd.DataFrame(rows)), ""]
     per = ok.pivot_table(index=["model", "task"], columns="method", values="mse")
-    per = per[[m for m in ORDER if m in per.columns]].reset_index()
+    per = per[[m for m in (*REFERENCES, *METHODS) if m in per.columns]].reset_index()
     lines += ["## MSE per task", "", md_table(per.round(3).fillna("–")), ""]
     failed = df[df["error"].fillna("") != ""]
     if len(failed):

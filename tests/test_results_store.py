@@ -165,6 +165,29 @@ def test_dry_run_runs_nothing_and_lists_the_rest(tmp_path, capsys):
     assert len(pd.read_csv(tmp_path / "squares.csv")) == 1
 
 
+class Cubes(Squares):
+    """Unkeyed rows, a cell done when its model has a row; the report is the whole file."""
+
+    name, title, key = "cubes", "", None
+
+    def done_keys(self):
+        return set(self.read()["model"])
+
+    def cells(self, args):
+        return [Job(m, m, {"model": m, "task": "t1", "limit": args.limit}) for m in args.models]
+
+    def report(self, df):
+        return f"# Cubes\n\n{len(df)} rows\n"
+
+
+def test_done_keys_and_a_report_that_is_the_whole_file(tmp_path, capsys):
+    main(Cubes(), ["--out", str(tmp_path), "--models", "m1"], prog="x")
+    exp = Cubes()
+    main(exp, ["--out", str(tmp_path), "--models", "m1,m2"], prog="x")
+    assert exp.ran == ["m2"] and "2 cell(s), 1 done, 1 to run" in capsys.readouterr().out
+    assert (tmp_path / "cubes.md").read_text() == "# Cubes\n\n2 rows\n"
+
+
 def test_common_flags_and_defaults(tmp_path):
     exp = Squares()
     args = exp.parser().parse_args(["--tasks", "a,b", "--limit", "5", "--executor", "processes:2"])

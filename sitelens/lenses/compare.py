@@ -27,8 +27,8 @@ from sitelens.patching.effects import EffectsConfig, corrupted_prompts
 from sitelens.patching.engine import ForwardPassCounter, prefix_rows, run_rows
 
 
-def top_k_indices(a: np.ndarray, k: int) -> set[int]:
-    """Flat indices of the ``k`` largest values of ``a`` (NaN ranks last; ties by index)."""
+def top_k_heads(a: np.ndarray, k: int) -> set[int]:
+    """The flat indices of the ``k`` highest scores of a head map (NaN lowest, ties by index)."""
     return set(np.argsort(-np.nan_to_num(a, nan=-np.inf), kind="stable")[:k].tolist())
 
 
@@ -40,7 +40,7 @@ def lens_agreement(scores: HeadScores, k: int = 10, lenses: list[str] | None = N
         maps = {x: d[d.lens == x].sort_values(["layer", "head"])["score"].to_numpy(float)
                 for x in have}
         for a, b in combinations(have, 2):
-            ta, tb = top_k_indices(maps[a], k), top_k_indices(maps[b], k)
+            ta, tb = top_k_heads(maps[a], k), top_k_heads(maps[b], k)
             rows.append({"model": model, "task": task, "lens_a": a, "lens_b": b,
                          "spearman": correlation(maps[a], maps[b], "spearman"),
                          f"top{k}_jaccard": len(ta & tb) / len(ta | tb)})

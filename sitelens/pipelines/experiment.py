@@ -221,7 +221,7 @@ class Experiment:
     and :meth:`report`. ``self.args`` holds the parsed flags while it runs."""
 
     name = ""  # results stem: {out}/{name}.csv and {name}.md
-    title = ""  # the report's heading
+    title = ""  # the report's heading; empty: report() returns the whole file, naming its command
     columns: Sequence[str] = ()
     key: str | None = "key"  # None: an unkeyed measurement log (every run appends)
     replace = False  # True: a run replaces the table (a snapshot of the latest run, not a log)
@@ -246,6 +246,11 @@ class Experiment:
     def done(self, row: dict) -> bool:
         """Whether a stored row finishes its key (a row recording a failure may not)."""
         return True
+
+    def done_keys(self) -> set[str] | None:
+        """The keys of the cells already done (``None``: run every cell); override for results
+        kept elsewhere than one keyed CSV."""
+        return None if self.key is None else self.store().keys()
 
     def cells(self, args: argparse.Namespace) -> Iterable[Job]:
         """Every cell of the sweep ``args`` asks for, done or not."""
@@ -299,6 +304,9 @@ class Experiment:
         body = self.report(self.read())
         if body is None:
             return None
+        if not self.title:
+            atomic_write_text(self.out / f"{self.name}.md", body)
+            return body
         return write_report(self.out / f"{self.name}.md", self.title, self.command, body)
 
 
@@ -307,13 +315,13 @@ def _run_job(experiment: Experiment, job: Job):
 
 
 def plan(experiment: Experiment, args: argparse.Namespace) -> tuple[list[Job], list[Job]]:
-    """(every cell, the cells to run): a cell runs when its key is not done (unkeyed
-    experiments run every cell); a key listed twice runs once."""
+    """(every cell, the cells to run): a cell runs when its key is not done
+    (:meth:`Experiment.done_keys`; unkeyed experiments run every cell); a key listed twice runs once."""
     experiment.args = args
     cells = list(experiment.cells(args))
-    if experiment.key is None:
+    done = experiment.done_keys()
+    if done is None:
         return cells, cells
-    done = experiment.store().keys()
     todo, seen = [], set(done)
     for c in cells:
         if c.key not in seen:
