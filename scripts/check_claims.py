@@ -1,0 +1,374 @@
+"""Check every number README.md and docs/*.md quote from a result against its committed source.
+
+``docs/claims.toml`` holds one ``[[claim]]`` per quoted number: where the value lives in a
+committed results file, how it is rendered, and the text around it on each page that quotes it.
+This script recomputes each value from its file, renders it, and fails when:
+
+- a quoting page does not contain the quote with the value rendered exactly (a number changed by
+  hand, or a results file regenerated without updating the page);
+- the paragraph or list item holding a quote, or failing that its section, does not link the
+  claim's source file (a reader must be able to follow every number to its file);
+- a paragraph or list item that links a results file (``benchmarks/results/…`` or ``figures/…``),
+  or any block of a section the table marks ``[[coverage]]``, holds a number that no claim quotes
+  and no ``[[ignore]]`` entry names as a setting (so a new quote cannot drift in unchecked). Blocks
+  listed as ``[[exempt]]`` (by the start of their text) are not yet covered and are skipped.
+
+Locating a value (one of):
+
+- ``csv = {where = {col = value | [values]}, where_not = {...}, column = "c" | ["x", "y"],
+  agg = "value" | "mean" | "median" | "min" | "max" | "sum" | "count" | "nunique" | "spearman"}``
+  on a CSV file (``value``: exactly one row; ``spearman``: rank correlation of two columns over the
+  rows where both are numbers);
+- ``table = {section = "…", where = {...}, column = "c"}``: a cell of a markdown table of the source
+  (the first table under a heading containing ``section`` with those columns; exactly one row);
+- ``regex = "…"``: the first group of the first match in the source text;
+- ``json = ["key", 0, …]``: a path into a JSON source;
+- ``expr = "a / b"`` with ``args = {a = "claim.id", …}``: arithmetic on other claims' unrounded
+  values (the claim's sources are theirs).
+
+Rendering: ``format(value * scale, fmt)`` (``scale`` defaults to 1), a negative sign written as
+U+2212 (``−``) unless ``minus = "-"``. A quote is ``"PAGE: text with {v}"``; whitespace runs are
+compared as one space, so a quote may span a line break of the page.
+
+Usage: ``python scripts/check_claims.py [--root DIR] [--claims FILE] [--list]``; exit status 1 on
+any error, each printed on one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+MINUS = "\u2212"
+# A results link: the quoting sentence must let a reader follow the number to its file.
+RESULTS_LINK = re.compile(r"\]\((?:\.\./)?((?:benchmarks/results|figures)/[^)#\s]+)")
+# A number as a reader sees one: not part of a word or a name (SmolLM2, L14H1, top-10, 270M, 3.1-8B).
+NUMBER = re.compile(r"(?<![\w.])(?<![A-Za-z]-)[−-]?\d(?:[\d,]*\d)?(?:\.\d+)?(?![\w])")
+INLINE_SKIP = re.compile(r"`[^`]*`|\]\([^)]*\)|<[^>]+>|https?://\S+")
+
+
+@dataclass
+class Block:
+    """One paragraph, top-level list item (with everything nested in it) or table of a page."""
+
+    page: str
+    section: str
+    text: str  # whitespace runs collapsed to one space
+    links: set[str] = field(default_factory=set)
+    kind: str = "text"
+
+
+def normalize(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def blocks_of(page: str, text: str) -> list[Block]:
+    """Split a markdown page into blocks; code fences and headings are left out."""
+    out: list[Block] = []
+    section, cur, kind, fence = "", [], "text", False
+
+    def flush():
+        nonlocal cur
+        if cur:
+            raw = "\n".join(cur)
+            links = set(RESULTS_LINK.findall(raw))
+            out.append(Block(page, section, normalize(raw), {_clean(p) for p in links}, kind))
+        cur = []
+
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            flush()
+            fence = not fence
+            continue
+        if fence:
+            continue
+        if line.startswith("#"):
+            flush()
+            section = line.lstrip("#").strip()
+            continue
+        if not line.strip():
+            flush()
+            continue
+        is_table = line.lstrip().startswith("|")
+        top_item = re.match(r"(?:[-*+]|\d+\.) ", line) is not None
+        if cur and (top_item or is_table != (kind == "table")):
+            flush()
+        if not cur:
+            kind = "table" if is_table else "text"
+        cur.append(line)
+    flush()
+    return out
+
+
+def _clean(path: str) -> str:
+    return path.rstrip("/")
+
+
+class Sources:
+    """Committed results files, read once."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._text: dict[str, str] = {}
+        self._csv: dict[str, pd.DataFrame] = {}
+
+    def text(self, path: str) -> str:
+        if path not in self._text:
+            self._text[path] = (self.root / path).read_text(encoding="utf-8")
+        return self._text[path]
+
+    def csv(self, path: str) -> pd.DataFrame:
+        if path not in self._csv:
+            self._csv[path] = pd.read_csv(self.root / path, dtype=str, keep_default_na=False)
+        return self._csv[path]
+
+
+def _filter(df: pd.DataFrame, where: dict, where_not: dict) -> pd.DataFrame:
+    for col, want in where.items():
+        want = [str(w) for w in (want if isinstance(want, list) else [want])]
+        df = df[df[col].astype(str).str.strip().isin(want)]
+    for col, drop in where_not.items():
+        drop = [str(w) for w in (drop if isinstance(drop, list) else [drop])]
+        df = df[~df[col].astype(str).str.strip().isin(drop)]
+    return df
+
+
+def _number(s) -> float:
+    s = str(s).strip().replace(",", "").replace(MINUS, "-").strip("*%×")
+    return float(s)
+
+
+def _aggregate(df: pd.DataFrame, spec: dict) -> float:
+    agg = spec.get("agg", "value")
+    col = spec.get("column")
+    if agg == "count":
+        return float(len(df))
+    if agg == "nunique":
+        return float(df[col].nunique())
+    if agg == "spearman":
+        x, y = (pd.to_numeric(df[c], errors="coerce") for c in col)
+        ok = x.notna() & y.notna()
+        return float(x[ok].rank().corr(y[ok].rank()))
+    vals = pd.to_numeric(df[col].astype(str).str.replace(",", ""), errors="coerce").dropna()
+    if agg == "value":
+        if len(df) != 1:
+            raise ValueError(f"{len(df)} rows match, expected exactly one")
+        return _number(df[col].iloc[0])
+    if vals.empty:
+        raise ValueError("no numeric value in the matching rows")
+    return float(getattr(vals, agg)())
+
+
+def md_tables(text: str) -> list[tuple[str, pd.DataFrame]]:
+    """Every markdown table of ``text`` with the heading above it."""
+    tables, heading, rows = [], "", []
+
+    def close():
+        if len(rows) >= 2:
+            cells = [[c.strip() for c in r.strip().strip("|").split("|")] for r in rows]
+            body = [r for r in cells[2:] if len(r) == len(cells[0])]
+            tables.append((heading, pd.DataFrame(body, columns=cells[0])))
+        rows.clear()
+
+    for line in text.splitlines():
+        if line.lstrip().startswith("|"):
+            rows.append(line)
+            continue
+        close()
+        if line.startswith("#"):
+            heading = line.lstrip("#").strip()
+    close()
+    return tables
+
+
+def value_of(claim: dict, claims: dict[str, dict], src: Sources, seen: tuple = ()) -> float:
+    """The claim's unrounded value, recomputed from its source."""
+    if "expr" in claim:
+        if claim["id"] in seen:
+            raise ValueError("claims refer to each other in a cycle")
+        env = {k: value_of(claims[v], claims, src, seen + (claim["id"],)) for k, v in claim["args"].items()}
+        return float(eval(claim["expr"], {"__builtins__": {}, "abs": abs, "min": min, "max": max}, env))
+    path = claim["source"]
+    if "csv" in claim:
+        spec = claim["csv"]
+        df = _filter(src.csv(path), spec.get("where", {}), spec.get("where_not", {}))
+        return _aggregate(df, spec)
+    if "table" in claim:
+        spec = claim["table"]
+        need = {spec["column"], *spec.get("where", {})}
+        for heading, df in md_tables(src.text(path)):
+            if spec.get("section", "") in heading and need <= set(df.columns):
+                hit = _filter(df, spec.get("where", {}), {})
+                if len(hit):
+                    return _aggregate(hit, {"agg": spec.get("agg", "value"), "column": spec["column"]})
+        raise ValueError(f"no table row in {path} matches {spec}")
+    if "regex" in claim:
+        m = re.search(claim["regex"], src.text(path))
+        if not m:
+            raise ValueError(f"regex {claim['regex']!r} does not match {path}")
+        return _number(m.group(1))
+    if "json" in claim:
+        node = json.loads(src.text(path))
+        for key in claim["json"]:
+            node = node[key]
+        return float(node)
+    raise ValueError("no locator (csv, table, regex, json or expr)")
+
+
+def _links_source(links: set[str], source: str) -> bool:
+    """A page links ``source``, or the markdown report beside it whose name starts its name
+    (``site_fv.md`` for ``site_fv_gemma-3-270m.csv``, ``fit_time.md`` for ``fit_time_….csv``)."""
+    if source in links:
+        return True
+    folder, _, name = source.rpartition("/")
+    stem = name.rsplit(".", 1)[0]
+    for link in links:
+        lf, _, ln = link.rpartition("/")
+        if lf == folder and ln.endswith(".md") and stem.startswith(ln[:-3]):
+            return True
+    return False
+
+
+def sources_of(claim: dict, claims: dict[str, dict]) -> set[str]:
+    if "expr" in claim:
+        return set().union(*(sources_of(claims[v], claims) for v in claim["args"].values()))
+    return {claim["source"]}
+
+
+def render(value: float, claim: dict) -> str:
+    s = format(value * claim.get("scale", 1), claim["fmt"])
+    if re.fullmatch(r"-0?\.?0*", s.rstrip("%")):  # a rounded zero carries no sign
+        s = s[1:]
+    return s.replace("-", claim.get("minus", MINUS), 1) if s.startswith("-") else s
+
+
+def _span_of_quote(block: Block, quote: str, rendered: str) -> list[tuple[int, int]]:
+    """Where ``{v}`` lands in each occurrence of the rendered quote in ``block``."""
+    before, _, after = normalize(quote).partition("{v}")
+    full = before + rendered + after
+    spans, start = [], block.text.find(full)
+    while start >= 0:
+        spans.append((start + len(before), start + len(before) + len(rendered)))
+        start = block.text.find(full, start + 1)
+    return spans
+
+
+def _what_page_says(blocks: list[Block], quote: str) -> str | None:
+    before, _, after = normalize(quote).partition("{v}")
+    pat = re.compile(re.escape(before) + r"([−-]?[\d,.]+%?)" + re.escape(after))
+    for b in blocks:
+        m = pat.search(b.text)
+        if m:
+            return m.group(1)
+    return None
+
+
+def check(root: Path = ROOT, claims_path: Path | None = None, pages: dict[str, str] | None = None) -> list[str]:
+    """All errors (empty when every quoted number matches its source). ``pages`` overrides the text
+    of named pages (a path relative to ``root`` → text), to check an edited copy."""
+    claims_path = claims_path or root / "docs" / "claims.toml"
+    table = tomllib.loads(claims_path.read_text(encoding="utf-8"))
+    claims = {c["id"]: c for c in table.get("claim", [])}
+    src = Sources(root)
+    errors: list[str] = []
+    page_names = sorted({"README.md", *(str(p.relative_to(root)) for p in (root / "docs").glob("*.md"))})
+    texts = {p: (pages or {}).get(p) or (root / p).read_text(encoding="utf-8") for p in page_names}
+    blocks = {p: blocks_of(p, t) for p, t in texts.items()}
+    covered: dict[tuple[str, int], list[tuple[int, int]]] = {}
+
+    for cid, claim in claims.items():
+        try:
+            value = value_of(claim, claims, src)
+        except (KeyError, ValueError, OSError, IndexError, TypeError) as e:
+            errors.append(f"claim {cid}: cannot compute its value: {type(e).__name__}: {e}")
+            continue
+        rendered = render(value, claim)
+        srcs = sources_of(claim, claims)
+        for q in claim.get("quotes", []):
+            page, _, quote = q.partition(": ")
+            if page not in blocks:
+                errors.append(f"claim {cid}: no page {page}")
+                continue
+            found = False
+            for i, b in enumerate(blocks[page]):
+                spans = _span_of_quote(b, quote, rendered)
+                if not spans:
+                    continue
+                found = True
+                covered.setdefault((page, i), []).extend(spans)
+                sec_links = set().union(*(x.links for x in blocks[page] if x.section == b.section))
+                if not any(_links_source(b.links | sec_links, s) for s in srcs):
+                    errors.append(f"{page}: {quote.replace('{v}', rendered)!r} (claim {cid}) does not link "
+                                  f"its source {' or '.join(sorted(srcs))} in its paragraph or section")
+            if not found:
+                says = _what_page_says(blocks[page], quote)
+                detail = f"; the page says {says}" if says else "; the quote's text is not on the page"
+                errors.append(f"{page}: expected {quote.replace('{v}', rendered)!r} (claim {cid} = "
+                              f"{value:.6g} from {', '.join(sorted(srcs))}){detail}")
+
+    errors += _coverage(table, blocks, covered)
+    return errors
+
+
+def _coverage(table: dict, blocks: dict[str, list[Block]], covered) -> list[str]:
+    """Numbers in checked blocks that no claim quotes and no ignore entry names."""
+    global_ignore = [re.compile(p) for p in table.get("settings", {}).get("ignore", [])]
+    page_ignore: dict[str, list[str]] = {}
+    for ig in table.get("ignore", []):
+        page_ignore.setdefault(ig["page"], []).extend(normalize(t) for t in ig["texts"])
+    whole = {(c["page"], s) for c in table.get("coverage", []) for s in c["sections"]}
+    exempt = [(e["page"], normalize(e["prefix"])) for e in table.get("exempt", [])]
+    errors = []
+    for page, bl in blocks.items():
+        for i, b in enumerate(bl):
+            if not (b.links or (page, b.section) in whole):
+                continue
+            if any(p == page and b.text.startswith(pre) for p, pre in exempt):
+                continue
+            ok = list(covered.get((page, i), []))
+            for rx in global_ignore:
+                ok += [m.span() for m in rx.finditer(b.text)]
+            for t in page_ignore.get(page, []):
+                start = b.text.find(t)
+                while start >= 0:
+                    ok.append((start, start + len(t)))
+                    start = b.text.find(t, start + 1)
+            ok += [m.span() for m in INLINE_SKIP.finditer(b.text)]
+            for m in NUMBER.finditer(b.text):
+                if not any(s <= m.start() and m.end() <= e for s, e in ok):
+                    ctx = b.text[max(0, m.start() - 40):m.end() + 20]
+                    errors.append(f"{page} [{b.section}]: number {m.group()!r} has no claim "
+                                  f"(…{ctx}…)")
+    return errors
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--root", type=Path, default=ROOT)
+    ap.add_argument("--claims", type=Path, default=None)
+    ap.add_argument("--list", action="store_true", help="print each claim's id, value and source")
+    args = ap.parse_args(argv)
+    if args.list:
+        claims_path = args.claims or args.root / "docs" / "claims.toml"
+        claims = {c["id"]: c for c in tomllib.loads(claims_path.read_text(encoding="utf-8"))["claim"]}
+        src = Sources(args.root)
+        for cid, c in claims.items():
+            print(f"{cid}\t{render(value_of(c, claims, src), c)}\t{', '.join(sorted(sources_of(c, claims)))}")
+    errors = check(args.root, args.claims)
+    for e in errors:
+        print(e)
+    n = len(tomllib.loads((args.claims or args.root / "docs" / "claims.toml").read_text("utf-8"))["claim"])
+    print(f"check_claims: {n} claims, {len(errors)} error(s)", file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
