@@ -203,9 +203,37 @@ def test_summary_table_and_figure():
     fv = t[t.method == "fv"].iloc[0]
     # exact: means of binary fractions (0.5, 0.0 -> 0.25; 1.0, 2.0 -> 1.5) round nothing
     assert fv.exact_match == 0.25 and fv.dntp == 1.5 and fv.n_tasks == 2
-    assert fv.exact_match_lo <= fv.exact_match <= fv.exact_match_hi
+    # two tasks: no interval over tasks, in the table and in the report
+    assert np.isnan(fv.exact_match_lo) and np.isnan(fv.exact_match_hi)
+    md = bench.summary_markdown(df)
+    assert "| fv | 2 | 0.250 | 0.250 |" in md and "No interval over tasks" in md
     fig = bench.dntp_accuracy_figure(df)
     assert len(fig.data) == 2
+
+
+def test_summary_table_gives_a_task_interval_from_five_tasks(monkeypatch):
+    """From MIN_TASKS_FOR_CI tasks on, exact match carries a bootstrap interval over tasks; below it
+    none. A summary that bootstraps 3 tasks (the bug) fails the first half."""
+    from sitelens.pipelines import bench_summary
+
+    def table(n_tasks):
+        em = [0.1, 0.9, 0.4, 0.6, 0.2, 0.8][:n_tasks]
+        return pd.DataFrame({
+            "model": "m", "task": [f"t{i}" for i in range(n_tasks)], "method": "fv",
+            "first_token_acc": em, "exact_match": em, "dntp": 1.0, "trainable_params": 0,
+            "fit_seconds": 0.1, "seconds_per_item": 0.01, "error": ""})
+
+    assert bench_summary.MIN_TASKS_FOR_CI == 5
+    three = bench.summary_table(table(3)).iloc[0]
+    assert three.n_tasks == 3 and np.isnan(three.exact_match_lo)
+    assert "(" not in bench.summary_markdown(table(3)).split("| fv | 3 |")[1].split("\n")[0]
+    five = bench.summary_table(table(5)).iloc[0]
+    assert five.exact_match_lo < five.exact_match < five.exact_match_hi
+    md5 = bench.summary_markdown(table(5))
+    assert "No interval over tasks" not in md5 and f"({five.exact_match_lo:.3f}–" in md5
+    # the guard is what removes the interval: with it lowered, 3 tasks get one again
+    monkeypatch.setattr(bench_summary, "MIN_TASKS_FOR_CI", 3)
+    assert not np.isnan(bench.summary_table(table(3)).iloc[0].exact_match_lo)
 
 
 def test_dntp_accuracy_correlation_pooled_and_within_task():

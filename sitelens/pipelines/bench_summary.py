@@ -14,15 +14,20 @@ from sitelens.eval.labels import LABEL_METRICS, nan_mean
 from sitelens.eval.metrics import bootstrap_ci, correlation
 from sitelens.format import fmt_float, fmt_int
 
+# A bootstrap over fewer tasks than this resamples too few values to say how the mean would vary
+# over tasks (over 3 tasks it has at most 10 distinct means); such rows get no interval over tasks.
+MIN_TASKS_FOR_CI = 5
+
 
 def summary_table(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Per (model, method), means over tasks: first_token_acc, exact_match (with a bootstrap 95%
-    CI over tasks), dntp, trainable_params, fit_seconds, seconds_per_item, n_tasks; and the label
+    CI over tasks when the method ran on at least :data:`MIN_TASKS_FOR_CI` tasks, else NaN), dntp, trainable_params, fit_seconds, seconds_per_item, n_tasks; and the label
     metrics (:data:`LABEL_METRICS`) over the tasks that have them (``n_label_tasks``)."""
     rows = []
     ok = df[pd.to_numeric(df["exact_match"], errors="coerce").notna()]  # failed cells left out
     for (model, method), g in ok.groupby(["model", "method"], sort=False):
-        lo, hi = bootstrap_ci(g["exact_match"].to_numpy(float), n_boot=n_boot, seed=seed)
+        lo, hi = (bootstrap_ci(g["exact_match"].to_numpy(float), n_boot=n_boot, seed=seed)
+                  if len(g) >= MIN_TASKS_FOR_CI else (float("nan"), float("nan")))
         rows.append({
             "model": model,
             "method": method,
@@ -88,12 +93,18 @@ def summary_markdown(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> 
             "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in g.itertuples():
+            ci = (f" ({fmt_float(r.exact_match_lo)}–{fmt_float(r.exact_match_hi)})"
+                  if r.n_tasks >= MIN_TASKS_FOR_CI else "")
             lines.append(
                 f"| {r.method} | {r.n_tasks} | {fmt_float(r.first_token_acc)} | "
-                f"{fmt_float(r.exact_match)} ({fmt_float(r.exact_match_lo)}–{fmt_float(r.exact_match_hi)}) | "
+                f"{fmt_float(r.exact_match)}{ci} | "
                 f"{fmt_float(r.dntp)} | {fmt_int(r.trainable_params)} | {fmt_float(r.fit_seconds, 1)} | "
                 f"{fmt_float(r.seconds_per_item, 3)} |"
             )
+        if (g["n_tasks"] < MIN_TASKS_FOR_CI).any():
+            lines += ["", f"No interval over tasks where a method ran on fewer than {MIN_TASKS_FOR_CI} "
+                          "tasks: a bootstrap over so few tasks cannot show how the mean varies over "
+                          "tasks."]
         lines += _label_lines(g)
         c = corr.get(model)
         if c is not None:
@@ -139,4 +150,4 @@ def dntp_accuracy_figure(df: pd.DataFrame, *, accuracy: str = "exact_match"):
     return fig
 
 
-__all__ = ["summary_table", "dntp_accuracy_correlation", "summary_markdown", "dntp_accuracy_figure"]
+__all__ = ["MIN_TASKS_FOR_CI", "summary_table", "dntp_accuracy_correlation", "summary_markdown", "dntp_accuracy_figure"]
