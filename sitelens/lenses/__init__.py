@@ -21,7 +21,8 @@ Higher = more important in every lens. :mod:`~sitelens.lenses.registry` holds th
 :func:`head_scores` runs any subset on one model and task with shared inputs (one embedding, the
 same corrupted prompts for ``atp`` and ``effect``); :func:`exact_effects` wraps
 :func:`sitelens.patching.effects.head_causal_effects` as a lens;
-:mod:`~sitelens.lenses.compare` compares lenses (rank agreement, certified top-k).
+:mod:`~sitelens.lenses.compare` compares lenses (rank agreement, verified top-k with a heuristic
+stopping rule).
 """
 
 from __future__ import annotations

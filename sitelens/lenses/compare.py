@@ -1,15 +1,17 @@
-"""Comparing lenses: rank agreement, and a certified top-k that verifies only what the fast lens
-leaves uncertain.
+"""Comparing lenses: rank agreement, and a verified top-k (heuristic stopping rule) that verifies
+exactly only the heads the fast lens ranks best.
 
 - :func:`lens_agreement`: for every model × task in a :class:`HeadScores` table and every pair of
   its lenses, the Spearman correlation over heads and the top-k Jaccard overlap.
 - :func:`certify_top_k` (pure, on arrays) and :func:`certified_top_k` (runs the exact patching):
   rank heads by a fast lens (AtP), verify the best-ranked heads exactly, ``step`` at a time; the
-  residual bound ``r`` is the largest ``|exact − fast|`` seen among verified heads; the exact top-k
-  is **certified** once the k-th best verified exact effect exceeds ``fast + r`` of every head not
-  yet verified, or the verification stops at ``budget`` (a share of all heads) uncertified. The
-  bound is empirical (the residuals of unverified heads are assumed no larger than the largest
-  seen among the verified ones, which are the heads with the largest effects), not a proof.
+  residual ``r`` is the largest ``|exact − fast|`` seen among verified heads; verification stops
+  (the result's ``certified`` flag) once the k-th best verified exact effect exceeds ``fast + r`` of
+  every head not yet verified, or at ``budget`` (a share of all heads) with the flag unset. This
+  is a heuristic stopping rule, not a bound: it assumes the residuals of unverified heads are no
+  larger than the largest seen among the verified ones (the heads with the largest effects), and a
+  head with a larger error can be missed. The names ``certify_top_k`` / ``certified_top_k`` and the
+  ``certified`` key are kept as the results' keys; read them as "verified, the rule stopped".
 """
 
 from __future__ import annotations
@@ -49,10 +51,11 @@ def lens_agreement(scores: HeadScores, k: int = 10, lenses: list[str] | None = N
 
 def certify_top_k(fast: np.ndarray, exact_of, k: int = 10, budget: float = 0.15,
                   step: int | None = None, rule: str = "absolute") -> dict:
-    """The certification loop on flat arrays. ``exact_of(idx) -> values`` returns the exact
-    scores of the heads ``idx`` (called once per round with the new heads only). Returns
-    ``verified`` (flat indices, in verification order), ``exact`` (their values), ``top``
-    (the k best verified), ``certified``, ``residual``, ``rounds`` (calls of ``exact_of``).
+    """The verification loop (heuristic stopping rule) on flat arrays. ``exact_of(idx) -> values``
+    returns the exact scores of the heads ``idx`` (called once per round with the new heads only).
+    Returns ``verified`` (flat indices, in verification order), ``exact`` (their values), ``top``
+    (the k best verified), ``certified`` (the stopping rule held; not a guarantee), ``residual``,
+    ``rounds`` (calls of ``exact_of``).
 
     ``rule``: how an unverified head's exact score is bounded from its fast score ``f``:
     ``"absolute"`` ``f + r`` with ``r`` the largest ``|exact − fast|`` seen; ``"relative"``
@@ -94,8 +97,8 @@ def certified_top_k(
     model, task, fast: HeadScores, embedding, config: EffectsConfig | None = None, *,
     k: int = 10, budget: float = 0.15, step: int | None = None, rule: str = "absolute",
 ) -> dict:
-    """Certified top-k heads of exact activation patching (the ``effect`` lens, same corrupted
-    prompts and embedding as ``config``) using ``fast`` (one lens, e.g. ``atp``) to choose which
+    """Verified top-k heads (heuristic stopping rule, see the module docstring) of exact activation
+    patching (the ``effect`` lens, same corrupted prompts and embedding as ``config``) using ``fast`` (one lens, e.g. ``atp``) to choose which
     heads to verify. The prefix KV cache and the unpatched row of each prompt are computed once;
     each round runs one last-token row per (prompt, new head). Returns :func:`certify_top_k`'s
     dict with ``top`` as ``(layer, head)`` pairs, plus ``forward_passes``, ``rows``
