@@ -40,11 +40,15 @@ import argparse
 import json
 import re
 import sys
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomli, which pytest requires there
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 MINUS = "\u2212"
@@ -271,7 +275,8 @@ def _what_page_says(blocks: list[Block], quote: str) -> str | None:
     return None
 
 
-def check(root: Path = ROOT, claims_path: Path | None = None, pages: dict[str, str] | None = None) -> list[str]:
+def check(root: Path = ROOT, claims_path: Path | None = None,
+          pages: dict[str, str] | None = None) -> list[str]:
     """All errors (empty when every quoted number matches its source). ``pages`` overrides the text
     of named pages (a path relative to ``root`` → text), to check an edited copy."""
     claims_path = claims_path or root / "docs" / "claims.toml"

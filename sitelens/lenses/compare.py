@@ -98,9 +98,10 @@ def certified_top_k(
     k: int = 10, budget: float = 0.15, step: int | None = None, rule: str = "absolute",
 ) -> dict:
     """Verified top-k heads (heuristic stopping rule, see the module docstring) of exact activation
-    patching (the ``effect`` lens, same corrupted prompts and embedding as ``config``) using ``fast`` (one lens, e.g. ``atp``) to choose which
-    heads to verify. The prefix KV cache and the unpatched row of each prompt are computed once;
-    each round runs one last-token row per (prompt, new head). Returns :func:`certify_top_k`'s
+    patching (the ``effect`` lens, same corrupted prompts and embedding as ``config``) using
+    ``fast`` (one lens, e.g. ``atp``) to choose which heads to verify. The prefix KV cache and the
+    unpatched row of each prompt are computed once; each round runs one last-token row per (prompt,
+    new head). Returns :func:`certify_top_k`'s
     dict with ``top`` as ``(layer, head)`` pairs, plus ``forward_passes``, ``rows``
     (single-token rows run: ``(verified + 1) × n_prompts``), ``seconds``."""
     cfg = config or EffectsConfig()

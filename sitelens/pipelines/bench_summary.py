@@ -21,7 +21,8 @@ MIN_TASKS_FOR_CI = 5
 
 def summary_table(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Per (model, method), means over tasks: first_token_acc, exact_match (with a bootstrap 95%
-    CI over tasks when the method ran on at least :data:`MIN_TASKS_FOR_CI` tasks, else NaN), dntp, trainable_params, fit_seconds, seconds_per_item, n_tasks; and the label
+    CI over tasks when the method ran on at least :data:`MIN_TASKS_FOR_CI` tasks, else NaN), dntp,
+    trainable_params, fit_seconds, seconds_per_item, n_tasks; and the label
     metrics (:data:`LABEL_METRICS`) over the tasks that have them (``n_label_tasks``)."""
     rows = []
     ok = df[pd.to_numeric(df["exact_match"], errors="coerce").notna()]  # failed cells left out
@@ -150,4 +151,5 @@ def dntp_accuracy_figure(df: pd.DataFrame, *, accuracy: str = "exact_match"):
     return fig
 
 
-__all__ = ["MIN_TASKS_FOR_CI", "summary_table", "dntp_accuracy_correlation", "summary_markdown", "dntp_accuracy_figure"]
+__all__ = ["MIN_TASKS_FOR_CI", "summary_table", "dntp_accuracy_correlation", "summary_markdown",
+           "dntp_accuracy_figure"]
