@@ -11,7 +11,8 @@ This script recomputes each value from its file, renders it, and fails when:
 - a paragraph or list item that links a results file (``benchmarks/results/…`` or ``figures/…``),
   or any block of a section the table marks ``[[coverage]]``, holds a number that no claim quotes
   and no ``[[ignore]]`` entry names as a setting (so a new quote cannot drift in unchecked). Blocks
-  listed as ``[[exempt]]`` (by the start of their text) are not yet covered and are skipped.
+  listed as ``[[exempt]]`` (by the start of their text) are not yet covered and are skipped; a
+  ``[[coverage]]`` entry's ``blocks`` (starts of text) forces blocks without a link to be covered.
 
 Locating a value (one of):
 
@@ -25,6 +26,9 @@ Locating a value (one of):
 - ``json = ["key", 0, …]``: a path into a JSON source;
 - ``expr = "a / b"`` with ``args = {a = "claim.id", …}``: arithmetic on other claims' unrounded
   values (the claim's sources are theirs).
+
+``links = ["…"]`` names other files a quoting page may link instead of the source (the report that
+shows the source's rows).
 
 Rendering: ``format(value * scale, fmt)`` (``scale`` defaults to 1), a negative sign written as
 U+2212 (``−``) unless ``minus = "-"``. A quote is ``"PAGE: text with {v}"``; whitespace runs are
@@ -247,6 +251,15 @@ def sources_of(claim: dict, claims: dict[str, dict]) -> set[str]:
     return {claim["source"]}
 
 
+def links_of(claim: dict, claims: dict[str, dict]) -> set[str]:
+    """The files a quoting page may link for the claim: its sources, and its ``links`` (the report
+    that shows the source's rows, e.g. ``cls_report.md`` for ``cls_….csv``)."""
+    own = set(claim.get("links", []))
+    if "expr" in claim:
+        return own.union(*(links_of(claims[v], claims) for v in claim["args"].values()))
+    return own | {claim["source"]}
+
+
 def render(value: float, claim: dict) -> str:
     s = format(value * claim.get("scale", 1), claim["fmt"])
     if re.fullmatch(r"-0?\.?0*", s.rstrip("%")):  # a rounded zero carries no sign
@@ -267,7 +280,7 @@ def _span_of_quote(block: Block, quote: str, rendered: str) -> list[tuple[int, i
 
 def _what_page_says(blocks: list[Block], quote: str) -> str | None:
     before, _, after = normalize(quote).partition("{v}")
-    pat = re.compile(re.escape(before) + r"([−-]?[\d,.]+%?)" + re.escape(after))
+    pat = re.compile(re.escape(before) + r"([−-]?\d[\d,.]*)" + re.escape(after))
     for b in blocks:
         m = pat.search(b.text)
         if m:
@@ -297,6 +310,7 @@ def check(root: Path = ROOT, claims_path: Path | None = None,
             continue
         rendered = render(value, claim)
         srcs = sources_of(claim, claims)
+        linkable = links_of(claim, claims)
         for q in claim.get("quotes", []):
             page, _, quote = q.partition(": ")
             if page not in blocks:
@@ -310,7 +324,7 @@ def check(root: Path = ROOT, claims_path: Path | None = None,
                 found = True
                 covered.setdefault((page, i), []).extend(spans)
                 sec_links = set().union(*(x.links for x in blocks[page] if x.section == b.section))
-                if not any(_links_source(b.links | sec_links, s) for s in srcs):
+                if not any(_links_source(b.links | sec_links, s) for s in linkable):
                     errors.append(f"{page}: {quote.replace('{v}', rendered)!r} (claim {cid}) does not link "
                                   f"its source {' or '.join(sorted(srcs))} in its paragraph or section")
             if not found:
@@ -329,12 +343,14 @@ def _coverage(table: dict, blocks: dict[str, list[Block]], covered) -> list[str]
     page_ignore: dict[str, list[str]] = {}
     for ig in table.get("ignore", []):
         page_ignore.setdefault(ig["page"], []).extend(normalize(t) for t in ig["texts"])
-    whole = {(c["page"], s) for c in table.get("coverage", []) for s in c["sections"]}
+    whole = {(c["page"], s) for c in table.get("coverage", []) for s in c.get("sections", [])}
+    starts = [(c["page"], normalize(s)) for c in table.get("coverage", []) for s in c.get("blocks", [])]
     exempt = [(e["page"], normalize(e["prefix"])) for e in table.get("exempt", [])]
     errors = []
     for page, bl in blocks.items():
         for i, b in enumerate(bl):
-            if not (b.links or (page, b.section) in whole):
+            forced = any(p == page and b.text.startswith(s) for p, s in starts)
+            if not (b.links or forced or (page, b.section) in whole):
                 continue
             if any(p == page and b.text.startswith(pre) for p, pre in exempt):
                 continue

@@ -1,0 +1,101 @@
+"""The claims check (scripts/check_claims.py, docs/claims.toml): every quoted number in README.md and
+docs/*.md matches the committed results file it comes from, and the check fails on a number changed
+by hand, on a new number quoted without a claim, and on a quote that does not link its source."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "check_claims.py"
+
+
+@pytest.fixture(scope="module")
+def cc():
+    spec = importlib.util.spec_from_file_location("check_claims", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["check_claims"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_quoted_number_matches_its_source(cc):
+    assert cc.check(ROOT) == []
+
+
+def test_the_script_exits_0_on_the_repo_and_1_on_a_mismatch(tmp_path):
+    assert subprocess.run([sys.executable, str(SCRIPT)], capture_output=True).returncode == 0
+    claims = (ROOT / "docs" / "claims.toml").read_text(encoding="utf-8")
+    bad = tmp_path / "claims.toml"
+    bad.write_text(claims.replace('quotes = [\n  "README.md: **SITE {v}%**; Gemma"',
+                                  'scale = 1.01\nquotes = [\n  "README.md: **SITE {v}%**; Gemma"', 1))
+    run = subprocess.run([sys.executable, str(SCRIPT), "--claims", str(bad)], capture_output=True, text=True)
+    assert run.returncode == 1 and "fv.smollm2.em.site" in run.stdout
+
+
+def test_a_number_changed_by_hand_fails(cc):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "**SITE 54.4%**" in readme
+    errors = cc.check(ROOT, pages={"README.md": readme.replace("**SITE 54.4%**", "**SITE 55.4%**")})
+    assert any("README.md: expected '**SITE 54.4%**; Gemma'" in e and "the page says 55.4" in e
+               for e in errors), errors
+    # the same number changed on a docs page, in a table cell of a claim sourced from a CSV
+    page = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    old = "| SmolLM2: dNTP | 7.26 |"
+    assert old in page
+    errors = cc.check(ROOT, pages={"docs/results.md": page.replace(old, "| SmolLM2: dNTP | 7.62 |")})
+    assert any("cls.smollm2.zero-shot.dntp" in e for e in errors), errors
+
+
+def test_a_new_number_in_a_checked_block_needs_a_claim(cc):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    anchor = "with 2 threads\n"
+    assert anchor in readme
+    planted = readme.replace(anchor, "with 2 threads (a second run: 31.4 s)\n", 1)
+    errors = cc.check(ROOT, pages={"README.md": planted})
+    assert any("number '31.4' has no claim" in e for e in errors), errors
+    # a linked paragraph anywhere in the docs is checked too, not only the listed sections
+    page = (ROOT / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    linked = page + "\nA new finding: 42.7% ([site_fv.md](../benchmarks/results/site_fv.md)).\n"
+    errors = cc.check(ROOT, pages={"docs/troubleshooting.md": linked})
+    assert any("docs/troubleshooting.md" in e and "'42.7'" in e for e in errors), errors
+
+
+def test_a_quote_must_link_its_source(cc):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    link = "([fit_time.md](benchmarks/results/fit_time.md))"
+    assert link in readme
+    errors = cc.check(ROOT, pages={"README.md": readme.replace(link, "")})
+    assert any("fit.smollm2.median" in e and "does not link" in e for e in errors), errors
+
+
+def test_locators_and_rendering(cc, tmp_path):
+    (tmp_path / "r.csv").write_text("model,task,x,y\nm,a,1,3\nm,b,2,2\nm,c,3,1\nn,a,9,9\n")
+    (tmp_path / "r.md").write_text("# R\n\n## m\n\n| method | EM |\n|---|---|\n| site | 54.4 |\n\n"
+                                   "median ratio 7.55.\n")
+    (tmp_path / "r.json").write_text('{"a": {"b": [0.5, 0.25]}}')
+    claims = {
+        "mean": {"id": "mean", "source": "r.csv",
+                 "csv": {"where": {"model": "m"}, "column": "x", "agg": "mean"}},
+        "rho": {"id": "rho", "source": "r.csv",
+                "csv": {"where": {"model": "m"}, "column": ["x", "y"], "agg": "spearman"}},
+        "cell": {"id": "cell", "source": "r.md", "table": {"section": "m", "where": {"method": "site"},
+                                                           "column": "EM"}},
+        "rx": {"id": "rx", "source": "r.md", "regex": r"median ratio (\d+(?:\.\d+)?)"},
+        "js": {"id": "js", "source": "r.json", "json": ["a", "b", 1]},
+        "ratio": {"id": "ratio", "expr": "a / b", "args": {"a": "cell", "b": "mean"}},
+    }
+    src = cc.Sources(tmp_path)
+    got = {k: cc.value_of(c, claims, src) for k, c in claims.items()}
+    assert got == {"mean": 2.0, "rho": -1.0, "cell": 54.4, "rx": 7.55, "js": 0.25, "ratio": 27.2}
+    with pytest.raises(ValueError, match="exactly one"):
+        cc.value_of({"id": "x", "source": "r.csv", "csv": {"where": {"task": "a"}, "column": "x"}}, {}, src)
+    assert cc.render(-0.0155, {"fmt": ".2f"}) == "\u22120.02"
+    assert cc.render(-0.001, {"fmt": ".2f"}) == "0.00"
+    assert cc.render(460800, {"fmt": ",.0f"}) == "460,800"
+    assert cc.render(0.171, {"fmt": ".1f", "scale": 100}) == "17.1"
