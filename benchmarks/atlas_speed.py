@@ -104,7 +104,7 @@ def measure(path: Path, repeats: int, screenshots: Path | None) -> dict:
 
 
 class AtlasSpeed(Experiment):
-    name = "atlas_speed"
+    name, title = "atlas_speed", "Atlas page: size and speed"
     columns = ["bytes", "plotly_bundle", *TIMES[:4], "plotly_only_s", "repeats", "load_1m", "cpus", "mb"]
     key, replace = None, True
 
@@ -123,10 +123,7 @@ class AtlasSpeed(Experiment):
         return {**row, "mb": round(row["bytes"] / 1e6, 2), **{k: round(row[k], 3) for k in TIMES}}
 
     def report(self, df: pd.DataFrame) -> str:
-        return "\n".join([
-            "# Atlas page: size and speed", "",
-            "`python benchmarks/atlas_speed.py ATLAS.html` (headless Chromium, median of "
-            f"{int(df.repeats.iloc[0])} fresh pages; see the script's docstring).", "", md_table(df), ""])
+        return f"Headless Chromium, median of {int(df.repeats.iloc[0])} fresh pages.\n\n{md_table(df)}\n"
 
 
 if __name__ == "__main__":

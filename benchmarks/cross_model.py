@@ -1,17 +1,14 @@
-"""Cross-model transfer (issue 21, part 5): task vectors extracted from Gemma-3-270M (d_model 640, 18
-layers) and applied to SmolLM2-135M (576, 30 layers) through a linear map between their residual
-streams; and the two models' α maps compared by relative depth.
+"""Cross-model transfer: task vectors extracted from Gemma-3-270M (d_model 640, 18 layers) applied to
+SmolLM2-135M (576, 30 layers) through a linear map between their residual streams; and the two
+models' α maps compared by relative depth.
 
     python benchmarks/cross_model.py --threads 1             # resumable; the same command continues
     python benchmarks/cross_model.py --report                # cross_model.md from the CSVs only
     python benchmarks/cross_model.py --only sst2,antonym     # some evaluation tasks now, the rest later
     python benchmarks/cross_model.py --tiny --out /tmp/xm    # smoke test on two tiny random models
 
-Every definition (the unlabeled texts and their held-out sources, the maps, each transfer method):
-docs/benchmarks.md, "cross_model.py". Results: ``results/cross_model.csv`` (a row per task × model ×
-method, keyed on every setting, LTV rows also on ``LTV_NUMERICS``), ``cross_model_items.csv`` (per
-item), ``cross_model_r2.csv`` / ``_r2_tasks.csv`` (map R²), ``cross_model_alpha_depth.csv``,
-``cross_model.md``. Fits and states are cached (keyed) under ``runs/cross_model/``.
+Every definition (the unlabeled texts, the maps, each transfer method): docs/benchmarks.md,
+"cross_model.py". Fits and states are cached (keyed) under ``runs/cross_model/``.
 """
 
 from __future__ import annotations
@@ -68,7 +65,7 @@ def _cut(text: str, n: int = 200) -> str:
 
 
 def unlabeled_texts(args, eval_tasks) -> tuple[list[str], list[str], dict]:
-    """(fit prompts, held-out prompts, provenance) — see the module docstring."""
+    """(fit prompts, held-out prompts, provenance): inputs of tasks not evaluated, held out by source."""
     from sitelens.tasks import load_task, zero_shot_prompt
 
     banned = {_norm(ex.input) for t in eval_tasks for s in ("train", "valid", "test") for ex in t.split(s)}
@@ -91,17 +88,15 @@ def unlabeled_texts(args, eval_tasks) -> tuple[list[str], list[str], dict]:
 
 
 class CrossModel(Experiment):
-    name = "cross_model"
+    name, title = "cross_model", "Cross-model transfer: Gemma-3-270M → SmolLM2-135M"
     columns = COLUMNS
     limit = 50
 
     def add_arguments(self, p) -> None:
         p.add_argument("--fv-tasks", default=",".join(FV_TASKS))
         p.add_argument("--cls-tasks", default=",".join(CLS_TASKS))
-        p.add_argument("--only", default="",
-                       help="run only these of the evaluation tasks (comma-separated names), in this "
-                            "order; the unlabeled texts still exclude every evaluation task's inputs, "
-                            "so a partial run keeps the keys, maps and caches of the full one")
+        p.add_argument("--only", default="", help="run only these evaluation tasks, in this order (the "
+                       "texts still exclude every evaluation task's inputs, so the keys stay the full run's)")
         p.add_argument("--texts-per-task", type=int, default=24)
         p.add_argument("--texts-per-cls", type=int, default=80)
         p.add_argument("--tiny", action="store_true", help="two tiny random models, small sizes (smoke test)")
@@ -143,8 +138,7 @@ class CrossModel(Experiment):
         self.setup(args)
         by_name = {t.name: (coll, t) for coll, t in self.tasks}
         only = [n for n in args.only.split(",") if n]
-        unknown = [n for n in only if n not in by_name]
-        if unknown:
+        if unknown := [n for n in only if n not in by_name]:
             from sitelens.errors import UsageError
 
             raise UsageError(f"--only names {unknown}, which are not evaluation tasks "
@@ -173,28 +167,19 @@ class CrossModel(Experiment):
         self.task_r2(job["coll"], job["task"])
         return []  # score() appends each cell's rows as it finishes
 
-    # -- states and maps -----------------------------------------------------------------------
-
-    def text_states(self):
-        from sitelens.pipelines.transfer import resid_states
-
-        out = {}
-        for side, model in self.m.items():
-            for part, texts in (("fit", self.fit_texts), ("held", self.held_texts)):
-                params = {"fp": self.fp[side], "texts": texts}
-                out[side, part] = self.cache.get(f"states_{side}_{part}", params,
-                                                 lambda m=model, t=texts: resid_states(m, t))
-        self.log(f"text states: fit {len(self.fit_texts)}, held out {len(self.held_texts)}")
-        return out
+    # -- states, maps, fits ----------------------------------------------------------------------
 
     def maps(self):
         """The R² grid (every pair) and the maps the transfers use (fitted on demand)."""
         import torch
 
         from sitelens.io import atomic_write_csv
-        from sitelens.pipelines.transfer import corresponding_index, fit_ridge_map, map_grid
+        from sitelens.pipelines.transfer import corresponding_index, fit_ridge_map, map_grid, resid_states
 
-        S = self.S = self.text_states()
+        S = self.S = {(side, part): self.cache.get(f"states_{side}_{part}", {"fp": self.fp[side], "texts": t},
+                                                   lambda m=model, t=t: resid_states(m, t))
+                      for side, model in self.m.items()
+                      for part, t in (("fit", self.fit_texts), ("held", self.held_texts))}
         Ls, Ld = self.src.cfg.n_layers, self.dst.cfg.n_layers
         grid = self.cache.get("r2_grid", {"base": self.base},
                               lambda: map_grid(S["src", "fit"], S["dst", "fit"], S["src", "held"],
@@ -209,23 +194,18 @@ class CrossModel(Experiment):
         perm = torch.randperm(len(self.fit_texts), generator=torch.Generator().manual_seed(0))
 
         def get(i: int, j: int, *, reverse: bool = False, shuffled: bool = False):
-            key = (i, j, reverse, shuffled)
-            if key not in maps:
+            if (key := (i, j, reverse, shuffled)) not in maps:
                 X, Y = S["src", "fit"][:, i], S["dst", "fit"][:, j]
                 Xh, Yh = S["src", "held"][:, i], S["dst", "held"][:, j]
                 if reverse:
                     X, Y, Xh, Yh = Y, X, Yh, Xh
-                if shuffled:
-                    Y = Y[perm]
-                m = fit_ridge_map(X, Y, X_heldout=Xh, Y_heldout=Yh)
+                m = fit_ridge_map(X, Y[perm] if shuffled else Y, X_heldout=Xh, Y_heldout=Yh)
                 m.src_index, m.dst_index = (j, i) if reverse else (i, j)
                 maps[key] = m
             return maps[key]
 
         self.map = get
-        self.log("maps ready")
-
-    # -- fits ------------------------------------------------------------------------------------
+        self.log(f"maps ready (fit {len(self.fit_texts)}, held out {len(self.held_texts)} texts)")
 
     def states(self, side: str, task):
         from sitelens.pipelines.transfer import task_states
@@ -268,33 +248,28 @@ class CrossModel(Experiment):
 
         return self.cache.get(f"alpha_{side}_{tag}_{task.name}", params, compute)
 
-    def carried_embedding(self, embedding, shuffled: bool):
-        from sitelens.pipelines.transfer import corresponding_layer, transfer_embedding
-
-        Ls, Ld = self.src.cfg.n_layers, self.dst.cfg.n_layers
-        maps = {ld: (corresponding_layer(ld, Ld, Ls),
-                     self.map(corresponding_layer(ld, Ld, Ls) + 1, ld + 1, shuffled=shuffled))
-                for ld in range(Ld)}  # the state after the block
-        return transfer_embedding(self.src, self.dst, embedding, maps)
-
     # -- one task --------------------------------------------------------------------------------
 
     def run_task(self, coll: str, task, todo: list) -> None:
         import torch
 
         from sitelens.baselines import Fitted
-        from sitelens.baselines.base import HookIntervention, last_token_hook
-        from sitelens.baselines.ltv import ltv_intervention
+        from sitelens.baselines.ltv import affine_intervention, ltv_intervention
         from sitelens.baselines.tv import tv_intervention
-        from sitelens.models import act_name
-        from sitelens.pipelines.transfer import corresponding_index, r2_score, transfer_linear, tv_fitted
+        from sitelens.pipelines.transfer import (
+            corresponding_index,
+            corresponding_layer,
+            r2_score,
+            transfer_embedding,
+            transfer_linear,
+            tv_fitted,
+        )
         from sitelens.site import site_mix
 
         Ls, Ld = self.src.cfg.n_layers, self.dst.cfg.n_layers
         self.log(f"{task.name}: {len(todo)} cells")
         st = {side: self.states(side, task) for side in ("src", "dst")}
-        need = {m for _, m in todo}
-        own: dict = {}
+        need, own = {m for _, m in todo}, {}
         for side, model in self.m.items():
             if (side, "tv") in todo or (side == "src" and need & {"tv-transfer", "tv-transfer-shuffled"}):
                 own[side, "tv"] = tv_fitted(model, task, st[side]["tv"], n_valid=self.sizes["n_valid"])
@@ -304,6 +279,7 @@ class CrossModel(Experiment):
                 own[side, "site"] = self.site_alpha(side, task, st[side]["embedding"], "own")
         for side, method in todo:
             model, extra, t0, fit_s = self.m[side], {}, time.perf_counter(), 0.0
+            shuffled = method.endswith("shuffled")
             if method == "zero-shot":
                 fitted = Fitted("zero-shot")
             elif method == "tv":
@@ -321,17 +297,15 @@ class CrossModel(Experiment):
             elif method in ("tv-transfer", "tv-transfer-shuffled"):
                 ls = own["src", "tv"].state["layer"]
                 ld = corresponding_index(ls, Ls, Ld)
-                m = self.map(ls, ld, shuffled=method.endswith("shuffled"))
+                m = self.map(ls, ld, shuffled=shuffled)
                 carried = m.state(st["src"]["tv"][ls].double()).float()
-                own_dst = st["dst"]["tv"][ld] if ld < Ld else None
-                mu = self.S["dst", "fit"][:, ld].mean(0)
-                rel = (float((carried - own_dst).norm() / (own_dst - mu).norm()) if own_dst is not None
-                       else float("nan"))
+                own_dst, mu = (st["dst"]["tv"][ld] if ld < Ld else None), self.S["dst", "fit"][:, ld].mean(0)
                 fitted = Fitted(method, intervention=tv_intervention(carried.to(model.cfg.device), ld))
                 extra = {"layer_src": ls, "layer_dst": ld, "map_r2_heldout": m.r2_heldout,
                          "map_r2_task": r2_score(st["dst"]["resid"][:, ld],
                                                  m.state(st["src"]["resid"][:, ls].double())),
-                         "tv_rel_err": rel}
+                         "tv_rel_err": float((carried - own_dst).norm() / (own_dst - mu).norm())
+                         if own_dst is not None else float("nan")}
             elif method == "tv-transfer-valid":
                 carried = torch.stack([
                     self.map(corresponding_index(ld, Ld, Ls), ld).state(
@@ -342,23 +316,19 @@ class CrossModel(Experiment):
                 extra = {"layer_src": corresponding_index(ld, Ld, Ls), "layer_dst": ld,
                          "map_r2_heldout": self.map(corresponding_index(ld, Ld, Ls), ld).r2_heldout}
             elif method == "ltv-transfer":
-                ltv = own["src", "ltv"]
-                ls = ltv["state"]["layer"]  # resid_post of block ls: residual point ls + 1
+                ls = own["src", "ltv"]["state"]["layer"]  # resid_post of block ls: residual point ls + 1
                 jd = corresponding_index(ls + 1, Ls, Ld)
-                fwd, back = self.map(ls + 1, jd), self.map(ls + 1, jd, reverse=True)
-                Wd, c = transfer_linear(ltv["state"]["W"].cpu(), fwd, back)
-                Wd, c = Wd.to(model.cfg.device), c.to(model.cfg.device)
-                name = act_name("resid_post", jd - 1)
-
-                def build(m, seq_len, Wd=Wd, c=c, name=name):
-                    return [(name, last_token_hook(lambda h: h + h @ Wd.to(h.dtype).T + c.to(h.dtype),
-                                                   seq_len))]
-
-                fitted = Fitted(method, intervention=HookIntervention(build))
+                fwd = self.map(ls + 1, jd)
+                Wd, c = transfer_linear(own["src", "ltv"]["state"]["W"].cpu(), fwd,
+                                        self.map(ls + 1, jd, reverse=True))
+                fitted = Fitted(method, intervention=affine_intervention(Wd, jd - 1, bias=c))
                 extra = {"layer_src": ls, "layer_dst": jd - 1, "map_r2_heldout": fwd.r2_heldout}
-            elif method in ("site-transfer", "site-transfer-shuffled", "site-transfer-own-alpha"):
-                shuffled = method.endswith("shuffled")
-                t, table = self.carried_embedding(st["src"]["embedding"], shuffled)
+            elif method.startswith("site-transfer"):
+                # each SmolLM2 block gets the α = 1 write of the Gemma block at its relative depth
+                maps = {ld: (corresponding_layer(ld, Ld, Ls),
+                             self.map(corresponding_layer(ld, Ld, Ls) + 1, ld + 1, shuffled=shuffled))
+                        for ld in range(Ld)}  # the state after the block
+                t, table = transfer_embedding(self.src, self.dst, st["src"]["embedding"], maps)
                 if method == "site-transfer-own-alpha":
                     alpha = own["dst", "site"]["alpha"]
                 else:
@@ -380,15 +350,17 @@ class CrossModel(Experiment):
         return settings_hash(s, n=16)
 
     def score(self, side, coll, task, method, fitted, fit_s, extra, t0) -> None:
-        from sitelens.eval.labels import label_set
+        from sitelens.eval.labels import label_metrics_of, label_set
+        from sitelens.eval.scoring import rank_labels
         from sitelens.models import model_name
         from sitelens.pipelines.bench import score_fitted
         from sitelens.provenance import task_hash
 
-        model = self.m[side]
-        items = task.test[: self.args.limit]
+        model, items, labels = self.m[side], task.test[: self.args.limit], label_set(task)
         res = score_fitted(model, task, items, fitted, labels=None)
-        label_ok, label_metrics = self.label_correct(model, items, fitted, label_set(task))
+        cols = None if labels is None else rank_labels(model, items, fitted.prompts(items), labels,
+                                                       intervention=fitted.intervention)
+        label_ok = [c["label_rank_full"] for c in cols] if cols else [None] * len(items)
         key = self.row_key(side, task, method)
         row = {"model": model_name(model), "fingerprint": self.fp[side],
                "source_model": model_name(self.src) if "transfer" in method else model_name(model),
@@ -397,35 +369,17 @@ class CrossModel(Experiment):
                self.base["numerics_version"], "ltv_source": LTV_NUMERICS if "ltv" in method else "",
                "key": key, "fit_seconds": fit_s, **extra,
                **{k: res[k] for k in ("n", "first_token_acc", "exact_match", "seconds_per_item")},
-               **label_metrics}
-        irows = [{"key": key, "model": row["model"], "task": task.name, "method": method, "item": i,
-                  "correct": int(c), "label_correct": "" if lc is None else int(lc)}
-                 for i, (c, lc) in enumerate(zip(res["correct"], label_ok))]
-        self.store("cross_model_items", ITEM_COLUMNS).append(irows)
+               **label_metrics_of(cols)}
+        self.store("cross_model_items", ITEM_COLUMNS).append([
+            {"key": key, "model": row["model"], "task": task.name, "method": method, "item": i,
+             "correct": int(c), "label_correct": "" if lc is None else int(lc)}
+            for i, (c, lc) in enumerate(zip(res["correct"], label_ok))])
         self.store().append([row])
         self.log(f"  {row['model']} {task.name} {method}: em {row['exact_match']:.3f} "
                  f"label {row['label_acc_full']} ({time.perf_counter() - t0:.0f} s)")
 
-    def label_correct(self, model, items, fitted, labels):
-        """Per item, whether the full-label ranking picks the target (None without labels), and
-        the label metrics as ``sitelens bench`` computes them
-        (:func:`sitelens.pipelines.bench.label_metrics`)."""
-        from sitelens.eval.evaluate import rank_labels
-        from sitelens.eval.labels import nan_mean
-        from sitelens.pipelines.bench import LABEL_METRICS
-
-        if labels is None:
-            return [None] * len(items), dict.fromkeys(LABEL_METRICS, float("nan"))
-        cols = rank_labels(model, items, fitted.prompts(items), labels, intervention=fitted.intervention)
-        metrics = {"label_acc_first": nan_mean(c["label_rank_first"] for c in cols),
-                   "label_acc_full": nan_mean(c["label_rank_full"] for c in cols),
-                   "label_acc_full_norm": nan_mean(c["label_rank_full_norm"] for c in cols),
-                   "chance": nan_mean(c["chance"] for c in cols)}
-        return [c["label_rank_full"] for c in cols], metrics
-
     def task_r2(self, coll, task) -> None:
-        """R² of the relative-depth maps on the task's own ten-shot prompts (both models read the
-        same 50 prompts)."""
+        """R² of the relative-depth maps on the task's own ten-shot prompts."""
         from sitelens.pipelines.transfer import corresponding_index, r2_score
 
         key = f"{task.name}:{self.prov['texts_hash']}:{self.fp['src']}:{self.fp['dst']}"
@@ -436,8 +390,7 @@ class CrossModel(Experiment):
         Ls, Ld = self.src.cfg.n_layers, self.dst.cfg.n_layers
         rows = []
         for jd in range(Ld + 1):
-            i = corresponding_index(jd, Ld, Ls)
-            m = self.map(i, jd)
+            i, m = corresponding_index(jd, Ld, Ls), self.map(corresponding_index(jd, Ld, Ls), jd)
             r2 = r2_score(st["dst"]["resid"][:, jd], m.state(st["src"]["resid"][:, i].double()))
             rows.append({"key": key, "task": task.name, "collection": coll, "src_index": i, "dst_index": jd,
                          "r2_task": r2, "r2_heldout": m.r2_heldout})
@@ -451,15 +404,15 @@ class CrossModel(Experiment):
         return report(self.args, df)
 
 
-# ----------------------------------------------------------------------------------------------
-# α by relative depth
-
-
-def alpha_sources(args) -> dict[str, pd.DataFrame]:
-    """α maps of both models (task, layer, head, alpha + model, n_layers), per source, over the tasks
-    both models have there: the committed ones (``results/heads/*/*/scores.csv`` lens ``alpha``: λ =
-    0, mean over 5 seeds; ``figures/*/alpha_facets.csv``: λ = 5) and this run's SITE fits (λ = 0)."""
+def alpha_depth(args) -> pd.DataFrame:
+    """α mass per relative-depth decile (:func:`sitelens.atlas.data.depth_profile`) of both models, per
+    source, over the tasks both have there: the committed α maps (``results/heads/*/*/scores.csv``,
+    λ = 0, 5 seeds; ``figures/*/alpha_facets.csv``, λ = 5) and this run's SITE fits (λ = 0, the
+    cache); with each decile's enrichment (mass / its share of the blocks) and the α-weighted mean
+    depth (centre of mass, mean over tasks)."""
     import torch
+
+    from sitelens.atlas.data import AtlasData, depth_profile
 
     cols = ["task", "layer", "head", "alpha"]
     heads = [pd.read_csv(f).rename(columns={"score": "alpha"}).query("lens == 'alpha'")[cols].assign(model=m)
@@ -475,49 +428,27 @@ def alpha_sources(args) -> dict[str, pd.DataFrame]:
             own.append(pd.DataFrame({"task": task,
                                      "layer": np.repeat(np.arange(L), H), "head": np.tile(np.arange(H), L),
                                      "alpha": a.flatten().numpy(), "model": model}))
-    out = {}
+    rows = []
     for source, frames in (("heads (λ = 0, 5 seeds)", heads), ("figures (λ = 5)", figs),
                            ("this run (λ = 0, seed 0)", own)):
-        if frames:
-            df = pd.concat(frames).assign(n_layers=lambda d: d.model.map({SRC: 18, DST: 30}))
-            out[source] = df[df.task.isin(set(df[df.model == SRC].task) & set(df[df.model == DST].task))]
-    return out
-
-
-def centre_of_mass(sources: dict) -> pd.DataFrame:
-    """Per source, task and model: the α-weighted mean relative depth of the blocks
-    (``(layer + 0.5) / n_layers``)."""
-    return pd.DataFrame([{"source": source, "task": task, "model": model,
-                          "centre_of_mass": float((g.alpha * g.depth).sum() / g.alpha.sum())}
-                         for source, df in sources.items()
-                         for (task, model), g in df.assign(depth=(df.layer + 0.5) / df.n_layers)
-                         .groupby(["task", "model"])])
-
-
-def alpha_depth(sources: dict, com: pd.DataFrame) -> pd.DataFrame:
-    """α mass per relative-depth decile (:func:`sitelens.atlas.data.depth_profile`), per source
-    and model."""
-    from sitelens.atlas.data import AtlasData, depth_profile
-
-    rows = []
-    for source, df in sources.items():
+        if not frames:
+            continue
+        df = pd.concat(frames).assign(n_layers=lambda d: d.model.map({SRC: 18, DST: 30}))
+        df = df[df.task.isin(set(df[df.model == SRC].task) & set(df[df.model == DST].task))]
         for model, g in df.groupby("model"):
             L = int(g.n_layers.iloc[0])
             data = AtlasData(model=model, n_layers=L, n_heads=int(g["head"].max() + 1),
                              alpha=g[["task", "layer", "head", "alpha"]], similarity=pd.DataFrame(),
                              transfer=pd.DataFrame(), tokens=pd.DataFrame(), lenses=pd.DataFrame())
-            c = com[(com.source == source) & (com.model == model)].centre_of_mass
+            com = [float((t.alpha * ((t.layer + 0.5) / L)).sum() / t.alpha.sum())
+                   for _, t in g.groupby("task")]
             share = np.bincount(np.minimum(((np.arange(L) + 0.5) / L * 10).astype(int), 9), minlength=10) / L
             rows += [{"source": source, "model": model, "n_tasks": df.task.nunique(), "bin": r.bin,
                       "depth_low": r.depth_low, "mass": r.mass, "layer_share": share[r.bin],
                       "enrichment": r.mass / share[r.bin] if share[r.bin] else float("nan"),
-                      "mean_alpha": r.mean_alpha, "centre_of_mass": float(c.mean())}
+                      "mean_alpha": r.mean_alpha, "centre_of_mass": float(np.mean(com))}
                      for r in depth_profile(data).itertuples()]
     return pd.DataFrame(rows)
-
-
-# ----------------------------------------------------------------------------------------------
-# report
 
 
 def report(args, df: pd.DataFrame) -> str:
@@ -525,70 +456,47 @@ def report(args, df: pd.DataFrame) -> str:
     from sitelens.io import atomic_write_csv
 
     out = Path(args.out)
-    lines = ["# Cross-model transfer: Gemma-3-270M → SmolLM2-135M", "",
-             "Made by `python benchmarks/cross_model.py --threads 1` (resumable) on the shared 2-core "
-             "CPU; the module docstring has every definition. One seed (0) for every fit; test split "
-             f"capped at the first {args.limit} items per task.", ""]
-    r2 = out / "cross_model_r2.csv"
-    if r2.exists():
+    lines = [f"One seed (0) for every fit; the first {args.limit} test items per task. Definitions: "
+             "docs/benchmarks.md, \"cross_model.py\"; findings: docs/results.md.", ""]
+    if (r2 := out / "cross_model_r2.csv").exists():
         g = pd.read_csv(r2)
-        diag = g[g.relative_depth_pair].sort_values("dst_index")
         fin = g[np.isfinite(g.r2_heldout)]
         best = fin.loc[fin.groupby("dst_index")["r2_heldout"].idxmax()].set_index("dst_index")
+        tab = [{"SmolLM2 point (depth)": f"{r.dst_index} ({r.dst_depth:.2f})", "Gemma point": r.src_index,
+                "held-out R²": f"{r.r2_heldout:.3f}", "ridge ρ": f"{r.rho:g}",
+                "best Gemma point": int(best.src_index[r.dst_index]) if r.dst_index in best.index else "",
+                "its R²": f"{best.r2_heldout[r.dst_index]:.3f}" if r.dst_index in best.index else ""}
+               for r in g[g.relative_depth_pair].sort_values("dst_index").itertuples()]
         lines += ["## The map: held-out R² per layer pair", "",
-                  f"Affine ridge maps from Gemma's residual point i to SmolLM2's point j (point = "
-                  f"state after i blocks; last-token states of {int(g.n_fit.iloc[0])} fitting and "
-                  f"{int(g.n_heldout.iloc[0])} held-out unlabeled texts, held out by source: "
-                  "`cross_model_texts.json`). Below: SmolLM2 point j, the Gemma point at the same "
-                  "relative depth and its held-out R², and the best Gemma point for j. Point 0 is the "
-                  "last token's embedding (the same `:` for every text): R² undefined there.", "",
-                  "| SmolLM2 point (depth) | Gemma point | held-out R² | ridge ρ | best Gemma point "
-                  "| its R² |",
-                  "|---|---:|---:|---:|---:|---:|"]
-        for r in diag.itertuples():
-            b = best.loc[r.dst_index] if r.dst_index in best.index else None
-            lines.append(f"| {r.dst_index} ({r.dst_depth:.2f}) | {r.src_index} | {r.r2_heldout:.3f} | "
-                         f"{r.rho:g} | {'' if b is None else int(b.src_index)} | "
-                         f"{'' if b is None else f'{b.r2_heldout:.3f}'} |")
-        lines.append("")
-    rt = out / "cross_model_r2_tasks.csv"
-    if rt.exists():
-        t = pd.read_csv(rt)
-        piv = t.pivot_table(index="dst_index", columns="task", values="r2_task")
+                  f"{int(g.n_fit.iloc[0])} fitting and {int(g.n_heldout.iloc[0])} held-out texts; point i = "
+                  "the state after i blocks; the Gemma point at SmolLM2's relative depth, and the best one.",
+                  "", md_table(pd.DataFrame(tab)), ""]
+    if (rt := out / "cross_model_r2_tasks.csv").exists():
+        piv = pd.read_csv(rt).pivot_table(index="dst_index", columns="task", values="r2_task")
         sel = piv.loc[[j for j in piv.index if j in (5, 10, 15, 20, 25, 30)]]
-        lines += ["R² of the same relative-depth maps on each evaluation task's 50 ten-shot prompts "
-                  "(the states TV averages; R² around that task's own mean, so it measures how well "
-                  "the within-task variation is carried):", "",
+        lines += ["R² of the same maps on each task's 50 ten-shot prompts (around the task's own mean):", "",
                   md_table(sel.round(2).reset_index().rename(columns={"dst_index": "SmolLM2 point"})), ""]
     if len(df):
         df = df.drop_duplicates(["model", "task", "method"], keep="last")
         items = pd.read_csv(out / "cross_model_items.csv")
         ltv = sorted(set(df.ltv_source.dropna()) - {""})
-        lines += ["## Accuracy", "",
-                  "Exact match (FV) and full-label ranking accuracy (`cls/`), %, mean over tasks, "
-                  "95% bootstrap CI over the pooled test items of those tasks. "
-                  f"LTV version: {', '.join(f'`{v}`' for v in ltv) or '–'} (sha256 of "
-                  "`sitelens/baselines/ltv.py` @ the last commit touching it).", ""]
+        lines += ["## Accuracy", "", "%, mean over tasks, 95% bootstrap CI over the pooled items; LTV "
+                  f"version {', '.join(f'`{v}`' for v in ltv) or '–'}.", ""]
         rows = []
         for (coll, metric, col) in (("fv", "exact match", "correct"),
                                     ("cls", "label acc (full)", "label_correct"),
                                     ("cls", "exact match", "correct")):
-            d = df[df.collection == coll]
-            if not len(d):
-                continue
-            for (model, method), g in d.groupby(["model", "method"], sort=False):
-                keys = set(g.key)
-                v = items[items.key.isin(keys)][col].astype(float).to_numpy()
+            for (model, method), g in df[df.collection == coll].groupby(["model", "method"], sort=False):
+                v = items[items.key.isin(set(g.key))][col].astype(float).to_numpy()
                 lo, hi = bootstrap_ci(v, n_boot=1000, seed=0)
                 rows.append({"collection": coll, "metric": metric, "model": model, "method": method,
                              "tasks": len(g), "mean": pct(float(np.nanmean(v)) if v.size else np.nan),
                              "95% CI": f"{pct(lo)}–{pct(hi)}",
                              "chance": pct(g.chance.astype(float).mean()) if coll == "cls" else "–"})
-        order = {m: i for i, m in enumerate([*DST_METHODS])}
-        tab = pd.DataFrame(rows)
-        if len(tab):
-            tab = tab.assign(o=tab.method.map(order), m=tab.model != DST).sort_values(
-                ["collection", "metric", "m", "o"]).drop(columns=["o", "m"])
+        if rows:
+            tab = pd.DataFrame(rows)
+            tab = tab.assign(o=tab.method.map({m: i for i, m in enumerate(DST_METHODS)}), m=tab.model != DST)
+            tab = tab.sort_values(["collection", "metric", "m", "o"]).drop(columns=["o", "m"])
             lines += [md_table(tab), ""]
         per = df.assign(acc=pd.to_numeric(pd.Series(np.where(
             df.collection == "cls", df.label_acc_full, df.exact_match), index=df.index), errors="coerce"))
@@ -598,51 +506,35 @@ def report(args, df: pd.DataFrame) -> str:
         tr = df[df.method.str.contains("transfer")][["task", "method", "layer_src", "layer_dst",
                                                      "map_r2_heldout", "map_r2_task", "tv_rel_err"]]
         if len(tr):
-            lines += ["Where each transfer acted (Gemma layer → SmolLM2 layer), the held-out R² of "
-                      "the map used (mean over layers for SITE), its R² on the task's ten-shot "
-                      "states (TV) and the carried TV state's distance from SmolLM2's own TV state "
-                      "(relative to the distance of SmolLM2's mean unlabeled state: 0 = the same "
-                      "state, 1 = as far as the mean):", "", md_table(tr.round(3).fillna("–")), ""]
-        err = df[df.error.fillna("") != ""]
-        if len(err):
+            lines += ["Where each transfer acted and its map's R² (`tv_rel_err`: distance of the carried TV "
+                      "state from SmolLM2's own, relative to SmolLM2's mean state's):", "",
+                      md_table(tr.round(3).fillna("–")), ""]
+        if len(err := df[df.error.fillna("") != ""]):
             lines += [f"{len(err)} cell(s) failed: " + "; ".join(f"{r.task}/{r.method}: {r.error}"
                                                                  for r in err.itertuples()), ""]
-    sources = alpha_sources(args)
-    com = centre_of_mass(sources)
-    ad = alpha_depth(sources, com)
+    ad, path = alpha_depth(args), out / "cross_model_alpha_depth.csv"
+    if path.exists():  # a source whose inputs are gone (this run's fits: the cache) keeps its rows
+        old = pd.read_csv(path, float_precision="round_trip")
+        ad = pd.concat([ad, old[~old.source.isin(set(ad.source) if len(ad) else set())]], ignore_index=True)
     if len(ad):
-        atomic_write_csv(out / "cross_model_alpha_depth.csv", ad)
-        lines += ["## α maps by relative depth", "",
-                  "Share of the total α in each relative-depth decile (a block's depth = (layer + 0.5) "
-                  "/ n_layers; `sitelens.atlas.data.depth_profile`, mean over the tasks both models "
-                  "have in that source) and the same divided by the decile's share of the blocks "
-                  "(enrichment: 1 = as much α as a uniform map puts there; with 18 and 30 blocks a "
-                  "decile holds 1 or 2 Gemma blocks but always 3 SmolLM2 blocks, so the raw shares "
-                  "are not comparable decile by decile); the Pearson correlation of the two models' "
-                  "enrichment profiles; and the α-weighted mean depth (centre of mass, mean over "
-                  "tasks; 0.5 for a uniform map).", ""]
+        atomic_write_csv(path, ad)
+        lines += ["## α maps by relative depth", "", "Share of the total α per relative-depth decile and "
+                  "its enrichment (share / the decile's share of the blocks; 1 = uniform).", ""]
         for source, g in ad.groupby("source", sort=False):
-            a = g[g.model == SRC].set_index("bin")
-            b = g[g.model == DST].set_index("bin")
+            a, b = g[g.model == SRC].set_index("bin"), g[g.model == DST].set_index("bin")
             if a.empty or b.empty:
                 continue
             r = float(np.corrcoef(a.enrichment, b.enrichment)[0, 1])
+            ca, cb = a.centre_of_mass.iloc[0], b.centre_of_mass.iloc[0]
             tab = pd.DataFrame({"decile": [f"{x:.1f}–{x + 0.1:.1f}" for x in a.depth_low],
                                 "Gemma α share": a.mass.round(3).to_numpy(),
                                 "Gemma enrichment": a.enrichment.round(2).to_numpy(),
                                 "SmolLM2 α share": b.mass.round(3).to_numpy(),
                                 "SmolLM2 enrichment": b.enrichment.round(2).to_numpy()})
-            c = com[com.source == source].pivot(index="task", columns="model", values="centre_of_mass")
-            diff = (c[DST] - c[SRC]).to_numpy(float)
-            lo, hi = bootstrap_ci(diff, n_boot=1000, seed=0)
-            lines += [f"### {source}: {int(a.n_tasks.iloc[0])} tasks; enrichment correlation r = "
-                      f"{r:.2f}; centre of mass {a.centre_of_mass.iloc[0]:.3f} (Gemma) vs "
-                      f"{b.centre_of_mass.iloc[0]:.3f} (SmolLM2), SmolLM2 − Gemma per task "
-                      f"{diff.mean():+.3f} (95% CI over tasks {lo:+.3f} to {hi:+.3f})", "",
+            lines += [f"### {source}: {int(a.n_tasks.iloc[0])} tasks; enrichment correlation r = {r:.2f}; "
+                      f"centre of mass {ca:.3f} (Gemma) vs {cb:.3f} (SmolLM2), {cb - ca:+.3f}", "",
                       md_table(tab), ""]
     return "\n".join(lines)
-
-
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ CHILD = (
 
 
 class LoadTime(Experiment):
-    name = "load_time"
+    name, title = "load_time", "Model load times"
     columns = ["model", "load", "seconds", "import_seconds", "threads", "load_average", "torch", "date"]
     key = None
     models = ("smollm2-135m-instruct", "gemma-3-270m")
@@ -51,11 +51,8 @@ class LoadTime(Experiment):
         return rows
 
     def report(self, df: pd.DataFrame) -> str:
-        return ("# Model load times\n\nMade by `python benchmarks/load_time.py` (each load in a fresh "
-                "process, `SITELENS_CACHE` a new temporary directory; the second load reads what the first "
-                "wrote). `seconds` is `load_model` alone; `import_seconds` is `import sitelens` before "
-                "it. Every run is appended; the load average before each is recorded.\n\n"
-                + md_table(df) + "\n")
+        return (f"Each load in a fresh process with a new `SITELENS_CACHE`; every run appends.\n\n"
+                f"{md_table(df)}\n")
 
 
 if __name__ == "__main__":

@@ -21,8 +21,14 @@ import pandas as pd
 import torch
 
 from sitelens.baselines import LTVValid, get_method
-from sitelens.baselines.base import Fitted, HookIntervention, last_token_hook, select_layer
-from sitelens.baselines.ltv import SWEEP_N_VALID, ltv_data, ltv_intervention, ridge_closed_form
+from sitelens.baselines.base import Fitted, select_layer
+from sitelens.baselines.ltv import (
+    SWEEP_N_VALID,
+    affine_intervention,
+    ltv_data,
+    ltv_intervention,
+    ridge_closed_form,
+)
 from sitelens.eval.labels import continuation_ids, label_set
 from sitelens.eval.metrics import dntp_per_item
 from sitelens.models import act_name, fingerprint, model_name
@@ -60,20 +66,6 @@ def fit_variant(X, Y, lam: float, variant: str):
 
 def predict(W, xm, ym, X):
     return (X - xm) @ W.T + ym  # [n, d_model]
-
-
-def intervention(W, xm, ym, layer: int, variant: str) -> HookIntervention:
-    if variant == "ltv":
-        return ltv_intervention(W, layer)
-    name = act_name("resid_post", layer)
-
-    def build(model, seq_len):
-        dev = model.cfg.device
-        Wd, xd, yd = W.to(dev), xm.to(dev), ym.to(dev)
-        return [(name, last_token_hook(
-            lambda h: h + (h - xd.to(h.dtype)) @ Wd.to(h.dtype).T + yd.to(h.dtype), seq_len))]
-
-    return HookIntervention(build)
 
 
 def r2(Y, P) -> float:
@@ -191,7 +183,7 @@ class Sweep:
 
 
 class LTVSweep(Experiment):
-    name = "ltv_sweep"
+    name, title = "ltv_sweep", "LTV sweep: block, λ, N, k on cls tasks"
     columns = COLUMNS
     models = ("smollm2-135m-instruct",)
     tasks = ("sst2", "agnews", "trec")
@@ -268,7 +260,8 @@ class LTVSweep(Experiment):
                      "r2_train": r2(Yl, predict(W, xm, ym, Xl)), "r2_test": r2(Yt, P),
                      "norm_ratio": float(P.norm(dim=-1).mean() / Yt.norm(dim=-1).mean()),
                      "chosen_block": job["chosen"]}
-            fitted = Fitted("ltv", intervention=intervention(W, xm, ym, ell, variant))
+            fitted = Fitted("ltv", intervention=ltv_intervention(W, ell) if variant == "ltv"
+                            else affine_intervention(W, ell, x_mean=xm, bias=ym))
         if grid in ("full", "ref"):
             res = score_fitted(sw.model, sw.task, sw.items, fitted, reference=sw.ref, labels=sw.labels)
             res = {m: res[m] for m in METRICS if m in res}
@@ -285,86 +278,55 @@ class LTVSweep(Experiment):
                     seconds=round(time.perf_counter() - t0, 2))
 
     def report(self, df: pd.DataFrame) -> str:
-        return report(df)
+        def f(x) -> str:
+            return "–" if pd.isna(x) else f"{x:.2f}"
 
+        def knob(r, col, label) -> dict:
+            return {"block": r.layer, "variant": r.variant, label: f"{getattr(r, col):g}",
+                    "λ / (tr XᵀX/d)": f"{r.rel_lam:.2g}", "label": pct(r.label_acc_first),
+                    "first": pct(r.first_token_acc), "dNTP": f(r.dntp), "R² train": f(r.r2_train),
+                    "R² test": f(r.r2_test), "‖pred‖/‖true‖": f(r.norm_ratio)}
 
-def _f(x, digits: int = 2) -> str:
-    return "–" if pd.isna(x) else f"{x:.{digits}f}"
+        def full(r) -> dict:
+            return {"cell": r.variant if r.grid == "ref" else f"{r.variant} @ block {r.layer}",
+                    "label (full)": pct(r.label_acc_full), "label (first)": pct(r.label_acc_first),
+                    "label (norm)": pct(r.label_acc_full_norm), "first": pct(r.first_token_acc),
+                    "EM": pct(r.exact_match), "dNTP": f(r.dntp), "chance": pct(r.chance)}
 
+        def block(ell, g, chosen) -> dict:
+            v = g.set_index("variant")
 
-def _layer_table(lay: pd.DataFrame, chosen: int) -> str:
-    rows = []
-    for ell, g in lay.groupby("layer"):
-        v = g.set_index("variant")
+            def get(variant, col):
+                return v[col].get(variant, float("nan"))
 
-        def get(variant, col, v=v):
-            return v[col].get(variant, float("nan"))
+            return {"block": f"**{ell}**" if ell == chosen else str(ell),
+                    "valid first (ltv)": pct(get("ltv", "valid_acc")),
+                    **{f"label {x}": pct(get(x, "label_acc_first")) for x in ("ltv", "ltv+b", "shift")},
+                    **{f"dNTP {x}": f(get(x, "dntp")) for x in ("ltv", "ltv+b", "shift")},
+                    "R² test ltv": f(get("ltv", "r2_test")), "R² test ltv+b": f(get("ltv+b", "r2_test"))}
 
-        rows.append({
-            "block": f"**{ell}**" if ell == chosen else str(ell),
-            "valid first (ltv)": pct(get("ltv", "valid_acc")),
-            **{f"label {x}": pct(get(x, "label_acc_first")) for x in ("ltv", "ltv+b", "shift")},
-            **{f"dNTP {x}": _f(get(x, "dntp")) for x in ("ltv", "ltv+b", "shift")},
-            "R² test ltv": _f(get("ltv", "r2_test")), "R² test ltv+b": _f(get("ltv+b", "r2_test")),
-        })
-    return md_table(pd.DataFrame(rows))
-
-
-def _knob_table(s: pd.DataFrame, knob: str, label: str) -> str:
-    rows = []
-    for (ell, variant, v), r in s.groupby(["layer", "variant", knob]):
-        r = r.iloc[0]
-        rows.append({"block": ell, "variant": variant, label: f"{v:g}",
-                     "λ / (tr XᵀX/d)": f"{r.rel_lam:.2g}", "label": pct(r.label_acc_first),
-                     "first": pct(r.first_token_acc), "dNTP": _f(r.dntp),
-                     "R² train": _f(r.r2_train), "R² test": _f(r.r2_test),
-                     "‖pred‖/‖true‖": _f(r.norm_ratio)})
-    return md_table(pd.DataFrame(rows))
-
-
-def _full_table(t: pd.DataFrame) -> str:
-    rows = []
-    for r in t[t["grid"].isin(["ref", "full"])].itertuples():
-        rows.append({"cell": r.variant if r.grid == "ref" else f"{r.variant} @ block {r.layer}",
-                     "label (full)": pct(r.label_acc_full), "label (first)": pct(r.label_acc_first),
-                     "label (norm)": pct(r.label_acc_full_norm), "first": pct(r.first_token_acc),
-                     "EM": pct(r.exact_match), "dNTP": _f(r.dntp), "chance": pct(r.chance)})
-    return md_table(pd.DataFrame(rows))
-
-
-def report(df: pd.DataFrame) -> str:
-    lines = [
-        "# LTV sweep: block, λ, N, k on cls tasks", "",
-        "`python benchmarks/ltv_sweep.py` (see its docstring; test items capped at the first "
-        "`--limit` of each task, per section). Accuracies in %. "
-        "`label` = first-token label ranking (the label whose first token has the highest "
-        "logit), `first` = first-token accuracy, dNTP = KL(P_icl ‖ P_method) at the answer "
-        "position against the 10-shot ICL reference; the `full` rows add the bench's whole "
-        "scoring (full-label and length-normalized ranking, exact match `EM` of the greedy "
-        "generation). `ltv` is the method (h ← h + W h), `ltv+b` the same ridge with an "
-        "intercept (h ← h + W (h − x̄) + ȳ), `shift` the mean demonstration effect alone "
-        "(h ← h + ȳ). R² test: the share of the test items' demonstration effect "
-        "(h_icl − h_zs, same demonstrations as the reference) that the map predicts.", "",
-    ]
-    for (model, limit), g in df.groupby(["model", "limit"], sort=False):
-        lines += [f"## {model}, first {int(limit)} test items", ""]
-        for task, t in g.groupby("task", sort=False):
-            lines += [f"### {task}", "", _full_table(t), ""]
-            lay = t[t["grid"] == "layer"]
-            if len(lay):
-                chosen = int(lay["chosen_block"].dropna().iloc[0])
-                lines += [f"Block sweep (λ = {LAM:g}, N = {N_QUERIES}, k = {N_SHOTS}; bold: the "
-                          f"block chosen on valid; final block {int(lay['final_block'].iloc[0])}):",
-                          "", _layer_table(lay, chosen), ""]
-            for grid, knob, label, title in (
-                    ("lam", "lam", "λ", "λ sweep (raw units, LTV's own grid)"),
-                    ("lam_rel", "lam", "λ", "λ sweep in units of the data (λ = r · tr XᵀX/d, "
-                     "r over `ltv-valid`'s grid)"),
-                    ("n", "n_queries", "N", "N sweep"), ("k", "n_shots", "k", "k sweep")):
-                s = t[t["grid"] == grid]
-                if len(s):
-                    lines += [f"{title}:", "", _knob_table(s, knob, label), ""]
-    return "\n".join(lines) + "\n"
+        lines = ["Accuracies in %; `label`: first-token label ranking, `first`: first-token accuracy, dNTP "
+                 "against the 10-shot ICL reference; `full` rows are scored by the bench in full. Grids and "
+                 "diagnostics: docs/benchmarks.md, \"ltv_sweep.py\"; findings: docs/results.md.", ""]
+        knobs = (("lam", "lam", "λ", "λ sweep (raw units)"),
+                 ("lam_rel", "lam", "λ", "λ sweep in units of the data (λ = r · tr XᵀX/d)"),
+                 ("n", "n_queries", "N", "N sweep"), ("k", "n_shots", "k", "k sweep"))
+        for (model, limit), g in df.groupby(["model", "limit"], sort=False):
+            lines += [f"## {model}, first {int(limit)} test items", ""]
+            for task, t in g.groupby("task", sort=False):
+                ref = t[t["grid"].isin(["ref", "full"])]
+                lines += [f"### {task}", "", md_table(pd.DataFrame([full(r) for r in ref.itertuples()])), ""]
+                if len(lay := t[t["grid"] == "layer"]):
+                    chosen = int(lay["chosen_block"].dropna().iloc[0])
+                    lines += [f"Block sweep (λ = {LAM:g}, N = {N_QUERIES}, k = {N_SHOTS}; bold: chosen on "
+                              f"valid; final block {int(lay['final_block'].iloc[0])}):", "",
+                              md_table(pd.DataFrame([block(e, b, chosen) for e, b in lay.groupby("layer")])),
+                              ""]
+                for grid, col, label, title in knobs:
+                    if len(s := t[t["grid"] == grid]):
+                        rows = [knob(r.iloc[0], col, label) for _, r in s.groupby(["layer", "variant", col])]
+                        lines += [f"{title}:", "", md_table(pd.DataFrame(rows)), ""]
+        return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

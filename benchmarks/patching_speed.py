@@ -12,9 +12,6 @@ Writes ``results/patching_speed.csv`` (the latest run) and ``.md``.
 
 from __future__ import annotations
 
-import os
-import platform
-
 import pandas as pd
 
 from sitelens.models import DEFAULT_MODEL
@@ -25,7 +22,7 @@ COLS = ["mode", "forward_passes", "rows", "seconds", "seconds_per_head", "speedu
 
 
 class PatchingSpeed(Experiment):
-    name = "patching_speed"
+    name, title = "patching_speed", "Per-head causal effects: batched vs serial"
     columns = ["model", "task", "n_prompts", "n_shots", "n_layers", "n_heads", "n_heads_total", "batch_size",
                "threads", "device", "torch", "load_seconds", "load_avg_1min", "load_avg_1min_after", "mode",
                "forward_passes", "rows", "seconds", "seconds_per_head", "speedup_vs_serial", "cpu_seconds",
@@ -93,40 +90,16 @@ class PatchingSpeed(Experiment):
 
     def report(self, df: pd.DataFrame) -> str:
         c, b = df.iloc[0], df[df["mode"] == "batched"].iloc[-1]
-        md = [
-            "# Per-head causal effects: batched vs serial",
-            "",
-            f"Model `{c.model}` ({c.n_layers} layers × {c.n_heads} heads = {c.n_heads_total} heads), task "
-            f"`{c.task}`, {c.n_prompts} corrupted {c.n_shots}-shot prompts, {c.threads} torch thread(s) on "
-            f"{c.device} ({platform.processor() or platform.machine()}), torch {c.torch}; 1-minute load "
-            f"average {c.load_avg_1min:.2f} before the timed runs and {c.load_avg_1min_after:.2f} after them "
-            f"(this machine has {os.cpu_count()} cores).",
-            "",
-            "- **serial**: one full forward pass (all prompts) per head, plus one unpatched pass.",
-            "- **batched**: each prompt's prefix encoded once into a frozen KV cache; then only the "
-            f"last token is re-run, one head patched per row, {c.batch_size} rows per pass.",
-            "",
-            md_table(df[COLS]),
-            "",
-            "`forward_passes` is counted, not computed: the calls of the model that "
-            "`head_causal_effects` made, seen by a forward pre-hook on it (the batched mode's "
-            "prefix-cache passes included; the task-mean activation, computed once before, "
-            "excluded). `rows`: (prompt, condition) rows run, one condition per head plus the "
-            "unpatched one.",
-            "",
-            "`seconds` is wall-clock; `cpu_seconds` is the CPU time of this process over the same "
-            "call (`time.process_time()`), which other jobs on the cores inflate far less.",
-            "",
-            f"Batched is **{b.speedup_vs_serial:.1f}×** faster than the serial loop in wall-clock time and "
-            f"**{b.cpu_speedup_vs_serial:.1f}×** in CPU time; the two effect maps agree to max |Δ| = "
-            f"{c.max_abs_diff_vs_serial:.2e} (probability units).",
-            "",
-            f"Command: `{self.command}`".rstrip(),
-            "",
-        ]
-        if self.args.tiny:
-            md.insert(2, "**Smoke test on a tiny random model (--tiny): not a benchmark.**\n")
-        return "\n".join(md)
+        return "\n".join([
+            *(["**Smoke test on a tiny random model (--tiny): not a benchmark.**", ""] * self.args.tiny),
+            f"`{c.model}` ({c.n_heads_total} heads), task `{c.task}`, {c.n_prompts} corrupted "
+            f"{c.n_shots}-shot "
+            f"prompts, {c.batch_size} rows per batched pass, {c.threads} thread(s) on {c.device}, torch "
+            f"{c.torch}; load average {c.load_avg_1min:.2f} before, {c.load_avg_1min_after:.2f} after.", "",
+            md_table(df[COLS]), "",
+            f"Batched is **{b.speedup_vs_serial:.1f}×** faster in wall-clock time and "
+            f"**{b.cpu_speedup_vs_serial:.1f}×** in CPU time; the effect maps agree to max |Δ| = "
+            f"{c.max_abs_diff_vs_serial:.2e}.", ""])
 
 
 if __name__ == "__main__":

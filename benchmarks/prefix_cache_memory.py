@@ -21,7 +21,7 @@ from sitelens.pipelines.experiment import Experiment, Job, PeakRSS, load_avg, ma
 
 
 class PrefixCacheMemory(Experiment):
-    name = "prefix_cache_memory"
+    name, title = "prefix_cache_memory", "Stage-2 prefix KV caches: peak memory"
     columns = ["model", "task", "label", "n_prompts", "max_prefix_tokens", "kv_gib", "peak_above_gib",
                "seconds", "load_avg_1min"]
     key = None
@@ -63,18 +63,8 @@ class PrefixCacheMemory(Experiment):
         return row
 
     def report(self, df: pd.DataFrame) -> str:
-        return "\n".join([
-            "# Stage-2 prefix KV caches: peak memory",
-            "",
-            "Made by `python benchmarks/prefix_cache_memory.py --model MODEL --fv ../shared/datasets/fv "
-            "--task TASK --label LABEL` (one row per run; `label` is the commit measured). `kv_gib` is "
-            "the K/V the caches hold afterwards; `peak_above_gib` is the largest RSS above the RSS just "
-            "before building them (sampled every 5 ms), so the difference is the transient overhead "
-            "of assembling them.",
-            "",
-            md_table(df),
-            "",
-        ])
+        return (f"One row per run (`label`: the code measured); `kv_gib`: the K/V held afterwards; "
+                f"`peak_above_gib`: the peak RSS above the RSS before the build.\n\n{md_table(df)}\n")
 
 
 if __name__ == "__main__":

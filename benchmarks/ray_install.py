@@ -52,7 +52,7 @@ def measure(spec: str) -> dict:
 
 
 class RayInstall(Experiment):
-    name = "ray_install"
+    name, title = "ray_install", "The cost of the optional Ray dependency"
     columns = ["spec", "python", "install_seconds", "wheel_mb", "installed_mb", "packages_added",
                "load_avg_1m", "date"]
     key = None
@@ -68,18 +68,8 @@ class RayInstall(Experiment):
         return measure(self.args.spec)
 
     def report(self, df: pd.DataFrame) -> str:
-        return "\n".join([
-            "# The cost of the optional Ray dependency",
-            "",
-            "`python benchmarks/ray_install.py`: `pip install --no-cache-dir SPEC` into a fresh virtual",
-            "environment (the wheel downloaded from the registry, its dependencies too), on the shared",
-            "2-core machine (`load_avg_1m`: the load when the install started). `installed_mb`: the",
-            "`ray` package directory; `packages_added`: distributions the install added to an empty venv",
-            "(into the project's `.venv` fewer: most of them are there already).",
-            "",
-            md_table(df),
-            "",
-        ])
+        return (f"`pip install --no-cache-dir SPEC` into a fresh venv; `packages_added`: distributions added "
+                f"to an empty venv.\n\n{md_table(df)}\n")
 
 
 if __name__ == "__main__":

@@ -6,10 +6,7 @@ initialised models with the exact shapes of real families (:data:`CONFIGS`; noth
     python benchmarks/scaling.py --report        # rewrite the md / png / html from the CSV
     bash benchmarks/gpu.sh                       # the CUDA run (bfloat16, longer prompts, 8B)
 
-Why random weights cost what trained ones do (generation length is forced), and what each stage
-times: docs/benchmarks.md, "scaling.py". Results: ``results/{tag}.csv`` (a row per model × length ×
-stage, keyed on the configuration, sizes, device, dtype, threads and torch version), ``{tag}.md``
-(tables, log-log fits cost ∝ params^a · tokens^b, the sweep projection), ``{tag}.png`` / ``.html``.
+What each stage times and why random weights cost what trained ones do: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -36,49 +33,43 @@ BENCH_VERSION = 1  # bump when what a cell measures changes
 # ----------------------------------------------------------------------------------------------
 # the model configurations (HookedTransformerConfig fields; nothing is downloaded)
 
-_LLAMA3_ROPE = dict(  # Llama 3.1 / 3.2 "llama3" rope scaling, as TransformerLens writes it
-    use_NTK_by_parts_rope=True, NTK_by_parts_low_freq_factor=1.0,
-    NTK_by_parts_high_freq_factor=4.0, NTK_original_ctx_len=8192,
-)
 _ROPE = dict(normalization_type="RMS", positional_embedding_type="rotary", final_rms=True, gated_mlp=True)
-_SILU = dict(_ROPE, act_fn="silu", rotary_adjacent_pairs=False)
-_GEMMA3_1B_TYPES = (["local"] * 5 + ["global"]) * 4 + ["local"] * 2  # 26 layers, 5 local : 1 global
+# Llama 3.1 / 3.2 "llama3" rope scaling, as TransformerLens writes it
+_LLAMA3 = dict(use_NTK_by_parts_rope=True, NTK_by_parts_low_freq_factor=1.0,
+               NTK_by_parts_high_freq_factor=4.0, NTK_original_ctx_len=8192)
 
+
+def _silu(d_model, d_head, n_heads, kv, d_mlp, n_layers, d_vocab, base, eps=1e-5, **kw) -> dict:
+    return dict(_ROPE, act_fn="silu", rotary_adjacent_pairs=False, d_model=d_model, d_head=d_head,
+                n_heads=n_heads, n_key_value_heads=kv, d_mlp=d_mlp, n_layers=n_layers, eps=eps,
+                d_vocab=d_vocab, rotary_dim=d_head, rotary_base=base, **kw)
+
+
+# Sources: SmolLM2 (HuggingFaceTB/SmolLM2-* config.json, converted as TransformerLens 3.9's
+# convert_hf_model_config does: d_head = hidden / heads, n_key_value_heads None when equal to n_heads;
+# 135M is the bundled model's shape); Qwen2.5-0.5B (config.json; TransformerLens always has QKV
+# biases); Llama 3.2 1B / 3.1 8B and Gemma 3 1B: TransformerLens 3.9 loading_from_pretrained.py
+# (llama3 rope factor 32 / 8; Gemma: QK norm, pre- and post-norms, 512-token window on 5 of every 6
+# layers, rope 1e6 global / 1e4 local).
 CONFIGS: dict[str, dict] = {
-    # SmolLM2 (LlamaForCausalLM): HuggingFaceTB/SmolLM2-{135M,360M,1.7B} config.json (also torchtune's
-    # smollm2 builders), converted as TransformerLens 3.9's convert_hf_model_config does (d_head =
-    # hidden / heads, n_key_value_heads None when equal to n_heads). 135M is the bundled model's shape.
-    "smollm2-135m": dict(hf="HuggingFaceTB/SmolLM2-135M", tied=True, family="llama", cfg=dict(
-        _SILU, d_model=576, d_head=64, n_heads=9, n_key_value_heads=3, d_mlp=1536, n_layers=30, eps=1e-5,
-        d_vocab=49152, rotary_dim=64, rotary_base=100000)),
-    "smollm2-360m": dict(hf="HuggingFaceTB/SmolLM2-360M", tied=True, family="llama", cfg=dict(
-        _SILU, d_model=960, d_head=64, n_heads=15, n_key_value_heads=5, d_mlp=2560, n_layers=32, eps=1e-5,
-        d_vocab=49152, rotary_dim=64, rotary_base=100000)),
-    "smollm2-1.7b": dict(hf="HuggingFaceTB/SmolLM2-1.7B", tied=True, family="llama", cfg=dict(
-        _SILU, d_model=2048, d_head=64, n_heads=32, n_key_value_heads=None, d_mlp=8192, n_layers=24,
-        eps=1e-5, d_vocab=49152, rotary_dim=64, rotary_base=130000)),
-    # Qwen2.5-0.5B (Qwen2ForCausalLM): Qwen/Qwen2.5-0.5B config.json (tied embeddings, QKV biases),
-    # converted as TransformerLens 3.9 does (TransformerLens always has QKV biases).
-    "qwen2.5-0.5b": dict(hf="Qwen/Qwen2.5-0.5B", tied=True, family="qwen2", cfg=dict(
-        _SILU, d_model=896, d_head=64, n_heads=14, n_key_value_heads=2, d_mlp=4864, n_layers=24, eps=1e-6,
-        d_vocab=151936, rotary_dim=64, rotary_base=1000000, use_attn_scale=True, initializer_range=0.02)),
-    # Llama 3.2 1B and Llama 3.1 8B: TransformerLens 3.9 loading_from_pretrained.py, the
-    # "Llama-3.2-1B" / "Llama-3.1-8B" branches (meta-llama config.json; llama3 rope factor 32 / 8).
-    "llama-3.2-1b": dict(hf="meta-llama/Llama-3.2-1B", tied=True, family="llama", cfg=dict(
-        _SILU, d_model=2048, d_head=64, n_heads=32, n_key_value_heads=8, d_mlp=8192, n_layers=16, eps=1e-5,
-        d_vocab=128256, rotary_dim=64, rotary_base=500000.0, NTK_by_parts_factor=32.0, **_LLAMA3_ROPE)),
-    "llama-3.1-8b": dict(hf="meta-llama/Llama-3.1-8B", tied=False, family="llama", cfg=dict(
-        _SILU, d_model=4096, d_head=128, n_heads=32, n_key_value_heads=8, d_mlp=14336, n_layers=32,
-        eps=1e-5, d_vocab=128256, rotary_dim=128, rotary_base=500000.0, NTK_by_parts_factor=8.0,
-        **_LLAMA3_ROPE)),
-    # Gemma 3 1B: TransformerLens 3.9, the "google/gemma-3-1b" branch (google/gemma-3-1b-pt
-    # config.json: QK norm, pre- and post-norms, 512-token window on 5 of every 6 layers, rope 1e6
-    # global / 1e4 local, tied embeddings).
+    "smollm2-135m": dict(hf="HuggingFaceTB/SmolLM2-135M", tied=True, family="llama",
+                         cfg=_silu(576, 64, 9, 3, 1536, 30, 49152, 100000)),
+    "smollm2-360m": dict(hf="HuggingFaceTB/SmolLM2-360M", tied=True, family="llama",
+                         cfg=_silu(960, 64, 15, 5, 2560, 32, 49152, 100000)),
+    "smollm2-1.7b": dict(hf="HuggingFaceTB/SmolLM2-1.7B", tied=True, family="llama",
+                         cfg=_silu(2048, 64, 32, None, 8192, 24, 49152, 130000)),
+    "qwen2.5-0.5b": dict(hf="Qwen/Qwen2.5-0.5B", tied=True, family="qwen2", cfg=_silu(
+        896, 64, 14, 2, 4864, 24, 151936, 1000000, eps=1e-6, use_attn_scale=True, initializer_range=0.02)),
+    "llama-3.2-1b": dict(hf="meta-llama/Llama-3.2-1B", tied=True, family="llama", cfg=_silu(
+        2048, 64, 32, 8, 8192, 16, 128256, 500000.0, NTK_by_parts_factor=32.0, **_LLAMA3)),
+    "llama-3.1-8b": dict(hf="meta-llama/Llama-3.1-8B", tied=False, family="llama", cfg=_silu(
+        4096, 128, 32, 8, 14336, 32, 128256, 500000.0, NTK_by_parts_factor=8.0, **_LLAMA3)),
     "gemma-3-1b": dict(hf="google/gemma-3-1b-pt", tied=True, family="gemma3", cfg=dict(
         _ROPE, d_model=1152, d_head=256, n_heads=4, n_key_value_heads=1, d_mlp=6912, n_layers=26, eps=1e-6,
         d_vocab=262144, act_fn="gelu_pytorch_tanh", initializer_range=0.02, rotary_base=1000000,
         rotary_base_local=10000, rotary_dim=256, use_attn_scale=True, use_normalization_before_and_after=True,
-        use_qk_norm=True, window_size=512, use_local_attn=True, attn_types=_GEMMA3_1B_TYPES)),
+        use_qk_norm=True, window_size=512, use_local_attn=True,
+        attn_types=(["local"] * 5 + ["global"]) * 4 + ["local"] * 2)),
 }
 ORDER = ["smollm2-135m", "smollm2-360m", "qwen2.5-0.5b", "llama-3.2-1b", "gemma-3-1b",
          "smollm2-1.7b", "llama-3.1-8b"]
@@ -279,18 +270,15 @@ class Scaling(Experiment):
         p.add_argument("--stages", default="all", help=f"comma list or 'all' ({', '.join(STAGES)})")
         p.add_argument("--device", default="cpu")
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-        p.add_argument("--n-ctx", type=int, default=None,
-                       help="context of the built models (default 1088 on the CPU, 4160 on CUDA)")
+        p.add_argument("--n-ctx", type=int, default=None, help="default 1088 on the CPU, 4160 on CUDA")
         p.add_argument("--group", choices=["cell", "model"], default=None,
                        help="one worker per (model, length) [cpu default] or per model [cuda default]")
         p.add_argument("--cell-timeout", type=float, default=6 * 3600, help="seconds per worker")
-        p.add_argument("--budget-s", type=float, default=None,
-                       help="stop starting workers after this many seconds (gpu.sh)")
+        p.add_argument("--budget-s", type=float, default=None, help="start no worker after this many seconds")
         p.add_argument("--margin-gib", type=float, default=2.0, help="free memory to leave unused")
         p.add_argument("--tag", default=None, help="results name (default scaling / scaling_gpu)")
         p.add_argument("--csv", default=None, help="results CSV (default {out}/{tag}.csv)")
-        p.add_argument("--tiny", action="store_true", help="the configurations shrunk to toy sizes, "
-                       "lengths 64,128: checks the script (writes runs/scaling_dry/ unless --csv)")
+        p.add_argument("--tiny", action="store_true", help="toy shapes, lengths 64,128 (runs/scaling_dry/)")
         p.add_argument("--no-png", action="store_true")
         p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
         p.add_argument("--model", help=argparse.SUPPRESS)
@@ -329,8 +317,7 @@ class Scaling(Experiment):
 
     def cells(self, args):
         models = ORDER if args.models == ["all"] else args.models
-        unknown = [m for m in models if m not in CONFIGS]
-        if unknown:
+        if unknown := [m for m in models if m not in CONFIGS]:
             from sitelens.errors import UsageError
 
             raise UsageError(f"unknown model(s) {unknown}; choose from {', '.join(ORDER)}")
@@ -354,16 +341,15 @@ class Scaling(Experiment):
     def common_fields(self, name: str) -> dict:
         import torch
 
-        spec, fields, a = CONFIGS[name], self.fields(name), self.args
+        spec, f, a = CONFIGS[name], self.fields(name), self.args
         return dict(
-            model=name, hf=spec["hf"], params_hf=hf_param_count(fields, spec["tied"], spec["family"]),
-            params_compute=compute_params(fields, spec["family"]), n_layers=fields["n_layers"],
-            n_heads=fields["n_heads"], n_kv_heads=fields.get("n_key_value_heads") or fields["n_heads"],
-            d_model=fields["d_model"], d_head=fields["d_head"], d_mlp=fields["d_mlp"],
-            d_vocab=fields["d_vocab"], device=self.device_type, dtype=a.dtype, torch=torch.__version__,
-            threads=a.threads, n_ctx=a.n_ctx, sizes=json.dumps(SIZES[self.device_type], sort_keys=True),
-            host=xp.host_name(self.device_type == "cuda"), date=xp.now(),
-        )
+            model=name, hf=spec["hf"], params_hf=hf_param_count(f, spec["tied"], spec["family"]),
+            params_compute=compute_params(f, spec["family"]),
+            n_kv_heads=f.get("n_key_value_heads") or f["n_heads"],
+            **{k: f[k] for k in ("n_layers", "n_heads", "d_model", "d_head", "d_mlp", "d_vocab")},
+            device=self.device_type, dtype=a.dtype, torch=torch.__version__, threads=a.threads, n_ctx=a.n_ctx,
+            sizes=json.dumps(SIZES[self.device_type], sort_keys=True),
+            host=xp.host_name(self.device_type == "cuda"), date=xp.now())
 
     def run(self, group: Job) -> list:
         """Check the memory, then run the group's cells in a worker process (it appends its rows)."""
@@ -387,11 +373,9 @@ class Scaling(Experiment):
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--model", name, "--jobs",
                json.dumps(spec), "--csv", a.csv, "--device", a.device, "--dtype", a.dtype, "--threads",
                str(a.threads), "--n-ctx", str(a.n_ctx)] + (["--tiny"] if a.tiny else [])
-        print(f"{name}: lengths {sorted({j['length'] for j in jobs})}, {len(jobs)} cell(s) "
-              f"[{time.strftime('%H:%M:%S')}]", flush=True)
+        print(f"{name}: {len(jobs)} cell(s) [{time.strftime('%H:%M:%S')}]", flush=True)
         try:
-            rc = subprocess.run(cmd, env=xp.worker_env(a.threads), timeout=timeout, cwd=REPO).returncode
-            if rc:
+            if rc := subprocess.run(cmd, env=xp.worker_env(a.threads), timeout=timeout, cwd=REPO).returncode:
                 print(f"{name}: worker exited with {rc} (-9: killed, e.g. for memory)", flush=True)
         except subprocess.TimeoutExpired:
             print(f"{name}: worker timed out after {timeout:.0f} s", flush=True)
@@ -426,21 +410,19 @@ class Scaling(Experiment):
                 print(f"  {a.model} L={length} {stage}: FAILED {e}", flush=True)
                 continue
             wall, cpu, n = out.get("wall", t.wall), out.get("cpu", t.cpu), out["units"]
-            row.update(
-                status="ok", n_units=n, prompt_tokens=round(out["tokens"], 1), wall_s=round(wall, 4),
+            self.store().append([dict(
+                row, status="ok", n_units=n, prompt_tokens=round(out["tokens"], 1), wall_s=round(wall, 4),
                 cpu_s=round(cpu, 4), wall_s_per_unit=wall / n, cpu_s_per_unit=cpu / n,
                 rss_before_gib=mem.start / 2**30, peak_rss_gib=mem.peak / 2**30,
                 cell_maxrss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                 cuda_peak_gib=(torch.cuda.max_memory_allocated() / 2**30) if cuda else "",
-                load_avg_after=os.getloadavg()[0], detail=json.dumps(out.get("detail", {}), sort_keys=True),
-            )
-            self.store().append([row])
+                load_avg_after=os.getloadavg()[0], detail=json.dumps(out.get("detail", {}), sort_keys=True))])
             print(f"  {a.model} L={length} {stage}: {cpu / n:.4g} CPU s / {wall / n:.4g} wall s per "
                   f"{UNITS[stage]} (n={n})", flush=True)
         return 0
 
     def report(self, df) -> str | None:
-        return summarize(self.store().path, df, png=not self.args.no_png)
+        return summarize(self, df, png=not self.args.no_png)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -483,59 +465,28 @@ def fmt(x, digits: int = 3) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}g}"
 
 
-def fit_cells(f: dict, unit: str, stage: str) -> dict:
-    return {"stage": stage, "unit": unit, "a (params)": f"{f['a']:.2f}",
-            "b (tokens)": "—" if math.isnan(f["b"]) else f"{f['b']:.2f}", "R²": f"{f['r2']:.3f}",
-            "cells": f["n"]}
-
-
-SWEEP_NOTE = (
-    "Projection method: the measured 57-task × 10-method sweep on SmolLM2-135M "
-    "(`benchmarks/results/baselines_smollm2-135m-instruct.csv`: Σ fit_seconds and Σ "
-    "seconds_per_item × n, wall seconds on this 2-core machine under load) is scaled to the target "
-    "model by (P_target / P_135M)^a, with a from the fit of the stage that dominates each part: "
-    "fits (embeddings, prefix caches, causal-effect passes, training) by stage 1 (full forward "
-    "passes) and, as the other end of the range, by stage 2 (last-token training steps); evaluation "
-    "by generation. Assumptions: the same tasks, prompt lengths, settings, threads and machine as "
-    "that sweep; the power law holds beyond the largest measured model; memory is not binding "
-    "(an 8B model needs ~16 GiB in bfloat16, ~32 GiB in float32)."
-)
-
-
-def sweep_projection(fits: dict, target: str = "llama-3.1-8b", ref: str = "smollm2-135m") -> list[str]:
+def sweep_projection(fits: dict, target: str = "llama-3.1-8b", ref: str = "smollm2-135m") -> str:
+    """The measured SmolLM2-135M baselines sweep scaled to ``target`` by (P_target / P_ref)^a; the
+    method and its assumptions: docs/benchmarks.md, "scaling.py"."""
     import pandas as pd
 
     path = REPO / "benchmarks" / "results" / "baselines_smollm2-135m-instruct.csv"
     if not path.exists() or not all(s in fits for s in ("stage1", "stage2", "generate")):
-        return []
+        return ""
     b = pd.read_csv(path)
     fit_s, eval_s = float(b.fit_seconds.sum()), float((b.seconds_per_item * b.n).sum())
     p_t, p_r = (compute_params(CONFIGS[m]["cfg"], CONFIGS[m]["family"]) for m in (target, ref))
     r = {s: (p_t / p_r) ** fits[s]["a"] for s in ("stage1", "stage2", "generate")}
-    lo = fit_s * min(r["stage1"], r["stage2"]) + eval_s * r["generate"]
-    hi = fit_s * max(r["stage1"], r["stage2"]) + eval_s * r["generate"]
-    return [
-        f"**A {b.task.nunique()}-task × {b.method.nunique()}-method sweep on {target}** (P = "
-        f"{p_t / 1e9:.2f}B compute parameters, {p_t / p_r:.1f}× SmolLM2-135M's): measured on SmolLM2-135M "
-        f"{(fit_s + eval_s) / 3600:.1f} h ({fit_s / 3600:.1f} h fitting, {eval_s / 3600:.1f} h "
-        f"evaluating); scaled by the fitted exponents (stage 1 a = {fits['stage1']['a']:.2f}, "
-        f"stage 2 a = {fits['stage2']['a']:.2f}, generation a = {fits['generate']['a']:.2f}): "
-        f"**{lo / 3600:,.0f}–{hi / 3600:,.0f} h** on the same CPU setup "
-        f"({lo / 86400:,.1f}–{hi / 86400:,.1f} days).",
-        "",
-        SWEEP_NOTE,
-    ]
+    lo, hi = (fit_s * f(r["stage1"], r["stage2"]) + eval_s * r["generate"] for f in (min, max))
+    return (f"A {b.task.nunique()}-task × {b.method.nunique()}-method sweep on {target} ({p_t / p_r:.1f}× "
+            f"SmolLM2-135M's P): measured on SmolLM2-135M {(fit_s + eval_s) / 3600:.1f} h "
+            f"({fit_s / 3600:.1f} h "
+            f"fitting, {eval_s / 3600:.1f} h evaluating); scaled by the exponents of stage 1 / stage 2 "
+            f"(fitting) and generation: **{lo / 3600:,.0f}–{hi / 3600:,.0f} h** "
+            f"({lo / 86400:,.1f}–{hi / 86400:,.1f} days).")
 
 
-def by_length(ok, models, lengths, value) -> str:
-    """A table of ``value(rows of model m at length L)`` per model (rows) and length (columns)."""
-    import pandas as pd
-
-    return md_table(pd.DataFrame([{"model": m, **{f"L={L}": value(ok[(ok.model == m) & (ok.length == L)])
-                                                  for L in lengths}} for m in models]))
-
-
-def summarize(csv_path: Path, df, *, png: bool = True) -> str | None:
+def summarize(exp: Scaling, df, *, png: bool = True) -> str | None:
     import pandas as pd
 
     ok = df[df.status == "ok"].copy()
@@ -544,90 +495,64 @@ def summarize(csv_path: Path, df, *, png: bool = True) -> str | None:
         ok[c] = pd.to_numeric(ok[c], errors="coerce")
     ok = ok.drop_duplicates("key", keep="last")  # a cell rerun keeps its last ok row
     if ok.empty:
-        print(f"{csv_path}: no finished cells yet")
         return None
-    cpu = ok.device.iloc[0] == "cpu"
+    r0, cpu = ok.iloc[0], ok.device.iloc[0] == "cpu"
     ycol, basis = ("cpu_s_per_unit", "CPU seconds") if cpu else ("wall_s_per_unit", "wall seconds")
     mcol = "peak_rss_gib" if cpu else "cuda_peak_gib"
     models = [m for m in ORDER if m in set(ok.model)]
-    shown = csv_path.relative_to(REPO) if csv_path.is_relative_to(REPO) else csv_path
-    lines = [
-        f"# Scaling: sitelens stages vs model size and prompt length ({ok.device.iloc[0]}, "
-        f"{', '.join(sorted(set(ok.dtype)))})",
-        "",
-        f"Written by `python benchmarks/scaling.py --report --csv {shown}` "
-        f"from `{csv_path.name}` ({len(ok)} finished cells). Randomly initialised "
-        "`HookedTransformer`s with the exact shapes of the named models (configurations and sources "
-        "in `benchmarks/scaling.py`); random weights cost what trained ones do (the module "
-        "docstring says why; generation length is forced). "
-        + (f"Costs are **{basis}** of the benchmark process with {int(ok.threads.iloc[0])} "
-           "thread(s) (the machine was shared with other jobs, which inflates wall-clock far more "
-           "than CPU time; both are in the CSV)." if cpu else
-           f"Costs are **{basis}** after `torch.cuda.synchronize()` on {ok.host.iloc[0]}."),
-        f"Host: {ok.host.iloc[0]}; torch {ok.torch.iloc[0]}; sizes per cell: `{ok.sizes.iloc[0]}`.",
-        "",
-        "## Models",
-        "",
-    ]
+    exp.title = (f"Scaling: sitelens stages vs model size and prompt length ({r0.device}, "
+                 f"{', '.join(sorted(set(ok.dtype)))})")
     mt = [{"model": m, "config of": r.hf, "params (HF)": human(int(r.params_hf)),
            "compute params P": human(int(r.params_compute)),
            "layers × heads (KV)": f"{int(r.n_layers)} × {int(r.n_heads)} ({int(r.n_kv_heads)})",
            "d_model / d_mlp / vocab": f"{int(r.d_model)} / {int(r.d_mlp)} / {int(r.d_vocab)}",
            "weights GiB": fmt(float(r.weights_gib))} for m in models for r in [ok[ok.model == m].iloc[0]]]
-    lines += [md_table(pd.DataFrame(mt)), "",
-              "P = every block's parameters plus the unembedding (what a token's forward pass "
-              "multiplies through; the embedding is a gather). TransformerLens keeps W_E and W_U "
-              "untied, so the weights in memory exceed the HF count for tied models.", ""]
+    lines = [f"{len(ok)} finished cells; **{basis}** per unit with {int(r0.threads)} thread(s) on {r0.host}, "
+             f"torch {r0.torch}; sizes per cell `{r0.sizes}`.", "", "## Models", "",
+             md_table(pd.DataFrame(mt)), ""]
     skipped = df[(df.status == "skipped") & ~df.key.isin(ok.key)]
-    if not skipped.empty:
-        lines += [f"- **{m} skipped**: {g.reason.iloc[0]}." for m, g in skipped.groupby("model")] + [""]
-    fits = {}
-    lines += ["## Cost per unit", "",
-              f"{basis} per unit; columns are the requested prompt lengths (the measured mean "
-              "token count of each cell is `prompt_tokens` in the CSV).", ""]
+    lines += [f"- **{m} skipped**: {g.reason.iloc[0]}." for m, g in skipped.groupby("model")] + [""] * (
+        not skipped.empty)
     lengths = sorted(ok.length.dropna().astype(int).unique())
+
+    def by_length(rows, value) -> str:
+        return md_table(pd.DataFrame([{"model": m, **{f"L={L}": value(rows[(rows.model == m)
+                                                                             & (rows.length == L)])
+                                                      for L in lengths}} for m in models]))
+
+    fits, lines = {}, lines + ["## Cost per unit", "", f"{basis} per unit by requested prompt length.", ""]
     for stage in STAGES:
         s = ok[ok.stage == stage]
         if s.empty:
             continue
-        f = fit_power_law(s, ycol)
-        if f:
+        if f := fit_power_law(s, ycol):
             fits[stage] = f
-        tab = by_length(s, models, lengths, lambda v: fmt(float(v[ycol].iloc[0])) if len(v) else "—")
+        tab = by_length(s, lambda v: fmt(float(v[ycol].iloc[0])) if len(v) else "—")
         lines += [f"### {stage} (per {UNITS[stage]})", "", tab, ""]
-    lines += ["## Peak memory (GiB)", "",
-              ("Peak resident set sampled during each stage (weights + activations + the "
-               "interpreter, ~0.6 GiB); the largest over the stages of a cell." if cpu
-               else "`torch.cuda.max_memory_allocated` during each stage; the largest over the "
-               "stages of a cell."), "",
-              by_length(ok, models, lengths,
-                        lambda v: fmt(float(v[mcol].max())) if len(v) and v[mcol].notna().any() else "—"), ""]
+    lines += ["## Peak memory (GiB)", "", f"The largest `{mcol}` over the stages of a cell.", "",
+              by_length(ok, lambda v: fmt(float(v[mcol].max())) if len(v) and v[mcol].notna().any() else "—"),
+              ""]
     per_cell = ok.groupby(["model", "length"]).agg(
         params_compute=("params_compute", "first"), y=(mcol, "max")).reset_index()
     mem = fit_power_law(per_cell.assign(prompt_tokens=per_cell.length.astype(float)), "y")
-    lines += ["## Log-log fits", "",
-              f"OLS per stage of log({basis} per unit) = c + a·log P + b·log T over the finished "
-              "cells (T = measured prompt tokens). Exponents are effective over the measured range: "
-              "a cost that is a sum of terms (weights ∝ P, attention ∝ T², fixed per-call overhead) "
-              "shows as a, b between their pure values.", ""]
-    ft = [fit_cells(f, UNITS[s], s) for s, f in fits.items()]
-    if mem:
-        ft.append(fit_cells(mem, "GiB per cell (T = requested length)", "peak memory"))
-    if ft:
-        lines += [md_table(pd.DataFrame(ft)), ""]
+    ft = [(s, UNITS[s], f) for s, f in fits.items()]
+    ft += [("peak memory", "GiB per cell (T = requested length)", mem)] if mem else []
+    ft = [{"stage": s, "unit": u, "a (params)": f"{f['a']:.2f}", "b (tokens)": "—" if math.isnan(f["b"])
+           else f"{f['b']:.2f}", "R²": f"{f['r2']:.3f}", "cells": f["n"]} for s, u, f in ft]
+    lines += ["## Log-log fits", "", f"log({basis} per unit) = c + a·log P + b·log T (T: measured prompt "
+              "tokens), OLS per stage.", "", md_table(pd.DataFrame(ft)) if ft else "", ""]
     target = "llama-3.1-8b"
     if fits:
         p8 = compute_params(CONFIGS[target]["cfg"], CONFIGS[target]["family"])
         pred = [{"stage": s, "unit": UNITS[s], **{f"{target}, T={T}": fmt(predict(f, p8, T))
                                                   for T in (128, 1024)}} for s, f in fits.items()]
-        lines += [f"Predicted {basis} per unit for {target} (P = {p8 / 1e9:.2f}B) from the fits "
-                  + ("(measured where the table above has it):" if target in models else
-                     "(not measured here: extrapolated):"), "", md_table(pd.DataFrame(pred)), ""]
-    proj = sweep_projection(fits) if cpu else []
-    if proj:
-        lines += ["## What a sweep costs", "", *proj, ""]
-    lines += ["![scaling](" + f"{csv_path.stem}.png)" if png else "", ""]
-    write_plot(ok, fits, ycol, mcol, basis, csv_path.with_suffix(""), png=png)
+        lines += [f"Predicted {basis} per unit for {target} (P = {p8 / 1e9:.2f}B)"
+                  + (":" if target in models else ", extrapolated:"), "", md_table(pd.DataFrame(pred)), ""]
+    if proj := sweep_projection(fits) if cpu else "":
+        lines += ["## What a sweep costs", "", proj, ""]
+    stem = exp.store().path.with_suffix("")
+    lines += [f"![scaling]({stem.name}.png)" if png else "", ""]
+    write_plot(ok, fits, ycol, mcol, basis, stem, png=png)
     return "\n".join(lines)
 
 
@@ -653,11 +578,10 @@ def write_plot(ok, fits: dict, ycol: str, mcol: str, basis: str, stem: Path, *, 
             else:
                 d = ok[(ok.stage == panel) & (ok.length == L)]
                 d = d.rename(columns={"params_compute": "x", ycol: "y"})
-            d = d.sort_values("x")
+            d, color, grp = d.sort_values("x"), palette[j % len(palette)], f"L={L}"
             if d.empty:
                 continue
-            color = palette[j % len(palette)]
-            fig.add_trace(go.Scatter(x=d.x, y=d.y, mode="markers", name=f"L={L}", legendgroup=f"L={L}",
+            fig.add_trace(go.Scatter(x=d.x, y=d.y, mode="markers", name=grp, legendgroup=grp,
                                      showlegend=i == 0, marker=dict(color=color, size=7), text=d.model,
                                      hovertemplate="%{text}<br>P=%{x:.3s}<br>%{y:.3g}"), row=r, col=c)
             if panel in fits:
@@ -665,8 +589,7 @@ def write_plot(ok, fits: dict, ycol: str, mcol: str, basis: str, stem: Path, *, 
                 xs = np.geomspace(d.x.min(), max(d.x.max(), 1), 20)
                 fig.add_trace(go.Scatter(x=xs, y=[predict(fits[panel], x, T) for x in xs], mode="lines",
                                          line=dict(color=color, dash="dot", width=1),
-                                         legendgroup=f"L={L}", showlegend=False, hoverinfo="skip"),
-                              row=r, col=c)
+                                         legendgroup=grp, showlegend=False, hoverinfo="skip"), row=r, col=c)
         fig.update_xaxes(type="log", title_text="compute params P" if r == rows else None, row=r, col=c)
         fig.update_yaxes(type="log", row=r, col=c)
     fig.update_layout(width=1400, height=380 * rows, template="plotly_white",

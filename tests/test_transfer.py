@@ -99,6 +99,27 @@ def test_transfer_linear_carries_the_shift_exactly():
         transfer_linear(torch.zeros(4, 4, dtype=torch.float64), fwd, back)
 
 
+def test_affine_intervention_is_ltv_plus_centring_and_bias():
+    """``affine_intervention`` sets the last position to h + W (h − x̄) + b at block ``layer``'s
+    resid_post, only there; without x̄ and b it is ``ltv_intervention``."""
+    from types import SimpleNamespace
+
+    from sitelens.baselines.ltv import affine_intervention, ltv_intervention
+
+    g = torch.Generator().manual_seed(0)
+    W, xm, b = (torch.randn(*s, generator=g) for s in ((6, 6), (6,), (6,)))
+    x = torch.randn(2, 4, 6, generator=g)  # [batch, pos, d_model]
+    model = SimpleNamespace(cfg=SimpleNamespace(device="cpu"))
+    [(name, hook)] = affine_intervention(W, 3, x_mean=xm, bias=b)(model, 4)
+    out = hook(x)
+    assert name == "blocks.3.hook_resid_post"
+    assert torch.equal(out[:, :-1], x[:, :-1])
+    assert torch.allclose(out[:, -1], x[:, -1] + (x[:, -1] - xm) @ W.T + b, atol=1e-6)
+    [(_, plain)] = affine_intervention(W, 3)(model, 4)
+    [(_, ltv)] = ltv_intervention(W, 3)(model, 4)
+    assert torch.equal(plain(x), ltv(x))
+
+
 # ----------------------------------------------------------------------------------------------
 # tiny models of different widths
 

@@ -110,6 +110,30 @@ def ltv_intervention(W: Tensor, layer: int) -> HookIntervention:
     return HookIntervention(lambda model, seq_len: [(name, ltv_hook(W, seq_len))])
 
 
+def affine_intervention(
+    W: Float[Tensor, "d_model d_model"], layer: int, *, x_mean: Float[Tensor, " d_model"] | None = None,
+    bias: Float[Tensor, " d_model"] | None = None,
+) -> HookIntervention:
+    """``h ← h + W·(h − x_mean) + bias`` at the last prompt token of block ``layer``'s
+    ``resid_post`` (prefill only; a missing ``x_mean`` or ``bias`` is left out): a ridge map with an
+    intercept (fitted on centred states, ``bias`` their mean shift), or a map carried from another
+    model (:func:`sitelens.pipelines.transfer.transfer_linear`). Without both it is
+    :func:`ltv_intervention`."""
+    name = act_name("resid_post", layer)
+
+    def build(model, seq_len):
+        dev = model.cfg.device
+        Wd, xd, bd = (None if t is None else t.to(dev) for t in (W, x_mean, bias))
+
+        def update(h: Float[Tensor, "batch d_model"]) -> Float[Tensor, "batch d_model"]:
+            out = h + (h if xd is None else h - xd.to(h.dtype)) @ Wd.to(h.dtype).T
+            return out if bd is None else out + bd.to(h.dtype)
+
+        return [(name, last_token_hook(update, seq_len))]
+
+    return HookIntervention(build)
+
+
 SWEEP = "sweep"
 SWEEP_N_VALID = 64  # validation items that choose the block of layer="sweep" (as TV's n_valid)
 
