@@ -8,7 +8,6 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from sitelens.atlas import AtlasConfig, AtlasData, build_atlas_data, build_atlas_html, payload
 from sitelens.atlas.data import depth_profile, family_test, task_family
