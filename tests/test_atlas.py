@@ -8,7 +8,6 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from sitelens.atlas import AtlasConfig, AtlasData, build_atlas_data, build_atlas_html, payload
 from sitelens.atlas.data import depth_profile, family_test, task_family
@@ -51,11 +50,29 @@ def test_atlas_data_tables_and_roundtrip(atlas):
     assert s["n_pairs"] == len(TASKS) * (len(TASKS) - 1)
 
 
-def test_atlas_fits_are_cached(atlas):
+def rebuild_without_computing(model, tasks, cache, monkeypatch):
+    """Rebuild the atlas from ``cache`` with every computation it caches made to raise: a fit, the
+    transfer table and the fast lenses must all be read back."""
+    import sitelens.lenses
+    import sitelens.patching
+    import sitelens.site
+
+    def refuse(what):
+        def fn(*a, **k):
+            raise AssertionError(f"the atlas recomputed {what} instead of reading its cache")
+        return fn
+
+    monkeypatch.setattr(sitelens.site, "fit_site", refuse("a fit"))
+    monkeypatch.setattr(sitelens.patching, "inter_task", refuse("the transfer table"))
+    monkeypatch.setattr(sitelens.lenses, "attribution_patching", refuse("the fast lenses"))
+    return build_atlas_data(model, tasks, SMALL, cache_dir=cache)
+
+
+def test_atlas_fits_are_cached(atlas, monkeypatch):
     model, tasks, data, _, cache = atlas
-    again = build_atlas_data(model, tasks, SMALL, cache_dir=cache)
-    pd.testing.assert_frame_equal(again.alpha, data.alpha)  # loaded, not refitted
-    assert again.summary["seconds"]["fits"] < data.summary["seconds"]["fits"] + 5
+    again = rebuild_without_computing(model, tasks, cache, monkeypatch)
+    pd.testing.assert_frame_equal(again.alpha, data.alpha)
+    pd.testing.assert_frame_equal(again.lenses, data.lenses)
 
 
 def test_family_test_detects_structure():
@@ -74,10 +91,18 @@ def test_family_test_detects_structure():
     assert task_family("english-french") == "translation"
 
 
-def test_depth_profile_sums_to_one(atlas):
-    _, _, data, _, _ = atlas
-    prof = depth_profile(data)
-    assert len(prof) == 10 and prof.mass.sum() == pytest.approx(1.0)
+def test_depth_profile_bins_alpha_mass_by_relative_depth():
+    """Two layers: layer ℓ sits at relative depth (ℓ + 0.5)/2, i.e. deciles 2 and 7. Task a puts
+    1/4 of its α in layer 0, task b 1/2: the mass of decile 2 is their mean, 3/8."""
+    rows = [(task, layer, head, a) for task, per_layer in (("a", (0.1, 0.3)), ("b", (0.2, 0.2)))
+            for layer, a in enumerate(per_layer) for head in range(2)]
+    alpha = pd.DataFrame(rows, columns=["task", "layer", "head", "alpha"])
+    prof = depth_profile(AtlasData("m", 2, 2, alpha, None, None, None, None))
+    want = np.zeros(10)
+    want[2], want[7] = 3 / 8, 5 / 8
+    assert np.allclose(prof.mass, want) and list(prof.depth_low) == pytest.approx(np.arange(10) / 10)
+    assert prof.mean_alpha[2] == pytest.approx(0.15) and prof.mean_alpha[7] == pytest.approx(0.25)
+    assert prof.mean_alpha.isna().sum() == 8  # no layer in the other deciles
 
 
 def test_payload_lookups_match_the_tables(atlas):
@@ -164,7 +189,6 @@ def test_explorer_shows_the_same_card(atlas):
     ex.set_lens("atp")
     assert np.allclose(np.array(ex.fig_task.data[0].z, dtype=float),
                        np.array(task_map(p, data.model, "present_past", "atp"), dtype=float))
-    assert torch.is_tensor(torch.tensor(0))  # (torch imported for the tiny model fixture)
 
 
 def test_plotly_bundle_choice(monkeypatch, tmp_path):

@@ -53,7 +53,8 @@ BASE = {
               "--out", "h.csv"],
     "figures": ["figures", "--models", "tiny-random", "--tasks", "antonym,first_letter",
                 "--out", "figs"],
-    "atlas": ["atlas", "--out", "a.html", "--refit", "--tasks-dir", "."],
+    "atlas": ["atlas", "--out", "a.html", "--refit",
+              "--tasks-dir", str(Path(__file__).parent / "data" / "fv")],  # one FV-layout task
 }
 
 
@@ -257,6 +258,12 @@ KINDS = {
 }
 
 NAMED_BY_LOADER = {"model", "models", "task", "task_list", "bench_tasks"}
+# what the loaders' messages (or argparse's, for a missing value) name instead of the option
+LOADER_NEEDLE = {
+    "model": r"[Mm]odel|argument --model", "models": r"[Mm]odel|argument --models",
+    "task": r"[Tt]ask|argument --task", "task_list": r"[Tt]asks?|argument --tasks",
+    "bench_tasks": r"[Tt]asks?|argument --tasks",
+}
 DEVICE = [("--device", "device"), ("--n-devices", "pos")]  # --dtype, --device-map: choices
 COMMON = [("--model", "model"), ("--task", "task"), ("--seed", "seed"), ("--threads", "threads")
           ] + DEVICE
@@ -339,9 +346,23 @@ SETTINGS = settings(max_examples=10, deadline=None, derandomize=True,
 @given(data=st.data())
 def test_bad_value(cmd, option, kind, data):
     value = data.draw(KINDS[kind], label=option)
-    # the message names the option, except for names the model and task loaders reject
+    # the message names the option, or, for names the model and task loaders reject, what it is
     needle = "lr" if kind == "lr" else "" if kind in NAMED_BY_LOADER else option
-    _rejected(BASE[cmd] + [f"{option}={value}"], needle)
+    err = _rejected(BASE[cmd] + [f"{option}={value}"], needle)
+    if kind in NAMED_BY_LOADER:
+        assert re.search(LOADER_NEEDLE[kind], err), (kind, value, err)
+
+
+@pytest.mark.parametrize("cmd", list(BASE))
+def test_every_base_command_passes_validation(cmd):
+    """Each BASE line is valid (parsed, validated and its outputs checked without an error), so a
+    case's rejection comes from the option it appends."""
+    from sitelens.cli import check_outputs, validate
+
+    args = build_parser().parse_args(BASE[cmd])
+    with tempfile.TemporaryDirectory() as d, _chdir(d):
+        validate(args)
+        check_outputs(args)
 
 
 @pytest.mark.parametrize("cmd, option, choices", _choice_options(),

@@ -59,9 +59,14 @@ def test_heads_every_lens_json(tmp_path, capsys, tiny_shape):
         assert len(d["top"]) == min(10, L * H), lens
         assert all(0 <= layer < L and 0 <= head < H for layer, head, _ in d["top"]), lens
         assert [s for *_, s in d["top"]] == sorted((s for *_, s in d["top"]), reverse=True), lens
-        assert d["forward_passes"] >= 0 and d["backward_passes"] >= 0 and d["seconds"] >= 0
-    assert obj["lenses"]["atp"]["backward_passes"] >= 1
-    assert obj["lenses"]["effect"]["backward_passes"] == 0
+        row = table.lens(lens).df.iloc[0]  # the JSON reports the table's counted costs
+        assert (d["forward_passes"], d["backward_passes"]) == (row.forward_passes, row.backward_passes)
+        assert d["seconds"] == round(float(row.seconds), 3) and row.seconds > 0, lens
+        gradient = lens in ("alpha-grad", "atp", "atp-star")
+        assert (d["backward_passes"] > 0) == gradient, lens
+        assert (d["forward_passes"] > 0) == (lens != "alpha"), lens  # fits' passes are not counted
+    # GradDrop repeats each batch's backward pass once per layer
+    assert obj["lenses"]["atp-star"]["backward_passes"] == (L + 1) * obj["lenses"]["atp"]["backward_passes"]
     assert set(obj["alpha_stability"]) == {"spearman_mean", "top10_jaccard_mean"}
     assert "wrote" in captured.err
 

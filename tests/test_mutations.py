@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
+import numpy as np
 import pytest
 import test_attention as TA
 import test_backends as TB
@@ -511,3 +512,131 @@ def test_bundled_bridge_comparison_catches_broken_attention_on_one_side(smollm2,
     break_fused_attention(monkeypatch, "misses_diagonal")  # the HookedTransformer side only
     with pytest.raises(AssertionError, match=CAUGHT):
         bridge_logprobs_agree(bridge, smollm2)
+
+
+# ----------------------------------------------------------------------------------------------
+# tests that check a value: each fails on the bug it guards (issue 31)
+
+
+class _NumpyWithout:
+    """``numpy`` with one function replaced (inside one library module)."""
+
+    def __init__(self, **swap):
+        self.__dict__.update(swap)
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+
+def _lens_task():
+    return load_task("antonym")
+
+
+def test_atp_star_test_catches_signed_terms(tiny_mha, monkeypatch):
+    """AtP* summing the GradDrop terms with their signs instead of their magnitudes."""
+    import test_lenses as TL
+
+    import sitelens.lenses.attribution as attribution
+
+    monkeypatch.setattr(attribution, "np", _NumpyWithout(abs=lambda x: x))
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TL.test_grad_drop_zeroes_own_layer_and_atp_star_formula(tiny_mha, _lens_task())
+
+
+def test_atp_star_test_catches_a_backward_count_that_is_not_counted(tiny_mha, monkeypatch):
+    """Backward passes reported from a counter that counts the model's calls instead."""
+    import test_lenses as TL
+
+    import sitelens.lenses.attribution as attribution
+    from sitelens.patching.engine import ForwardPassCounter
+
+    monkeypatch.setattr(attribution, "BackwardPassCounter", ForwardPassCounter)
+    with pytest.raises(AssertionError, match="backward passes counted"):
+        TL.test_grad_drop_zeroes_own_layer_and_atp_star_formula(tiny_mha, _lens_task())
+
+
+def test_alpha_over_seeds_test_catches_a_seed_left_out(tiny_mha, monkeypatch):
+    """Every seed fitted with the config's own seed (the seed not passed on)."""
+    import test_lenses as TL
+
+    import sitelens.lenses.alpha as alpha
+
+    monkeypatch.setattr(alpha, "replace", lambda obj, **kw: obj)
+    with pytest.raises(AssertionError):
+        TL.test_alpha_over_seeds_matches_single_fits_and_reports_stability(tiny_mha, _lens_task())
+
+
+def test_effect_lens_test_catches_effects_on_the_wrong_heads(tiny_mha, monkeypatch):
+    """Head j's patched probabilities reported for head j + 1."""
+    import test_lenses as TL
+
+    import sitelens.patching.effects as effects
+
+    real = effects.batched_answer_probs
+
+    def shifted(*a, **k):
+        base, patched = real(*a, **k)
+        return base, patched.roll(1, dims=1)
+
+    monkeypatch.setattr(effects, "batched_answer_probs", shifted)
+    with pytest.raises(AssertionError, match=CAUGHT):
+        TL.test_exact_effects_lens_measures_each_heads_patch(tiny_mha, _lens_task())
+
+
+def test_shared_inputs_test_catches_lenses_on_another_embedding(tiny_mha, monkeypatch):
+    """head_scores handing the lenses an embedding other than the first fit's."""
+    import test_lenses as TL
+
+    import sitelens.lenses.registry as registry
+
+    real = registry.LensInputs
+
+    def other(model, task, embedding, *a, **k):
+        return real(model, task, embedding * 0.5, *a, **k)
+
+    monkeypatch.setattr(registry, "LensInputs", other)
+    with pytest.raises(AssertionError):
+        TL.test_head_scores_runs_every_lens_with_shared_inputs(tiny_mha, _lens_task())
+
+
+def _sv_task():
+    """tests/test_sv.py's task fixture: three-letter words and their reversals."""
+    import random
+
+    from sitelens.tasks import task_from_pairs
+
+    rng = random.Random(0)
+    words = list(dict.fromkeys("".join(rng.choice("abcdefgh") for _ in range(3)) for _ in range(80)))
+    return task_from_pairs("reverse", [(w, w[::-1]) for w in words])
+
+
+def test_sv_evaluate_test_catches_a_dropped_intervention(monkeypatch):
+    """evaluate() running the SV rows without their hooks."""
+    import test_sv as TS
+
+    model = tiny_model(n_key_value_heads=2, backend="hooked" if has_hooked_transformer() else "bridge")
+    real = TS.evaluate
+
+    def without_sv(model, task, *, interventions=None, **k):
+        return real(model, task, interventions={m: None for m in interventions or {}}, **k)
+
+    monkeypatch.setattr(TS, "evaluate", without_sv)
+    with pytest.raises(AssertionError):
+        TS.test_evaluate_runs_sv(model, _sv_task())
+
+
+def test_depth_profile_test_catches_bins_at_the_layer_start(monkeypatch):
+    """Relative depth taken as layer / n_layers (the layer's start) instead of its middle."""
+    if not has_hooked_transformer():
+        pytest.skip("HookedTransformer only: tests/test_atlas.py needs it")
+    import test_atlas as TAT
+
+    real = TAT.depth_profile
+
+    def at_start(data, bins=10):
+        shifted = data.alpha.assign(layer=data.alpha.layer - 0.5)
+        return real(dataclasses.replace(data, alpha=shifted), bins)
+
+    monkeypatch.setattr(TAT, "depth_profile", at_start)
+    with pytest.raises(AssertionError):
+        TAT.test_depth_profile_bins_alpha_mass_by_relative_depth()

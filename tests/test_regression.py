@@ -136,4 +136,9 @@ def test_evaluate_then_mse_on_a_tiny_model():
     assert "chance" not in df.columns and len(df) == 8
     for _, g in df.groupby("method"):
         score = regression_mse(g["prediction"].tolist(), g["target"].tolist(), fallback=train_mean(task))
-        assert score.n == 4 and math.isfinite(score.mse) and 0 <= score.n_unparsed <= 4
+        values = [parse_number(p) for p in g["prediction"]]
+        fallback = train_mean(task)
+        want = math.fsum(((fallback if v is None else v) - float(t)) ** 2
+                         for v, t in zip(values, g["target"])) / 4
+        assert score.n == 4 and score.n_unparsed == sum(v is None for v in values)
+        assert math.isclose(score.mse, want, rel_tol=1e-12)

@@ -195,6 +195,20 @@ def test_too_few_training_items_name_the_fix(model):
 
 
 def test_evaluate_runs_sv(model, task):
+    """evaluate() runs the SV intervention on the zero-shot prompts: its predictions begin the greedy
+    generations under SV's hooks (decoded here from greedy_generate), and they differ from
+    zero-shot's (so a dropped intervention fails)."""
+    from sitelens.eval.generation import greedy_generate
+
     f = SV(**SMALL).fit(model, task)
-    df = evaluate(model, task, methods=["sv"], interventions={"sv": f.intervention}, limit=2)
-    assert list(df["method"]) == ["sv", "sv"]
+    items = task.test[:4]
+    prompts = [zero_shot_prompt(ex.input, DEFAULT_TEMPLATE) for ex in items]
+    df = evaluate(model, task, methods=["zero-shot", "sv"], interventions={"sv": f.intervention},
+                  limit=4, labels=None)
+    assert list(df["method"]) == ["zero-shot"] * 4 + ["sv"] * 4
+    ids, _ = greedy_generate(model, encode(model, prompts), intervention=f.intervention)
+    want = [model.tokenizer.decode(row, skip_special_tokens=True) for row in ids.tolist()]
+    sv, zs = df[df.method == "sv"].prediction.tolist(), df[df.method == "zero-shot"].prediction.tolist()
+    # evaluate() stops at the task's answer length: each prediction is a non-empty prefix
+    assert all(p.strip() and w.strip().startswith(p.strip()) for p, w in zip(sv, want)), (sv, want)
+    assert sv != zs

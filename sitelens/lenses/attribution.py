@@ -30,7 +30,8 @@ pass, hence per-prompt values and bootstrap intervals.
   (:func:`~sitelens.patching.effects.head_causal_effects` with a bootstrap interval over prompts).
 
 Costs are counted, not assumed: ``forward_passes`` counts calls of the model (prefix-cache passes
-included), ``backward_passes`` the backward passes.
+included, :class:`~sitelens.patching.engine.ForwardPassCounter`), ``backward_passes`` the backward
+passes that reach the model's output (:class:`~sitelens.patching.engine.BackwardPassCounter`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from sitelens.eval.metrics import bootstrap_ci
 from sitelens.lenses.scores import HeadScores
 from sitelens.models import act_name, model_name
 from sitelens.patching.effects import EffectsConfig, corrupted_prompts, head_causal_effects
-from sitelens.patching.engine import ForwardPassCounter
+from sitelens.patching.engine import BackwardPassCounter, ForwardPassCounter
 from sitelens.site import task_embedding
 from sitelens.site.injection import HeadMix
 from sitelens.site.training import LastTokenSet, valid_items
@@ -154,16 +155,15 @@ def alpha_gradient(
     ``n_alpha_items`` zero-shot train items; bootstrap CI over items. ``embedding`` defaults to
     :func:`~sitelens.site.task_embedding` with the config's ``n_mean_prompts`` and ``seed``."""
     cfg, embedding = _config_and_embedding(model, task, embedding, config, overrides, template)
-    with ForwardPassCounter(model) as passes:
+    with ForwardPassCounter(model) as passes, BackwardPassCounter(model) as backward:
         data = LastTokenSet.build(model, list(task.train[: cfg.n_alpha_items]) or
                                   valid_items(task, cfg.n_alpha_items), template)
         g = mix_gradients(model, data, embedding, metric="logprob",
                           batch_size=cfg.grad_batch_size, progress=progress)[0]  # [n, L, H]
     est, lo, hi = _scores(g, lambda x: x.mean(0), n_boot=cfg.n_boot, seed=cfg.seed)
-    n_batches = -(-len(data) // cfg.grad_batch_size)
     return HeadScores.from_map(
         est, ci_low=lo, ci_high=hi, model=model_name(model), task=task.name, lens="alpha-grad",
-        forward_passes=passes.count, backward_passes=n_batches, seconds=passes.seconds,
+        forward_passes=passes.count, backward_passes=backward.count, seconds=passes.seconds,
         meta={"metric": "logprob", "n_items": len(data), "seed": cfg.seed},
     )
 
@@ -180,7 +180,7 @@ def attribution_patching(
     cfg, embedding = _config_and_embedding(model, task, embedding, config, overrides)
     L = model.cfg.n_layers
     t0 = time.perf_counter()
-    with ForwardPassCounter(model) as passes:
+    with ForwardPassCounter(model) as passes, BackwardPassCounter(model) as backward:
         prompts, answers = corrupted_prompts(
             model, task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, split=cfg.split,
             seed=cfg.seed, template=cfg.template,
@@ -200,11 +200,10 @@ def attribution_patching(
             return x[:, 0].mean(0)  # [L, H]
 
     est, lo, hi = _scores(g, stat, n_boot=cfg.n_boot, seed=cfg.seed)
-    n_batches = -(-len(data) // cfg.grad_batch_size)
     return HeadScores.from_map(
         est, ci_low=lo, ci_high=hi, model=model_name(model), task=task.name,
         lens="atp-star" if grad_drop else "atp",
-        forward_passes=passes.count, backward_passes=n_batches * len(drops),
+        forward_passes=passes.count, backward_passes=backward.count,
         seconds=time.perf_counter() - t0,
         meta={"metric": "prob", "n_prompts": len(data), "n_shots": cfg.n_shots, "seed": cfg.seed,
               "grad_drop": grad_drop},

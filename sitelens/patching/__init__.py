@@ -33,6 +33,7 @@ from sitelens.patching.effects import (
     head_causal_effects,
 )
 from sitelens.patching.engine import (
+    BackwardPassCounter,
     ForwardPassCounter,
     batched_answer_probs,
     patched_last_logits,
@@ -48,6 +49,7 @@ __all__ = [
     "row_grid",
     "patched_last_logits",
     "ForwardPassCounter",
+    "BackwardPassCounter",
     "batched_answer_probs",
     "serial_answer_probs",
     "TASK_FAMILIES",

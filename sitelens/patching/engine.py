@@ -139,6 +139,44 @@ class ForwardPassCounter:
         self._handle.remove()
 
 
+def _grad_output(out) -> Tensor | None:
+    """The first output of a model call that gradients flow back through: the logits tensor, the
+    first such tensor of a tuple, or an output object's ``.logits``."""
+    if isinstance(out, Tensor):
+        return out if out.requires_grad else None
+    if isinstance(out, (tuple, list)):
+        return next((t for t in map(_grad_output, out) if t is not None), None)
+    logits = getattr(out, "logits", None)
+    return _grad_output(logits) if logits is not None else None
+
+
+class BackwardPassCounter:
+    """Counts the backward passes through ``model``'s calls: a forward hook on ``model`` puts a
+    gradient hook on each call's output that carries gradients, and every backward pass (through
+    ``Tensor.backward`` or ``torch.autograd.grad``) that reaches that output counts once. Calls under
+    ``torch.no_grad`` are not counted. ``.count`` and ``.seconds`` are set on exit."""
+
+    def __init__(self, model):
+        self.model, self.count, self.seconds = model, 0, 0.0
+
+    def _grad(self, grad: Tensor) -> None:
+        self.count += 1
+
+    def _post(self, module, args, out) -> None:
+        t = _grad_output(out)
+        if t is not None:
+            t.register_hook(self._grad)
+
+    def __enter__(self):
+        self._handle = self.model.register_forward_hook(self._post)
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.seconds = time.perf_counter() - self._t0
+        self._handle.remove()
+
+
 
 
 def batched_answer_probs(
@@ -194,6 +232,6 @@ def serial_answer_probs(
 
 
 __all__ = [
-    "prefix_rows", "run_rows", "row_grid", "patched_last_logits", "ForwardPassCounter",
+    "prefix_rows", "run_rows", "row_grid", "patched_last_logits", "ForwardPassCounter", "BackwardPassCounter",
     "batched_answer_probs", "serial_answer_probs",
 ]
