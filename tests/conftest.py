@@ -13,9 +13,8 @@ its fixtures ``chromium`` / ``offline_page`` from ``tests/browser_util.py``.
 
 Under CI (the environment variable ``CI`` set, as ``.ci/run`` does) a skip is a failure unless its
 reason says the test needs a GPU or a backend this job does not run (HookedTransformer on
-TransformerLens 4, the bridge where it is not under test), or names a package listed in
-``SITELENS_CI_NOT_INSTALLED`` (comma-separated: what a job deliberately leaves out, e.g. the TL 4
-job's ray and notebook tools): a missing Chromium, data folder or dev tool must not leave CI green.
+TransformerLens 4, the bridge where it is not under test): a missing Chromium, data folder or dev
+tool must not leave CI green.
 """
 
 import os
@@ -34,9 +33,7 @@ CI_SKIP_OK = re.compile(r"\bGPUs?\b|\bCUDA\b|HookedTransformer|TransformerBridge
 
 
 def ci_skip_allowed(reason: str) -> bool:
-    missing = [m.strip() for m in os.environ.get("SITELENS_CI_NOT_INSTALLED", "").split(",") if m.strip()]
-    return bool(CI_SKIP_OK.search(reason)) or any(re.search(rf"\b{re.escape(m)}\b", reason)
-                                                  for m in missing)
+    return bool(CI_SKIP_OK.search(reason))
 
 
 def _fail_a_ci_skip(report) -> None:
