@@ -148,7 +148,7 @@ def test_baseline_in_bfloat16(twins, task, name):
     prompts = f32.prompts(items)
     ref = last_logits(m32, encode(m32, prompts), f32.intervention)
     low = last_logits(m16, encode(m16, prompts), f32.intervention)
-    assert low.dtype == torch.float32  # logits read in float32 before any softmax
+    assert low.dtype == torch.float32, f"{name}: logits read in {low.dtype}, not float32"
     scale = float(ref.abs().max())
     assert_within(low.log_softmax(-1), ref.log_softmax(-1),
                   low_logprob_bound(scale, m32.cfg.n_layers), what=f"{name} log-probs", scale=scale)
