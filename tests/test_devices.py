@@ -41,7 +41,7 @@ import math
 import pytest
 import torch
 from conftest import BACKENDS
-from tolerances import assert_within, unit_roundoff
+from tolerances import assert_within, low_activation_bound, low_logprob_bound
 
 import sitelens as sl
 from sitelens.eval.evaluate import last_logits
@@ -69,26 +69,13 @@ from sitelens.site.injection import HeadMix
 from sitelens.tasks import few_shot_prompts, zero_shot_prompt
 
 BF16 = torch.bfloat16
-K_LOW = 2  # independent bfloat16 roundings per block, in quadrature (see the module docstring)
-TAIL = 3  # the largest of many compared elements against a typical one
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch sees none here)")
 needs_two_gpus = pytest.mark.skipif(
     not CUDA or torch.cuda.device_count() < 2,
     reason="needs two CUDA GPUs to split a model (this machine has fewer)")
-
-
-def low_rel(depth: int, dtype: torch.dtype = BF16) -> float:
-    """Relative error of a bfloat16 activation after ``depth`` blocks (module docstring)."""
-    return math.sqrt(max(depth, 1)) * K_LOW * unit_roundoff(dtype)
-
-
-def activation_bound(scale: float, depth: int, dtype: torch.dtype = BF16) -> float:
-    return TAIL * scale * low_rel(depth, dtype)
-
-
-def logprob_bound(scale: float, n_layers: int, dtype: torch.dtype = BF16) -> float:
-    return TAIL * 2 * scale * (low_rel(n_layers, dtype) + unit_roundoff(dtype))
+# the error model of the module docstring, shared with tests/test_bfloat16.py
+activation_bound, logprob_bound = low_activation_bound, low_logprob_bound
 
 
 def kl_bound(b: float, mean_abs_log_ratio: float) -> float:

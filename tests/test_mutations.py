@@ -18,7 +18,8 @@ happen in practice, far from a 1-ulp nudge:
   z hook of the next layer;
 - baselines: the ridge penalty scaled by the sample count; LTV / FV vectors added one position
   early;
-- float64 metrics: dNTP computed in float32.
+- float64 metrics: dNTP computed in float32;
+- bfloat16: the last-position logits left in the model's dtype.
 
 The bundled-model checks are marked ``integration``; the differences the bugs produce there are
 recorded next to the comparisons in tests/test_integration.py.
@@ -448,6 +449,29 @@ def test_dntp_comparison_catches_a_float32_computation(monkeypatch):
     monkeypatch.setattr(metrics, "dntp_per_item", float32_kl)
     with pytest.raises(AssertionError):
         TME.test_dntp_matches_a_manual_kl_in_the_right_direction()
+
+
+# ----------------------------------------------------------------------------------------------
+# bfloat16
+
+
+def test_bfloat16_baseline_check_catches_logits_left_in_bfloat16(monkeypatch):
+    """The float32 cast of the last-position logits dropped: every softmax, loss and probability
+    downstream would run in bfloat16. tests/test_bfloat16.py's baseline check requires float32
+    logits from the bfloat16 model."""
+    import test_bfloat16 as TBF
+
+    import sitelens.eval.generation as generation
+    from sitelens.models import load_model
+
+    real = generation.last_position_logits
+    monkeypatch.setattr(generation, "last_position_logits",
+                        lambda model, enc: real(model, enc).to(model.cfg.dtype))  # cast dropped
+    backend = TBF.BACKENDS[0]
+    models = (load_model("tiny-random", backend=backend),
+              load_model("tiny-random", backend=backend, dtype="bfloat16"))
+    with pytest.raises(AssertionError, match="zero-shot: logits read in torch.bfloat16"):
+        TBF.test_baseline_in_bfloat16(models, load_task("antonym"), "zero-shot")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -157,6 +157,46 @@ def reduction_tolerance(n: int, scale: float, dtype: torch.dtype = torch.float32
 
 
 # ----------------------------------------------------------------------------------------------
+# a bfloat16 (or float16) model against its float32 twin (the error model of tests/test_devices.py)
+#
+# bfloat16 keeps 8 significant bits, ``u = 2**-8``. Its matrix products accumulate in float32 and
+# round their output once, so each product adds one rounding ``u`` (the float32 summation inside,
+# ~log2(n)·6e-8, is nothing next to it: the float32 model above does not apply). About four
+# independent roundings reach a block's output (residual stream, norm, projection, attention sum),
+# adding in quadrature: ``K_LOW = 2`` u per block, and ``√depth · K_LOW · u`` after ``depth``
+# blocks. The float32 reference's own error (~1e-6) is negligible, so these bounds are one-sided;
+# ``TAIL = 3`` covers the largest of many compared elements against a typical one (~3σ).
+
+K_LOW = 2  # independent bfloat16 roundings per block, in quadrature
+TAIL = 3  # the largest of many compared elements against a typical one
+
+
+def low_rel(depth: int, dtype: torch.dtype = torch.bfloat16) -> float:
+    """Relative error of a low-precision activation after ``depth`` blocks."""
+    return math.sqrt(max(depth, 1)) * K_LOW * unit_roundoff(dtype)
+
+
+def low_activation_bound(scale: float, depth: int, dtype: torch.dtype = torch.bfloat16) -> float:
+    """An activation after ``depth`` blocks, at its own largest magnitude ``scale``. A gradient
+    with respect to an activation of a block runs the backward pass through the blocks above it
+    too: ``depth = 2·n_layers`` bounds every layer's."""
+    return TAIL * scale * low_rel(depth, dtype)
+
+
+def low_logprob_bound(scale: float, n_layers: int, dtype: torch.dtype = torch.bfloat16) -> float:
+    """Log-probabilities at logit scale ``scale``: the logits carry the whole depth's relative
+    error plus their own rounding, and ``log p = z − logsumexp(z)`` moves by up to twice that."""
+    return TAIL * 2 * scale * (low_rel(n_layers, dtype) + unit_roundoff(dtype))
+
+
+def low_prob_bound(scale: float, n_layers: int, mass: float, dtype: torch.dtype = torch.bfloat16) -> float:
+    """Probabilities (their means, their differences): ``|Δp| ≈ p·|Δ log p|``, so ``mass`` (the
+    probability compared; for a difference of two, the sum of both) times
+    :func:`low_logprob_bound`, with the 1.01 of :func:`prob_tolerance`."""
+    return 1.01 * mass * low_logprob_bound(scale, n_layers, dtype)
+
+
+# ----------------------------------------------------------------------------------------------
 # assertions
 
 
