@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import re
 import time
 from pathlib import Path
@@ -31,9 +30,6 @@ SRC, DST = "gemma-3-270m", "smollm2-135m-instruct"
 FV_TASKS = ("antonym", "country-capital", "present-past", "english-french", "singular-plural",
             "capitalize_first_letter", "person-occupation", "choose_first_of_3")
 CLS_TASKS = ("sst2", "trec", "agnews")
-CLS_TEXT_SOURCES = ("dbpedia", "rte", "cb", "mr", "cr", "subj")
-CLS_HELDOUT = ("cr",)
-FV_EXCLUDED = ("ag_news", "sentiment")  # the sources of cls/agnews and cls/sst2
 DST_METHODS = ("zero-shot", "tv", "ltv", "site", "tv-transfer", "tv-transfer-valid",
                "tv-transfer-shuffled", "ltv-transfer", "site-transfer", "site-transfer-own-alpha",
                "site-transfer-shuffled")
@@ -49,42 +45,6 @@ ITEM_COLUMNS = ["key", "model", "task", "method", "item", "correct", "label_corr
 R2_TASK_COLUMNS = ["key", "task", "collection", "src_index", "dst_index", "r2_task", "r2_heldout"]
 R2_COLUMNS = ["src_index", "dst_index", "src_depth", "dst_depth", "relative_depth_pair", "rho",
               "r2_valid", "r2_heldout", "r2_train", "n_fit", "n_heldout", "texts_hash"]
-
-
-def _norm(text: str) -> str:
-    return " ".join(text.lower().split())
-
-
-def _cut(text: str, n: int = 200) -> str:
-    """``text`` cut at the last space before ``n`` characters (whole when shorter)."""
-    text = " ".join(text.split())
-    if len(text) <= n:
-        return text
-    cut = text[:n]
-    return cut[: cut.rfind(" ")] if " " in cut else cut
-
-
-def unlabeled_texts(args, eval_tasks) -> tuple[list[str], list[str], dict]:
-    """(fit prompts, held-out prompts, provenance): inputs of tasks not evaluated, held out by source."""
-    from sitelens.tasks import load_task, zero_shot_prompt
-
-    banned = {_norm(ex.input) for t in eval_tasks for s in ("train", "valid", "test") for ex in t.split(s)}
-    eval_names = {t.name for t in eval_tasks}
-    fv_pool = sorted(p.name for p in (args.data_root / "fv").iterdir() if (p / "train.json").exists()
-                     and p.name not in eval_names and p.name not in FV_EXCLUDED)
-    held_fv = set(fv_pool[4::5])
-    sources = [("fv", n, args.texts_per_task, n in held_fv) for n in fv_pool]
-    sources += [("cls", n, args.texts_per_cls, n in CLS_HELDOUT) for n in CLS_TEXT_SOURCES]
-    fit, held, prov = [], [], {"fit_sources": [], "heldout_sources": []}
-    for coll, name, k, is_held in sources:
-        inputs = list(dict.fromkeys(_cut(ex.input) for ex in load_task(args.data_root / coll / name,
-                                                                      dedupe=True).train))
-        inputs = [x for x in inputs if x and _norm(x) not in banned]
-        picked = random.Random(f"{coll}/{name}").sample(inputs, min(k, len(inputs)))
-        (held if is_held else fit).extend(zero_shot_prompt(x) for x in picked)
-        prov["heldout_sources" if is_held else "fit_sources"].append(f"{coll}/{name}")
-    prov["texts_hash"] = hashlib.sha256(json.dumps([fit, held]).encode()).hexdigest()[:12]
-    return fit, held, prov
 
 
 class CrossModel(Experiment):
@@ -109,6 +69,7 @@ class CrossModel(Experiment):
         """The models, tasks, unlabeled texts and the settings every key holds."""
         from sitelens.baselines import LTV, SITE, TV
         from sitelens.models import fingerprint, load_model, tiny_model
+        from sitelens.pipelines.transfer import unlabeled_texts
         from sitelens.provenance import NUMERICS_VERSION, canonical
         from sitelens.tasks import load_task
 
@@ -123,7 +84,9 @@ class CrossModel(Experiment):
         self.tasks = [(c, load_task(args.data_root / c / n)) for c, names in (("fv", args.fv_tasks),
                                                                             ("cls", args.cls_tasks))
                       for n in names.split(",") if n]
-        self.fit_texts, self.held_texts, self.prov = unlabeled_texts(args, [t for _, t in self.tasks])
+        self.fit_texts, self.held_texts, self.prov = unlabeled_texts(
+            args.data_root, [t for _, t in self.tasks], texts_per_task=args.texts_per_task,
+            texts_per_cls=args.texts_per_cls)
         if args.tiny:
             self.fit_texts, self.held_texts = self.fit_texts[:120], self.held_texts[:40]
         self.sizes = (dict(n_prompts=4, n_shots=2, n_valid=8, n_queries=8, n_examples=16) if args.tiny
@@ -171,10 +134,8 @@ class CrossModel(Experiment):
 
     def maps(self):
         """The R² grid (every pair) and the maps the transfers use (fitted on demand)."""
-        import torch
-
         from sitelens.io import atomic_write_csv
-        from sitelens.pipelines.transfer import corresponding_index, fit_ridge_map, map_grid, resid_states
+        from sitelens.pipelines.transfer import MapBank, corresponding_index, map_grid, resid_states
 
         S = self.S = {(side, part): self.cache.get(f"states_{side}_{part}", {"fp": self.fp[side], "texts": t},
                                                    lambda m=model, t=t: resid_states(m, t))
@@ -190,21 +151,7 @@ class CrossModel(Experiment):
                            n_fit=len(self.fit_texts), n_heldout=len(self.held_texts),
                            texts_hash=self.prov["texts_hash"])
         atomic_write_csv(self.out / "cross_model_r2.csv", grid[R2_COLUMNS])
-        maps: dict = {}
-        perm = torch.randperm(len(self.fit_texts), generator=torch.Generator().manual_seed(0))
-
-        def get(i: int, j: int, *, reverse: bool = False, shuffled: bool = False):
-            if (key := (i, j, reverse, shuffled)) not in maps:
-                X, Y = S["src", "fit"][:, i], S["dst", "fit"][:, j]
-                Xh, Yh = S["src", "held"][:, i], S["dst", "held"][:, j]
-                if reverse:
-                    X, Y, Xh, Yh = Y, X, Yh, Xh
-                m = fit_ridge_map(X, Y[perm] if shuffled else Y, X_heldout=Xh, Y_heldout=Yh)
-                m.src_index, m.dst_index = (j, i) if reverse else (i, j)
-                maps[key] = m
-            return maps[key]
-
-        self.map = get
+        self.map = MapBank(S["src", "fit"], S["dst", "fit"], S["src", "held"], S["dst", "held"], seed=0)
         self.log(f"maps ready (fit {len(self.fit_texts)}, held out {len(self.held_texts)} texts)")
 
     def states(self, side: str, task):
@@ -251,28 +198,17 @@ class CrossModel(Experiment):
     # -- one task --------------------------------------------------------------------------------
 
     def run_task(self, coll: str, task, todo: list) -> None:
-        import torch
-
         from sitelens.baselines import Fitted
-        from sitelens.baselines.ltv import affine_intervention, ltv_intervention
-        from sitelens.baselines.tv import tv_intervention
-        from sitelens.pipelines.transfer import (
-            corresponding_index,
-            corresponding_layer,
-            r2_score,
-            transfer_embedding,
-            transfer_linear,
-            tv_fitted,
-        )
+        from sitelens.baselines.ltv import ltv_intervention
+        from sitelens.pipelines import transfer as tr
         from sitelens.site import site_mix
 
-        Ls, Ld = self.src.cfg.n_layers, self.dst.cfg.n_layers
         self.log(f"{task.name}: {len(todo)} cells")
         st = {side: self.states(side, task) for side in ("src", "dst")}
         need, own = {m for _, m in todo}, {}
         for side, model in self.m.items():
             if (side, "tv") in todo or (side == "src" and need & {"tv-transfer", "tv-transfer-shuffled"}):
-                own[side, "tv"] = tv_fitted(model, task, st[side]["tv"], n_valid=self.sizes["n_valid"])
+                own[side, "tv"] = tr.tv_fitted(model, task, st[side]["tv"], n_valid=self.sizes["n_valid"])
             if (side, "ltv") in todo or (side == "src" and "ltv-transfer" in need):
                 own[side, "ltv"] = self.ltv(side, task)
             if (side, "site") in todo or (side == "dst" and "site-transfer-own-alpha" in need):
@@ -296,48 +232,24 @@ class CrossModel(Experiment):
                 fit_s = a["fit_seconds"]
             elif method in ("tv-transfer", "tv-transfer-shuffled"):
                 ls = own["src", "tv"].state["layer"]
-                ld = corresponding_index(ls, Ls, Ld)
-                m = self.map(ls, ld, shuffled=shuffled)
-                carried = m.state(st["src"]["tv"][ls].double()).float()
-                own_dst, mu = (st["dst"]["tv"][ld] if ld < Ld else None), self.S["dst", "fit"][:, ld].mean(0)
-                fitted = Fitted(method, intervention=tv_intervention(carried.to(model.cfg.device), ld))
-                extra = {"layer_src": ls, "layer_dst": ld, "map_r2_heldout": m.r2_heldout,
-                         "map_r2_task": r2_score(st["dst"]["resid"][:, ld],
-                                                 m.state(st["src"]["resid"][:, ls].double())),
-                         "tv_rel_err": float((carried - own_dst).norm() / (own_dst - mu).norm())
-                         if own_dst is not None else float("nan")}
+                fitted, extra = tr.tv_transfer(self.map, st["src"], st["dst"], ls, model.cfg.device,
+                                               method=method, shuffled=shuffled)
             elif method == "tv-transfer-valid":
-                carried = torch.stack([
-                    self.map(corresponding_index(ld, Ld, Ls), ld).state(
-                        st["src"]["tv"][min(corresponding_index(ld, Ld, Ls), Ls - 1)].double()).float()
-                    for ld in range(Ld)])  # [n_layers_dst, d_dst]
-                fitted = tv_fitted(model, task, carried, n_valid=self.sizes["n_valid"], name=method)
-                ld = fitted.state["layer"]
-                extra = {"layer_src": corresponding_index(ld, Ld, Ls), "layer_dst": ld,
-                         "map_r2_heldout": self.map(corresponding_index(ld, Ld, Ls), ld).r2_heldout}
+                fitted, extra = tr.tv_transfer_valid(model, task, self.map, st["src"],
+                                                     n_valid=self.sizes["n_valid"])
             elif method == "ltv-transfer":
-                ls = own["src", "ltv"]["state"]["layer"]  # resid_post of block ls: residual point ls + 1
-                jd = corresponding_index(ls + 1, Ls, Ld)
-                fwd = self.map(ls + 1, jd)
-                Wd, c = transfer_linear(own["src", "ltv"]["state"]["W"].cpu(), fwd,
-                                        self.map(ls + 1, jd, reverse=True))
-                fitted = Fitted(method, intervention=affine_intervention(Wd, jd - 1, bias=c))
-                extra = {"layer_src": ls, "layer_dst": jd - 1, "map_r2_heldout": fwd.r2_heldout}
+                ltv = own["src", "ltv"]["state"]
+                fitted, extra = tr.ltv_transfer(self.map, ltv["W"].cpu(), ltv["layer"])
             elif method.startswith("site-transfer"):
                 # each SmolLM2 block gets the α = 1 write of the Gemma block at its relative depth
-                maps = {ld: (corresponding_layer(ld, Ld, Ls),
-                             self.map(corresponding_layer(ld, Ld, Ls) + 1, ld + 1, shuffled=shuffled))
-                        for ld in range(Ld)}  # the state after the block
-                t, table = transfer_embedding(self.src, self.dst, st["src"]["embedding"], maps)
+                t, _, r2 = tr.site_transfer_embedding(self.src, self.dst, self.map, st["src"]["embedding"],
+                                                      shuffled=shuffled)
                 if method == "site-transfer-own-alpha":
                     alpha = own["dst", "site"]["alpha"]
                 else:
                     a = self.site_alpha("dst", task, t, "shuffled" if shuffled else "carried")
                     alpha, fit_s = a["alpha"], a["fit_seconds"]
-                fitted = Fitted(method, intervention=site_mix(alpha, t))
-                extra = {"map_r2_heldout": float(np.mean([self.map(r.src_layer + 1, r.dst_layer + 1,
-                                                                   shuffled=shuffled).r2_heldout
-                                                          for r in table.itertuples()]))}
+                fitted, extra = Fitted(method, intervention=site_mix(alpha, t)), {"map_r2_heldout": r2}
             else:
                 raise ValueError(method)
             self.score(side, coll, task, method, fitted, fit_s, extra, t0)
@@ -408,11 +320,10 @@ def alpha_depth(args) -> pd.DataFrame:
     """α mass per relative-depth decile (:func:`sitelens.atlas.data.depth_profile`) of both models, per
     source, over the tasks both have there: the committed α maps (``results/heads/*/*/scores.csv``,
     λ = 0, 5 seeds; ``figures/*/alpha_facets.csv``, λ = 5) and this run's SITE fits (λ = 0, the
-    cache); with each decile's enrichment (mass / its share of the blocks) and the α-weighted mean
-    depth (centre of mass, mean over tasks)."""
+    cache); with enrichment and centre of mass (:func:`sitelens.atlas.data.depth_enrichment`)."""
     import torch
 
-    from sitelens.atlas.data import AtlasData, depth_profile
+    from sitelens.atlas.data import AtlasData, depth_enrichment
 
     cols = ["task", "layer", "head", "alpha"]
     heads = [pd.read_csv(f).rename(columns={"score": "alpha"}).query("lens == 'alpha'")[cols].assign(model=m)
@@ -440,14 +351,8 @@ def alpha_depth(args) -> pd.DataFrame:
             data = AtlasData(model=model, n_layers=L, n_heads=int(g["head"].max() + 1),
                              alpha=g[["task", "layer", "head", "alpha"]], similarity=pd.DataFrame(),
                              transfer=pd.DataFrame(), tokens=pd.DataFrame(), lenses=pd.DataFrame())
-            com = [float((t.alpha * ((t.layer + 0.5) / L)).sum() / t.alpha.sum())
-                   for _, t in g.groupby("task")]
-            share = np.bincount(np.minimum(((np.arange(L) + 0.5) / L * 10).astype(int), 9), minlength=10) / L
-            rows += [{"source": source, "model": model, "n_tasks": df.task.nunique(), "bin": r.bin,
-                      "depth_low": r.depth_low, "mass": r.mass, "layer_share": share[r.bin],
-                      "enrichment": r.mass / share[r.bin] if share[r.bin] else float("nan"),
-                      "mean_alpha": r.mean_alpha, "centre_of_mass": float(np.mean(com))}
-                     for r in depth_profile(data).itertuples()]
+            rows += [{"source": source, "model": model, "n_tasks": df.task.nunique(), **r}
+                     for r in depth_enrichment(data).to_dict("records")]
     return pd.DataFrame(rows)
 
 

@@ -29,15 +29,15 @@ from sitelens.baselines.ltv import (
     ltv_intervention,
     ridge_closed_form,
 )
-from sitelens.eval.labels import continuation_ids, label_set
-from sitelens.eval.metrics import dntp_per_item
+from sitelens.baselines.ltv_variants import FirstTokens, fit_variant, predict, r2
+from sitelens.eval.labels import label_set
 from sitelens.models import act_name, fingerprint, model_name
 from sitelens.pipelines.bench import reference_logits, score_fitted
 from sitelens.pipelines.experiment import REPO, Experiment, Job, main, md_table, pct
 from sitelens.pipelines.store import ObjectCache, row_key
 from sitelens.provenance import NUMERICS_VERSION, task_hash
 from sitelens.site import capture_last
-from sitelens.site.training import LastTokenSet, valid_items
+from sitelens.site.training import valid_items
 from sitelens.tasks import few_shot_prompts, load_task, zero_shot_prompt
 
 CACHE = ObjectCache(REPO / "runs" / "ltv_sweep_cache")
@@ -51,54 +51,6 @@ METRICS = ["n", "first_token_acc", "exact_match", "label_acc_first", "label_acc_
            "label_acc_full_norm", "chance", "dntp", "valid_acc", "rel_lam", "r2_train", "r2_test",
            "norm_ratio", "final_block", "chosen_block", "seconds"]
 COLUMNS = [*SETTINGS, "key", *METRICS]
-
-
-def fit_variant(X, Y, lam: float, variant: str):
-    """``(W, x̄, ȳ)`` with ``shift = W (h − x̄) + ȳ`` (ltv: x̄ = ȳ = 0)."""
-    d = X.shape[1]
-    if variant == "ltv":
-        return ridge_closed_form(X, Y, lam), torch.zeros(d), torch.zeros(d)
-    xm, ym = X.mean(0), Y.mean(0)  # [d_model]
-    if variant == "shift":
-        return torch.zeros(d, d), xm, ym
-    return ridge_closed_form(X - xm, Y - ym, lam), xm, ym  # ltv+b
-
-
-def predict(W, xm, ym, X):
-    return (X - xm) @ W.T + ym  # [n, d_model]
-
-
-def r2(Y, P) -> float:
-    """1 − ‖Y − P‖² / ‖Y − Ȳ‖² (the share of the shift's variance the prediction explains)."""
-    return float(1 - ((Y - P) ** 2).sum() / ((Y - Y.mean(0)) ** 2).sum())
-
-
-class FirstTokens:
-    """The zero-shot test prompts as a frozen prefix cache, their gold first tokens and the label
-    set's first tokens: the answer-position metrics of a last-token intervention in one
-    one-position pass."""
-
-    def __init__(self, model, items, labels):
-        self.model, self.data = model, LastTokenSet.build(model, items)
-        self.labels = labels
-        if labels is not None and labels.options is None:
-            starts = [c[0] for c in continuation_ids(model, labels.labels)]
-            self.label_first = torch.tensor(starts) if len(set(starts)) == len(starts) else None
-            self.gold = torch.tensor([labels.labels.index(ex.output) for ex in items])
-        else:
-            self.label_first = None
-
-    def score(self, hooks, reference) -> dict:
-        with torch.no_grad():
-            logits = self.data.logits(self.model, hooks).cpu()  # [n, d_vocab]
-        out = {"n": len(self.data),
-               "first_token_acc": float((logits.argmax(-1) == self.data.answers.cpu()).float().mean()),
-               "dntp": float(dntp_per_item(reference, logits).mean())}
-        if self.label_first is not None:
-            pick = logits[:, self.label_first].argmax(-1)  # [n]
-            out["label_acc_first"] = float((pick == self.gold).float().mean())
-            out["chance"] = 1 / len(self.labels.labels)
-        return out
 
 
 class Sweep:

@@ -1,5 +1,6 @@
 """How the cost of every sitelens stage grows with model size and prompt length, on randomly
-initialised models with the exact shapes of real families (:data:`CONFIGS`; nothing is downloaded).
+initialised models with the exact shapes of real families (:data:`sitelens.models.shapes.SHAPES`;
+nothing is downloaded).
 
     python benchmarks/scaling.py --threads 1     # the committed CPU run (resumable; --dry-run lists it)
     python benchmarks/scaling.py --tiny          # shrunken shapes, about a minute: checks the script
@@ -25,52 +26,12 @@ import sys
 import time
 from pathlib import Path
 
+from sitelens.models.shapes import SHAPES, compute_params, hf_param_count, random_model
 from sitelens.pipelines import experiment as xp
 from sitelens.pipelines.experiment import REPO, CallClock, Clock, Experiment, Job, PeakRSS, main, md_table
 
 BENCH_VERSION = 1  # bump when what a cell measures changes
 
-# ----------------------------------------------------------------------------------------------
-# the model configurations (HookedTransformerConfig fields; nothing is downloaded)
-
-_ROPE = dict(normalization_type="RMS", positional_embedding_type="rotary", final_rms=True, gated_mlp=True)
-# Llama 3.1 / 3.2 "llama3" rope scaling, as TransformerLens writes it
-_LLAMA3 = dict(use_NTK_by_parts_rope=True, NTK_by_parts_low_freq_factor=1.0,
-               NTK_by_parts_high_freq_factor=4.0, NTK_original_ctx_len=8192)
-
-
-def _silu(d_model, d_head, n_heads, kv, d_mlp, n_layers, d_vocab, base, eps=1e-5, **kw) -> dict:
-    return dict(_ROPE, act_fn="silu", rotary_adjacent_pairs=False, d_model=d_model, d_head=d_head,
-                n_heads=n_heads, n_key_value_heads=kv, d_mlp=d_mlp, n_layers=n_layers, eps=eps,
-                d_vocab=d_vocab, rotary_dim=d_head, rotary_base=base, **kw)
-
-
-# Sources: SmolLM2 (HuggingFaceTB/SmolLM2-* config.json, converted as TransformerLens 3.9's
-# convert_hf_model_config does: d_head = hidden / heads, n_key_value_heads None when equal to n_heads;
-# 135M is the bundled model's shape); Qwen2.5-0.5B (config.json; TransformerLens always has QKV
-# biases); Llama 3.2 1B / 3.1 8B and Gemma 3 1B: TransformerLens 3.9 loading_from_pretrained.py
-# (llama3 rope factor 32 / 8; Gemma: QK norm, pre- and post-norms, 512-token window on 5 of every 6
-# layers, rope 1e6 global / 1e4 local).
-CONFIGS: dict[str, dict] = {
-    "smollm2-135m": dict(hf="HuggingFaceTB/SmolLM2-135M", tied=True, family="llama",
-                         cfg=_silu(576, 64, 9, 3, 1536, 30, 49152, 100000)),
-    "smollm2-360m": dict(hf="HuggingFaceTB/SmolLM2-360M", tied=True, family="llama",
-                         cfg=_silu(960, 64, 15, 5, 2560, 32, 49152, 100000)),
-    "smollm2-1.7b": dict(hf="HuggingFaceTB/SmolLM2-1.7B", tied=True, family="llama",
-                         cfg=_silu(2048, 64, 32, None, 8192, 24, 49152, 130000)),
-    "qwen2.5-0.5b": dict(hf="Qwen/Qwen2.5-0.5B", tied=True, family="qwen2", cfg=_silu(
-        896, 64, 14, 2, 4864, 24, 151936, 1000000, eps=1e-6, use_attn_scale=True, initializer_range=0.02)),
-    "llama-3.2-1b": dict(hf="meta-llama/Llama-3.2-1B", tied=True, family="llama", cfg=_silu(
-        2048, 64, 32, 8, 8192, 16, 128256, 500000.0, NTK_by_parts_factor=32.0, **_LLAMA3)),
-    "llama-3.1-8b": dict(hf="meta-llama/Llama-3.1-8B", tied=False, family="llama", cfg=_silu(
-        4096, 128, 32, 8, 14336, 32, 128256, 500000.0, NTK_by_parts_factor=8.0, **_LLAMA3)),
-    "gemma-3-1b": dict(hf="google/gemma-3-1b-pt", tied=True, family="gemma3", cfg=dict(
-        _ROPE, d_model=1152, d_head=256, n_heads=4, n_key_value_heads=1, d_mlp=6912, n_layers=26, eps=1e-6,
-        d_vocab=262144, act_fn="gelu_pytorch_tanh", initializer_range=0.02, rotary_base=1000000,
-        rotary_base_local=10000, rotary_dim=256, use_attn_scale=True, use_normalization_before_and_after=True,
-        use_qk_norm=True, window_size=512, use_local_attn=True,
-        attn_types=(["local"] * 5 + ["global"]) * 4 + ["local"] * 2)),
-}
 ORDER = ["smollm2-135m", "smollm2-360m", "qwen2.5-0.5b", "llama-3.2-1b", "gemma-3-1b",
          "smollm2-1.7b", "llama-3.1-8b"]
 STAGES = ["stage1", "stage2", "generate", "patching", "atp", "alpha_grad"]
@@ -93,66 +54,6 @@ FIELDS = [
     "threads", "n_ctx", "sizes", "build_wall_s", "build_cpu_s", "load_avg_before", "load_avg_after",
     "status", "reason", "detail", "host", "date",
 ]
-
-
-def hf_param_count(cfg: dict, tied: bool, family: str) -> int:
-    """Parameters as the Hugging Face checkpoint counts them (tied embeddings once, no zero
-    biases): the size a model card quotes."""
-    d, dh, H, L, V, m = (cfg["d_model"], cfg["d_head"], cfg["n_heads"], cfg["n_layers"],
-                         cfg["d_vocab"], cfg["d_mlp"])
-    kv = cfg.get("n_key_value_heads") or H
-    attn = 2 * d * H * dh + 2 * d * kv * dh
-    if family == "qwen2":
-        attn += H * dh + 2 * kv * dh  # q, k, v biases
-    norms = 2 * d + (2 * d + 2 * dh if family == "gemma3" else 0)  # + post-norms, q/k norms
-    return L * (attn + 3 * d * m + norms) + d + V * d * (1 if tied else 2)
-
-
-def compute_params(cfg: dict, family: str) -> int:
-    """Parameters a token's forward pass multiplies through: every block plus the unembedding
-    (the embedding is a gather). The fits use this as the model size."""
-    return hf_param_count(cfg, True, family)
-
-
-def shrunk(cfg: dict) -> dict:
-    """The configuration's features at toy sizes, for ``--tiny``: 2 layers, d_model / 16,
-    d_head / 8, d_mlp / 16, a 512-token vocabulary."""
-    c = dict(cfg, n_layers=2, d_model=max(32, cfg["d_model"] // 16), d_head=max(8, cfg["d_head"] // 8),
-             d_mlp=max(32, cfg["d_mlp"] // 16), d_vocab=512)
-    c["rotary_dim"] = c["d_head"]
-    if "attn_types" in c:
-        c.update(attn_types=["local", "global"], window_size=16)
-    return c
-
-
-# ----------------------------------------------------------------------------------------------
-# the worker: build one model, run stages, append one row per stage
-
-
-def build_model(name: str, cfg_fields: dict, *, n_ctx: int, device: str, dtype: str, seed: int = 0):
-    """``HookedTransformer(cfg)`` with TransformerLens's random init, readied for sitelens as
-    :func:`sitelens.models.tiny.tiny_model` does."""
-    import torch
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-    from sitelens.models import fast_layout, resolve_dtype, self_check, tiny_tokenizer
-    from sitelens.models.attention import enable_fast_attention
-
-    cfg = HookedTransformerConfig(
-        **cfg_fields, n_ctx=n_ctx, seed=seed, init_weights=True, dtype=resolve_dtype(dtype), device=device,
-        default_prepend_bos=True, tokenizer_prepends_bos=False, model_name=f"random-{name}",
-    )
-    with torch.device(device):  # parameters are created where they live (no CPU copy of an 8B)
-        model = HookedTransformer(cfg, tokenizer=None)
-    model.tokenizer = tiny_tokenizer()  # set_tokenizer would look the name up on a hub
-    model.tokenizer.padding_side = "left"
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    fast_layout(model)
-    enable_fast_attention(model)
-    self_check(model)
-    return model
 
 
 def make_task(kind: str, length: int, *, n_train: int, n_valid: int = 2, seed: int = 0):
@@ -303,7 +204,7 @@ class Scaling(Experiment):
         return row["status"] == "ok"  # failed and skipped cells are retried
 
     def fields(self, name: str) -> dict:
-        return shrunk(CONFIGS[name]["cfg"]) if self.args.tiny else CONFIGS[name]["cfg"]
+        return SHAPES[name].config(tiny=self.args.tiny)
 
     def cell_key(self, name: str, length: int, stage: str) -> str:
         import torch
@@ -317,7 +218,7 @@ class Scaling(Experiment):
 
     def cells(self, args):
         models = ORDER if args.models == ["all"] else args.models
-        if unknown := [m for m in models if m not in CONFIGS]:
+        if unknown := [m for m in models if m not in SHAPES]:
             from sitelens.errors import UsageError
 
             raise UsageError(f"unknown model(s) {unknown}; choose from {', '.join(ORDER)}")
@@ -341,10 +242,10 @@ class Scaling(Experiment):
     def common_fields(self, name: str) -> dict:
         import torch
 
-        spec, f, a = CONFIGS[name], self.fields(name), self.args
+        spec, f, a = SHAPES[name], self.fields(name), self.args
         return dict(
-            model=name, hf=spec["hf"], params_hf=hf_param_count(f, spec["tied"], spec["family"]),
-            params_compute=compute_params(f, spec["family"]),
+            model=name, hf=spec.hf, params_hf=hf_param_count(f, spec.tied, spec.family),
+            params_compute=compute_params(f, spec.family),
             n_kv_heads=f.get("n_key_value_heads") or f["n_heads"],
             **{k: f[k] for k in ("n_layers", "n_heads", "d_model", "d_head", "d_mlp", "d_vocab")},
             device=self.device_type, dtype=a.dtype, torch=torch.__version__, threads=a.threads, n_ctx=a.n_ctx,
@@ -390,7 +291,7 @@ class Scaling(Experiment):
         cuda = self.device_type == "cuda"
         sync = torch.cuda.synchronize if cuda else (lambda: None)
         with Clock(sync) as build:
-            model = build_model(a.model, self.fields(a.model), n_ctx=a.n_ctx, device=a.device, dtype=a.dtype)
+            model = random_model(a.model, self.fields(a.model), n_ctx=a.n_ctx, device=a.device, dtype=a.dtype)
         base = dict(self.common_fields(a.model), n_params_tl=sum(p.numel() for p in model.parameters()),
                     weights_gib=sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
                     build_wall_s=build.wall, build_cpu_s=build.cpu)
@@ -429,30 +330,6 @@ class Scaling(Experiment):
 # summary: tables, log-log fits, the sweep projection, the plot
 
 
-def fit_power_law(df, ycol: str):
-    """OLS of log y = c + a·log(params_compute) + b·log(prompt_tokens); returns (a, b, c, R², n).
-    ``b`` is NaN (and left out) when every row has the same length."""
-    import numpy as np
-
-    d = df[(df[ycol] > 0)]
-    if len(d) < 3:
-        return None
-    y = np.log(d[ycol].to_numpy(float))
-    P = np.log(d["params_compute"].to_numpy(float))
-    T = np.log(d["prompt_tokens"].to_numpy(float))
-    use_t = np.ptp(T) > 0.1
-    X = np.column_stack([np.ones_like(y), P] + ([T] if use_t else []))
-    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
-    ss = ((y - y.mean()) ** 2).sum()
-    r2 = 1 - ((y - X @ coef) ** 2).sum() / ss if ss > 0 else float("nan")
-    return dict(a=coef[1], b=coef[2] if use_t else float("nan"), c=coef[0], r2=r2, n=len(d))
-
-
-def predict(fit: dict, params: float, tokens: float) -> float:
-    b = 0.0 if math.isnan(fit["b"]) else fit["b"]
-    return math.exp(fit["c"] + fit["a"] * math.log(params) + b * math.log(tokens))
-
-
 def human(n: int) -> str:
     """134.5M, 1.71B, 38.2k."""
     for div, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
@@ -475,7 +352,7 @@ def sweep_projection(fits: dict, target: str = "llama-3.1-8b", ref: str = "smoll
         return ""
     b = pd.read_csv(path)
     fit_s, eval_s = float(b.fit_seconds.sum()), float((b.seconds_per_item * b.n).sum())
-    p_t, p_r = (compute_params(CONFIGS[m]["cfg"], CONFIGS[m]["family"]) for m in (target, ref))
+    p_t, p_r = (compute_params(SHAPES[m].fields, SHAPES[m].family) for m in (target, ref))
     r = {s: (p_t / p_r) ** fits[s]["a"] for s in ("stage1", "stage2", "generate")}
     lo, hi = (fit_s * f(r["stage1"], r["stage2"]) + eval_s * r["generate"] for f in (min, max))
     return (f"A {b.task.nunique()}-task × {b.method.nunique()}-method sweep on {target} ({p_t / p_r:.1f}× "
@@ -525,7 +402,7 @@ def summarize(exp: Scaling, df, *, png: bool = True) -> str | None:
         s = ok[ok.stage == stage]
         if s.empty:
             continue
-        if f := fit_power_law(s, ycol):
+        if f := xp.fit_power_law(s, ycol):
             fits[stage] = f
         tab = by_length(s, lambda v: fmt(float(v[ycol].iloc[0])) if len(v) else "—")
         lines += [f"### {stage} (per {UNITS[stage]})", "", tab, ""]
@@ -534,7 +411,7 @@ def summarize(exp: Scaling, df, *, png: bool = True) -> str | None:
               ""]
     per_cell = ok.groupby(["model", "length"]).agg(
         params_compute=("params_compute", "first"), y=(mcol, "max")).reset_index()
-    mem = fit_power_law(per_cell.assign(prompt_tokens=per_cell.length.astype(float)), "y")
+    mem = xp.fit_power_law(per_cell.assign(prompt_tokens=per_cell.length.astype(float)), "y")
     ft = [(s, UNITS[s], f) for s, f in fits.items()]
     ft += [("peak memory", "GiB per cell (T = requested length)", mem)] if mem else []
     ft = [{"stage": s, "unit": u, "a (params)": f"{f['a']:.2f}", "b (tokens)": "—" if math.isnan(f["b"])
@@ -543,8 +420,8 @@ def summarize(exp: Scaling, df, *, png: bool = True) -> str | None:
               "tokens), OLS per stage.", "", md_table(pd.DataFrame(ft)) if ft else "", ""]
     target = "llama-3.1-8b"
     if fits:
-        p8 = compute_params(CONFIGS[target]["cfg"], CONFIGS[target]["family"])
-        pred = [{"stage": s, "unit": UNITS[s], **{f"{target}, T={T}": fmt(predict(f, p8, T))
+        p8 = compute_params(SHAPES[target].fields, SHAPES[target].family)
+        pred = [{"stage": s, "unit": UNITS[s], **{f"{target}, T={T}": fmt(xp.predict(f, p8, T))
                                                   for T in (128, 1024)}} for s, f in fits.items()]
         lines += [f"Predicted {basis} per unit for {target} (P = {p8 / 1e9:.2f}B)"
                   + (":" if target in models else ", extrapolated:"), "", md_table(pd.DataFrame(pred)), ""]
@@ -587,7 +464,7 @@ def write_plot(ok, fits: dict, ycol: str, mcol: str, basis: str, stem: Path, *, 
             if panel in fits:
                 T = float(ok[(ok.stage == panel) & (ok.length == L)].prompt_tokens.mean())
                 xs = np.geomspace(d.x.min(), max(d.x.max(), 1), 20)
-                fig.add_trace(go.Scatter(x=xs, y=[predict(fits[panel], x, T) for x in xs], mode="lines",
+                fig.add_trace(go.Scatter(x=xs, y=[xp.predict(fits[panel], x, T) for x in xs], mode="lines",
                                          line=dict(color=color, dash="dot", width=1),
                                          legendgroup=grp, showlegend=False, hoverinfo="skip"), row=r, col=c)
         fig.update_xaxes(type="log", title_text="compute params P" if r == rows else None, row=r, col=c)

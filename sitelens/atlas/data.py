@@ -165,6 +165,22 @@ def depth_profile(data: AtlasData, bins: int = 10) -> pd.DataFrame:
                          "mean_alpha": mean.reindex(range(bins)).to_numpy()})
 
 
+def depth_enrichment(data: AtlasData, bins: int = 10) -> pd.DataFrame:
+    """:func:`depth_profile` with ``layer_share`` (the share of the blocks whose centre lies in the
+    bin), ``enrichment`` (mass / layer_share: 1 is uniform; NaN for a bin without a block) and
+    ``centre_of_mass`` (the α-weighted mean depth (layer + 0.5) / n_layers, mean over tasks; the
+    same in every row): where two models of different depths put their α, comparably."""
+    L = data.n_layers
+    centres = (np.arange(L) + 0.5) / L  # [n_layers] relative depth of each block's centre
+    share = np.bincount(np.minimum((centres * bins).astype(int), bins - 1), minlength=bins) / L
+    com = float(np.mean([float((t.alpha * ((t.layer + 0.5) / L)).sum() / t.alpha.sum())
+                         for _, t in data.alpha.groupby("task")]))
+    return pd.DataFrame([{"bin": r.bin, "depth_low": r.depth_low, "mass": r.mass, "layer_share": share[r.bin],
+                          "enrichment": r.mass / share[r.bin] if share[r.bin] else float("nan"),
+                          "mean_alpha": r.mean_alpha, "centre_of_mass": com}
+                         for r in depth_profile(data, bins).itertuples()])
+
+
 # ----------------------------------------------------------------------------------------------
 # building
 

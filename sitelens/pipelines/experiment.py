@@ -18,7 +18,8 @@ the markdown report starts with the command that regenerates it (:func:`write_re
 :meth:`Experiment.configure` (defaults that depend on other flags), :meth:`Experiment.batch`
 (several cells run by one job, e.g. one model build for all its stages). Helpers for measurements:
 :class:`Clock` (wall and CPU seconds), :class:`CallClock`, :class:`PeakRSS`, :func:`host_name`,
-:func:`load_avg`, :func:`worker_env`, :func:`json_lines`, :func:`now`.
+:func:`load_avg`, :func:`worker_env`, :func:`json_lines`, :func:`now`; for fits of how a cost
+grows, :func:`fit_power_law` and :func:`predict`.
 
 ``--data-root`` defaults to :data:`DATA_ROOT`, the ``shared/datasets`` folder beside the
 repository, resolved here once.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shlex
 import sys
@@ -197,6 +199,32 @@ class PeakRSS:
         self._stop.set()
         self._thread.join()
         self.peak = max(self.peak, self.proc.memory_info().rss)
+
+
+def fit_power_law(df: pd.DataFrame, ycol: str, *, x: str = "params_compute", t: str = "prompt_tokens"):
+    """OLS of log y = c + a·log x + b·log t over the rows with y > 0: a dict with ``a``, ``b``, ``c``,
+    ``r2`` and ``n`` (rows), or None below 3 rows. ``b`` is NaN (and ``t`` left out of the fit) when
+    log t spans at most 0.1 (every row has about the same length)."""
+    import numpy as np
+
+    d = df[(df[ycol] > 0)]
+    if len(d) < 3:
+        return None
+    y = np.log(d[ycol].to_numpy(float))
+    P = np.log(d[x].to_numpy(float))
+    T = np.log(d[t].to_numpy(float))
+    use_t = np.ptp(T) > 0.1
+    X = np.column_stack([np.ones_like(y), P] + ([T] if use_t else []))
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    ss = ((y - y.mean()) ** 2).sum()
+    r2 = 1 - ((y - X @ coef) ** 2).sum() / ss if ss > 0 else float("nan")
+    return dict(a=coef[1], b=coef[2] if use_t else float("nan"), c=coef[0], r2=r2, n=len(d))
+
+
+def predict(fit: dict, x: float, t: float) -> float:
+    """``exp(c) · x^a · t^b`` of a :func:`fit_power_law` fit (``t`` ignored when ``b`` is NaN)."""
+    b = 0.0 if math.isnan(fit["b"]) else fit["b"]
+    return math.exp(fit["c"] + fit["a"] * math.log(x) + b * math.log(t))
 
 
 def parser(doc: str, *, models: Sequence[str] = (), tasks: Sequence[str] = (), limit: int | None = None,

@@ -1,50 +1,11 @@
-"""Cross-model transfer of task vectors: a linear map between two models' residual streams, and
-TV, LTV and SITE vectors carried through it.
-
-Two models with different tokenizers and widths (Gemma-3-270M, ``d_model`` 640, 18 layers →
-SmolLM2-135M, 576, 30 layers) read the same text. :func:`fit_hidden_map` fits an affine ridge
-map ``h_dst ≈ A h_src + b`` between their residual-stream states at the **last token** of the same
-unlabeled texts (the position where every task vector here acts), with the ridge penalty chosen on
-a held-in validation split, and reports R² on held-out texts (:func:`r2_score`).
-
-Residual points are indexed by *depth*: index ``i < n_layers`` is ``blocks.{i}.hook_resid_pre``
-(the state after ``i`` blocks), ``i = n_layers`` is the final ``hook_resid_post``; relative depth is
-``i / n_layers``, and :func:`corresponding_index` / :func:`corresponding_layer` match points and
-blocks of two models by it.
-
-What is carried, and how (:class:`HiddenMap`: ``state`` is affine, ``write`` linear):
-
-- **TV** (a residual *state* that replaces ``resid_pre`` at a layer): ``A s + b``
-  (:meth:`HiddenMap.state`).
-- **LTV** ``h ← h + W h`` (a linear map on states at a layer): with the forward map
-  ``h_dst ≈ A h_src + b_A`` and the backward map ``h_src ≈ B h_dst + b_B`` at the same depth,
-  the shift is carried as ``Δh_dst = A Δh_src = A W (B h_dst + b_B)``, i.e. ``h ← h + W' h + c`` with
-  ``W' = A W B`` and ``c = A W b_B`` (:func:`transfer_linear`). An additive vector ``v`` (a shift,
-  not a state) is carried as ``A v`` (:meth:`HiddenMap.write`): the intercept cancels in a
-  difference of states.
-- **SITE's embedding** ``t [n_layers, n_heads, d_head]`` (per-head ``hook_z`` targets). A head-level
-  transfer is undefined: (1) the heads of two models do not correspond (4 heads of 256 dimensions
-  vs 9 of 64, at 18 vs 30 depths), so there is no "same head" to copy into; (2) in Gemma 3 the
-  attention output is normalized before it joins the residual stream (``ln1_post``), so the
-  residual write of a layer, ``RMSNorm(Σ_h z_h W_O[h] + b_O)``, is not a sum of per-head writes —
-  only a whole layer's write is a residual-space vector; (3) per-head ``z`` has no coordinates in
-  the residual space that the map connects. What *is* defined is a layer's write when the mix
-  sets every head to ``t`` (α = 1): :func:`layer_write`. :func:`transfer_embedding` carries that
-  write of the source block at the same relative depth into the destination (``A w``: a write is
-  an additive term of the stream) and solves for the destination's per-head ``z`` that writes it,
-  by least squares through the destination's stacked ``W_O [n_heads·d_head, d_model]``
-  (:func:`solve_z`; exact and unique when that matrix is square and invertible, as in SmolLM2,
-  576 = 9·64; the minimum-norm solution when it has more rows than columns). The split of the
-  write over the destination's heads is whatever reproduces it, not a claim about which head does
-  what; SITE's α must then be fitted (or taken) on the destination model.
-
-Everything here returns tensors, maps and DataFrames; nothing writes files.
-"""
+"""Residual states of two models on the same texts and the ridge maps between them: residual
+points and relative depth, state capture, :class:`HiddenMap` and its fits, the R² grid, and TV / LTV
+carried through a map. The definitions: :mod:`sitelens.pipelines.transfer`."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,8 +14,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from sitelens.errors import ModelError, UsageError
-from sitelens.models import act_name, is_bridge
+from sitelens.errors import UsageError
+from sitelens.models import act_name
 
 # Ridge penalties, as multiples of the mean eigenvalue of the centered scatter XcᵀXc (so the grid
 # means the same for residual streams of any scale; 0 is ordinary least squares, pseudo-inverse).
@@ -355,92 +316,3 @@ def transfer_linear(
                          f"{list(A.shape)} (src → dst) and B {list(B.shape)} (dst → src).")
     AW = A @ W.double()  # [d_dst, d_src]
     return (AW @ B).float(), (AW @ bB).float()
-
-
-def _needs_hooked(model, what: str) -> None:
-    if is_bridge(model):
-        raise ModelError(f"{what} reads W_O, b_O and the post-attention norm of a HookedTransformer; "
-                         "load the model with the hooked backend.")
-
-
-def _post_norm(model, layer: int):
-    """The norm applied to the attention output before the residual stream (Gemma 2/3:
-    ``ln1_post``), or None."""
-    if not model.cfg.use_normalization_before_and_after:
-        return None
-    return model.blocks[layer].ln1_post
-
-
-def layer_write(
-    model, layer: int, z: Float[Tensor, "n_heads d_head"]
-) -> Float[Tensor, " d_model"]:
-    """What block ``layer``'s attention adds to the residual stream when every head's ``z`` at a
-    position is ``z``: ``Σ_h z_h W_O[h] + b_O``, through the post-attention norm where the model
-    has one (Gemma 3's ``ln1_post``); equal to ``hook_attn_out`` there."""
-    _needs_hooked(model, "layer_write")
-    W_O = model.W_O[layer].detach().float().cpu()  # [n_heads, d_head, d_model]
-    out = torch.einsum("hd,hdm->m", z.float().cpu(), W_O) + model.b_O[layer].detach().float().cpu()
-    norm = _post_norm(model, layer)
-    if norm is not None:
-        with torch.no_grad():
-            dev = next(norm.parameters()).device
-            out = norm(out.to(dev)[None, None])[0, 0].float().cpu()  # [d_model]
-    return out  # [d_model]
-
-
-def solve_z(
-    model, layer: int, write: Float[Tensor, " d_model"]
-) -> tuple[Float[Tensor, "n_heads d_head"], float]:
-    """Per-head ``z`` whose :func:`layer_write` is ``write``, by least squares through the stacked
-    ``W_O [n_heads·d_head, d_model]`` (minimum norm where it is not unique), and the relative
-    residual ``‖layer_write(z) − write‖ / ‖write‖``. Where the model normalizes the attention
-    output (``ln1_post``, RMSNorm with gain g), only the direction of ``write / g`` can be
-    reached; the pre-norm target is ``write / g`` and the residual says what the norm rescaled."""
-    _needs_hooked(model, "solve_z")
-    H, d = model.cfg.n_heads, model.cfg.d_head
-    W = model.W_O[layer].detach().double().cpu().reshape(H * d, -1)  # [n_heads·d_head, d_model]
-    target = write.double().cpu()
-    norm = _post_norm(model, layer)
-    if norm is not None:
-        gain = next(norm.parameters()).detach().double().cpu()  # [d_model]
-        target = target / torch.where(gain.abs() > 1e-12, gain, torch.ones_like(gain))
-    target = target - model.b_O[layer].detach().double().cpu()
-    z = torch.linalg.lstsq(W.T, target[:, None], driver="gelsd").solution[:, 0]  # [H·d]
-    z = z.reshape(H, d).float()
-    got = layer_write(model, layer, z)
-    rel = float((got.double() - write.double().cpu()).norm() / write.double().norm().clamp_min(1e-30))
-    return z, rel
-
-
-def transfer_embedding(
-    src_model,
-    dst_model,
-    embedding: Float[Tensor, "n_layers_src n_heads_src d_head_src"],
-    maps: Mapping[int, tuple[int, HiddenMap]],
-) -> tuple[Float[Tensor, "n_layers_dst n_heads_dst d_head_dst"], pd.DataFrame]:
-    """SITE's task embedding carried across, layer by layer (module docstring: why the layer's
-    write and not each head). ``maps[dst_layer] = (src_layer, map)``: destination block
-    ``dst_layer`` gets the write of source block ``src_layer`` at α = 1
-    (:func:`layer_write`), carried by ``map.write`` and solved into per-head ``z``
-    (:func:`solve_z`). Layers missing from ``maps`` get zeros (inject them with α = 0). Returns
-    the destination embedding and a table per layer: dst_layer, src_layer, write_norm,
-    mapped_norm, rel_residual."""
-    c = dst_model.cfg
-    out = torch.zeros(c.n_layers, c.n_heads, c.d_head)  # [n_layers, n_heads, d_head]
-    rows = []
-    for dst_layer, (src_layer, m) in sorted(maps.items()):
-        w = layer_write(src_model, src_layer, embedding[src_layer])  # [d_src]
-        target = m.write(w.double()).float()  # [d_dst]
-        z, rel = solve_z(dst_model, dst_layer, target)
-        out[dst_layer] = z
-        rows.append({"dst_layer": dst_layer, "src_layer": src_layer, "write_norm": float(w.norm()),
-                     "mapped_norm": float(target.norm()), "rel_residual": rel})
-    return out, pd.DataFrame(rows)
-
-
-__all__ = [
-    "RIDGE_GRID", "HiddenMap", "corresponding_index", "corresponding_layer", "fit_hidden_map",
-    "fit_ridge_map", "layer_write", "map_grid", "r2_score", "resid_hook", "resid_points",
-    "resid_states", "solve_z", "task_states", "transfer_embedding", "transfer_linear",
-    "transfer_state", "tv_fitted",
-]
