@@ -1,12 +1,15 @@
 """The atlas page in a real headless Chromium (marker ``browser``; network cut off): click a
 heatmap cell → the head card shows that head's values, exactly as :func:`sitelens.atlas.head_card`
-computes them; click a similarity cell → both α maps and their difference render; no console
+computes them; click a similarity cell → the pair view shows that pair's α maps, their difference,
+similarity and transfer, exactly as :func:`sitelens.atlas.pair_view` computes them; no console
 errors, nothing requested from the network."""
+
+import copy
 
 import pytest
 from browser_util import file_url
 
-from sitelens.atlas import AtlasConfig, build_atlas_data, build_atlas_html, head_card, payload
+from sitelens.atlas import AtlasConfig, build_atlas_data, build_atlas_html, head_card, pair_view, payload
 from sitelens.models import has_hooked_transformer, tiny_model
 from sitelens.tasks import load_task
 
@@ -71,8 +74,18 @@ def test_click_a_head_shows_its_card(offline_page, page_file):
     assert not log.problems(), log.problems()
 
 
-def test_click_a_similarity_cell_shows_the_pair(offline_page, page_file):
-    path, p, model = page_file
+def test_click_a_similarity_cell_shows_the_pair(offline_page, page_file, tmp_path):
+    _, p, model = page_file
+    # The tiny model transfers nothing (every transfer and zero-shot accuracy is 0), so the page here
+    # gets a distinct value in every cell: reading another cell (B through A swapped, the wrong row)
+    # then shows another number.
+    p = copy.deepcopy(p)
+    m = p["models"][model]
+    n = len(m["tasks"])
+    m["transfer"] = [[round(0.01 * (i * n + j + 1), 4) for j in range(n)] for i in range(n)]
+    m["zero_shot"] = [round(0.5 + 0.1 * i, 4) for i in range(n)]
+    path = tmp_path / "atlas.html"
+    path.write_text(build_atlas_html(p), encoding="utf-8")
     page, log = offline_page.page, offline_page.log
     page.goto(file_url(path))
     page.wait_for_function("window.atlasReady === true")
@@ -81,7 +94,18 @@ def test_click_a_similarity_cell_shows_the_pair(offline_page, page_file):
     _click(page, "sim", b, a)  # x = B, y = A
     page.wait_for_function(f"document.getElementById('pair').dataset.a === '{a}'")
     assert page.eval_on_selector("#pair", "e => e.dataset.b") == b
-    assert page.eval_on_selector("#pair", "e => e.data.length") == 3
+    view = pair_view(p, model, a, b)
+    assert view["alpha_a"] != view["alpha_b"]  # the two tasks' maps differ, so a swapped pair shows
+    shown = page.eval_on_selector("#pair", "e => ({names: e.data.map(t => t.name), "
+                                  "z: e.data.map(t => t.z), title: e.layout.title.text})")
+    assert shown["names"] == [a, b, "A − B"]
+    assert shown["z"][0] == view["alpha_a"]  # the payload's floats, unchanged through JSON
+    assert shown["z"][1] == view["alpha_b"]
+    diff = [x for row in shown["z"][2] for x in row]
+    want = [x for row in view["diff"] for x in row]
+    assert diff == pytest.approx(want, abs=1.5e-4)  # both round A − B to 4 decimals (JS vs Python)
+    assert shown["title"] == (f"A = {a} · B = {b} · ρ = {_fmt(view['similarity'])} · B through A's α: "
+                              f"{_fmt(view['transfer'])} (B zero-shot {_fmt(view['zero_shot_b'])})")
     assert page.locator("#pair g.hm").count() == 3  # both maps and their difference drew
     assert not log.problems(), log.problems()
 

@@ -1,20 +1,27 @@
 """The committed atlas (``figures/atlas/``, both bundled models) as a user gets it on a fresh clone:
 ``sitelens atlas --out`` builds the page from the tables alone (no model is loaded), it stays within
-the issue's size budget, and in headless Chromium (network cut off) every model's page draws, a
-click on a head shows that head's card exactly as :func:`sitelens.atlas.head_card` computes it,
-and a click on a similarity cell draws the pair — with no console error."""
+its size budget (the committed tables' measured size + 10%), and in headless Chromium (network cut
+off) every model's page draws, a click on a head shows that head's card exactly as
+:func:`sitelens.atlas.head_card` computes it, and a click on a similarity cell draws the pair — with
+no console error."""
 
+import re
 from pathlib import Path
 
 import pytest
 from browser_util import file_url
 
 from sitelens.atlas import head_card, load_atlas, payload
+from sitelens.atlas.html import plotly_bundle
 from sitelens.cli import main
 
 DATA = Path(__file__).resolve().parent.parent / "figures" / "atlas"
 MODELS = ("gemma-3-270m", "smollm2-135m-instruct")
-BUDGET_MB = 15  # the issue's size budget for both models' full atlas
+# The page is the inlined plotly.js (cartesian bundle 1.5 MB, or the full one 4.8 MB) plus both models'
+# tables and the page's CSS/JS: 1.27 MB measured on the committed figures/atlas (a 2.8 MB page with
+# the cartesian bundle, 6.1 MB with the full one). The budget for all but plotly.js is that measure
+# + 10% headroom, so tables that grow by more than a tenth fail whichever bundle is inlined.
+BUDGET_WITHOUT_PLOTLY_MB = 1.4
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +41,10 @@ def test_committed_tables_cover_both_models_and_every_task(built):
 
 def test_committed_page_within_size_budget(built):
     out, _ = built
-    assert out.stat().st_size < BUDGET_MB * 1e6
+    html = out.read_text(encoding="utf-8")
+    bundle = re.search(r'<meta name="plotly-bundle" content="(\w+)">', html).group(1)
+    plotly_mb = len(plotly_bundle(bundle)[1].encode()) / 1e6
+    assert out.stat().st_size / 1e6 - plotly_mb < BUDGET_WITHOUT_PLOTLY_MB
 
 
 def _fmt(v) -> str:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 
 import numpy as np
 import pytest
@@ -47,6 +48,8 @@ import sitelens.models.attention as attention_module
 from sitelens.models import encode, has_hooked_transformer, is_bridge, tiny_model
 from sitelens.site.injection import HeadMix
 from sitelens.tasks import load_task
+
+pytest_plugins = ["pytester"]  # the CI skip rule's cases run a throwaway suite
 
 CAUGHT = r"more than float rounding can explain|non-finite"
 hooked_only = pytest.mark.skipif(not has_hooked_transformer(), reason="HookedTransformer only")
@@ -199,13 +202,15 @@ class _RowShiftedMix(HeadMix):
 KINDS = ["sees_future", "misses_diagonal", "padding_visible", "sees_future_last_layer"]
 
 
+# wrong key/value groups only exist in variants with grouped-query attention (> 1 key/value head)
+FUSED_CASES = [(variant, kind) for variant, v in TA.VARIANTS.items() for kind in KINDS + ["gqa_groups"]
+               if kind != "gqa_groups" or v.get("n_key_value_heads") not in (None, 1)]
+
+
 @hooked_only
-@pytest.mark.parametrize("kind", KINDS + ["gqa_groups"])
-@pytest.mark.parametrize("variant", list(TA.VARIANTS))
+@pytest.mark.parametrize("variant, kind", FUSED_CASES, ids=[f"{v}-{k}" for v, k in FUSED_CASES])
 def test_fused_attention_comparisons_catch_a_broken_mask(variant, kind, monkeypatch):
     """Both comparisons of attention_paths_agree (log-probs and per-layer hook_z) fail alone."""
-    if kind == "gqa_groups" and TA.VARIANTS[variant].get("n_key_value_heads") in (None, 1):
-        pytest.skip("needs grouped-query attention with more than one key/value head")
     model = TA._hooked_tiny(**TA.VARIANTS[variant])
     enc = encode(model, TA.PROMPTS)
     slow = TA._run(model, enc, fast=False)
@@ -664,3 +669,211 @@ def test_depth_profile_test_catches_bins_at_the_layer_start(monkeypatch):
     monkeypatch.setattr(TAT, "depth_profile", at_start)
     with pytest.raises(AssertionError):
         TAT.test_depth_profile_bins_alpha_mass_by_relative_depth()
+
+
+@pytest.fixture(scope="module")
+def small_atlas(tmp_path_factory):
+    """tests/test_atlas.py's fixture at its smallest (one layer of two heads; three tasks, the fewest
+    a similarity correlation takes): the cache test reads only its model, tasks, tables and cache."""
+    if not has_hooked_transformer():
+        pytest.skip("HookedTransformer only: tests/test_atlas.py needs it")
+    import test_atlas as TAT
+
+    from sitelens.atlas import build_atlas_data
+
+    model = tiny_model(n_layers=1, n_heads=2, d_head=8, seed=0, backend="hooked")
+    tasks = [load_task(t) for t in TAT.TASKS[:3]]
+    cache = tmp_path_factory.mktemp("atlas_cache")
+    return model, tasks, build_atlas_data(model, tasks, TAT.SMALL, cache_dir=cache), None, cache
+
+
+def test_atlas_cache_test_catches_a_key_that_always_misses(small_atlas, monkeypatch):
+    """Cell keys that hash the time they were made: every rebuild misses its cache and refits."""
+    import time
+
+    import test_atlas as TAT
+
+    from sitelens.pipelines.store import CellStore
+
+    real = CellStore.key
+    monkeypatch.setattr(CellStore, "key", lambda self, params: real(self, {**params, "at": time.time_ns()}))
+    with pytest.raises(AssertionError, match="instead of reading its cache"):
+        TAT.test_atlas_fits_are_cached(small_atlas, monkeypatch)
+
+
+def test_atlas_cache_test_catches_fits_never_read_back(small_atlas, monkeypatch):
+    """A saved adapter that never matches the model it was fitted on (always refitted)."""
+    import test_atlas as TAT
+
+    from sitelens.site import SiteAdapter
+
+    monkeypatch.setattr(SiteAdapter, "load_matching", classmethod(lambda cls, *a, **k: None))
+    with pytest.raises(AssertionError, match="recomputed a fit"):
+        TAT.test_atlas_fits_are_cached(small_atlas, monkeypatch)
+
+
+def _tiny_shape() -> tuple[int, int]:
+    from sitelens.models import load_model
+
+    cfg = load_model("tiny-random").cfg
+    return cfg.n_layers, cfg.n_heads
+
+
+def test_heads_costs_test_catches_a_counter_on_another_model(tmp_path, capsys, monkeypatch):
+    """The ablation lens counting the calls of another module than the model: 0 forward passes."""
+    import test_cli_heads as TCH
+
+    import sitelens.lenses.ablation as ablation
+    from sitelens.patching.engine import ForwardPassCounter
+
+    class OnAnotherModule(ForwardPassCounter):
+        def __init__(self, model):
+            super().__init__(torch.nn.Identity())
+
+    monkeypatch.setattr(ablation, "ForwardPassCounter", OnAnotherModule)
+    with pytest.raises(AssertionError, match="ablation"):
+        TCH.test_heads_every_lens_json(tmp_path, capsys, _tiny_shape())
+
+
+def test_heads_costs_test_catches_costs_of_the_wrong_lens(tmp_path, capsys, monkeypatch):
+    """``--json`` reporting every lens with the first lens's costs (the alpha fits': no passes)."""
+    import test_cli_heads as TCH
+
+    import sitelens.cli.heads as heads
+
+    real = heads.heads_summary
+
+    def first_costs(*a, **k):
+        obj = real(*a, **k)
+        first = next(iter(obj["lenses"].values()))
+        for d in obj["lenses"].values():
+            d.update({c: first[c] for c in ("forward_passes", "backward_passes", "seconds")})
+        return obj
+
+    monkeypatch.setattr(heads, "heads_summary", first_costs)
+    with pytest.raises(AssertionError):
+        TCH.test_heads_every_lens_json(tmp_path, capsys, _tiny_shape())
+
+
+def test_regression_mse_test_catches_the_fallback_left_out(monkeypatch):
+    """An answer without a number scored as 0 instead of the fallback (the train mean)."""
+    import test_regression as TR
+
+    real = TR.regression_mse
+    monkeypatch.setattr(TR, "regression_mse", lambda p, t, *, fallback: real(p, t, fallback=0.0))
+    with pytest.raises(AssertionError):
+        TR.test_evaluate_then_mse_on_a_tiny_model()
+
+
+def test_regression_mse_test_catches_the_last_number_of_the_line(monkeypatch):
+    """Parsing that takes the last number of the first line (``"0.5, 0.41"`` → 0.41)."""
+    import test_regression as TR
+
+    import sitelens.tasks.regression as regression
+
+    def last_number(text):
+        line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+        found = regression._NUMBER.findall(line)
+        return float(found[-1].replace("\u2212", "-")) if found else None
+
+    monkeypatch.setattr(regression, "parse_number", last_number)
+    with pytest.raises(AssertionError):
+        TR.test_evaluate_then_mse_on_a_tiny_model()
+
+
+def test_bad_value_test_catches_a_loader_message_without_what_it_loads(monkeypatch):
+    """The model check's message naming the value and the choices but not that it is a model."""
+    import test_cli_bad_input as TBI
+
+    import sitelens.models as models
+    from sitelens.errors import ModelError
+
+    real = models.check_model_available
+
+    def vague(name):
+        try:
+            real(name)
+        except ModelError:
+            raise ModelError(f"{name!r} cannot be loaded; use one of "
+                             f"{', '.join(models.BUNDLED_MODELS)}.") from None
+
+    monkeypatch.setattr(models, "check_model_available", vague)
+    with pytest.raises(AssertionError):
+        TBI.test_bad_value("fit", "--model", "model")
+
+
+def test_base_commands_test_catches_a_valid_line_refused(monkeypatch):
+    """An output check that refuses a CSV path which does not exist yet (every new ``--items``)."""
+    import test_cli_bad_input as TBI
+
+    from sitelens.errors import OutputError, SitelensError
+
+    validate = importlib.import_module("sitelens.cli.validate")  # the module, not sitelens.cli.validate()
+    real = validate.check_output
+
+    def existing_only(path, kind, **k):
+        if not os.path.exists(path):
+            raise OutputError(f"{path} does not exist")
+        return real(path, kind, **k)
+
+    monkeypatch.setattr(validate, "check_output", existing_only)
+    with pytest.raises(SitelensError):
+        TBI.test_every_base_command_passes_validation("eval")
+
+
+def test_ci_skip_test_catches_setup_skips_let_through(pytester, monkeypatch):
+    """The CI rule applied to the call phase only: skips by a mark or a fixture (setup) pass."""
+    import conftest
+    import test_ci_skips as TCS
+
+    real = conftest._fail_a_ci_skip
+    monkeypatch.setattr(conftest, "_fail_a_ci_skip",
+                        lambda report: real(report) if report.when in ("call", "collect") else None)
+    with pytest.raises(AssertionError):
+        TCS.test_under_ci_only_a_gpu_or_backend_skip_passes(pytester, monkeypatch)
+
+
+def test_ci_skip_test_catches_a_rule_that_allows_every_reason(pytester, monkeypatch):
+    """An allowed-reason pattern that matches any reason."""
+    import conftest
+    import test_ci_skips as TCS
+
+    monkeypatch.setattr(conftest, "ci_skip_allowed", lambda reason: True)
+    with pytest.raises(AssertionError):
+        TCS.test_under_ci_only_a_gpu_or_backend_skip_passes(pytester, monkeypatch)
+
+
+def test_effect_rows_test_catches_a_dropped_last_batch(patching_setup, monkeypatch):
+    """run_rows leaving out the last partial batch (its rows given the batch before's values): the
+    rows counted fall short of the rows the effects stand for."""
+    import sitelens.patching.engine as engine
+
+    real = engine.run_rows
+
+    def short(model, cache, last, answers, item_idx, cond_idx, *a, batch_size=128, **k):
+        keep = len(item_idx) - (len(item_idx) % batch_size or batch_size)
+        correct, prob = real(model, cache, last, answers, item_idx[:keep], cond_idx[:keep], *a,
+                             batch_size=batch_size, **k)
+        pad = len(item_idx) - keep
+        return torch.cat([correct, correct[-pad:]]), torch.cat([prob, prob[-pad:]])
+
+    monkeypatch.setattr(engine, "run_rows", short)
+    with pytest.raises(AssertionError):
+        TP.test_head_effects_count_real_forward_passes(*patching_setup, True, monkeypatch)
+
+
+def test_certified_rows_test_catches_a_row_left_out(tiny_mha, monkeypatch):
+    """certified_top_k's rows run without the last one (its value copied from the row before)."""
+    import test_lenses as TL
+
+    import sitelens.lenses.compare as compare
+
+    real = compare.run_rows
+
+    def one_short(model, cache, last, answers, item_idx, cond_idx, *a, **k):
+        correct, prob = real(model, cache, last, answers, item_idx[:-1], cond_idx[:-1], *a, **k)
+        return torch.cat([correct, correct[-1:]]), torch.cat([prob, prob[-1:]])
+
+    monkeypatch.setattr(compare, "run_rows", one_short)
+    with pytest.raises(AssertionError):
+        TL.test_certified_top_k_verifies_with_exact_values(tiny_mha, _lens_task())

@@ -12,6 +12,7 @@ from sitelens import patching as P
 from sitelens.errors import AdapterError
 from sitelens.eval.metrics import correlation
 from sitelens.models import encode, tiny_model, z_hook_name
+from sitelens.patching import engine
 from sitelens.site import SiteAdapter, task_embedding
 from sitelens.site.injection import HeadMix
 from sitelens.tasks import answer_token_ids, load_task, zero_shot_prompt
@@ -551,14 +552,25 @@ def test_head_effects_count_real_forward_passes(model, task, adapter, batched, m
         calls.append(1)
         return forward(*args, **kwargs)
 
+    ran = []  # the rows of every pass's logits: last-token rows batched, whole prompts serial
+
+    def observed(fn):
+        def run(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            ran.append(out.shape[0])
+            return out
+        return run
+
     monkeypatch.setattr(model, "forward", counted)
+    monkeypatch.setattr(engine, "last_token_forward", observed(engine.last_token_forward))
+    monkeypatch.setattr(engine, "last_logits", observed(engine.last_logits))
     _, st = P.head_causal_effects(model, task, n_prompts=3, n_shots=3, seed=1, batched=batched,
                                   batch_size=5, embedding=adapter.embedding, return_stats=True)
     monkeypatch.undo()
     assert len(calls) > 0
     assert st["forward_passes"] == len(calls)
     n_rows = 3 * (model.cfg.n_layers * model.cfg.n_heads + 1)
-    assert st["rows"] == n_rows
+    assert st["rows"] == sum(ran) == n_rows  # counted as run, and every (prompt, condition) ran
     if batched:  # one pass per 5 rows, plus the prefix cache's (none on a bridge: it recomputes)
         assert st["forward_passes"] >= -(-n_rows // 5)
     else:  # one full pass per head plus the unpatched one (3 prompts fit one chunk)

@@ -127,18 +127,27 @@ def test_mse_checks_its_input():
 
 def test_evaluate_then_mse_on_a_tiny_model():
     """The tasks run through evaluate() like any other (numbers are an open range: no label
-    ranking), and its predictions score with regression_mse."""
+    ranking), and its predictions score with regression_mse. The tiny random model writes no number
+    (its answers score as the fallback), so answers as a model that writes numbers would give them
+    are scored next to its own: each counts as the first number of its first line, one as the
+    fallback."""
     from sitelens.eval.evaluate import evaluate
     from sitelens.models import tiny_model
 
     task = regression_task("relu", n_train=12, n_valid=3, n_test=4, dim=2, seed=0)
     df = evaluate(tiny_model(), task, methods=["zero-shot", "icl"], n_shots=3, limit=4)
     assert "chance" not in df.columns and len(df) == 8
+    fallback = train_mean(task)
+    written = [" 0.40\nQ: 0.1, 0.2", "about \u22120.25 or so", "\n 0.5, 0.41", "no idea"]
+    read = [0.40, -0.25, 0.5, fallback]  # by hand: first number of the first non-empty line
     for _, g in df.groupby("method"):
-        score = regression_mse(g["prediction"].tolist(), g["target"].tolist(), fallback=train_mean(task))
+        targets = [float(t) for t in g["target"]]
         values = [parse_number(p) for p in g["prediction"]]
-        fallback = train_mean(task)
-        want = math.fsum(((fallback if v is None else v) - float(t)) ** 2
-                         for v, t in zip(values, g["target"])) / 4
+        score = regression_mse(g["prediction"].tolist(), g["target"].tolist(), fallback=fallback)
+        want = math.fsum(((fallback if v is None else v) - t) ** 2 for v, t in zip(values, targets)) / 4
         assert score.n == 4 and score.n_unparsed == sum(v is None for v in values)
+        assert math.isclose(score.mse, want, rel_tol=1e-12)
+        score = regression_mse(written, g["target"].tolist(), fallback=fallback)
+        assert (score.n, score.n_unparsed) == (4, 1)
+        want = math.fsum((v - t) ** 2 for v, t in zip(read, targets)) / 4
         assert math.isclose(score.mse, want, rel_tol=1e-12)

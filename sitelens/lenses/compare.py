@@ -26,7 +26,7 @@ import torch
 from sitelens.eval.metrics import correlation
 from sitelens.lenses.scores import HeadScores
 from sitelens.patching.effects import EffectsConfig, corrupted_prompts
-from sitelens.patching.engine import ForwardPassCounter, prefix_rows, run_rows
+from sitelens.patching.engine import ForwardPassCounter, RowCounter, prefix_rows, run_rows
 
 
 def top_k_heads(a: np.ndarray, k: int) -> set[int]:
@@ -103,13 +103,14 @@ def certified_top_k(
     unpatched row of each prompt are computed once; each round runs one last-token row per (prompt,
     new head). Returns :func:`certify_top_k`'s
     dict with ``top`` as ``(layer, head)`` pairs, plus ``forward_passes``, ``rows``
-    (single-token rows run: ``(verified + 1) × n_prompts``), ``seconds``."""
+    (single-token rows run, ``(verified + 1) × n_prompts``; counted by
+    :class:`~sitelens.patching.engine.RowCounter`), ``seconds``."""
     cfg = config or EffectsConfig()
     L, H = model.cfg.n_layers, model.cfg.n_heads
     f = fast.map().flatten().numpy()  # [n_layers * n_heads]
     emb = embedding.to(model.cfg.device)  # [n_layers, n_heads, d_head]
     t0 = time.perf_counter()
-    with ForwardPassCounter(model) as passes:
+    with ForwardPassCounter(model) as passes, RowCounter(model) as rows:
         prompts, answers = corrupted_prompts(
             model, task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, split=cfg.split,
             seed=cfg.seed, template=cfg.template)
@@ -125,16 +126,13 @@ def certified_top_k(
             return prob.reshape(n, c)
 
         base = run(torch.zeros(1, L, H))[:, 0]  # [n_prompts]
-        rows = n
 
         def exact_of(idx):
-            nonlocal rows
             onehots = torch.zeros(len(idx), L * H)  # [c, L * H]
             onehots[torch.arange(len(idx)), torch.as_tensor(idx)] = 1
-            rows += len(idx) * n
             return (run(onehots.reshape(-1, L, H)) - base[:, None]).mean(0).numpy()  # [c]
 
         out = certify_top_k(f, exact_of, k=k, budget=budget, step=step, rule=rule)
     out["top"] = [(i // H, i % H) for i in out["top"]]
-    out.update(forward_passes=passes.count, rows=rows, seconds=time.perf_counter() - t0)
+    out.update(forward_passes=passes.count, rows=rows.count, seconds=time.perf_counter() - t0)
     return out

@@ -35,6 +35,7 @@ from sitelens.patching.effects import (
 from sitelens.patching.engine import (
     BackwardPassCounter,
     ForwardPassCounter,
+    RowCounter,
     batched_answer_probs,
     patched_last_logits,
     prefix_rows,
@@ -50,6 +51,7 @@ __all__ = [
     "patched_last_logits",
     "ForwardPassCounter",
     "BackwardPassCounter",
+    "RowCounter",
     "batched_answer_probs",
     "serial_answer_probs",
     "TASK_FAMILIES",

@@ -21,7 +21,12 @@ from torch import Tensor
 
 from sitelens.errors import AdapterError, TaskError
 from sitelens.patching.analysis import effect_alpha_correlation
-from sitelens.patching.engine import ForwardPassCounter, batched_answer_probs, serial_answer_probs
+from sitelens.patching.engine import (
+    ForwardPassCounter,
+    RowCounter,
+    batched_answer_probs,
+    serial_answer_probs,
+)
 from sitelens.provenance import config_with_overrides
 from sitelens.site import task_embedding
 from sitelens.tasks import (
@@ -102,7 +107,9 @@ def head_causal_effects(
     ``return_stats=True`` returns ``(effects, stats)`` with timings: ``seconds`` (excluding the
     mean activation), ``forward_passes`` (the calls of ``model`` actually made, counted by a
     forward pre-hook on it: prefix-cache passes included, the mean activation excluded),
-    ``rows``, ``baseline_prob``, ``mode``."""
+    ``rows`` (the (prompt, condition) rows run, ``(N + 1) × n_prompts``: last-token rows batched,
+    whole-prompt rows serial; counted by :class:`~sitelens.patching.engine.RowCounter`),
+    ``baseline_prob``, ``mode``."""
     cfg = config_with_overrides(EffectsConfig, config, overrides, "head_causal_effects")
     L, H, d_head = model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head
     if embedding is None:
@@ -116,15 +123,15 @@ def head_causal_effects(
             f"[n_layers={L}, n_heads={H}, d_head={d_head}]."
         )
     embedding = embedding.to(model.cfg.device)  # [n_layers, n_heads, d_head]
-    with ForwardPassCounter(model) as passes:
-        effects, base, patched, rows, n, N = _head_effects(model, task, embedding, cfg)
+    with ForwardPassCounter(model) as passes, RowCounter(model) as rows:
+        effects, base, patched, n, N = _head_effects(model, task, embedding, cfg)
     if not return_stats:
         return effects
     stats = {
         "mode": "batched" if cfg.batched else "serial",
         "seconds": passes.seconds,
         "forward_passes": passes.count,
-        "rows": int(rows),
+        "rows": rows.count,
         "n_prompts": n,
         "n_heads_total": N,
         "baseline_prob": float(base.mean()),
@@ -134,8 +141,8 @@ def head_causal_effects(
 
 
 def _head_effects(model, task: Task, embedding, cfg: EffectsConfig):
-    """The work of :func:`head_causal_effects` (its forward passes are counted around this):
-    ``(effects, base, patched, rows, n_prompts, n_heads_total)``, where ``base`` ``[n_prompts]``
+    """The work of :func:`head_causal_effects` (its forward passes and rows are counted around it):
+    ``(effects, base, patched, n_prompts, n_heads_total)``, where ``base`` ``[n_prompts]``
     is the answer probability unpatched and ``patched`` ``[n_prompts, N]`` with head j patched."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
     prompts, answers = corrupted_prompts(
@@ -147,7 +154,7 @@ def _head_effects(model, task: Task, embedding, cfg: EffectsConfig):
     answer_probs = batched_answer_probs if cfg.batched else serial_answer_probs
     base, patched = answer_probs(model, prompts, answers, onehots, embedding, cfg.batch_size)
     effects = (patched - base[:, None]).mean(0).reshape(L, H)  # [n_layers, n_heads]
-    return effects, base, patched, (N + 1) * n, n, N
+    return effects, base, patched, n, N
 
 
 __all__ = ["EffectsConfig", "corrupted_prompts", "head_causal_effects", "effect_alpha_correlation"]

@@ -6,7 +6,8 @@ token only, so each prompt's prefix is encoded once into a frozen KV cache
 forward pass through per-row :class:`~sitelens.site.HeadMix` weights ``[rows, n_layers, n_heads]``
 (:func:`run_rows`). Intra/inter-task patching, the per-head causal effects and every lens build on
 these, as TransformerLens builds its patching variants on one ``generic_activation_patch``.
-:class:`ForwardPassCounter` counts the model calls that a result reports as its cost.
+:class:`ForwardPassCounter` counts the model calls that a result reports as its cost,
+:class:`RowCounter` the (prompt, condition) rows those calls ran.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def run_rows(
         sub = select_cache(cache, items)
         with torch.no_grad(), apply_hooks(model, mix.hooks(model)):
             logits = last_token_forward(model, sub, last[items])[:, -1].float()  # [b, d_vocab]
+        RowCounter.ran(model, logits.shape[0])
         ans = answers[items.to(answers.device)].to(logits.device)  # [b]
         logp = torch.log_softmax(logits, dim=-1).gather(1, ans[:, None])[:, 0]  # [b]
         correct.append(logits.argmax(-1) == ans)
@@ -137,6 +139,33 @@ class ForwardPassCounter:
     def __exit__(self, *exc) -> None:
         self.seconds = time.perf_counter() - self._t0
         self._handle.remove()
+
+
+class RowCounter:
+    """Counts the (prompt, condition) rows run through ``model`` while the block is open: each
+    single-token row of :func:`run_rows`'s last-token passes, and each whole-prompt row of
+    :func:`serial_answer_probs`'s full passes (the serial reference runs the same rows, one condition
+    per pass). Counted from the logits each pass returned, so a row that is not run is not counted.
+    Counters of one model nest: every open one counts. ``.count`` grows as rows run."""
+
+    _open: list[RowCounter] = []  # the open counters, of every model
+
+    def __init__(self, model):
+        self.model, self.count = model, 0
+
+    @classmethod
+    def ran(cls, model, n_rows: int) -> None:
+        """Add ``n_rows`` rows run through ``model`` to every open counter of ``model``."""
+        for c in cls._open:
+            if c.model is model:
+                c.count += int(n_rows)
+
+    def __enter__(self):
+        RowCounter._open.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        RowCounter._open.remove(self)
 
 
 def _grad_output(out) -> Tensor | None:
@@ -217,6 +246,7 @@ def serial_answer_probs(
         out = []
         for enc, ans in chunks:
             logits = last_logits(model, enc, mix)  # [b, d_vocab]
+            RowCounter.ran(model, logits.shape[0])
             ans = ans.to(logits.device)  # [b]
             logp = torch.log_softmax(logits, -1).gather(1, ans[:, None])[:, 0]  # [b]
             out.append(logp.exp().cpu())
@@ -233,5 +263,6 @@ def serial_answer_probs(
 
 __all__ = [
     "prefix_rows", "run_rows", "row_grid", "patched_last_logits", "ForwardPassCounter", "BackwardPassCounter",
+    "RowCounter",
     "batched_answer_probs", "serial_answer_probs",
 ]
