@@ -434,48 +434,15 @@ def summarize(exp: Scaling, df, *, png: bool = True) -> str | None:
 
 
 def write_plot(ok, fits: dict, ycol: str, mcol: str, basis: str, stem: Path, *, png: bool) -> None:
-    import numpy as np
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     from sitelens.viz.export import write_figure_html
+    from sitelens.viz.plotting import cost_scaling
 
-    panels = [s for s in STAGES if s in set(ok.stage)] + ["memory"]
-    cols, rows = 4, -(-len(panels) // 4)
-    titles = [f"{s} ({basis} / {UNITS[s]})" if s != "memory" else "peak memory (GiB)" for s in panels]
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.06,
-                        vertical_spacing=0.14)
-    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
-    for i, panel in enumerate(panels):
-        r, c = i // cols + 1, i % cols + 1
-        for j, L in enumerate(sorted(ok.length.dropna().astype(int).unique())):
-            if panel == "memory":
-                d = ok[ok.length == L].groupby("model").agg(x=("params_compute", "first"),
-                                                            y=(mcol, "max")).reset_index()
-            else:
-                d = ok[(ok.stage == panel) & (ok.length == L)]
-                d = d.rename(columns={"params_compute": "x", ycol: "y"})
-            d, color, grp = d.sort_values("x"), palette[j % len(palette)], f"L={L}"
-            if d.empty:
-                continue
-            fig.add_trace(go.Scatter(x=d.x, y=d.y, mode="markers", name=grp, legendgroup=grp,
-                                     showlegend=i == 0, marker=dict(color=color, size=7), text=d.model,
-                                     hovertemplate="%{text}<br>P=%{x:.3s}<br>%{y:.3g}"), row=r, col=c)
-            if panel in fits:
-                T = float(ok[(ok.stage == panel) & (ok.length == L)].prompt_tokens.mean())
-                xs = np.geomspace(d.x.min(), max(d.x.max(), 1), 20)
-                fig.add_trace(go.Scatter(x=xs, y=[xp.predict(fits[panel], x, T) for x in xs], mode="lines",
-                                         line=dict(color=color, dash="dot", width=1),
-                                         legendgroup=grp, showlegend=False, hoverinfo="skip"), row=r, col=c)
-        fig.update_xaxes(type="log", title_text="compute params P" if r == rows else None, row=r, col=c)
-        fig.update_yaxes(type="log", row=r, col=c)
-    fig.update_layout(width=1400, height=380 * rows, template="plotly_white",
-                      title="sitelens cost per stage vs model size (dotted: the log-log fit)",
-                      legend=dict(title="prompt tokens"))
+    fig = cost_scaling(ok, fits, y=ycol, memory=mcol, basis=basis, stages=STAGES, units=UNITS,
+                       predict=xp.predict)
     write_figure_html(fig, f"{stem}.html")
     if png:
         try:
-            fig.write_image(f"{stem}.png", width=1400, height=380 * rows)
+            fig.write_image(f"{stem}.png", width=fig.layout.width, height=fig.layout.height)
         except Exception as e:  # kaleido / Chromium missing: the html is still written
             print(f"no png: {e}")
 

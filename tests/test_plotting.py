@@ -223,3 +223,22 @@ def test_log_ticks_do_not_crowd():
     ticks = log_ticks(list(range(1, 300)))
     assert ticks[0] == 1 and ticks[-1] == 299
     assert all(b / a >= 1.3 for a, b in zip(ticks, ticks[1:]))
+
+
+def test_cost_scaling_draws_each_stage_and_its_fitted_line():
+    from sitelens.viz.plotting import cost_scaling
+
+    df = pd.DataFrame({"model": ["a", "b", "a", "b"], "stage": ["stage1", "stage1", "generate", "generate"],
+                       "length": [64, 64, 64, 64], "params_compute": [1e6, 4e6, 1e6, 4e6],
+                       "prompt_tokens": [60.0, 60.0, 60.0, 60.0], "sec": [1.0, 2.0, 3.0, 6.0],
+                       "mem": [0.1, 0.3, 0.1, 0.3]})
+    fig = cost_scaling(df, {"stage1": {"a": 0.5}}, y="sec", memory="mem", basis="CPU s",
+                       stages=["stage1", "stage2", "generate"],
+                       units={"stage1": "prompt", "generate": "item"},
+                       predict=lambda f, P, T: f["a"] * P)
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles == ["stage1 (CPU s / prompt)", "generate (CPU s / item)", "peak memory (GiB)"]
+    markers = [t for t in fig.data if t.mode == "markers"]
+    assert [list(t.y) for t in markers] == [[1.0, 2.0], [3.0, 6.0], [0.1, 0.3]]
+    (line,) = [t for t in fig.data if t.mode == "lines"]  # only stage1 has a fit
+    assert np.allclose(line.y, 0.5 * np.asarray(line.x))

@@ -7,12 +7,13 @@
 - :func:`matrix_heatmap`: task × task matrices (inter-task accuracy, α similarity), tasks ordered by
   hierarchical clustering (:func:`cluster_order`); both live in :mod:`sitelens.viz.matrices`.
 - :func:`dntp_scatter`: dNTP vs accuracy per method (baselines).
+- :func:`cost_scaling`: cost per stage vs model size, log-log, with fitted power laws (scaling).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -373,6 +374,47 @@ def dntp_scatter(
     return fig
 
 
+def cost_scaling(
+    df: pd.DataFrame, fits: Mapping[str, dict], *, y: str, memory: str, basis: str,
+    stages: Sequence[str], units: Mapping[str, str], predict: Callable[[dict, float, float], float],
+) -> go.Figure:
+    """Cost per stage vs model size, log-log: one panel per stage of ``stages`` present in
+    ``df.stage`` (``y`` per unit of ``units[stage]``) plus peak memory (``memory``, the max per
+    model), one colour per prompt length ``df.length``, markers at the measured models
+    (``df.params_compute``) and the fitted power law ``predict(fits[stage], P, T)`` dotted."""
+    panels = [s for s in stages if s in set(df.stage)] + ["memory"]
+    cols, rows = 4, -(-len(panels) // 4)
+    titles = [f"{s} ({basis} / {units[s]})" if s != "memory" else "peak memory (GiB)" for s in panels]
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.06,
+                        vertical_spacing=0.14)
+    for i, panel in enumerate(panels):
+        r, c = i // cols + 1, i % cols + 1
+        for j, L in enumerate(sorted(df.length.dropna().astype(int).unique())):
+            if panel == "memory":
+                d = df[df.length == L].groupby("model").agg(x=("params_compute", "first"),
+                                                            y=(memory, "max")).reset_index()
+            else:
+                d = df[(df.stage == panel) & (df.length == L)].rename(columns={"params_compute": "x", y: "y"})
+            d, color, grp = d.sort_values("x"), _palette(j), f"L={L}"
+            if d.empty:
+                continue
+            fig.add_trace(go.Scatter(x=d.x, y=d.y, mode="markers", name=grp, legendgroup=grp,
+                                     showlegend=i == 0, marker=dict(color=color, size=7), text=d.model,
+                                     hovertemplate="%{text}<br>P=%{x:.3s}<br>%{y:.3g}"), row=r, col=c)
+            if panel in fits:
+                T = float(df[(df.stage == panel) & (df.length == L)].prompt_tokens.mean())
+                xs = np.geomspace(d.x.min(), max(d.x.max(), 1), 20)
+                fig.add_trace(go.Scatter(x=xs, y=[predict(fits[panel], x, T) for x in xs], mode="lines",
+                                         line=dict(color=color, dash="dot", width=1),
+                                         legendgroup=grp, showlegend=False, hoverinfo="skip"), row=r, col=c)
+        fig.update_xaxes(type="log", title_text="compute params P" if r == rows else None, row=r, col=c)
+        fig.update_yaxes(type="log", row=r, col=c)
+    fig.update_layout(width=1400, height=380 * rows, template="plotly_white",
+                      title="sitelens cost per stage vs model size (dotted: the log-log fit)",
+                      legend=dict(title="prompt tokens"))
+    return fig
+
+
 def _palette(i: int) -> str:
     import plotly.colors
 
@@ -382,5 +424,5 @@ def _palette(i: int) -> str:
 
 __all__ = [
     "alpha_heatmap", "alpha_facets", "effect_vs_alpha", "patching_curves", "cluster_order",
-    "matrix_heatmap", "dntp_scatter",
+    "matrix_heatmap", "dntp_scatter", "cost_scaling",
 ]
