@@ -3,6 +3,7 @@ model cards), a shrunk shape keeps its features, and a random model of one runs.
 
 import pytest
 
+from sitelens.models import has_hooked_transformer
 from sitelens.models.shapes import SHAPES, ModelShape, compute_params, hf_param_count, random_model, shrunk
 
 # Parameter counts the model cards / Hugging Face checkpoints report (tied embeddings counted
@@ -43,6 +44,8 @@ def test_config_is_a_copy_and_tiny_is_shrunk():
     assert t["attn_types"] == ["local", "global"] and t["use_qk_norm"]
 
 
+@pytest.mark.skipif(not has_hooked_transformer(),
+                    reason="HookedTransformer only: random_model builds a HookedTransformer shape")
 def test_random_model_of_a_shrunk_shape_runs():
     import torch
 

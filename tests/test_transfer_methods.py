@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
+from sitelens.models import has_hooked_transformer
 from sitelens.pipelines.transfer import (
     MapBank,
     corresponding_index,
@@ -64,6 +65,8 @@ def test_ltv_transfer_is_transfer_linear_at_the_matching_point():
     assert Wd.shape == (10, 10)
 
 
+@pytest.mark.skipif(not has_hooked_transformer(),
+                    reason="HookedTransformer only: the tiny source and target models are HookedTransformers")
 def test_site_transfer_embedding_on_tiny_models():
     from sitelens.models import tiny_model
     from sitelens.pipelines.transfer import resid_states
