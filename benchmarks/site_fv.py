@@ -114,9 +114,9 @@ class SiteFV(Experiment):
 def model_section(df: pd.DataFrame) -> list[str]:
     means = df.groupby("method")[["exact_match", "first_token_acc", "seconds_per_item"]].mean()
     means = means.loc[[m for m in MAIN if m in means.index]]
-    table = pd.DataFrame({"method": means.index, "mean EM": means.exact_match.map(pct), "mean FT":
-                          means.first_token_acc.map(pct), "mean s/item": means.seconds_per_item.map("{:.3f}".format)})
-    lines = [f"## {df.model.iloc[0]} ({df.task.nunique()} tasks)", "", md_table(table), ""]
+    table = pd.DataFrame({"mean EM": means.exact_match.map(pct), "mean FT": means.first_token_acc.map(pct),
+                          "mean s/item": means.seconds_per_item.map("{:.3f}".format)})
+    lines = [f"## {df.model.iloc[0]} ({df.task.nunique()} tasks)", "", md_table(table.reset_index()), ""]
     if {"site", "icl"} <= set(means.index):
         gap = 100 * (means.loc["site", "exact_match"] - means.loc["icl", "exact_match"])
         lines.append(f"- SITE − 10-shot ICL, mean exact match: {gap:+.1f} points.")
