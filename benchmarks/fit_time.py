@@ -15,7 +15,7 @@ import time
 
 import pandas as pd
 
-from sitelens.pipelines.experiment import Experiment, Job, main
+from sitelens.pipelines.experiment import Experiment, Job, main, md_table, write_report
 from sitelens.pipelines.store import ResultsStore
 
 # The reference-schedule sample of site_fv.py plus four tasks with longer prompts.
@@ -26,14 +26,6 @@ SAMPLE = (
 )
 FIELDS = ["model", "task", "threads", "load_avg_1min", "stage1_seconds", "stage2_seconds",
           "fit_seconds", "wall_seconds"]
-INTRO = (
-    "Made by `python benchmarks/fit_time.py --models MODEL --data-root ../shared/datasets --threads 2` on "
-    "the 2-core CPU machine with no other job running (the load average before each fit is in the CSV). "
-    "Default configuration: stage 1 = 50 prompts of 10 shots, stage 2 = 400 training examples in batches of "
-    "8 with validation every 10 steps on 64 items. Target (issue 3): stage 1 + stage 2 median ≤ 30 s per "
-    "task on SmolLM2.")
-
-
 class FitTime(Experiment):
     name = "fit_time"
     key = None
@@ -75,38 +67,27 @@ class FitTime(Experiment):
         return row
 
     def write_report(self) -> str:
-        from sitelens.io import atomic_write_text
-
-        lines = ["# SITE fit time on a quiet machine", "", INTRO, ""]
+        body = ["Each model by `python benchmarks/fit_time.py --models MODEL --threads 2` with no other job "
+                "running (the load average before each fit is in the CSV); default configuration; target: "
+                "median ≤ 30 s on SmolLM2 (docs/benchmarks.md).", ""]
         for path in sorted(self.out.glob("fit_time_*.csv")):
             df = pd.read_csv(path)
-            lines += [f"## {df.model.iloc[0]} ({len(df)} tasks)", "",
-                      f"- stage 1 + stage 2: median {df.fit_seconds.median():.1f} s, "
-                      f"min {df.fit_seconds.min():.1f} s, max {df.fit_seconds.max():.1f} s "
-                      f"(stage 1 median {df.stage1_seconds.median():.1f} s, stage 2 median "
-                      f"{df.stage2_seconds.median():.1f} s).", "",
-                      "| task | threads | load avg | stage 1 s | stage 2 s | fit s |",
-                      "|---|---|---|---|---|---|"]
-            lines += [f"| {r.task} | {r.threads} | {r.load_avg_1min:.2f} | {r.stage1_seconds:.1f} "
-                      f"| {r.stage2_seconds:.1f} | {r.fit_seconds:.1f} |" for r in df.itertuples()]
-            lines.append("")
-        runs = sorted((self.out / "fit_time_runs").glob("*.csv"))
+            body += [f"## {df.model.iloc[0]} ({len(df)} tasks)", "",
+                     f"- stage 1 + stage 2: median {df.fit_seconds.median():.1f} s, min "
+                     f"{df.fit_seconds.min():.1f} s, max {df.fit_seconds.max():.1f} s (stage 1 median "
+                     f"{df.stage1_seconds.median():.1f} s, "
+                     f"stage 2 median {df.stage2_seconds.median():.1f} s).", "",
+                     md_table(df[["task", "threads", "load_avg_1min", "stage1_seconds", "stage2_seconds",
+                                  "fit_seconds"]].round(2)), ""]
+        runs = [(p.stem, pd.read_csv(p)) for p in sorted((self.out / "fit_time_runs").glob("*.csv"))]
         if runs:
-            lines += ["## Other runs of the same command", "",
-                      "Kept to show run-to-run variation and the effect of code changes (file name: "
-                      "model, code version, conditions). `e04f815`: the code before stage 1 and the "
-                      "prefix caches stopped right after the last `hook_z` (`forward_until`).", "",
-                      "| run | tasks | median fit s | min | max | load avg range |",
-                      "|---|---:|---:|---:|---:|---|"]
-            for path in runs:
-                df = pd.read_csv(path)
-                lines.append(f"| {path.stem} | {len(df)} | {df.fit_seconds.median():.1f} | "
-                             f"{df.fit_seconds.min():.1f} | {df.fit_seconds.max():.1f} | "
-                             f"{df.load_avg_1min.min():.2f}–{df.load_avg_1min.max():.2f} |")
-            lines.append("")
-        text = "\n".join(lines)
-        atomic_write_text(self.out / "fit_time.md", text)
-        return text
+            body += ["## Other runs of the same command (`fit_time_runs/`)", "", md_table(pd.DataFrame([
+                {"run": name, "tasks": len(df), "median fit s": f"{df.fit_seconds.median():.1f}",
+                 "min": f"{df.fit_seconds.min():.1f}", "max": f"{df.fit_seconds.max():.1f}",
+                 "load avg range": f"{df.load_avg_1min.min():.2f}–{df.load_avg_1min.max():.2f}"}
+                for name, df in runs])), ""]
+        title = "SITE fit time on a quiet machine"
+        return write_report(self.out / "fit_time.md", title, self.command, "\n".join(body))
 
 
 def profile(exp: FitTime, args) -> list:
