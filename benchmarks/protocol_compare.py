@@ -104,8 +104,8 @@ class ProtocolCompare(Experiment):
         both = [t for t in tasks if set(matched[matched.task == t].fit_protocol) == set(PROTOCOLS)]
         lines = [f"`{df.model.iloc[0]}`, one torch thread while other jobs shared the 2 cores; the first 50 "
                  "test items per task, seed 0; the protocols: docs/tasks.md. EM, FT: exact match and "
-                 f"first-token accuracy in %; Δ = official − default, in points. Tasks with both protocols finished: "
-                 f"{len(both)} of {len(tasks)}.", ""]
+                 "first-token accuracy in %; Δ = official − default, in points. Tasks with both protocols "
+                 f"finished: {len(both)} of {len(tasks)}.", ""]
         if not both:
             return "\n".join(lines)
         values = ["exact_match", "first_token_acc"]
