@@ -20,7 +20,6 @@ import pandas as pd
 from sitelens.pipelines.experiment import Experiment, Job, main, md_table
 
 FIGURES = Path(__file__).resolve().parents[1] / "figures"
-COMMAND = "python benchmarks/lambda_selection.py --threads 1"
 SETTINGS = ["model", "fingerprint", "task", "task_hash", "split", "limit", "n_examples",
             "n_prompts", "n_shots", "lr", "batch_size", "seed", "n_random_seeds", "n_boot", "ks",
             "numerics_version", "settings_hash"]
@@ -43,6 +42,10 @@ class LambdaSelection(Experiment):
     @property
     def name(self) -> str:
         return "lambda_selection_tiny" if self.args.tiny else "lambda_selection"
+
+    @property
+    def title(self) -> str:
+        return "Choosing the sparsity λ of the figures" + " (--tiny: not a benchmark)" * self.args.tiny
 
     def setup(self):
         """(model, task, figure config, ks, settings), made once."""
@@ -117,17 +120,17 @@ class LambdaSelection(Experiment):
 
     def report(self, df: pd.DataFrame) -> str:
         """The table of one settings hash (the last one written): per λ, top-k / bottom-k / random-k
-        accuracy at k = 10, 13, 14 and SITE / zero-shot."""
+        accuracy at k = 10, 13, 14 and SITE / zero-shot; the λ the committed figures also ran, checked
+        against them."""
         df = df[df.settings_hash == df.settings_hash.iloc[-1]]
         s = df.iloc[0]
         n_total = int(df[df.selection == "site"].k.iloc[0])
         top_ks = sorted(set(df[df.selection == "top"].k))
         show = [k for k in (10, 13, 14) if k in top_ks] or top_ks[:3]
-        table = []
+        table, checks = [], []
         for lam, g in df.groupby("sparsity", sort=True):
             acc = g.groupby(["selection", "k"]).accuracy.mean()  # random: mean over seeds
-            top = g[(g.selection == "top") & (g.k == show[0])]
-            r = g.iloc[0]
+            top, r = g[(g.selection == "top") & (g.k == show[0])], g.iloc[0]
             table.append({"λ": f"{lam:g}", **{f"top-{k}": f"{acc[('top', k)]:.2f}" for k in show},
                           **{f"bottom-{k}": f"{acc[('bottom', k)]:.2f}" for k in show},
                           f"random-{show[0]}": f"{acc[('random', show[0])]:.2f}",
@@ -136,40 +139,23 @@ class LambdaSelection(Experiment):
                           "zero-shot": f"{acc[('zero_shot', 0)]:.2f}",
                           "mean α": f"{r.alpha_mean:.3f}", "heads α > 0.5": int(r.alpha_gt_half),
                           "best step": int(r.best_step), "stage 2 (s)": f"{r.stage2_seconds:.0f}"})
-        md = [
-            "# Choosing the sparsity λ of the figures", "",
-            *(["**Smoke test on a tiny random model (--tiny): not a benchmark.**\n"] * self.args.tiny),
-            f"Model `{s.model}` ({n_total} heads, weights {s.fingerprint}), task `{s.task}` "
-            f"(first {s.limit} test items: n = {int(s.n)}), SITE fitted as in `sitelens figures` "
-            f"(`FigureConfig()` defaults: {s.n_prompts} {s.n_shots}-shot prompts for stage 1, "
-            f"{s.n_examples} training examples, batch {s.batch_size}, lr {s.lr}, seed {s.seed}) with "
-            "`loss + λ·mean(α)`; first-token accuracy when the task embedding is injected with α = 1 "
-            "into only the k heads with the highest α (top-k), the lowest (bottom-k) or k random heads "
-            f"(mean of {s.n_random_seeds} seeds), the full α (SITE) or nothing (zero-shot). "
-            f"{int(s.threads)} torch thread(s), torch {s.torch}, numerics version "
-            f"{s.numerics_version}, settings hash `{s.settings_hash}`.", "",
-            md_table(pd.DataFrame(table)), "",
-            "k = 14 is the figures' \"top 5% of heads\" (`sitelens.pipelines.figures.gap_k(\"5%\", 270)`); "
-            "k = 13 is what an earlier README quoted. Every k of `intra_ks` (and the reverse "
-            "`full_minus_top/bottom` conditions, with 95% bootstrap CIs) is in "
-            f"[`{self.name}.csv`]({self.name}.csv).", "",
-        ]
-        checks = []  # the λ the committed figures also ran: the same fits, the same numbers?
-        for lam, g in df.groupby("sparsity", sort=True):
             f = FIGURES / s.model / f"patching_curves_tasks_lam{lam:g}.csv"
-            if f.exists():
+            if f.exists():  # the same fits run by `sitelens figures`: the same numbers?
                 fig = pd.read_csv(f)
                 fig = fig[(fig.task == s.task) & fig.selection.isin(["top", "bottom", "site", "zero_shot"])]
-                ours = g.groupby(["selection", "k"]).accuracy.mean()
-                both = [(r.accuracy, ours.get((r.selection, int(r.k)))) for r in fig.itertuples()]
+                both = [(r.accuracy, acc.get((r.selection, int(r.k)))) for r in fig.itertuples()]
                 both = [b for b in both if b[1] is not None]
                 worst = max((abs(a - b) for a, b in both), default=float("nan"))
                 checks.append(f"- λ = {lam:g}: {len(both)} top/bottom/SITE/zero-shot accuracies shared with "
                               f"`figures/{s.model}/{f.name}`, max |Δ| = {worst:.3f}.")
-        if checks:
-            md += ["Check against the committed figures (the same fits, run by `sitelens figures`):", "",
-                   *checks, ""]
-        return "\n".join(md + [f"Command: `{self.command if self.args.tiny else COMMAND}`", ""])
+        return "\n".join([
+            f"`{s.model}` ({n_total} heads, weights {s.fingerprint}), task `{s.task}` (first {s.limit} test "
+            f"items: n = {int(s.n)}); `FigureConfig()`: {s.n_prompts} {s.n_shots}-shot prompts, "
+            f"{s.n_examples} training examples, batch {s.batch_size}, lr {s.lr}, seed {s.seed}; "
+            f"{s.n_random_seeds} random-head seeds; {int(s.threads)} thread(s), torch {s.torch}, numerics "
+            f"{s.numerics_version}, settings hash `{s.settings_hash}`. First-token accuracy; the setup and "
+            f"the choice: docs/figures.md; every k: [`{self.name}.csv`]({self.name}.csv).", "",
+            md_table(pd.DataFrame(table)), "", *checks, ""])
 
 
 if __name__ == "__main__":
