@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sitelens.pipelines.experiment import Experiment, Job, main, md_table
+from sitelens.pipelines.experiment import Experiment, Job, main, md_table, write_report
 
 TASKS = ("antonym", "country_capital", "present_past", "english_french", "english_spanish",
          "first_letter", "capitalize_first_letter", "choose_first_of_3")  # figures' INTRA_TASKS
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
-FAST = ("alpha", "alpha-official", "alpha-grad", "atp", "atp-star", "ablation-mean", "ablation-zero", "dla")
+COMMAND = "python benchmarks/heads.py --report"  # the tables and figures from the committed units
 ORDER = ("effect", "atp", "atp-star", "alpha-grad", "alpha", "alpha-official", "ablation-mean",
          "ablation-zero", "dla")
 LENS_TOPK = ("alpha", "alpha-official", "alpha-grad", "atp", "atp-star", "effect",
@@ -166,7 +166,7 @@ class Heads(Experiment):
 
     def write_report(self) -> str | None:
         figures = self.out if self.args.tiny else self.out.parent.parent / "figures"
-        return write_report(self.out, figures, self.k)
+        return report(self.out, figures, self.k)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -182,51 +182,6 @@ def load_units(out: Path) -> dict[tuple[str, str], dict]:
         units[(d.parent.name, d.name)] = {name: pd.read_csv(d / f"{name}.csv")
                                           for name in ("scores", "intra", "stability")}
     return units
-
-
-def head_map(scores: pd.DataFrame, lens: str) -> np.ndarray:
-    return scores[scores.lens == lens].sort_values(["layer", "head"])["score"].to_numpy(dtype=float)
-
-
-def certified(fast: np.ndarray, exact: np.ndarray, n_prompts: int, k: int = 10, budget: float = 0.15,
-              rule: str = "absolute") -> dict:
-    """:func:`sitelens.lenses.compare.certify_top_k` with the exact values read from the full exact
-    run (each of its rows is one head on one prompt, so a subset gives the same numbers); rows
-    counted as ``certified_top_k`` runs them (one unpatched row per prompt, then one per verified
-    head and prompt); ``budget`` is a share of the full run's rows ``(n_heads + 1) × n_prompts``."""
-    from sitelens.lenses.compare import certify_top_k, top_k_heads
-
-    n = len(fast)
-    max_heads = int(np.floor(budget * (n + 1))) - 1
-    c = certify_top_k(fast, lambda idx: exact[np.asarray(idx)], k=k, budget=max_heads / n, rule=rule)
-    return {"verified": len(c["verified"]), "verified_share": len(c["verified"]) / n,
-            "recall": len(set(c["top"]) & top_k_heads(exact, k)) / k, "certified": c["certified"],
-            "rounds": c["rounds"], "rows": (len(c["verified"]) + 1) * n_prompts}
-
-
-def exact_vs_fast(units, k: int = 10) -> tuple[pd.DataFrame, pd.DataFrame]:
-    from sitelens.eval.metrics import correlation
-    from sitelens.lenses.compare import top_k_heads
-
-    rows, cert = [], []
-    for (model, task), u in units.items():
-        s = u["scores"]
-        ex, e_row = head_map(s, "effect"), s[s.lens == "effect"].iloc[0]
-        meta = json.loads(e_row["meta"])
-        for lens in [x for x in FAST if x in set(s.lens)]:
-            f, r = head_map(s, lens), s[s.lens == lens].iloc[0]
-            rows.append({"model": model, "task": task, "lens": lens,
-                         "spearman": correlation(f, ex, "spearman"),
-                         f"top{k}_recall": len(top_k_heads(f, k) & top_k_heads(ex, k)) / k,
-                         "forward_passes": int(r.forward_passes), "backward_passes": int(r.backward_passes),
-                         "seconds": float(r.seconds), "exact_forward_passes": int(e_row.forward_passes),
-                         "exact_rows": int(meta["rows"]), "exact_seconds": float(e_row.seconds)})
-        for lens in [x for x in ("atp", "atp-star") if x in set(s.lens)]:
-            for rule in ("absolute", "relative"):
-                c = certified(head_map(s, lens), ex, meta["n_prompts"], k, rule=rule)
-                cert.append({"model": model, "task": task, "lens": lens, "rule": rule, **c,
-                             "exact_rows_share": c["rows"] / meta["rows"], "n_heads": len(ex)})
-    return pd.DataFrame(rows), pd.DataFrame(cert)
 
 
 def boot_mean(x) -> tuple[float, float, float]:
@@ -278,10 +233,16 @@ def schedule(units, k: int = 10) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFra
     return pd.DataFrame(rows), pd.DataFrame(lens_rows), stab
 
 
-def write_report(out: Path, figures: Path, k: int = 10, heatmap_task: str = "antonym") -> str | None:
-    from sitelens.io import atomic_write_csv, atomic_write_text
+def pivot(df: pd.DataFrame, index: list[str]) -> pd.DataFrame:
+    v = df.apply(lambda r: f"{r.accuracy:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]", axis=1)
+    df = df.assign(v=v).pivot_table(index=index, columns="selection", values="v", aggfunc="first")
+    return df.reset_index()
+
+
+def report(out: Path, figures: Path, k: int = 10, heatmap_task: str = "antonym") -> str | None:
+    from sitelens.io import atomic_write_csv
     from sitelens.lenses import HeadScores
-    from sitelens.lenses.compare import lens_agreement
+    from sitelens.lenses.compare import fast_vs_exact, lens_agreement
     from sitelens.lenses.plots import agreement_matrix, alpha_uncertainty, lens_maps
     from sitelens.viz.export import FigureWriter
 
@@ -289,9 +250,9 @@ def write_report(out: Path, figures: Path, k: int = 10, heatmap_task: str = "ant
     if not units:
         print("no units yet")
         return None
-    evf, cert = exact_vs_fast(units, k)
-    agree = lens_agreement(HeadScores.concat([HeadScores(u["scores"]) for u in units.values()]), k,
-                           lenses=list(ORDER))
+    scores = HeadScores.concat([HeadScores(u["scores"]) for u in units.values()])
+    evf, cert = fast_vs_exact(scores, k)
+    agree = lens_agreement(scores, k, lenses=list(ORDER))
     sched, lens_top, stab = schedule(units, k)
     for name, df in (("exact_vs_fast", evf), ("certified_topk", cert), ("agreement", agree),
                      ("schedule", sched), ("lens_topk", lens_top), ("stability", stab)):
@@ -308,46 +269,18 @@ def write_report(out: Path, figures: Path, k: int = 10, heatmap_task: str = "ant
         tasks=("task", "size"), recall=("recall", "mean"), certified=("certified", "sum"),
         verified_share=("verified_share", "mean"), exact_rows_share=("exact_rows_share", "mean"),
     ).reset_index().round(3)
-    tasks, models = sorted({t for _, t in units}), sorted({m for m, _ in units})
-    atomic_write_text(out / "heads_exact_vs_fast.md", "\n".join([
-        "# Exact vs fast head-importance lenses", "",
-        f"Models: {', '.join(models)}; tasks ({len(tasks)}): {', '.join(tasks)}. Written by "
-        "`python benchmarks/heads.py` (see its docstring for every setting); per-task rows in "
-        "`heads_exact_vs_fast.csv`.", "",
-        "Each fast lens against exact activation patching (`effect`, one forward row per head and "
-        "corrupted prompt): Spearman over all heads (median and minimum over tasks, tasks with "
-        f"ρ ≥ 0.8), mean top-{k} recall; passes and seconds are medians per task (forward passes "
-        "are calls of the model: prefix-cache passes plus last-token passes; `exact_rows` are the "
-        "single-token rows those passes ran).", "", md_table(summ), "", f"## Certified top-{k}", "",
-        "Candidates ranked by AtP / AtP*; the best-ranked heads are verified exactly until the "
-        f"exact top-{k} is certified (the k-th verified exact effect above every unverified head's "
-        "bound: rule `absolute`, fast score + the largest residual seen; rule `relative`, fast "
-        "score × (1 + the largest relative residual seen)) or the verification has used 15% of "
-        f"the full exact run's rows. `recall`: share of the exact top-{k} found; `certified`: tasks "
-        "where the certificate held within the budget; `exact_rows_share`: exact rows needed / rows "
-        "of the full exact run.", "", md_table(csum), ""]))
-
-    def pivot(df, index):
-        v = df.apply(lambda r: f"{r.accuracy:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]", axis=1)
-        return df.assign(v=v).pivot_table(index=index, columns="selection", values="v",
-                                          aggfunc="first").reset_index()
-
-    atomic_write_text(out / "heads_schedule.md", "\n".join([
-        "# Does α pick the heads that carry the task? (λ = 0)", "",
-        f"Intra-task patching ({len(tasks)} tasks, first-token accuracy on the first 40 test "
-        f"items): inject the task embedding with α = 1 into only the top-{k}, bottom-{k} or "
-        f"{k} random heads (3 draws) by the fitted α, or the full α (`site`). `default`: "
-        "`FitConfig()` (50 steps of batch 8, the best-validation α); `official`: the paper code's "
-        "schedule (400 steps of batch 1, the final α), fitted on the first tasks only; both rows "
-        "`default` and `official` are over the same tasks (those with official fits), "
-        "`default (all tasks)` over all. Mean over tasks of the seed-averaged accuracy, 95% "
-        "bootstrap CI over tasks. Written by `python benchmarks/heads.py`.", "",
-        md_table(pivot(sched, ["model", "schedule"])), "", "## α's stability over seeds", "",
-        f"Mean (and minimum) Spearman of every pair of fit seeds, mean top-{k} Jaccard.", "",
-        md_table(stab.round(3)), "", f"## The top-{k} heads of every lens", "",
-        f"The same injection (α = 1, the first default fit's embedding) into the top-{k} / "
-        f"bottom-{k} heads of each lens's map.", "", md_table(pivot(lens_top, ["model", "lens"])), ""]))
-
+    tasks = sorted({t for _, t in units})
+    head = (f"{len(tasks)} tasks: {', '.join(tasks)}; models: {', '.join(sorted({m for m, _ in units}))}; "
+            "units by `python benchmarks/heads.py --models MODEL` (Gemma: `--official-tasks 3`); every "
+            "setting and the columns: docs/lenses.md.")
+    write_report(out / "heads_exact_vs_fast.md", "Exact vs fast head-importance lenses", COMMAND, "\n".join([
+        head, "", md_table(summ), "", f"## Certified top-{k} (budget: 15% of the exact rows)", "",
+        md_table(csum), ""]))
+    write_report(out / "heads_schedule.md", "Does α pick the heads that carry the task? (λ = 0)", COMMAND,
+                 "\n".join([head, "", md_table(pivot(sched, ["model", "schedule"])), "",
+                            "## α's stability over seeds", "", md_table(stab.round(3)), "",
+                            f"## The top-{k} heads of every lens", "",
+                            md_table(pivot(lens_top, ["model", "lens"])), ""]))
     fig, frame = agreement_matrix(agree, list(ORDER))
     figures.mkdir(parents=True, exist_ok=True)
     w = FigureWriter()
@@ -363,11 +296,9 @@ def write_report(out: Path, figures: Path, k: int = 10, heatmap_task: str = "ant
     finally:
         w.close()
     mean = frame[frame.lens_a < frame.lens_b]
-    atomic_write_text(out / "heads_agreement.md", "\n".join([
-        "# Agreement across lenses", "",
-        f"Spearman ρ between the head maps of every pair of lenses, mean ± sd over {len(tasks)} "
-        f"tasks (per-task rows with top-{k} Jaccard: `heads_agreement.csv`; figure: "
-        "`heads_lens_agreement.png`).", "",
+    write_report(out / "heads_agreement.md", "Agreement across lenses", COMMAND, "\n".join([
+        head + f" Spearman ρ of every pair of lenses' head maps, mean ± sd over tasks (top-{k} Jaccard per "
+        "task: `heads_agreement.csv`; figure: `heads_lens_agreement.png`).", "",
         md_table(mean.round(3)[["model", "lens_a", "lens_b", "spearman_mean", "spearman_sd"]]), ""]))
     return f"report: {len(units)} units -> {out}"
 
