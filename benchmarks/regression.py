@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import time
 from dataclasses import replace
 
@@ -76,24 +75,14 @@ def settings(args, model, task, kind, seed, method_name, method_params) -> dict:
     return dict(s, key=row_key(s))
 
 
-def item_errors(predictions, targets, fallback: float) -> tuple[list, np.ndarray]:
-    """Per item: the parsed value (None when unparseable) and the squared error as
-    :func:`sitelens.tasks.regression.regression_mse` scores it."""
-    from sitelens.tasks.regression import parse_number
-
-    values = [parse_number(p) for p in predictions]
-    err = np.array([((fallback if v is None else v) - float(t)) ** 2 for v, t in zip(values, targets)])
-    return values, err
-
-
 def score_rows(base: dict, task, items, predictions, first_ok, fallback, *, fit_seconds=0.0,
                seconds_per_item=0.0):
     from sitelens.eval.metrics import bootstrap_ci
-    from sitelens.tasks.regression import regression_mse
+    from sitelens.tasks.regression import regression_mse, squared_errors
 
     targets = [ex.output for ex in items]
     score = regression_mse(predictions, targets, fallback=fallback)
-    values, err = item_errors(predictions, targets, fallback)
+    values, err = squared_errors(predictions, targets, fallback)
     assert math.isclose(float(err.mean()), score.mse, rel_tol=1e-9, abs_tol=1e-12)
     lo, hi = bootstrap_ci(err, n_boot=1000, seed=0)
     row = dict(base, n=score.n, mse=score.mse, mse_lo=lo, mse_hi=hi, n_unparsed=score.n_unparsed,
@@ -104,25 +93,6 @@ def score_rows(base: dict, task, items, predictions, first_ok, fallback, *, fit_
                    "value": "" if v is None else v, "sq_err": e}
                   for i, (t, p, v, e) in enumerate(zip(targets, predictions, values, err))]
     return row, items_rows
-
-
-def reference_predictions(task, items, method: str, n_shots: int, seed: int) -> list[str]:
-    """``train-mean``: the constant train mean; ``ols-k``: least squares with an intercept on the
-    ``n_shots`` demonstrations that the item's ICL prompt shows (``ICL.fit(seed=seed)``'s draw)."""
-    from sitelens.tasks import sample_demos
-    from sitelens.tasks.regression import parse_point, train_mean
-
-    if method == "train-mean":
-        return [repr(train_mean(task))] * len(items)
-    rng = random.Random(seed)
-    out = []
-    for q in items:
-        demos = sample_demos(task.train, n_shots, rng, exclude=q.input)
-        X = np.array([[1.0, *parse_point(d.input)] for d in demos])  # [k, 1 + dim]
-        y = np.array([float(d.output) for d in demos])  # [k]
-        coef, *_ = np.linalg.lstsq(X, y, rcond=None)  # min-norm when k < 1 + dim
-        out.append(repr(float(np.array([1.0, *parse_point(q.input)]) @ coef)))
-    return out
 
 
 def fit_method(model, task, method, seed: int, shared: dict):
@@ -171,6 +141,7 @@ def run_method_cell(model, task, method, items, base, shared):
 
 class Regression(Experiment):
     name = "regression"
+    title = "In-context regression: MSE of zero-shot, ICL, TV, LTV and SITE"
     columns = COLUMNS
     models = MODELS
     limit = 100
@@ -209,7 +180,7 @@ class Regression(Experiment):
                                   dict(base=base, kind=kind, seed=seed, name=name))
 
     def run(self, job: Job) -> dict:
-        from sitelens.tasks.regression import train_mean
+        from sitelens.tasks.regression import reference_predictions, train_mean
 
         args, base = self.args, job["base"]
         task = make_task(args, job["kind"], job["seed"])
@@ -254,24 +225,11 @@ def pooled(items: pd.DataFrame, keys: list[str]) -> dict:
 def report(args, df: pd.DataFrame, items: pd.DataFrame) -> str:
     ok = df[df["error"].fillna("") == ""]
     models = [m for m in MODELS if m in set(ok.model)] + sorted(set(ok.model) - set(MODELS) - {"-"})
-    lines = [
-        "# In-context regression: MSE of zero-shot, ICL, TV, LTV and SITE", "",
-        "Made by `python benchmarks/regression.py --threads 1` (resumable), on the shared 2-core CPU. "
-        f"Tasks: `regression_task(kind, dim={args.dim}, seed)` (linear: f(x) = w·x; relu: a "
-        "two-layer ReLU network with 8 hidden units; x uniform in [-1, 1]^dim, numbers written with "
-        "two decimals, e.g. `Q: 0.42, -0.17` / `A: -0.31`), seeds "
-        f"{', '.join(str(s) for s in sorted(set(ok.seed)))}; 256 train / 64 valid / 128 test items, "
-        f"**test capped at the first {args.limit} items per task**; {args.n_shots}-shot ICL; every "
-        "method with its `sitelens.baselines` defaults. MSE of the first number in the answer; an "
-        "answer without a number is counted (unparsed) and scored as the train mean (the "
-        "`train-mean` row: what that constant scores). `ols-k`: least squares with an intercept on "
-        "the same demonstrations each ICL prompt shows. The variance of f(x) is about 1/3 by "
-        "construction, so MSE ≈ 0.33 is the level of a constant guess.", "",
-    ]
     ltv = sorted(set(ok.loc[ok.method.str.startswith("ltv"), "ltv_source"].dropna()))
-    if ltv:
-        lines += ["LTV version used (sha256 of `sitelens/baselines/ltv.py` @ last commit touching it): "
-                  f"{', '.join(f'`{v}`' for v in ltv)}.", ""]
+    seeds, ltv = ", ".join(map(str, sorted(set(ok.seed)))), ", ".join(f"`{v}`" for v in ltv) or "–"
+    lines = [f"`regression_task(kind, dim={args.dim}, seed)`, seeds {seeds}; the first {args.limit} test "
+             f"items per task; {args.n_shots}-shot ICL; LTV version {ltv}; "
+             "tasks, methods and columns: docs/benchmarks.md.", ""]
     for kind in [k for k in ("linear", "relu") if k in set(ok.kind)]:
         rows = []
         for model in ["-", *models]:
@@ -279,23 +237,15 @@ def report(args, df: pd.DataFrame, items: pd.DataFrame) -> str:
                 g = ok[(ok.kind == kind) & (ok.model == model) & (ok.method == m)]
                 if not len(g):
                     continue
-                p = pooled(items, g["key"].tolist())
+                p, ref = pooled(items, g["key"].tolist()), model == "-"
                 rows.append({
-                    "model": "(no model)" if model == "-" else model, "method": m, "tasks": len(g),
+                    "model": "(no model)" if ref else model, "method": m, "tasks": len(g),
                     "MSE (95% CI)": f"{p['mse']:.3f} ({p['lo']:.3f}–{p['hi']:.3f})",
                     "median SE": f"{p['median']:.3f}", "r(answer, f(x))": f"{p['r']:.2f}",
-                    "unparsed": "–" if model == "-" else f"{int(g.n_unparsed.sum())} / {int(g.n.sum())}",
-                    "first-token acc": "–" if model == "-" else
-                    f"{g.first_token_acc.astype(float).mean():.2f}",
-                    "fit s": "–" if model == "-" else f"{g.fit_seconds.astype(float).mean():.0f}",
-                })
-        lines += [f"## {kind} regression (dim {args.dim})", "",
-                  "MSE over all test items of all seeds pooled (CI: bootstrap over those items; median SE: "
-                  "the median squared error, robust to the few wild answers that can dominate a mean; "
-                  "r(answer, f(x)): Pearson correlation of the parsed answers with the targets within "
-                  "each task, mean over tasks — near 0 when a low MSE only comes from answering "
-                  "near the mean); first-token accuracy is, for these answers, the accuracy of the sign "
-                  "token (` -` vs ` `).", "", md_table(pd.DataFrame(rows)), ""]
+                    "unparsed": "–" if ref else f"{int(g.n_unparsed.sum())} / {int(g.n.sum())}",
+                    "first-token acc": "–" if ref else f"{g.first_token_acc.astype(float).mean():.2f}",
+                    "fit s": "–" if ref else f"{g.fit_seconds.astype(float).mean():.0f}"})
+        lines += [f"## {kind} regression (dim {args.dim})", "", md_table(pd.DataFrame(rows)), ""]
     per = ok.pivot_table(index=["model", "task"], columns="method", values="mse")
     per = per[[m for m in (*REFERENCES, *METHODS) if m in per.columns]].reset_index()
     lines += ["## MSE per task", "", md_table(per.round(3).fillna("–")), ""]
