@@ -12,7 +12,6 @@ without the dNTP reference pass; the shot counts, caps and task order are in doc
 
 from __future__ import annotations
 
-import argparse
 import random
 import time
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from sitelens.pipelines.bench import COLUMNS, LABEL_METRICS, cell_key, cell_settings, read_results
-from sitelens.pipelines.experiment import Experiment, Job, main, pct
+from sitelens.pipelines.experiment import Experiment, Job, main, md_table, pct, write_report
 from sitelens.pipelines.store import ResultsStore
 
 MODELS = ["smollm2-135m-instruct", "gemma-3-270m"]
@@ -53,24 +52,12 @@ class Benchmark:
 
 
 BENCHMARKS = {b.name: b for b in (Benchmark("anli", 10), Benchmark("mmlu_pro", 2), Benchmark("bbh", 5))}
-CHANCE_NOTE = {"fv": "open-ended", "anli": "3 labels", "mmlu_pro": "up to 10 options",
-               "bbh": "2-18 options on the multiple-choice tasks; the free-form ones have none"}
 
 
 def methods_for(k: int) -> list:
     from sitelens.baselines import IA3, ICL, SITE, LoRA, ZeroShot
 
     return [ZeroShot(), ICL(n_shots=k), SITE(n_shots=k), LoRA(), IA3()]
-
-
-def starts(text: str) -> dict[str, int]:
-    out = {}
-    for part in text.split(","):
-        b, k = part.split("=")
-        if b not in BENCHMARKS or not 1 <= int(k) <= MAX_SHOTS:
-            raise argparse.ArgumentTypeError(f"expected BENCHMARK=K with K in 1..{MAX_SHOTS}: {part}")
-        out[b] = int(k)
-    return out
 
 
 class SiteBenchmarks(Experiment):
@@ -82,7 +69,8 @@ class SiteBenchmarks(Experiment):
         p.add_argument("--benchmarks", type=lambda s: s.split(","), default=list(BENCHMARKS))
         p.add_argument("--rounds", type=int, default=10**6, help="stop after N tasks per benchmark")
         p.add_argument("--shots", action="store_true", help="measure the prompt lengths per k (no cells)")
-        p.add_argument("--start", type=starts, default=dict.fromkeys(BENCHMARKS, MAX_SHOTS),
+        p.add_argument("--start", type=lambda s: {b: int(k) for b, k in (x.split("=") for x in s.split(","))},
+                       default=dict.fromkeys(BENCHMARKS, MAX_SHOTS),
                        help="the k to start the descending shot search at, per benchmark (anli=10,bbh=6)")
 
     def store(self, name=None, columns=None, key="key") -> ResultsStore:
@@ -146,14 +134,14 @@ class SiteBenchmarks(Experiment):
         return row
 
     def write_report(self) -> str:
-        from sitelens.io import atomic_write_csv, atomic_write_text
+        from sitelens.io import atomic_write_csv
 
         df = pd.concat([load_rows(self.out, m) for m in MODELS], ignore_index=True)
         table = summary(df)
         atomic_write_csv(self.out / "site_benchmarks_summary.csv", table)
-        text = markdown(table, df, self.args.data_root)
-        atomic_write_text(self.out / "site_benchmarks.md", text)
-        return text
+        return write_report(self.out / "site_benchmarks.md", "SITE's benchmark table at our scale",
+                            "python benchmarks/site_benchmarks.py --report",
+                            markdown(table, df, self.args.data_root))
 
 
 def measure_shots(model, args) -> list:
@@ -241,47 +229,30 @@ def markdown(table: pd.DataFrame, df: pd.DataFrame, root: Path) -> str:
     def gap(x) -> str:
         return "–" if pd.isna(x) else f"{100 * x:+.1f}"
 
-    lines = [
-        "# SITE's benchmark table at our scale", "",
-        "Made by `python benchmarks/site_benchmarks.py --models MODEL` (resumable; one model "
-        "per process, one torch thread) and `python benchmarks/site_benchmarks.py "
-        "--report`; the FV rows are the zero-shot / ICL / SITE / LoRA / (IA)3 rows of the committed "
-        "baselines grid (`baselines_{model}.csv`, 50 test items per task, all 57 FV tasks on "
-        "SmolLM2, the 29 abstractive ones plus choose_first_of_3 on Gemma), not rerun. Settings and "
-        "caps: see below the table. Accuracies in %; means over tasks (every method over the same "
-        "tasks); gap = method − ICL in points. Seconds are wall-clock on one torch thread, under "
-        "two machine states: SmolLM2's ANLI r1 and MMLU-Pro business zero-shot / ICL / SITE cells "
-        "ran at `nice 10` beside normal-priority jobs (load average ≈ 12), inflated many times "
-        "over; its MMLU-Pro LoRA / (IA)3 cells and every Gemma cell ran at normal priority, one "
-        "process per core (load ≈ 2). So fit seconds and seconds per item compare only roughly, "
-        "and not with the FV grid's.", "",
-        "| model | benchmark (chance) | k | method | tasks | items | exact match | gap to ICL | "
-        "label acc (tasks) | gap to ICL | trainable params | fit s | s / item |",
-        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in table.itertuples():
-        params = "–" if pd.isna(r.trainable_params) else f"{int(r.trainable_params):,}"
-        lines.append(
-            f"| {r.model} | {r.benchmark} (chance {pct(r.chance)}) | {r.k} | {r.method} | {r.n_tasks} | "
-            f"{r.n_items} | {pct(r.exact_match)} | {gap(r.em_gap_icl)} | {pct(r.label_acc)} "
-            f"({r.n_label_tasks}) | {gap(r.label_gap_icl)} | {params} | {r.fit_seconds:.1f} | "
-            f"{r.seconds_per_item:.3f} |")
-    lines += ["", "Chance: mean over the closed-label-set tasks of 1 / (number of labels of the "
-              "item) (" + "; ".join(f"{b}: {n}" for b, n in CHANCE_NOTE.items()) + "). Label acc: "
-              "the full-label log-likelihood ranking (`label_acc_full`) under the method's "
-              "intervention, over the tasks with a closed label set (count in brackets); exact "
-              "match is greedy generation, over all tasks.", "", "## Tasks and caps", ""]
+    t = pd.DataFrame({
+        "model": table.model,
+        "benchmark (chance)": table.benchmark + " (chance " + table.chance.map(pct) + ")",
+        "k": table.k, "method": table.method, "tasks": table.n_tasks, "items": table.n_items,
+        "exact match": table.exact_match.map(pct), "gap to ICL": table.em_gap_icl.map(gap),
+        "label acc (tasks)": table.label_acc.map(pct) + " (" + table.n_label_tasks.astype(str) + ")",
+        "label gap to ICL": table.label_gap_icl.map(gap),
+        "trainable params": table.trainable_params.map(lambda x: "–" if pd.isna(x) else f"{int(x):,}"),
+        "fit s": table.fit_seconds.map("{:.1f}".format),
+        "s / item": table.seconds_per_item.map("{:.3f}".format)})
+    lines = ["Cells by `python benchmarks/site_benchmarks.py --models MODEL` (one model per process); the "
+             "FV rows are the committed baselines grid's (`baselines_{model}.csv`). Accuracies in %, means "
+             "over the tasks where all five methods finished; gap = method − ICL in points; chance, label "
+             "acc and the machine states behind the seconds: docs/benchmarks.md.", "", md_table(t), "",
+             "## Tasks and caps", ""]
     for b in BENCHMARKS.values():
-        lines.append(f"- **{b.name}** ({len(b.all_tasks(root))} tasks in the collection): k = {b.shots} "
-                     f"shots (ICL and SITE's stage-1 prompts; the largest k whose prompts fit, "
-                     f"`site_benchmarks_shots.csv`), the first {b.limit} items of each task's "
-                     f"seeded test split; tasks taken in the seeded order {', '.join(b.order(root))}.")
+        lines.append(f"- **{b.name}** ({len(b.all_tasks(root))} tasks): k = {b.shots}, the first {b.limit} "
+                     f"test items per task, tasks in the seeded order {', '.join(b.order(root))}.")
         for model in MODELS:
             done = sorted(set(complete(df[(df["model"] == model) & (df["benchmark"] == b.name)])["task"]
                               .str.split("/").str[1]))
             lines.append(f"  - {model}: {len(done)} task(s) with all five methods: "
                          + (", ".join(done) if done else "none yet") + ".")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
