@@ -4,13 +4,10 @@ the 32 tokens of generation fit n_ctx = 2048 (:func:`sitelens.tasks.shots.shots_
 
     python benchmarks/shot_counts.py          # -> results/shot_counts.csv (a row per model × task), .md
 
-Tokenization only; a model with rows in the CSV is done. The md keeps the date of the measurement.
+Tokenization only; a model with rows in the CSV is done.
 """
 
 from __future__ import annotations
-
-import re
-import time
 
 import pandas as pd
 
@@ -25,6 +22,7 @@ COLUMNS = ["model", "fingerprint", "collection", "task", "task_hash", "n_ctx", "
 
 class ShotCounts(Experiment):
     name = "shot_counts"
+    title = "Shot counts that fit the context"
     columns = COLUMNS
     key = None
     models = ("smollm2-135m-instruct", "gemma-3-270m")
@@ -64,9 +62,6 @@ class ShotCounts(Experiment):
     def report(self, df: pd.DataFrame) -> str:
         from sitelens.tasks.shots import MAX_SHOTS, RESERVE
 
-        md = self.out / "shot_counts.md"
-        found = re.search(r"shot_counts.py` \((\d{4}-\d\d-\d\d)\)", md.read_text()) if md.exists() else None
-        date = found.group(1) if found and self.args.report else time.strftime("%Y-%m-%d")
         per = (df.groupby(["collection", "model"], sort=False)
                .agg(tasks=("task", "size"), k=("k_guaranteed", "min"), k_seed0=("k_seed0", "min"),
                     longest_zero_shot=("tokens_0shot_max", "max")).reset_index())
@@ -75,19 +70,13 @@ class ShotCounts(Experiment):
         short = df[df["k_guaranteed"] < MAX_SHOTS][["collection", "model", "task", "k_guaranteed", "k_seed0",
                                                     "tokens_0shot_max", "tokens_10shot_bound"]]
         return "\n".join([
-            "# Shot counts that fit the context", "",
-            f"`python benchmarks/shot_counts.py` ({date}). The largest k ≤ "
-            f"{MAX_SHOTS} such that every k-shot prompt plus {RESERVE} generated tokens fits "
-            f"n_ctx = {N_CTX} (`sitelens.tasks.shots.shots_that_fit`). **k** holds for every seed (the k "
-            "longest demonstrations + the longest query of any split, tokenized whole); "
-            "**k (seed 0)** only for the prompts a bench run with seed 0 builds for the test split. "
-            "One k per collection: the smallest over its tasks, so that one shot count serves "
-            "them all.", "",
+            f"The largest k ≤ {MAX_SHOTS} whose k-shot prompts plus {RESERVE} generated tokens fit n_ctx = "
+            f"{N_CTX}, for every seed (**k**) and for the seed-0 test prompts (**k (seed 0)**); the smallest "
+            "over each collection's tasks (docs/tasks.md).", "",
             md_table(per.rename(columns={"k_seed0": "k (seed 0)",
                                          "longest_zero_shot": "longest 0-shot prompt (tokens)"})),
             "", "## Per task (k < 10 only)", "",
-            md_table(short) if len(short) else "Every task fits 10 shots.",
-        ]) + "\n"
+            md_table(short) if len(short) else "Every task fits 10 shots.", ""])
 
 
 if __name__ == "__main__":
