@@ -13,12 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from sitelens.pipelines.bench import (
-    dntp_accuracy_correlation,
-    dntp_accuracy_figure,
-    read_results,
-    summary_markdown,
-)
+from sitelens.pipelines.bench import dntp_accuracy_correlation, dntp_accuracy_figure, read_results
+from sitelens.pipelines.bench_summary import complete_tasks, summary_markdown
 from sitelens.pipelines.experiment import Experiment, main, md_table, write_report
 
 EMBEDDING_BASELINES = ["fv", "tv", "ltv", "mtv", "i2cl"]
@@ -86,9 +82,8 @@ def summarize(path: Path, png: bool = True) -> str:
         raise SystemExit(f"{path.name} holds the cells {cells[:5]} more than once (rows of "
                          "different settings); keep one row per cell, then rerun.")
     model = df["model"].iloc[0]
-    ok = df[pd.to_numeric(df["exact_match"], errors="coerce").notna()]
-    tasks = sorted(t for t, g in ok.groupby("task") if set(g["method"]) >= set(df["method"]))
-    full = df[df["task"].isin(tasks)]
+    full = complete_tasks(df)
+    tasks = sorted(full["task"].unique())
     order = [m for m in ORDER if m in set(full.method)] + sorted(set(full.method) - set(ORDER))
     full = full.assign(method=pd.Categorical(full["method"], order, ordered=True))
     full = full.sort_values(["method", "task"]).assign(method=lambda d: d.method.astype(str))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import pandas as pd
 
 from sitelens.pipelines.bench import dntp_accuracy_correlation, read_results, summary_markdown
+from sitelens.pipelines.bench_summary import complete_tasks
 from sitelens.pipelines.experiment import Experiment, main, md_table, pct, write_report
 
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
@@ -38,9 +39,7 @@ def complete(df: pd.DataFrame) -> pd.DataFrame:
     finished (a method added later on fewer tasks is left out rather than shrinking the grid)."""
     ok = df[pd.to_numeric(df["exact_match"], errors="coerce").notna()]
     n = ok.groupby("method")["task"].nunique()
-    full = ok[ok["method"].isin(n.index[n == n.max()])]
-    core = set(full["method"])
-    return full[full["task"].isin([t for t, g in full.groupby("task") if set(g["method"]) >= core])]
+    return complete_tasks(ok[ok["method"].isin(n.index[n == n.max()])])
 
 
 def section(full: pd.DataFrame) -> list[str]:

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from sitelens.pipelines.bench import COLUMNS, LABEL_METRICS, cell_key, cell_settings, read_results
+from sitelens.pipelines.bench_summary import complete_tasks, gaps_to_reference
 from sitelens.pipelines.experiment import Experiment, Job, main, md_table, pct, write_report
 from sitelens.pipelines.store import ResultsStore
 
@@ -195,34 +196,13 @@ def load_rows(out: Path, model: str) -> pd.DataFrame:
     return df[df["exact_match"].notna()]
 
 
-def complete(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows of the tasks where all five methods finished (every method over the same tasks)."""
-    return df[df["task"].isin([t for t, g in df.groupby("task") if set(g["method"]) >= set(METHODS)])]
-
-
 def summary(df: pd.DataFrame) -> pd.DataFrame:
-    rows = []
-    for (model, bench), g in df.groupby(["model", "benchmark"], sort=False):
-        g = complete(g)
-        icl = g[g["method"] == "icl"]
-        k = pd.to_numeric(icl["n_shots"], errors="coerce").dropna()  # the FV grid's rows predate n_shots: 10
-        for method in [m for m in METHODS if m in set(g["method"])]:
-            m = g[g["method"] == method]
-            lab, icl_lab = m[m["chance"].notna()], icl[icl["chance"].notna()]
-            rows.append({
-                "model": model, "benchmark": bench, "method": method, "n_tasks": len(m),
-                "n_items": int(m["n"].sum()), "k": int(k.iloc[0]) if len(k) else 10,
-                "exact_match": m["exact_match"].mean(),
-                "em_gap_icl": m["exact_match"].mean() - icl["exact_match"].mean(),
-                "n_label_tasks": len(lab),
-                "label_acc": lab["label_acc_full"].mean() if len(lab) else np.nan,
-                "label_gap_icl": (lab["label_acc_full"].mean() - icl_lab["label_acc_full"].mean()
-                                  if len(lab) else np.nan),
-                "chance": lab["chance"].mean() if len(lab) else np.nan,
-                "trainable_params": m["trainable_params"].median(), "fit_seconds": m["fit_seconds"].mean(),
-                "seconds_per_item": m["seconds_per_item"].mean(),
-            })
-    return pd.DataFrame(rows)
+    """Each method's means and gap to ICL per (model, benchmark), with the benchmark's shot count."""
+    t = gaps_to_reference(df, METHODS, by=("model", "benchmark"))
+    icl = df[df.method == "icl"]
+    shots = pd.to_numeric(icl.n_shots, errors="coerce").groupby([icl.model, icl.benchmark]).first().fillna(10)
+    t.insert(5, "k", [int(shots.get((m, b), 10)) for m, b in zip(t.model, t.benchmark)])  # FV: no n_shots
+    return t.rename(columns={"em_gap": "em_gap_icl", "label_gap": "label_gap_icl"})
 
 
 def markdown(table: pd.DataFrame, df: pd.DataFrame, root: Path) -> str:
@@ -248,8 +228,8 @@ def markdown(table: pd.DataFrame, df: pd.DataFrame, root: Path) -> str:
         lines.append(f"- **{b.name}** ({len(b.all_tasks(root))} tasks): k = {b.shots}, the first {b.limit} "
                      f"test items per task, tasks in the seeded order {', '.join(b.order(root))}.")
         for model in MODELS:
-            done = sorted(set(complete(df[(df["model"] == model) & (df["benchmark"] == b.name)])["task"]
-                              .str.split("/").str[1]))
+            sub = df[(df["model"] == model) & (df["benchmark"] == b.name)]
+            done = sorted(set(complete_tasks(sub, METHODS)["task"].str.split("/").str[1]))
             lines.append(f"  - {model}: {len(done)} task(s) with all five methods: "
                          + (", ".join(done) if done else "none yet") + ".")
     return "\n".join(lines)

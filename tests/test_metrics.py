@@ -208,6 +208,23 @@ def test_summary_table_and_figure():
     assert len(fig.data) == 2
 
 
+def test_complete_tasks_and_gaps_to_reference():
+    from sitelens.pipelines.bench_summary import complete_tasks, gaps_to_reference
+
+    nan = float("nan")
+    df = pd.DataFrame({
+        "model": ["m"] * 5, "task": ["a", "a", "b", "b", "c"], "method": ["icl", "fv", "icl", "fv", "icl"],
+        "n": [2] * 5, "exact_match": [1.0, 0.5, 0.5, nan, 0.0], "label_acc_full": [1.0, 0.5, nan, nan, nan],
+        "chance": [0.5, 0.5, nan, nan, nan], "trainable_params": [0] * 5, "fit_seconds": [1.0] * 5,
+        "seconds_per_item": [0.1] * 5,
+    })
+    assert list(complete_tasks(df).task) == ["a", "a"]  # b's fv failed, c has no fv
+    assert set(complete_tasks(df, ["icl"]).task) == {"a", "b", "c"}
+    g = gaps_to_reference(df, ["icl", "fv"]).set_index("method")
+    assert g.loc["fv", "n_tasks"] == 1 and g.loc["fv", "em_gap"] == -0.5 and g.loc["icl", "em_gap"] == 0
+    assert g.loc["fv", "label_gap"] == -0.5 and g.loc["fv", "chance"] == 0.5 and g.loc["fv", "n_items"] == 2
+
+
 def test_dntp_accuracy_correlation_pooled_and_within_task():
     """Within each task a higher dNTP means lower accuracy (ρ = -1), but the easy task has the
     larger dNTPs, so pooled over tasks the sign flips: the within-task figure must not."""

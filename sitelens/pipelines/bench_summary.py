@@ -1,6 +1,8 @@
 """Summaries of a bench results table (:func:`sitelens.pipelines.bench.read_results`): per (model,
 method) means over tasks with bootstrap intervals, the dNTP–accuracy correlation across cells, the
-markdown report of each model and the dNTP–accuracy scatter.
+markdown report of each model and the dNTP–accuracy scatter; the tasks where every method finished
+(:func:`complete_tasks`) and each method's gap to a reference method on them
+(:func:`gaps_to_reference`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,42 @@ def summary_table(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> pd.
             "n_label_tasks": int(_numeric(g, "chance").notna().sum()),
             **{m: nan_mean(_numeric(g, m)) for m in LABEL_METRICS},
         })
+    return pd.DataFrame(rows)
+
+
+def complete_tasks(df: pd.DataFrame, methods: Sequence[str] | None = None) -> pd.DataFrame:
+    """The finished rows (``exact_match`` a number) of the tasks where every method of ``methods``
+    finished (default: every method of ``df``), so that every method is averaged over the same tasks."""
+    ok = df[pd.to_numeric(df["exact_match"], errors="coerce").notna()]
+    need = set(df["method"] if methods is None else methods)
+    return ok[ok["task"].isin([t for t, g in ok.groupby("task") if set(g["method"]) >= need])]
+
+
+def gaps_to_reference(df: pd.DataFrame, methods: Sequence[str], by: Sequence[str] = ("model",),
+                      reference: str = "icl") -> pd.DataFrame:
+    """Per ``by`` group and method, over the tasks where all ``methods`` finished: ``n_tasks``,
+    ``n_items``, mean ``exact_match`` and ``em_gap`` (minus ``reference``'s); over the tasks with a
+    closed label set, ``n_label_tasks``, mean ``label_acc`` (``label_acc_full``), ``label_gap`` and
+    ``chance``; the median ``trainable_params`` and mean ``fit_seconds`` and ``seconds_per_item``."""
+    rows = []
+    for key, g in df.groupby(list(by), sort=False):
+        g = complete_tasks(g, methods)
+        ref = g[g["method"] == reference]
+        ref_lab = ref[_numeric(ref, "chance").notna()]
+        for method in [m for m in methods if m in set(g["method"])]:
+            m = g[g["method"] == method]
+            lab = m[_numeric(m, "chance").notna()]
+            rows.append({
+                **dict(zip(by, key if isinstance(key, tuple) else (key,))), "method": method,
+                "n_tasks": len(m), "n_items": int(m["n"].sum()), "exact_match": m["exact_match"].mean(),
+                "em_gap": m["exact_match"].mean() - ref["exact_match"].mean(), "n_label_tasks": len(lab),
+                "label_acc": lab["label_acc_full"].mean() if len(lab) else np.nan,
+                "label_gap": (lab["label_acc_full"].mean() - ref_lab["label_acc_full"].mean()
+                              if len(lab) else np.nan),
+                "chance": lab["chance"].mean() if len(lab) else np.nan,
+                "trainable_params": m["trainable_params"].median(), "fit_seconds": m["fit_seconds"].mean(),
+                "seconds_per_item": m["seconds_per_item"].mean(),
+            })
     return pd.DataFrame(rows)
 
 
@@ -139,4 +177,7 @@ def dntp_accuracy_figure(df: pd.DataFrame, *, accuracy: str = "exact_match"):
     return fig
 
 
-__all__ = ["summary_table", "dntp_accuracy_correlation", "summary_markdown", "dntp_accuracy_figure"]
+__all__ = [
+    "complete_tasks", "dntp_accuracy_correlation", "dntp_accuracy_figure", "gaps_to_reference",
+    "summary_markdown", "summary_table",
+]
