@@ -14,9 +14,14 @@ import os
 import time
 
 import pandas as pd
+import torch
 
+from sitelens import FitConfig, fit_site, load_task, site
+from sitelens.io import atomic_write_text
+from sitelens.pipelines.executors import cached_model
 from sitelens.pipelines.experiment import Experiment, Job, main, md_table, write_report
 from sitelens.pipelines.store import ResultsStore
+from sitelens.site import training
 
 # The reference-schedule sample of site_fv.py plus four tasks with longer prompts.
 SAMPLE = (
@@ -49,9 +54,6 @@ class FitTime(Experiment):
         return [Job(t, t) for t in args.tasks if (args.data_root / "fv" / t / "train.json").exists()]
 
     def run(self, job: Job) -> dict:
-        from sitelens import FitConfig, fit_site, load_task
-        from sitelens.pipelines.executors import cached_model
-
         model = cached_model(self.args.models[0])
         task = load_task(self.args.data_root / "fv" / job.key, dedupe=True)
         load = os.getloadavg()[0]
@@ -93,13 +95,6 @@ class FitTime(Experiment):
 def profile(exp: FitTime, args) -> list:
     """Where the seconds of one fit go (-> fit_profile.md): stage 1, and stage 2 split into the
     frozen prefix caches, the forward passes (training batches and validation) and the backward passes."""
-    import torch
-
-    from sitelens import load_task, site
-    from sitelens.io import atomic_write_text
-    from sitelens.pipelines.executors import cached_model
-    from sitelens.site import training
-
     model = cached_model(args.models[0])
     task = load_task(args.data_root / "fv" / args.profile, dedupe=True)
     spent: dict[str, float] = {}

@@ -21,8 +21,23 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
+from sitelens import FitConfig
+from sitelens import lenses as L
+from sitelens.eval.metrics import bootstrap_ci
+from sitelens.io import atomic_write_csv, atomic_write_dir, atomic_write_json
+from sitelens.lenses import AblationConfig, AttributionConfig, HeadScores
+from sitelens.lenses.compare import fast_vs_exact, lens_agreement
+from sitelens.lenses.plots import agreement_matrix, alpha_uncertainty, lens_maps
+from sitelens.models import fingerprint, model_name
+from sitelens.patching import intra_task
+from sitelens.pipelines.executors import cached_model
 from sitelens.pipelines.experiment import Experiment, Job, main, md_table, write_report
+from sitelens.provenance import NUMERICS_VERSION, settings_hash, task_hash
+from sitelens.site import SiteAdapter
+from sitelens.tasks import load_task
+from sitelens.viz.export import FigureWriter
 
 TASKS = ("antonym", "country_capital", "present_past", "english_french", "english_spanish",
          "first_letter", "capitalize_first_letter", "choose_first_of_3")  # figures' INTRA_TASKS
@@ -58,27 +73,18 @@ class Heads(Experiment):
         return self.args.official_seeds if task.name in self.args.tasks[: self.args.official_tasks] else 0
 
     def fit_config(self, official: bool = False):
-        from sitelens import FitConfig
-
         if official:
             return FitConfig.official(**({"n_examples": 16, "eval_every": 8, "n_valid": 8}
                                          if self.args.tiny else {}))
         return FitConfig(**({"n_examples": 16, "n_valid": 8} if self.args.tiny else {}))
 
     def configs(self):
-        from sitelens.lenses import AblationConfig, AttributionConfig
-
         if self.args.tiny:
             return (AttributionConfig(n_prompts=4, n_shots=2, n_mean_prompts=4, n_boot=100, n_alpha_items=8),
                     AblationConfig(n_prompts=4, n_shots=2, n_boot=100))
         return AttributionConfig(), AblationConfig()
 
     def settings(self, model, task) -> dict:
-        from sitelens import FitConfig
-        from sitelens.lenses import AblationConfig, AttributionConfig
-        from sitelens.models import fingerprint, model_name
-        from sitelens.provenance import NUMERICS_VERSION, task_hash
-
         att, abl = self.configs()
         return {
             "model": model_name(model), "fingerprint": fingerprint(model), "task": task.name,
@@ -94,25 +100,12 @@ class Heads(Experiment):
         return {json.loads(m.read_text())["settings_hash"] for m in self.out.glob("heads/*/*/meta.json")}
 
     def cells(self, args):
-        from sitelens.pipelines.executors import cached_model
-        from sitelens.provenance import settings_hash
-        from sitelens.tasks import load_task
-
         for name in ["tiny-random"] if args.tiny else args.models:
             for t in args.tasks[: 2 if args.tiny else None]:
                 st = self.settings(cached_model(name), load_task(t))
                 yield Job(settings_hash(st), f"{st['model']}/{t}", dict(name=name, task=t, settings=st))
 
     def run(self, job: Job) -> list:
-        import torch
-
-        from sitelens import lenses as L
-        from sitelens.io import atomic_write_dir, atomic_write_json
-        from sitelens.patching import intra_task
-        from sitelens.pipelines.executors import cached_model
-        from sitelens.site import SiteAdapter
-        from sitelens.tasks import load_task
-
         args, k = self.args, self.k
         model, task = cached_model(job["name"]), load_task(job["task"])
         att, abl = self.configs()
@@ -186,8 +179,6 @@ def load_units(out: Path) -> dict[tuple[str, str], dict]:
 
 def boot_mean(x) -> tuple[float, float, float]:
     """Mean over tasks and its 95% percentile bootstrap CI (2,000 seeded resamples)."""
-    from sitelens.eval.metrics import bootstrap_ci
-
     x = np.asarray(x, dtype=float)
     x = x[np.isfinite(x)]
     lo, hi = bootstrap_ci(x, n_boot=2000, seed=0)
@@ -240,12 +231,6 @@ def pivot(df: pd.DataFrame, index: list[str]) -> pd.DataFrame:
 
 
 def report(out: Path, figures: Path, k: int = 10, heatmap_task: str = "antonym") -> str | None:
-    from sitelens.io import atomic_write_csv
-    from sitelens.lenses import HeadScores
-    from sitelens.lenses.compare import fast_vs_exact, lens_agreement
-    from sitelens.lenses.plots import agreement_matrix, alpha_uncertainty, lens_maps
-    from sitelens.viz.export import FigureWriter
-
     units = load_units(out)
     if not units:
         print("no units yet")

@@ -16,8 +16,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
+import torch
 
+from sitelens.patching import intra_task
 from sitelens.pipelines.experiment import Experiment, Job, main, md_table
+from sitelens.site import FitConfig, fit_site, task_embedding
 
 FIGURES = Path(__file__).resolve().parents[1] / "figures"
 SETTINGS = ["model", "fingerprint", "task", "task_hash", "split", "limit", "n_examples",
@@ -88,11 +91,6 @@ class LambdaSelection(Experiment):
                 for lam in (float(x) for x in args.lambdas.split(",") if x.strip())]
 
     def run(self, job: Job) -> list[dict]:
-        import torch
-
-        from sitelens.patching import intra_task
-        from sitelens.site import FitConfig, fit_site, task_embedding
-
         model, task, cfg, ks, settings = self.setup()
         if "_emb" not in self.__dict__:  # stage 1, shared across λ (as in sitelens.pipelines.figures)
             self._emb = task_embedding(model, task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots,

@@ -16,6 +16,9 @@ import time
 
 import pandas as pd
 
+from sitelens import FitConfig, fit_site, load_task, summarize
+from sitelens.eval import evaluate
+from sitelens.pipelines.executors import cached_model
 from sitelens.pipelines.experiment import Experiment, Job, main, md_table, pct
 
 # the 8-task sample of site_fv.py's reference-schedule rows, plus the two FV tasks where the
@@ -66,10 +69,6 @@ class ProtocolCompare(Experiment):
                 for t in args.tasks for p in PROTOCOLS]
 
     def run(self, job: Job) -> list[dict]:
-        from sitelens import FitConfig, fit_site, load_task, summarize
-        from sitelens.eval import evaluate
-        from sitelens.pipelines.executors import cached_model
-
         args, proto, name = self.args, job["protocol"], job["task"]
         model = cached_model(args.models[0])
         task = load_task(args.data_root / "fv" / name, dedupe=True)

@@ -20,8 +20,26 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
+from sitelens.baselines import ICL, LTV, SITE, TV, Fitted, LTVValid, ZeroShot
+from sitelens.baselines.ltv import LTV_NUMERICS
+from sitelens.errors import SitelensError
+from sitelens.eval.evaluate import run_method
+from sitelens.eval.metrics import bootstrap_ci, correlation
+from sitelens.models import fingerprint, model_name, tiny_model
+from sitelens.pipelines.executors import cached_model
 from sitelens.pipelines.experiment import Experiment, Job, main, md_table
 from sitelens.pipelines.store import row_key
+from sitelens.pipelines.transfer import task_states, tv_fitted
+from sitelens.provenance import NUMERICS_VERSION, canonical, task_hash
+from sitelens.site import FitConfig, fit_site
+from sitelens.tasks import DEFAULT_TEMPLATE
+from sitelens.tasks.regression import (
+    reference_predictions,
+    regression_mse,
+    regression_task,
+    squared_errors,
+    train_mean,
+)
 
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 METHODS = ("zero-shot", "icl", "tv", "ltv", "ltv-valid", "site")
@@ -36,16 +54,11 @@ ITEM_COLUMNS = ["key", "model", "task", "method", "item", "target", "prediction"
 
 
 def make_task(args, kind: str, seed: int):
-    from sitelens.tasks.regression import regression_task
-
     sizes = dict(n_train=40, n_valid=8, n_test=8) if args.tiny else dict(n_train=256, n_valid=64, n_test=128)
     return regression_task(kind, dim=args.dim, seed=seed, **sizes)
 
 
 def make_method(args, name: str):
-    from sitelens.baselines import ICL, LTV, SITE, TV, LTVValid, ZeroShot
-    from sitelens.site import FitConfig
-
     if args.tiny:
         small = dict(n_prompts=4, n_shots=2)
         return {"zero-shot": ZeroShot(), "icl": ICL(n_shots=args.n_shots),
@@ -58,11 +71,6 @@ def make_method(args, name: str):
 
 def settings(args, model, task, kind, seed, method_name, method_params) -> dict:
     """Everything that made a row, and its key; LTV rows carry LTV's declared numerics version."""
-    from sitelens.baselines.ltv import LTV_NUMERICS
-    from sitelens.models import fingerprint, model_name
-    from sitelens.provenance import NUMERICS_VERSION, task_hash
-    from sitelens.tasks import DEFAULT_TEMPLATE
-
     s = {
         "model": model_name(model) if model is not None else "-",
         "fingerprint": fingerprint(model) if model is not None else "-",
@@ -77,9 +85,6 @@ def settings(args, model, task, kind, seed, method_name, method_params) -> dict:
 
 def score_rows(base: dict, task, items, predictions, first_ok, fallback, *, fit_seconds=0.0,
                seconds_per_item=0.0):
-    from sitelens.eval.metrics import bootstrap_ci
-    from sitelens.tasks.regression import regression_mse, squared_errors
-
     targets = [ex.output for ex in items]
     score = regression_mse(predictions, targets, fallback=fallback)
     values, err = squared_errors(predictions, targets, fallback)
@@ -99,10 +104,6 @@ def fit_method(model, task, method, seed: int, shared: dict):
     """``method.fit``; TV and SITE share one stage-1 capture (:func:`sitelens.pipelines.transfer.task_states`,
     the very prompts and tensors of their own fits), kept in ``shared`` with its seconds, which
     count in both fits' ``fit_seconds``."""
-    from sitelens.baselines import SITE, TV, Fitted
-    from sitelens.pipelines.transfer import task_states, tv_fitted
-    from sitelens.site import fit_site
-
     if not isinstance(method, (TV, SITE)) or (isinstance(method, TV) and method.layers is not None):
         return method.fit(model, task, seed=seed)
     sizes = (method.n_prompts, method.n_shots)
@@ -120,11 +121,6 @@ def fit_method(model, task, method, seed: int, shared: dict):
 
 
 def run_method_cell(model, task, method, items, base, shared):
-    from sitelens.errors import SitelensError
-    from sitelens.eval.evaluate import run_method
-    from sitelens.tasks import DEFAULT_TEMPLATE
-    from sitelens.tasks.regression import train_mean
-
     t0 = time.perf_counter()
     try:
         fitted = fit_method(model, task, method, base["seed"], shared)
@@ -155,14 +151,9 @@ class Regression(Experiment):
         p.add_argument("--tiny", action="store_true", help="tiny random model, small sizes (smoke test)")
 
     def model(self, name: str):
-        from sitelens.models import tiny_model
-        from sitelens.pipelines.executors import cached_model
-
         return tiny_model(seed=0) if self.args.tiny else cached_model(name)
 
     def cells(self, args):
-        from sitelens.provenance import canonical
-
         self._shared: dict = {}
         for seed in [int(x) for x in args.seeds.split(",") if x]:  # seed-major: every task and model early
             for kind in [k for k in args.kinds.split(",") if k]:
@@ -180,8 +171,6 @@ class Regression(Experiment):
                                   dict(base=base, kind=kind, seed=seed, name=name))
 
     def run(self, job: Job) -> dict:
-        from sitelens.tasks.regression import reference_predictions, train_mean
-
         args, base = self.args, job["base"]
         task = make_task(args, job["kind"], job["seed"])
         items = task.test[: args.limit]
@@ -210,8 +199,6 @@ class Regression(Experiment):
 def pooled(items: pd.DataFrame, keys: list[str]) -> dict:
     """MSE of the items of ``keys`` pooled, its bootstrap CI, the median squared error and the
     mean over tasks of the Pearson r of parsed answers (unparsed left out) and targets."""
-    from sitelens.eval.metrics import bootstrap_ci, correlation
-
     sel = items[items["key"].isin(keys)]
     err = sel["sq_err"].to_numpy(float)
     lo, hi = bootstrap_ci(err, n_boot=1000, seed=0)

@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import pandas as pd
 
+from sitelens.models import fingerprint
+from sitelens.pipelines.executors import cached_model
 from sitelens.pipelines.experiment import Experiment, Job, main, md_table
+from sitelens.provenance import task_hash
+from sitelens.tasks import load_collection, shots
+from sitelens.tasks.shots import MAX_SHOTS, RESERVE
 
 COLLECTIONS = ("cls", "bbh", "mmlu_pro", "anli")
 N_CTX = 2048
@@ -34,11 +39,6 @@ class ShotCounts(Experiment):
         return [Job(m, m) for m in args.models]
 
     def run(self, job: Job) -> list[dict]:
-        from sitelens.models import fingerprint
-        from sitelens.pipelines.executors import cached_model
-        from sitelens.provenance import task_hash
-        from sitelens.tasks import load_collection, shots
-
         model, rows = cached_model(job.key), []
         for c in COLLECTIONS:
             for t in load_collection(self.args.data_root / c):
@@ -60,8 +60,6 @@ class ShotCounts(Experiment):
         return rows
 
     def report(self, df: pd.DataFrame) -> str:
-        from sitelens.tasks.shots import MAX_SHOTS, RESERVE
-
         per = (df.groupby(["collection", "model"], sort=False)
                .agg(tasks=("task", "size"), k=("k_guaranteed", "min"), k_seed0=("k_seed0", "min"),
                     longest_zero_shot=("tokens_0shot_max", "max")).reset_index())

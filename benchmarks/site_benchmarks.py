@@ -20,10 +20,24 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sitelens.pipelines.bench import COLUMNS, LABEL_METRICS, cell_key, cell_settings, read_results
+from sitelens.baselines import IA3, ICL, SITE, LoRA, ZeroShot
+from sitelens.errors import SitelensError
+from sitelens.eval.labels import label_set
+from sitelens.io import atomic_write_csv
+from sitelens.models import token_ids
+from sitelens.pipelines.bench import (
+    COLUMNS,
+    LABEL_METRICS,
+    cell_key,
+    cell_settings,
+    read_results,
+    score_fitted,
+)
 from sitelens.pipelines.bench_summary import complete_tasks, gaps_to_reference
+from sitelens.pipelines.executors import cached_model
 from sitelens.pipelines.experiment import Experiment, Job, main, md_table, pct, write_report
 from sitelens.pipelines.store import ResultsStore
+from sitelens.tasks import DEFAULT_TEMPLATE, embedding_prompts, few_shot_prompts, load_task
 
 MODELS = ["smollm2-135m-instruct", "gemma-3-270m"]
 N_CTX = 2048
@@ -56,8 +70,6 @@ BENCHMARKS = {b.name: b for b in (Benchmark("anli", 10), Benchmark("mmlu_pro", 2
 
 
 def methods_for(k: int) -> list:
-    from sitelens.baselines import IA3, ICL, SITE, LoRA, ZeroShot
-
     return [ZeroShot(), ICL(n_shots=k), SITE(n_shots=k), LoRA(), IA3()]
 
 
@@ -81,15 +93,11 @@ class SiteBenchmarks(Experiment):
         return ResultsStore(self.out / f"site_benchmarks_{model}.csv", COLUMNS)
 
     def model(self):
-        from sitelens.pipelines.executors import cached_model
-
         return cached_model(self.args.models[0], n_ctx=N_CTX)
 
     def cells(self, args):
         """Round-robin over the benchmarks (the i-th task of each, then the next), so partial
         results cover every benchmark."""
-        from sitelens.tasks import DEFAULT_TEMPLATE, load_task
-
         if args.shots:  # a measurement of its own, no cells
             return None if args.dry_run else measure_shots(self.model(), args)
         benches = [BENCHMARKS[b] for b in args.benchmarks]
@@ -107,11 +115,6 @@ class SiteBenchmarks(Experiment):
                               dict(settings=s, bench=bench.name, method=method))
 
     def run(self, job: Job) -> dict:
-        from sitelens.errors import SitelensError
-        from sitelens.eval.labels import label_set
-        from sitelens.pipelines.bench import score_fitted
-        from sitelens.tasks import load_task
-
         model, method, bench = self.model(), job["method"], BENCHMARKS[job["bench"]]
         task = load_task(str(self.args.data_root / job["settings"]["task"]))
         items = task.test[: bench.limit]
@@ -135,8 +138,6 @@ class SiteBenchmarks(Experiment):
         return row
 
     def write_report(self) -> str:
-        from sitelens.io import atomic_write_csv
-
         df = pd.concat([load_rows(self.out, m) for m in MODELS], ignore_index=True)
         table = summary(df)
         atomic_write_csv(self.out / "site_benchmarks_summary.csv", table)
@@ -149,10 +150,6 @@ def measure_shots(model, args) -> list:
     """Per benchmark, the largest k ≤ the --start k for which every prompt a cell builds (the ICL
     prompts of the first 50 test items, SITE's 50 stage-1 prompts) on every task of the collection
     fits n_ctx minus GEN_ROOM; the rows replace those of the same (model, benchmark, k)."""
-    from sitelens.io import atomic_write_csv
-    from sitelens.models import token_ids
-    from sitelens.tasks import embedding_prompts, few_shot_prompts, load_task
-
     def lengths(task, k):
         prompts = few_shot_prompts(task, task.test[:SHOTS_CHECK_ITEMS], k, seed=SEED)
         return [len(token_ids(model, p)) for p in prompts + embedding_prompts(task, 50, k, seed=SEED)]

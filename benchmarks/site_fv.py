@@ -16,6 +16,10 @@ import time
 
 import pandas as pd
 
+from sitelens import FitConfig, fit_site, load_task, summarize
+from sitelens.eval import evaluate
+from sitelens.pipelines.bench import FV_EXTRACTIVE
+from sitelens.pipelines.executors import cached_model
 from sitelens.pipelines.experiment import Experiment, Job, PeakRSS, main, md_table, pct, write_report
 from sitelens.pipelines.store import ResultsStore
 
@@ -57,8 +61,6 @@ class SiteFV(Experiment):
     def cells(self, args):
         """The reference sample first, then short-prompt tasks before long ones (ag_news,
         commonsense_qa, squad_val), so an interrupted run has covered the most tasks."""
-        from sitelens.pipelines.bench import FV_EXTRACTIVE
-
         fv = args.data_root / "fv"
         names = sorted(p.name for p in fv.iterdir() if (p / "train.json").exists())
         names = [n for n in names if not (args.abstractive and n in FV_EXTRACTIVE)
@@ -75,10 +77,6 @@ class SiteFV(Experiment):
                 yield Job(f"{name}/site-ref", f"{name} site-ref", {"task": name, "part": "site-ref"})
 
     def run(self, job: Job) -> list[dict]:
-        from sitelens import FitConfig, fit_site, load_task, summarize
-        from sitelens.eval import evaluate
-        from sitelens.pipelines.executors import cached_model
-
         args, name = self.args, job["task"]
         model = cached_model(args.models[0], n_ctx=args.n_ctx)
         task = load_task(args.data_root / "fv" / name, dedupe=True)
