@@ -1,10 +1,7 @@
-"""Summaries of the baselines benchmark: ``baselines_{model}.md`` and ``baselines_{model}.dntp.html``
-(+ ``.png`` with kaleido) from the ``sitelens bench`` CSVs ``results/baselines_{model}.csv``.
+"""Summaries of the baselines benchmark: ``baselines_{model}.md`` and ``.dntp.html`` (+ ``.png`` with
+kaleido) from the ``sitelens bench`` CSVs whose command each md names (docs/benchmarks.md).
 
     python benchmarks/baselines.py [--no-png]
-
-The cells come from the resumable CLI, whose command each md names; what each fit does and where
-its seconds go is in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -16,6 +13,7 @@ import pandas as pd
 from sitelens.pipelines.bench import dntp_accuracy_correlation, dntp_accuracy_figure, read_results
 from sitelens.pipelines.bench_summary import complete_tasks, summary_markdown
 from sitelens.pipelines.experiment import Experiment, main, md_table, write_report
+from sitelens.viz.export import write_figure_html
 
 EMBEDDING_BASELINES = ["fv", "tv", "ltv", "mtv", "i2cl"]
 PEFT = ["lora", "ia3"]
@@ -94,8 +92,6 @@ def summarize(path: Path, png: bool = True) -> str:
         f"method finished: {', '.join(tasks)}. Exact match and first-token accuracy are fractions; dNTP = "
         "KL(P_icl ‖ P_method) at the answer position (ICL's is 0).", "", *targets(full), "",
         summary_markdown(full).strip(), "", *notes(full)]))
-    from sitelens.viz.export import write_figure_html
-
     fig = dntp_accuracy_figure(full)
     write_figure_html(fig, f"{stem}.dntp.html")  # + plotly.min.js beside it (offline)
     if png:

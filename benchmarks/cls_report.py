@@ -1,13 +1,10 @@
-"""LTV vs the other task-vector methods on the classification collection: the report.
-
-The cells come from the resumable CLI, one CSV per model (test split capped with ``--limit``):
+"""LTV vs the other task-vector methods on the classification collection: the reports of the CLI's
+cells (columns: docs/benchmarks.md).
 
     sitelens bench --models MODEL --tasks-dir ../shared/datasets/cls \\
         --methods zero-shot,icl,fv,tv,sv,i2cl,mtv,ltv,ltv-valid --limit 50 --threads 1 \\
         --out benchmarks/results/cls_MODEL.csv
     python benchmarks/cls_report.py     # -> results/cls_{MODEL}.md and cls_report.md
-
-The columns (label ranking, exact match, dNTP) are described in docs/benchmarks.md.
 """
 
 from __future__ import annotations

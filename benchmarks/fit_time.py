@@ -1,11 +1,8 @@
 """Seconds of a SITE fit (stage 1 + stage 2, default configuration) on a quiet machine, on a sample
-of FV tasks, with the 1-minute load average before each fit (to tell a contended row apart).
+of FV tasks, with the 1-minute load average before each fit.
 
     python benchmarks/fit_time.py --models smollm2-135m-instruct --threads 2   # -> fit_time_{model}.csv
-    python benchmarks/fit_time.py --report                                   # -> fit_time.md
     python benchmarks/fit_time.py --profile antonym --threads 2              # -> fit_profile.md
-
-One model per process; a task with a row is done.
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ from sitelens import FitConfig, fit_site, load_task, site
 from sitelens.io import atomic_write_text
 from sitelens.pipelines.executors import cached_model
 from sitelens.pipelines.experiment import Experiment, Job, main, md_table, write_report
-from sitelens.pipelines.store import ResultsStore
 from sitelens.site import training
 
 # The reference-schedule sample of site_fv.py plus four tasks with longer prompts.
@@ -33,17 +29,15 @@ FIELDS = ["model", "task", "threads", "load_avg_1min", "stage1_seconds", "stage2
           "fit_seconds", "wall_seconds"]
 class FitTime(Experiment):
     name = "fit_time"
+    columns = FIELDS
     key = None
+    per_model = True
     models = ("smollm2-135m-instruct",)
     tasks = SAMPLE
     threads = 2
 
     def add_arguments(self, p) -> None:
         p.add_argument("--profile", default="", metavar="TASK", help="time the parts of one fit")
-
-    def store(self, name=None, columns=None, key="key") -> ResultsStore:
-        (model,) = self.args.models  # one model per process
-        return ResultsStore(self.out / f"fit_time_{model}.csv", FIELDS, key=None)
 
     def done_keys(self) -> set[str]:
         return set(self.read().task)

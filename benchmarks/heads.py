@@ -1,15 +1,12 @@
 """Which heads matter: every lens on both bundled models, exact vs fast, α's schedule, agreement.
 
     python benchmarks/heads.py --models smollm2-135m-instruct --threads 1     # one model per process
-    python benchmarks/heads.py --models gemma-3-270m --threads 1
+    python benchmarks/heads.py --models gemma-3-270m --official-tasks 3 --threads 1
     python benchmarks/heads.py --report                                       # tables + figures only
     python benchmarks/heads.py --tiny --out /tmp/heads                        # smoke test
 
-A (model, task) unit is written atomically to ``results/heads/{model}/{task}/`` (``scores.csv``,
-``stability.csv``, ``intra.csv``, ``meta.json``) and skipped when its settings hash is done. The
-report writes ``results/heads_{exact_vs_fast,certified_topk,agreement,schedule,lens_topk,
-stability}.csv``, ``heads_{exact_vs_fast,schedule,agreement}.md``, ``heads_lens_agreement.{png,html}``
-and the antonym figures under ``figures/{model}/``; docs/lenses.md describes every setting.
+A (model, task) unit goes to ``results/heads/{model}/{task}/`` and is skipped when its settings hash
+is done; the report writes ``results/heads_*.{csv,md}`` and figures (docs/lenses.md).
 """
 
 from __future__ import annotations
@@ -61,12 +58,11 @@ class Heads(Experiment):
         p.add_argument("--official-seeds", type=int, default=3, help="official-protocol fits per task")
         p.add_argument("--official-tasks", type=int, default=4,
                        help="official-protocol fits on the first N tasks only (the schedule experiment)")
-        p.add_argument("--k", type=int, default=None, help="heads per selection (default 10; --tiny: 3)")
         p.add_argument("--tiny", action="store_true", help="tiny random model and sizes, k = 3 (smoke test)")
 
     @property
-    def k(self) -> int:
-        return self.args.k or (3 if self.args.tiny else 10)
+    def k(self) -> int:  # heads per selection
+        return 3 if self.args.tiny else 10
 
     def official_seeds(self, task) -> int:
         """``--official-seeds`` on the first ``--official-tasks`` tasks, none on the others."""

@@ -1,11 +1,8 @@
 """How the figures' sparsity λ (``loss + λ·mean(α)``) was chosen: intra-task patching on one task
-for a sweep of λ, each fitted and scored exactly as ``sitelens figures`` does (``FigureConfig()``).
+for a sweep of λ, each fitted and scored as ``sitelens figures`` does (``FigureConfig()``).
 
     python benchmarks/lambda_selection.py --threads 1                 # SmolLM2, antonym, λ 0..10
     python benchmarks/lambda_selection.py --tiny --out /tmp/lam       # smoke test (not a benchmark)
-
-Writes ``results/lambda_selection.csv`` (a row per λ × k × selection × random seed, every setting
-as a column; a λ whose rows carry the same settings hash is done) and ``lambda_selection.md``.
 """
 
 from __future__ import annotations
@@ -18,9 +15,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from sitelens.models import fingerprint, load_model, model_name, tiny_model
 from sitelens.patching import intra_task
 from sitelens.pipelines.experiment import Experiment, Job, main, md_table
+from sitelens.pipelines.figures import FigureConfig, intra_ks
+from sitelens.provenance import NUMERICS_VERSION, settings_hash, task_hash
 from sitelens.site import FitConfig, fit_site, task_embedding
+from sitelens.tasks import load_task
 
 FIGURES = Path(__file__).resolve().parents[1] / "figures"
 SETTINGS = ["model", "fingerprint", "task", "task_hash", "split", "limit", "n_examples",
@@ -32,6 +33,8 @@ FIELDS = ["sparsity", *SETTINGS, "k", "selection", "random_seed", "accuracy", "c
 
 
 class LambdaSelection(Experiment):
+    name = "lambda_selection"
+    title = "Choosing the sparsity λ of the figures"
     columns = FIELDS
     key = None
     models = ("smollm2-135m-instruct",)
@@ -42,22 +45,9 @@ class LambdaSelection(Experiment):
         p.add_argument("--extra-ks", default="13", help="ks added to the figures' ks (comma-separated)")
         p.add_argument("--tiny", action="store_true", help="tiny random model and sizes (not a benchmark)")
 
-    @property
-    def name(self) -> str:
-        return "lambda_selection_tiny" if self.args.tiny else "lambda_selection"
-
-    @property
-    def title(self) -> str:
-        return "Choosing the sparsity λ of the figures" + " (--tiny: not a benchmark)" * self.args.tiny
-
     def setup(self):
         """(model, task, figure config, ks, settings), made once."""
         if "_setup" not in self.__dict__:
-            from sitelens.models import fingerprint, load_model, model_name, tiny_model
-            from sitelens.pipelines.figures import FigureConfig, intra_ks
-            from sitelens.provenance import NUMERICS_VERSION, settings_hash, task_hash
-            from sitelens.tasks import load_task
-
             cfg = FigureConfig()
             if self.args.tiny:
                 model = tiny_model(n_layers=2, n_heads=4, d_head=8)

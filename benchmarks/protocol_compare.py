@@ -1,13 +1,7 @@
-"""The default protocol vs the official (paper-code) protocol, fit + eval, on FV tasks.
-
-Per task and protocol, SITE is fitted under that protocol and zero-shot, 10-shot ICL and SITE are
-evaluated under it on the first ``--limit`` test items; the adapter is also scored under the other
-protocol (``cross`` rows), separating the fit from the scoring. A row per (task, fit protocol,
-eval protocol, method) in ``results/protocol_compare.csv``; a (task, protocol) pair is done when
-it has rows. The protocols are described in docs/tasks.md.
+"""The default protocol vs the official (paper-code) protocol, fit + eval, on FV tasks: SITE fitted
+under each, zero-shot, ICL and SITE scored under it, the adapter also under the other (docs/tasks.md).
 
     python benchmarks/protocol_compare.py --data-root ../shared/datasets --limit 50 --threads 1
-    python benchmarks/protocol_compare.py --report
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""In-context regression: MSE of zero-shot, ICL, TV, LTV and SITE (and two model-free references,
-``train-mean`` and ``ols-k``) on seeded linear and ReLU regression tasks, on both bundled models.
+"""In-context regression: MSE of zero-shot, ICL, TV, LTV, ltv-valid and SITE (and the model-free
+``train-mean`` and ``ols-k``) on seeded linear and ReLU regression tasks (setup: docs/benchmarks.md).
 
-    python benchmarks/regression.py --threads 1            # resumable; the same command continues
-    python benchmarks/regression.py --report               # regression.md from the CSVs only
+    python benchmarks/regression.py --seeds 0 --threads 1  # resumable -> regression{,_items}.csv, .md
     python benchmarks/regression.py --tiny --out /tmp/reg  # smoke test on a tiny random model
-
-Results: ``results/regression.csv`` (a row per model × task × method, keyed on every setting),
-``results/regression_items.csv`` (a row per test item) and ``results/regression.md``; the setup is
-in docs/benchmarks.md.
 """
 
 from __future__ import annotations

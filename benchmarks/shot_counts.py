@@ -1,10 +1,8 @@
-"""Shot counts that fit the context: prompt token lengths of every task of the cls, bbh, mmlu_pro
-and anli collections with each bundled tokenizer, and the largest k ≤ 10 whose k-shot prompts plus
-the 32 tokens of generation fit n_ctx = 2048 (:func:`sitelens.tasks.shots.shots_that_fit`).
+"""Shot counts that fit the context: the largest k ≤ 10 whose k-shot prompts plus 32 generated
+tokens fit n_ctx = 2048 (:func:`sitelens.tasks.shots.shots_that_fit`), per task of the cls, bbh,
+mmlu_pro and anli collections and bundled tokenizer (tokenization only).
 
     python benchmarks/shot_counts.py          # -> results/shot_counts.csv (a row per model × task), .md
-
-Tokenization only; a model with rows in the CSV is done.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """SITE's benchmark table at our scale: zero-shot, k-shot ICL, SITE, LoRA and (IA)3 on ANLI,
-MMLU-Pro and BIG-Bench Hard, beside the FV rows of the committed baselines grid.
+MMLU-Pro and BIG-Bench Hard (``sitelens bench`` cells without the dNTP pass; docs/benchmarks.md).
 
     python benchmarks/site_benchmarks.py --models MODEL --shots   # prompt lengths per k -> shots CSV
-    python benchmarks/site_benchmarks.py --models MODEL --rounds 1  # one task per benchmark
-    python benchmarks/site_benchmarks.py --models MODEL           # the grid -> site_benchmarks_{model}.csv
+    python benchmarks/site_benchmarks.py --models MODEL           # -> site_benchmarks_{model}.csv
     python benchmarks/site_benchmarks.py --report                 # -> site_benchmarks.md (+ _summary.csv)
-
-One model per process. Cells are ``sitelens bench`` cells (the same keys, columns and scoring)
-without the dNTP reference pass; the shot counts, caps and task order are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -36,7 +32,6 @@ from sitelens.pipelines.bench import (
 from sitelens.pipelines.bench_summary import complete_tasks, gaps_to_reference
 from sitelens.pipelines.executors import cached_model
 from sitelens.pipelines.experiment import Experiment, Job, main, md_table, pct, write_report
-from sitelens.pipelines.store import ResultsStore
 from sitelens.tasks import DEFAULT_TEMPLATE, embedding_prompts, few_shot_prompts, load_task
 
 MODELS = ["smollm2-135m-instruct", "gemma-3-270m"]
@@ -76,21 +71,15 @@ def methods_for(k: int) -> list:
 class SiteBenchmarks(Experiment):
     name = "site_benchmarks"
     columns = COLUMNS
+    per_model = True
     models = MODELS[:1]
 
     def add_arguments(self, p) -> None:
-        p.add_argument("--benchmarks", type=lambda s: s.split(","), default=list(BENCHMARKS))
         p.add_argument("--rounds", type=int, default=10**6, help="stop after N tasks per benchmark")
         p.add_argument("--shots", action="store_true", help="measure the prompt lengths per k (no cells)")
         p.add_argument("--start", type=lambda s: {b: int(k) for b, k in (x.split("=") for x in s.split(","))},
                        default=dict.fromkeys(BENCHMARKS, MAX_SHOTS),
                        help="the k to start the descending shot search at, per benchmark (anli=10,bbh=6)")
-
-    def store(self, name=None, columns=None, key="key") -> ResultsStore:
-        if name is not None:
-            return super().store(name, columns, key)
-        (model,) = self.args.models  # one model per process
-        return ResultsStore(self.out / f"site_benchmarks_{model}.csv", COLUMNS)
 
     def model(self):
         return cached_model(self.args.models[0], n_ctx=N_CTX)
@@ -100,7 +89,7 @@ class SiteBenchmarks(Experiment):
         results cover every benchmark."""
         if args.shots:  # a measurement of its own, no cells
             return None if args.dry_run else measure_shots(self.model(), args)
-        benches = [BENCHMARKS[b] for b in args.benchmarks]
+        benches = list(BENCHMARKS.values())
         orders = [b.order(args.data_root) for b in benches]
         for i in range(min(args.rounds, max(map(len, orders)))):
             for bench, names in zip(benches, orders):

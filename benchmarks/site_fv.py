@@ -1,12 +1,8 @@
 """SITE vs zero-shot vs 10-shot ICL on the FV benchmark tasks, with timings and peak memory.
 
-    python benchmarks/site_fv.py --models smollm2-135m-instruct --limit 50
-    python benchmarks/site_fv.py --models gemma-3-270m --abstractive --limit 50
+    python benchmarks/site_fv.py --models smollm2-135m-instruct --limit 50 --no-reference
+    python benchmarks/site_fv.py --models gemma-3-270m --abstractive --limit 50 --no-reference
     python benchmarks/site_fv.py --report
-
-One model per process; rows per (model, task, method) in ``results/site_fv_{model}.csv``, appended
-per task (a task whose rows are there is done; ``site-ref``: the 400 × batch-1 schedule on an
-8-task sample); ``results/site_fv.md`` summarizes every model's CSV.
 """
 
 from __future__ import annotations
@@ -21,7 +17,6 @@ from sitelens.eval import evaluate
 from sitelens.pipelines.bench import FV_EXTRACTIVE
 from sitelens.pipelines.executors import cached_model
 from sitelens.pipelines.experiment import Experiment, Job, PeakRSS, main, md_table, pct, write_report
-from sitelens.pipelines.store import ResultsStore
 
 # Tasks where the reference schedule (400 steps of batch 1) is also run.
 REFERENCE_SAMPLE = [
@@ -38,7 +33,9 @@ COMMAND = "python benchmarks/site_fv.py --models MODEL --limit 50 --no-reference
 
 class SiteFV(Experiment):
     name = "site_fv"
+    columns = FIELDS
     key = None
+    per_model = True
     models = ("smollm2-135m-instruct",)
     limit = 50
     threads = 2
@@ -47,10 +44,6 @@ class SiteFV(Experiment):
         p.add_argument("--abstractive", action="store_true", help="the 29 abstractive tasks only")
         p.add_argument("--no-reference", dest="reference", action="store_false", help="no site-ref rows")
         p.add_argument("--n-ctx", type=int, default=4096)
-
-    def store(self, name=None, columns=None, key="key") -> ResultsStore:
-        (model,) = self.args.models  # one model per process
-        return ResultsStore(self.out / f"site_fv_{model}.csv", FIELDS, key=None)
 
     def done_keys(self) -> set[str]:
         df = self.read()
