@@ -69,10 +69,8 @@ class Heads(Experiment):
         return self.args.official_seeds if task.name in self.args.tasks[: self.args.official_tasks] else 0
 
     def fit_config(self, official: bool = False):
-        if official:
-            return FitConfig.official(**({"n_examples": 16, "eval_every": 8, "n_valid": 8}
-                                         if self.args.tiny else {}))
-        return FitConfig(**({"n_examples": 16, "n_valid": 8} if self.args.tiny else {}))
+        tiny = {"n_examples": 16, "n_valid": 8, **({"eval_every": 8} if official else {})}
+        return (FitConfig.official if official else FitConfig)(**(tiny if self.args.tiny else {}))
 
     def configs(self):
         if self.args.tiny:
@@ -173,12 +171,13 @@ def load_units(out: Path) -> dict[tuple[str, str], dict]:
     return units
 
 
-def boot_mean(x) -> tuple[float, float, float]:
-    """Mean over tasks and its 95% percentile bootstrap CI (2,000 seeded resamples)."""
+def boot_row(x, **keys) -> dict:
+    """``keys``, the mean over tasks of ``x`` and its 95% percentile bootstrap CI (2,000 seeded
+    resamples), and ``n_tasks``."""
     x = np.asarray(x, dtype=float)
-    x = x[np.isfinite(x)]
-    lo, hi = bootstrap_ci(x, n_boot=2000, seed=0)
-    return (float(x.mean()) if len(x) else float("nan")), lo, hi
+    lo, hi = bootstrap_ci(x[np.isfinite(x)], n_boot=2000, seed=0)
+    m = float(x[np.isfinite(x)].mean()) if np.isfinite(x).any() else float("nan")
+    return {**keys, "accuracy": m, "ci_low": lo, "ci_high": hi, "n_tasks": len(x)}
 
 
 def schedule(units, k: int = 10) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -196,23 +195,14 @@ def schedule(units, k: int = 10) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFra
         for sched, label, tasks in (("default", "default", paired), ("official", "official", paired),
                                     ("default", "default (all tasks)", sorted(set(am.task)))):
             for sel in sorted(set(am.selection)) if tasks else []:
-                try:
-                    g = per_task.loc[(model, sched, sel)]
-                except KeyError:
-                    continue
-                g = g[g.index.isin(tasks)]
-                m, lo, hi = boot_mean(g.to_numpy())
-                rows.append({"model": model, "schedule": label, "selection": sel, "accuracy": m,
-                             "ci_low": lo, "ci_high": hi, "n_tasks": len(g),
-                             "n_seeds": am[am.schedule == sched].fit_seed.nunique(),
-                             "tasks": " ".join(tasks)})
+                if (g := per_task.get((model, sched, sel))) is not None:
+                    n_seeds = am[am.schedule == sched].fit_seed.nunique()
+                    rows.append(boot_row(g[g.index.isin(tasks)].to_numpy(), model=model, schedule=label,
+                                         selection=sel) | {"n_seeds": n_seeds, "tasks": " ".join(tasks)})
     lt = intra[(intra.kind == "lens_topk") & (intra.k == k)]
     per_lens = lt.groupby(["model_key", "lens", "selection", "task"])["accuracy"].mean()
-    lens_rows = []
-    for (model, lens, sel), g in per_lens.groupby(level=[0, 1, 2]):
-        m, lo, hi = boot_mean(g.to_numpy())
-        lens_rows.append({"model": model, "lens": lens, "selection": sel, "accuracy": m, "ci_low": lo,
-                          "ci_high": hi, "n_tasks": len(g)})
+    lens_rows = [boot_row(g.to_numpy(), model=m, lens=lens, selection=sel)
+                 for (m, lens, sel), g in per_lens.groupby(level=[0, 1, 2])]
     st = pd.concat([u["stability"].assign(model=m, task=t) for (m, t), u in units.items()], ignore_index=True)
     stab = st.groupby(["model", "schedule"]).agg(
         spearman=("spearman", "mean"), spearman_min=("spearman", "min"),

@@ -54,14 +54,13 @@ def make_task(args, kind: str, seed: int):
 
 
 def make_method(args, name: str):
-    if args.tiny:
-        small = dict(n_prompts=4, n_shots=2)
-        return {"zero-shot": ZeroShot(), "icl": ICL(n_shots=args.n_shots),
-                "tv": TV(**small, n_valid=4), "ltv": LTV(n_queries=8, n_shots=2),
-                "ltv-valid": LTVValid(n_queries=8, n_shots=2),
-                "site": SITE(**small, config=FitConfig(n_examples=16, n_valid=4))}[name]
-    return {"zero-shot": ZeroShot(), "icl": ICL(n_shots=args.n_shots), "tv": TV(), "ltv": LTV(),
-            "ltv-valid": LTVValid(), "site": SITE()}[name]
+    t = args.tiny  # small fits on the tiny model
+    return {"zero-shot": ZeroShot(), "icl": ICL(n_shots=args.n_shots),
+            "tv": TV(n_prompts=4, n_shots=2, n_valid=4) if t else TV(),
+            "ltv": LTV(n_queries=8, n_shots=2) if t else LTV(),
+            "ltv-valid": LTVValid(n_queries=8, n_shots=2) if t else LTVValid(),
+            "site": SITE(n_prompts=4, n_shots=2, config=FitConfig(n_examples=16, n_valid=4)) if t
+            else SITE()}[name]
 
 
 def settings(args, model, task, kind, seed, method_name, method_params) -> dict:
