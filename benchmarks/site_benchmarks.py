@@ -17,17 +17,17 @@ import numpy as np
 import pandas as pd
 
 from sitelens.baselines import IA3, ICL, SITE, LoRA, ZeroShot
-from sitelens.errors import SitelensError
-from sitelens.eval.labels import label_set
 from sitelens.io import atomic_write_csv
 from sitelens.models import token_ids
 from sitelens.pipelines.bench import (
     COLUMNS,
     LABEL_METRICS,
+    BenchConfig,
+    BenchJob,
     cell_key,
     cell_settings,
     read_results,
-    score_fitted,
+    run_cell,
 )
 from sitelens.pipelines.bench_summary import complete_tasks, gaps_to_reference
 from sitelens.pipelines.executors import cached_model
@@ -42,7 +42,6 @@ SEED = 0
 BATCH_SIZE = 16
 METHODS = ["zero-shot", "icl", "site", "lora", "ia3"]
 SHOTS_CHECK_ITEMS = 50  # the shot check covers the first 50 test items (a superset of the limit's)
-NOT_COMPUTED = "dntp: not computed (benchmarks/site_benchmarks.py)"
 
 
 @dataclass(frozen=True)
@@ -104,25 +103,11 @@ class SiteBenchmarks(Experiment):
                               dict(settings=s, bench=bench.name, method=method))
 
     def run(self, job: Job) -> dict:
-        model, method, bench = self.model(), job["method"], BENCHMARKS[job["bench"]]
-        task = load_task(str(self.args.data_root / job["settings"]["task"]))
-        items = task.test[: bench.limit]
-        row = dict(job["settings"], key=job.key, n=len(items))
-        t0 = time.perf_counter()
-        try:
-            fitted = method.fit(model, task, seed=SEED)
-            fit_s = time.perf_counter() - t0
-            res = score_fitted(model, task, items, fitted, reference=None, batch_size=BATCH_SIZE,
-                               labels=label_set(task))
-            row.update({k: res[k] for k in ("first_token_acc", "exact_match", "dntp", "seconds_per_item",
-                                            *LABEL_METRICS)})
-            row.update(trainable_params=fitted.n_params, fit_seconds=fit_s, error=NOT_COMPUTED)
-        except SitelensError as e:
-            nan = float("nan")
-            row.update(first_token_acc=nan, exact_match=nan, dntp=nan, trainable_params=nan,
-                       fit_seconds=time.perf_counter() - t0, seconds_per_item=nan,
-                       error=f"{type(e).__name__}: {e}", **dict.fromkeys(LABEL_METRICS, nan))
-        print(f"{time.strftime('%H:%M:%S')} {row['task']} {method.name}: EM {row['exact_match']:.3f} "
+        b, s = BENCHMARKS[job["bench"]], job["settings"]
+        cfg = BenchConfig(limit=b.limit, seed=SEED, n_shots=b.shots, batch_size=BATCH_SIZE, dntp=False)
+        task = load_task(str(self.args.data_root / s["task"]))
+        row = run_cell(BenchJob(self.args.models[0], N_CTX, task, job["method"], s, job.key, cfg))
+        print(f"{time.strftime('%H:%M:%S')} {row['task']} {job['method'].name}: EM {row['exact_match']:.3f} "
               f"label {row['label_acc_full']:.3f} fit {row['fit_seconds']:.1f}s", flush=True)
         return row
 

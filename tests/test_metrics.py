@@ -166,6 +166,17 @@ def test_bench_writes_tidy_rows_and_resumes_without_refitting(model, tasks, tmp_
     assert "Pearson" in md
 
 
+def test_bench_without_dntp_runs_no_reference_and_keeps_the_keys(model, tasks, tmp_path, monkeypatch):
+    refs = []
+    monkeypatch.setattr(bench, "reference_logits", lambda *a, **k: refs.append(1))
+    df = bench.run_bench([model], tasks[:1], ["zero-shot"], tmp_path / "a.csv", limit=2, n_shots=2,
+                         dntp=False)
+    assert refs == [] and df["dntp"].isna().all() and df["error"].str.startswith("dntp: not computed").all()
+    monkeypatch.undo()
+    with_dntp = bench.run_bench([model], tasks[:1], ["zero-shot"], tmp_path / "b.csv", limit=2, n_shots=2)
+    assert list(df["key"]) == list(with_dntp["key"]) and (with_dntp["dntp"] > 0).all()
+
+
 def test_bench_keeps_finished_cells_when_a_run_dies(model, tasks, tmp_path):
     out = tmp_path / "bench.csv"
     zs = CountingZeroShot()
