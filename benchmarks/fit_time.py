@@ -20,13 +20,13 @@ from sitelens.pipelines.experiment import Experiment, Job, main, md_table, write
 from sitelens.site import training
 
 # The reference-schedule sample of site_fv.py plus four tasks with longer prompts.
-SAMPLE = (
-    "antonym", "country-capital", "english-french", "present-past", "singular-plural",
-    "capitalize_first_letter", "choose_first_of_3", "person-occupation",
-    "choose_middle_of_5", "color_v_animal_5", "synonym", "sentiment",
-)
+SAMPLE = ("antonym", "country-capital", "english-french", "present-past", "singular-plural",
+          "capitalize_first_letter", "choose_first_of_3", "person-occupation", "choose_middle_of_5",
+          "color_v_animal_5", "synonym", "sentiment")
 FIELDS = ["model", "task", "threads", "load_avg_1min", "stage1_seconds", "stage2_seconds",
           "fit_seconds", "wall_seconds"]
+
+
 class FitTime(Experiment):
     name = "fit_time"
     columns = FIELDS

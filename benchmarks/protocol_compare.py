@@ -18,11 +18,8 @@ from sitelens.pipelines.experiment import Experiment, Job, main, md_table, pct
 # the 8-task sample of site_fv.py's reference-schedule rows, plus the two FV tasks where the
 # official formatting and scoring touch many targets: word_length (every answer is all digits)
 # and country-currency (28 of its 42 test targets carry a parenthesis)
-TASKS = (
-    "antonym", "word_length", "country-currency", "country-capital", "english-french",
-    "present-past", "singular-plural", "capitalize_first_letter", "person-occupation",
-    "choose_first_of_3",
-)
+TASKS = ("antonym", "word_length", "country-currency", "country-capital", "english-french", "present-past",
+         "singular-plural", "capitalize_first_letter", "person-occupation", "choose_first_of_3")
 PROTOCOLS = ("default", "official")
 FIELDS = [
     "model", "task", "fit_protocol", "eval_protocol", "method", "first_token_acc", "exact_match",
@@ -51,9 +48,6 @@ class ProtocolCompare(Experiment):
     tasks = TASKS
     limit = 50
 
-    def add_arguments(self, p) -> None:
-        p.add_argument("--seed", type=int, default=0)
-
     def done_keys(self) -> set[str]:
         df = self.read()
         return {f"{t}/{p}" for t, p in zip(df.task, df.fit_protocol)}
@@ -70,8 +64,8 @@ class ProtocolCompare(Experiment):
         counts = {"n_digit_targets": sum(ex.output.isdigit() for ex in test),
                   "n_paren_targets": sum("(" in ex.output for ex in test)}
         t0 = time.perf_counter()
-        adapter = fit_site(model, task, config=(FitConfig.official if proto == "official" else FitConfig)(
-            seed=args.seed))
+        config = FitConfig.official(seed=0) if proto == "official" else FitConfig(seed=0)
+        adapter = fit_site(model, task, config=config)
         m = adapter.meta
         fit_info = {"stage1_seconds": round(m["stage1_seconds"], 2),
                     "stage2_seconds": round(m["stage2_seconds"], 2), "kept_step": m["best_step"],
@@ -79,7 +73,7 @@ class ProtocolCompare(Experiment):
         other = "official" if proto == "default" else "default"
         rows = []
         for eval_proto, methods in ((proto, ["zero-shot", "icl", "site"]), (other, ["site"])):
-            df = evaluate(model, task, methods=methods, adapter=adapter, limit=args.limit, seed=args.seed,
+            df = evaluate(model, task, methods=methods, adapter=adapter, limit=args.limit, seed=0,
                           protocol=eval_proto)
             rows += [{"model": args.models[0], "task": name, "fit_protocol": proto,
                       "eval_protocol": eval_proto, "method": r.method,

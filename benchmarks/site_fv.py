@@ -19,14 +19,10 @@ from sitelens.pipelines.executors import cached_model
 from sitelens.pipelines.experiment import Experiment, Job, PeakRSS, main, md_table, pct, write_report
 
 # Tasks where the reference schedule (400 steps of batch 1) is also run.
-REFERENCE_SAMPLE = [
-    "antonym", "country-capital", "english-french", "present-past", "singular-plural",
-    "capitalize_first_letter", "choose_first_of_3", "person-occupation",
-]
-FIELDS = [
-    "model", "task", "method", "first_token_acc", "exact_match", "n", "seconds_per_item",
-    "stage1_seconds", "stage2_seconds", "fit_peak_rss_mb", "best_step",
-]
+REFERENCE_SAMPLE = ["antonym", "country-capital", "english-french", "present-past", "singular-plural",
+                    "capitalize_first_letter", "choose_first_of_3", "person-occupation"]
+FIELDS = ["model", "task", "method", "first_token_acc", "exact_match", "n", "seconds_per_item",
+          "stage1_seconds", "stage2_seconds", "fit_peak_rss_mb", "best_step"]
 MAIN = ("zero-shot", "icl", "site")
 COMMAND = "python benchmarks/site_fv.py --models MODEL --limit 50 --no-reference --threads 1 [--abstractive]"
 
