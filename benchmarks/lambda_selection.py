@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import replace
+from functools import cached_property
 from pathlib import Path
 
 import pandas as pd
@@ -45,27 +46,25 @@ class LambdaSelection(Experiment):
         p.add_argument("--extra-ks", default="13", help="ks added to the figures' ks (comma-separated)")
         p.add_argument("--tiny", action="store_true", help="tiny random model and sizes (not a benchmark)")
 
+    @cached_property
     def setup(self):
         """(model, task, figure config, ks, settings), made once."""
-        if "_setup" not in self.__dict__:
-            cfg = FigureConfig()
-            if self.args.tiny:
-                model = tiny_model(n_layers=2, n_heads=4, d_head=8)
-                cfg = replace(cfg, n_examples=16, n_prompts=2, n_shots=2, n_boot=50, limit=5)
-            else:
-                model = load_model(self.args.models[0])
-            task = load_task(self.args.tasks[0], seed=cfg.seed)
-            n_total = model.cfg.n_layers * model.cfg.n_heads
-            extra = [int(k) for k in self.args.extra_ks.split(",") if k.strip()]
-            ks = sorted(set(intra_ks(n_total, cfg)) | {k for k in extra if 1 <= k <= n_total})
-            s = {"model": model_name(model), "fingerprint": fingerprint(model), "task": task.name,
-                 "task_hash": task_hash(task), "split": "test", "limit": cfg.limit,
-                 "n_examples": cfg.n_examples, "n_prompts": cfg.n_prompts, "n_shots": cfg.n_shots,
-                 "lr": cfg.lr, "batch_size": cfg.batch_size, "seed": cfg.seed,
-                 "n_random_seeds": cfg.n_random_seeds, "n_boot": cfg.n_boot,
-                 "ks": " ".join(map(str, ks)), "numerics_version": NUMERICS_VERSION}
-            self._setup = model, task, cfg, ks, dict(s, settings_hash=settings_hash(s))
-        return self._setup
+        cfg = FigureConfig()
+        if self.args.tiny:
+            model = tiny_model(n_layers=2, n_heads=4, d_head=8)
+            cfg = replace(cfg, n_examples=16, n_prompts=2, n_shots=2, n_boot=50, limit=5)
+        else:
+            model = load_model(self.args.models[0])
+        task = load_task(self.args.tasks[0], seed=cfg.seed)
+        n_total = model.cfg.n_layers * model.cfg.n_heads
+        extra = [int(k) for k in self.args.extra_ks.split(",") if k.strip()]
+        ks = sorted(set(intra_ks(n_total, cfg)) | {k for k in extra if 1 <= k <= n_total})
+        s = {"model": model_name(model), "fingerprint": fingerprint(model), "task": task.name,
+             "task_hash": task_hash(task), "split": "test", "ks": " ".join(map(str, ks)),
+             "numerics_version": NUMERICS_VERSION, **{f: getattr(cfg, f) for f in (
+                 "limit", "n_examples", "n_prompts", "n_shots", "lr", "batch_size", "seed", "n_random_seeds",
+                 "n_boot")}}
+        return model, task, cfg, ks, dict(s, settings_hash=settings_hash(s))
 
     def done_keys(self) -> set[str]:
         df = self.read()
@@ -76,12 +75,12 @@ class LambdaSelection(Experiment):
         return self.store().read(dtype={"fingerprint": str, "task_hash": str, "settings_hash": str})
 
     def cells(self, args):
-        h = self.setup()[-1]["settings_hash"]
+        h = self.setup[-1]["settings_hash"]
         return [Job(f"{h}/{lam}", f"λ={lam:g}", {"lam": lam})
                 for lam in (float(x) for x in args.lambdas.split(",") if x.strip())]
 
     def run(self, job: Job) -> list[dict]:
-        model, task, cfg, ks, settings = self.setup()
+        model, task, cfg, ks, settings = self.setup
         if "_emb" not in self.__dict__:  # stage 1, shared across λ (as in sitelens.pipelines.figures)
             self._emb = task_embedding(model, task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots,
                                        seed=cfg.seed)  # [n_layers, n_heads, d_head]
