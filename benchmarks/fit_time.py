@@ -63,25 +63,20 @@ class FitTime(Experiment):
         return row
 
     def write_report(self) -> str:
+        mine = sorted(self.out.glob("fit_time_*.csv"))
+        runs = [(p, pd.read_csv(p)) for p in mine + sorted((self.out / "fit_time_runs").glob("*.csv"))]
         body = ["Each model by `python benchmarks/fit_time.py --models MODEL --threads 2` with no other job "
-                "running (the load average before each fit is in the CSV); default configuration; target: "
-                "median ≤ 30 s on SmolLM2 (docs/benchmarks.md).", ""]
-        for path in sorted(self.out.glob("fit_time_*.csv")):
-            df = pd.read_csv(path)
-            body += [f"## {df.model.iloc[0]} ({len(df)} tasks)", "",
-                     f"- stage 1 + stage 2: median {df.fit_seconds.median():.1f} s, min "
-                     f"{df.fit_seconds.min():.1f} s, max {df.fit_seconds.max():.1f} s (stage 1 median "
-                     f"{df.stage1_seconds.median():.1f} s, "
-                     f"stage 2 median {df.stage2_seconds.median():.1f} s).", "",
-                     md_table(df[["task", "threads", "load_avg_1min", "stage1_seconds", "stage2_seconds",
-                                  "fit_seconds"]].round(2)), ""]
-        runs = [(p.stem, pd.read_csv(p)) for p in sorted((self.out / "fit_time_runs").glob("*.csv"))]
-        if runs:
-            body += ["## Other runs of the same command (`fit_time_runs/`)", "", md_table(pd.DataFrame([
-                {"run": name, "tasks": len(df), "median fit s": f"{df.fit_seconds.median():.1f}",
-                 "min": f"{df.fit_seconds.min():.1f}", "max": f"{df.fit_seconds.max():.1f}",
-                 "load avg range": f"{df.load_avg_1min.min():.2f}–{df.load_avg_1min.max():.2f}"}
-                for name, df in runs])), ""]
+                "running; default configuration; target: median ≤ 30 s on SmolLM2; `fit_time_runs/`: other "
+                "runs of the same command (docs/benchmarks.md).", "", md_table(pd.DataFrame([{
+                    "run": p.relative_to(self.out).with_suffix(""), "tasks": len(df),
+                    **{f"{c} s {f}": f"{getattr(df[col], f)():.1f}" for c, col in (
+                        ("fit", "fit_seconds"), ("stage 1", "stage1_seconds"), ("stage 2", "stage2_seconds"))
+                       for f in ("median", "min", "max")},
+                    "load avg range": f"{df.load_avg_1min.min():.2f}–{df.load_avg_1min.max():.2f}"}
+                    for p, df in runs])), ""]
+        cols = ["task", "threads", "load_avg_1min", "stage1_seconds", "stage2_seconds", "fit_seconds"]
+        for _, df in runs[:len(mine)]:
+            body += [f"## {df.model.iloc[0]} ({len(df)} tasks)", "", md_table(df[cols].round(2)), ""]
         title = "SITE fit time on a quiet machine"
         return write_report(self.out / "fit_time.md", title, self.command, "\n".join(body))
 
