@@ -210,7 +210,7 @@ def report(args, df: pd.DataFrame, items: pd.DataFrame) -> str:
     seeds, ltv = ", ".join(map(str, sorted(set(ok.seed)))), ", ".join(f"`{v}`" for v in ltv) or "–"
     lines = [f"`regression_task(kind, dim={args.dim}, seed)`, seeds {seeds}; the first {args.limit} test "
              f"items per task; {args.n_shots}-shot ICL; LTV version {ltv}; "
-             "tasks, methods and columns: docs/benchmarks.md.", ""]
+             "tasks, methods and columns: docs/benchmarks.md; each task's MSE: `regression.csv`.", ""]
     for kind in [k for k in ("linear", "relu") if k in set(ok.kind)]:
         rows = []
         for model in ["-", *models]:
@@ -227,9 +227,6 @@ def report(args, df: pd.DataFrame, items: pd.DataFrame) -> str:
                     "first-token acc": "–" if ref else f"{g.first_token_acc.astype(float).mean():.2f}",
                     "fit s": "–" if ref else f"{g.fit_seconds.astype(float).mean():.0f}"})
         lines += [f"## {kind} regression (dim {args.dim})", "", md_table(pd.DataFrame(rows)), ""]
-    per = ok.pivot_table(index=["model", "task"], columns="method", values="mse")
-    per = per[[m for m in (*REFERENCES, *METHODS) if m in per.columns]].reset_index()
-    lines += ["## MSE per task", "", md_table(per.round(3).fillna("–")), ""]
     failed = df[df["error"].fillna("") != ""]
     if len(failed):
         lines += [f"{len(failed)} cell(s) failed: " + "; ".join(
