@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from sitelens.pipelines.bench import dntp_accuracy_correlation, dntp_accuracy_figure, read_results
-from sitelens.pipelines.bench_summary import complete_tasks, summary_markdown
+from sitelens.pipelines.bench import dntp_accuracy_figure, read_results
+from sitelens.pipelines.bench_summary import complete_tasks, correlation_rows, summary_markdown
 from sitelens.pipelines.experiment import Experiment, main, md_table, write_report
 from sitelens.viz.export import write_figure_html
 
@@ -54,20 +54,15 @@ def notes(full: pd.DataFrame) -> list[str]:
     median fit seconds and seconds per item of each method."""
     piv = full.pivot_table(index="task", columns="method", values="exact_match")
     piv = piv[[m for m in ORDER if m in piv.columns]].map(lambda v: "" if pd.isna(v) else f"{100 * v:.0f}")
-    corr = ["| methods | cells | Pearson r | Spearman ρ (pooled) | Spearman ρ within a task (mean) |",
-            "|---|---:|---:|---:|---:|"]
-    for label, exclude in (("all but ICL", ("icl",)),
-                           ("ICL-derived and zero-shot (no LoRA, (IA)3)", ("icl", *PEFT))):
-        c = next(iter(dntp_accuracy_correlation(full, exclude=exclude).values()), None)
-        if c:
-            corr.append(f"| {label} | {c['n_cells']} | {c['pearson']:.2f} | {c['spearman']:.2f} "
-                        f"| {c['within_task_spearman']:.2f} ({c['n_tasks_within']} tasks) |")
+    corr = correlation_rows(full, {"all but ICL": ("icl",),
+                                   "ICL-derived and zero-shot (no LoRA, (IA)3)": ("icl", *PEFT)})
+    corr = corr.drop(columns=["model", "accuracy"])
     t = full.groupby("method")[["fit_seconds", "seconds_per_item"]].median()
     t = t.sort_values("fit_seconds", ascending=False).reset_index()
     t = pd.DataFrame({"method": t.method, "median fit s": t.fit_seconds.round().astype(int),
                       "median s / item": t.seconds_per_item.round(3)})
     return ["### Exact match per task (%)", "", md_table(piv.reset_index()), "",
-            "### dNTP and exact match", "", *corr, "", "### Where the time goes", "",
+            "### dNTP and exact match", "", md_table(corr), "", "### Where the time goes", "",
             "Median over tasks; what each fit runs: docs/benchmarks.md.", "",
             md_table(t), ""]
 

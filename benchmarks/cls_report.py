@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from sitelens.pipelines.bench import dntp_accuracy_correlation, read_results, summary_markdown
-from sitelens.pipelines.bench_summary import complete_tasks
+from sitelens.pipelines.bench import read_results, summary_markdown
+from sitelens.pipelines.bench_summary import complete_tasks, correlation_rows
 from sitelens.pipelines.experiment import Experiment, main, md_table, pct, write_report
 
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
@@ -55,18 +55,12 @@ def section(full: pd.DataFrame) -> list[str]:
     cols = [c for c in ORDER if c in piv.columns]
     per_task = pd.DataFrame([{"task": t, "chance": pct(chance[t]), **{c: pct(piv.loc[t, c]) for c in cols}}
                              for t in piv.index])
-    corr = []
-    for acc in ("label_acc_full", "exact_match"):
-        for label, exclude in (("all but ICL", ("icl",)), ("task vectors only", ("icl", "zero-shot"))):
-            for c in dntp_accuracy_correlation(full, accuracy=acc, exclude=exclude).values():
-                corr.append({"accuracy": acc, "methods": label, "cells": c["n_cells"], "Pearson r":
-                             f"{c['pearson']:.2f}", "Spearman ρ (pooled)": f"{c['spearman']:.2f}",
-                             "Spearman ρ within a task (mean)":
-                                 f"{c['within_task_spearman']:.2f} ({c['n_tasks_within']} tasks)"})
+    corr = correlation_rows(full, {"all but ICL": ("icl",), "task vectors only": ("icl", "zero-shot")},
+                            ("label_acc_full", "exact_match")).drop(columns="model")
     return ["Task-vector methods ordered by label accuracy:", "", md_table(rank), "",
             summary_markdown(full).strip().split("\n", 2)[2], "", "Label accuracy per task:", "",
             md_table(per_task), "", "dNTP vs accuracy across (task, method) cells:", "",
-            md_table(pd.DataFrame(corr)), ""]
+            md_table(corr), ""]
 
 
 class ClsReport(Experiment):

@@ -250,6 +250,11 @@ def test_dntp_accuracy_correlation_pooled_and_within_task():
     assert c["n_cells"] == 6 and c["n_tasks_within"] == 2
     assert c["within_task_spearman"] == pytest.approx(-1.0)  # a float64 rank correlation, ±1 exactly
     assert c["spearman"] > 0  # pooled: the easy task's cells have both higher dNTP and accuracy
+    from sitelens.pipelines.bench_summary import correlation_rows
+
+    t = correlation_rows(pd.DataFrame(rows), {"all but ICL": ("icl",)}).iloc[0]
+    assert (t["model"], t["methods"], t["cells"]) == ("x", "all but ICL", 6)
+    assert t["Spearman ρ within a task (mean)"] == "-1.00 (2 tasks)"
 
 
 def test_cli_bench_takes_tasks_space_or_comma_separated(tmp_path, capsys):

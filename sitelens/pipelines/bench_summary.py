@@ -1,6 +1,7 @@
 """Summaries of a bench results table (:func:`sitelens.pipelines.bench.read_results`): per (model,
 method) means over tasks with bootstrap intervals, the dNTP–accuracy correlation across cells, the
-markdown report of each model and the dNTP–accuracy scatter; the tasks where every method finished
+markdown report of each model, its correlations as a table (:func:`correlation_rows`) and the
+dNTP–accuracy scatter; the tasks where every method finished
 (:func:`complete_tasks`) and each method's gap to a reference method on them
 (:func:`gaps_to_reference`).
 """
@@ -110,6 +111,23 @@ def dntp_accuracy_correlation(
     return out
 
 
+def correlation_rows(df: pd.DataFrame, methods: dict[str, Sequence[str]],
+                     accuracies: Sequence[str] = ("exact_match",)) -> pd.DataFrame:
+    """:func:`dntp_accuracy_correlation` as a display table: a row per model, accuracy column and
+    labelled set of excluded methods (``methods``: label -> methods left out), with ``cells``, the
+    pooled Pearson r and Spearman ρ and the mean within-task Spearman ρ (and its task count)."""
+    rows = []
+    for acc in accuracies:
+        for label, exclude in methods.items():
+            for model, c in dntp_accuracy_correlation(df, accuracy=acc, exclude=exclude).items():
+                rows.append({"model": model, "accuracy": acc, "methods": label, "cells": c["n_cells"],
+                             "Pearson r": f"{c['pearson']:.2f}",
+                             "Spearman ρ (pooled)": f"{c['spearman']:.2f}",
+                             "Spearman ρ within a task (mean)":
+                                 f"{c['within_task_spearman']:.2f} ({c['n_tasks_within']} tasks)"})
+    return pd.DataFrame(rows)
+
+
 def summary_markdown(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> str:
     """One markdown section per model: a row per method (means over tasks), the label-ranking
     table where some tasks have a closed label set (with the chance level), and the dNTP–accuracy
@@ -178,6 +196,6 @@ def dntp_accuracy_figure(df: pd.DataFrame, *, accuracy: str = "exact_match"):
 
 
 __all__ = [
-    "complete_tasks", "dntp_accuracy_correlation", "dntp_accuracy_figure", "gaps_to_reference",
-    "summary_markdown", "summary_table",
+    "complete_tasks", "correlation_rows", "dntp_accuracy_correlation", "dntp_accuracy_figure",
+    "gaps_to_reference", "summary_markdown", "summary_table",
 ]
