@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,23 +43,19 @@ METHODS = ["zero-shot", "icl", "site", "lora", "ia3"]
 SHOTS_CHECK_ITEMS = 50  # the shot check covers the first 50 test items (a superset of the limit's)
 
 
-@dataclass(frozen=True)
-class Benchmark:
-    name: str
-    shots: int  # k for ICL and SITE's stage-1 prompts (from --shots)
-    limit: int = 30  # test items per task
-
-    def all_tasks(self, root: Path) -> list[str]:
-        return sorted(p.name for p in (root / self.name).iterdir() if (p / "train.json").exists())
-
-    def order(self, root: Path) -> list[str]:
-        """All tasks in a fixed seeded order: a sample of n is its first n."""
-        names = self.all_tasks(root)
-        random.Random(SEED).shuffle(names)
-        return names
+SHOTS = {"anli": 10, "mmlu_pro": 2, "bbh": 5}  # k for ICL and SITE's stage-1 prompts (from --shots)
+LIMIT = 30  # test items per task
 
 
-BENCHMARKS = {b.name: b for b in (Benchmark("anli", 10), Benchmark("mmlu_pro", 2), Benchmark("bbh", 5))}
+def all_tasks(root: Path, bench: str) -> list[str]:
+    return sorted(p.name for p in (root / bench).iterdir() if (p / "train.json").exists())
+
+
+def order(root: Path, bench: str) -> list[str]:
+    """All tasks of ``bench`` in a fixed seeded order: a sample of n is its first n."""
+    names = all_tasks(root, bench)
+    random.Random(SEED).shuffle(names)
+    return names
 
 
 def methods_for(k: int) -> list:
@@ -77,7 +72,7 @@ class SiteBenchmarks(Experiment):
         p.add_argument("--rounds", type=int, default=10**6, help="stop after N tasks per benchmark")
         p.add_argument("--shots", action="store_true", help="measure the prompt lengths per k (no cells)")
         p.add_argument("--start", type=lambda s: {b: int(k) for b, k in (x.split("=") for x in s.split(","))},
-                       default=dict.fromkeys(BENCHMARKS, MAX_SHOTS),
+                       default=dict.fromkeys(SHOTS, MAX_SHOTS),
                        help="the k to start the descending shot search at, per benchmark (anli=10,bbh=6)")
 
     def model(self):
@@ -88,23 +83,23 @@ class SiteBenchmarks(Experiment):
         results cover every benchmark."""
         if args.shots:  # a measurement of its own, no cells
             return None if args.dry_run else measure_shots(self.model(), args)
-        benches = list(BENCHMARKS.values())
-        orders = [b.order(args.data_root) for b in benches]
+        benches = list(SHOTS)
+        orders = [order(args.data_root, b) for b in benches]
         for i in range(min(args.rounds, max(map(len, orders)))):
             for bench, names in zip(benches, orders):
                 if i >= len(names):
                     continue
-                task = load_task(str(args.data_root / bench.name / names[i]))
-                for method in methods_for(bench.shots):
-                    s = cell_settings(self.model(), task, method, seed=SEED, n_shots=bench.shots,
-                                      limit=bench.limit, batch_size=BATCH_SIZE, template=DEFAULT_TEMPLATE)
-                    s["task"] = f"{bench.name}/{names[i]}"
+                task = load_task(str(args.data_root / bench / names[i]))
+                for method in methods_for(SHOTS[bench]):
+                    s = cell_settings(self.model(), task, method, seed=SEED, n_shots=SHOTS[bench],
+                                      limit=LIMIT, batch_size=BATCH_SIZE, template=DEFAULT_TEMPLATE)
+                    s["task"] = f"{bench}/{names[i]}"
                     yield Job(cell_key(s), f"{s['task']} {method.name}",
-                              dict(settings=s, bench=bench.name, method=method))
+                              dict(settings=s, bench=bench, method=method))
 
     def run(self, job: Job) -> dict:
-        b, s = BENCHMARKS[job["bench"]], job["settings"]
-        cfg = BenchConfig(limit=b.limit, seed=SEED, n_shots=b.shots, batch_size=BATCH_SIZE, dntp=False)
+        s, k = job["settings"], SHOTS[job["bench"]]
+        cfg = BenchConfig(limit=LIMIT, seed=SEED, n_shots=k, batch_size=BATCH_SIZE, dntp=False)
         task = load_task(str(self.args.data_root / s["task"]))
         row = run_cell(BenchJob(self.args.models[0], N_CTX, task, job["method"], s, job.key, cfg))
         print(f"{time.strftime('%H:%M:%S')} {row['task']} {job['method'].name}: EM {row['exact_match']:.3f} "
@@ -129,12 +124,12 @@ def measure_shots(model, args) -> list:
         return [len(token_ids(model, p)) for p in prompts + embedding_prompts(task, 50, k, seed=SEED)]
 
     rows = []
-    for bench in [b for b in BENCHMARKS.values() if b.name in args.start]:
-        tasks = {t: load_task(str(args.data_root / bench.name / t)) for t in bench.all_tasks(args.data_root)}
-        for k in range(args.start[bench.name], 0, -1):
+    for bench in [b for b in SHOTS if b in args.start]:
+        tasks = {t: load_task(str(args.data_root / bench / t)) for t in all_tasks(args.data_root, bench)}
+        for k in range(args.start[bench], 0, -1):
             n = {t: lengths(task, k) for t, task in tasks.items()}
             longest = max(n, key=lambda t: max(n[t]))
-            rows.append({"model": args.models[0], "benchmark": bench.name, "k": k,
+            rows.append({"model": args.models[0], "benchmark": bench, "k": k,
                          "max_tokens": max(n[longest]), "longest_task": longest,
                          "median_tokens": int(np.median(np.concatenate(list(n.values())))),
                          "fits": max(n[longest]) + GEN_ROOM <= N_CTX})
@@ -195,11 +190,11 @@ def markdown(table: pd.DataFrame, df: pd.DataFrame, root: Path) -> str:
              "over the tasks where all five methods finished; gap = method − ICL in points; chance, label "
              "acc and the machine states behind the seconds: docs/benchmarks.md.", "", md_table(t), "",
              "## Tasks and caps", ""]
-    for b in BENCHMARKS.values():
-        lines.append(f"- **{b.name}** ({len(b.all_tasks(root))} tasks): k = {b.shots}, the first {b.limit} "
-                     f"test items per task, tasks in the seeded order {', '.join(b.order(root))}.")
+    for b, k in SHOTS.items():
+        lines.append(f"- **{b}** ({len(all_tasks(root, b))} tasks): k = {k}, the first {LIMIT} test items "
+                     f"per task, tasks in the seeded order {', '.join(order(root, b))}.")
         for model in MODELS:
-            sub = df[(df["model"] == model) & (df["benchmark"] == b.name)]
+            sub = df[(df["model"] == model) & (df["benchmark"] == b)]
             done = sorted(set(complete_tasks(sub, METHODS)["task"].str.split("/").str[1]))
             lines.append(f"  - {model}: {len(done)} task(s) with all five methods: "
                          + (", ".join(done) if done else "none yet") + ".")
