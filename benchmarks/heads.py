@@ -104,12 +104,10 @@ class Heads(Experiment):
         model, task = cached_model(job["name"]), load_task(job["task"])
         att, abl = self.configs()
         t0 = time.perf_counter()
-        runs = {"default": L.alpha_over_seeds(model, task, range(args.seeds), self.fit_config(),
-                                            n_prompts=att.n_mean_prompts, n_shots=att.n_shots, k=k)}
-        if self.official_seeds(task):
-            runs["official"] = L.alpha_over_seeds(model, task, range(self.official_seeds(task)),
-                                                self.fit_config(official=True), n_prompts=att.n_mean_prompts,
-                                                n_shots=att.n_shots, k=k, lens="alpha-official")
+        runs = {sched: L.alpha_over_seeds(model, task, range(n), self.fit_config(sched == "official"),
+                                          n_prompts=att.n_mean_prompts, n_shots=att.n_shots, k=k, lens=lens)
+                for sched, n, lens in (("default", args.seeds, "alpha"),
+                                       ("official", self.official_seeds(task), "alpha-official")) if n}
         ad0 = runs["default"].adapters[0]
         emb = ad0.embedding
         scores = L.HeadScores.concat([r.scores for r in runs.values()] + [
