@@ -59,7 +59,6 @@ class FitTime(Experiment):
                "load_avg_1min": round(load, 2), "stage1_seconds": round(s1, 2),
                "stage2_seconds": round(s2, 2), "fit_seconds": round(s1 + s2, 2),
                "wall_seconds": round(wall, 2)}
-        print(row, flush=True)
         return row
 
     def write_report(self) -> str:

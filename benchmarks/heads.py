@@ -42,8 +42,6 @@ MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 COMMAND = "python benchmarks/heads.py --report"  # the tables and figures from the committed units
 ORDER = ("effect", "atp", "atp-star", "alpha-grad", "alpha", "alpha-official", "ablation-mean",
          "ablation-zero", "dla")
-LENS_TOPK = ("alpha", "alpha-official", "alpha-grad", "atp", "atp-star", "effect",
-             "ablation-mean", "ablation-zero", "dla")
 
 
 class Heads(Experiment):
@@ -116,7 +114,6 @@ class Heads(Experiment):
             L.exact_effects(model, task, emb, att), L.head_ablation(model, task, abl, reference="mean"),
             L.head_ablation(model, task, abl, reference="zero"),
             L.direct_logit_attribution(model, task, ad0, limit=8 if args.tiny else 64, n_boot=att.n_boot)])
-        print(f"  {task.name}: lenses {time.perf_counter() - t0:.0f} s", flush=True)
         stab = pd.concat([r.stability.assign(schedule=s) for s, r in runs.items()], ignore_index=True)
         intra = []
         for sched, run in runs.items():
@@ -124,7 +121,7 @@ class Heads(Experiment):
                 df = intra_task(model, task, ad, ks=[k], n_random_seeds=3, limit=args.limit, reverse=False,
                                 seed=0)
                 intra.append(df.assign(kind="alpha_fit", schedule=sched, fit_seed=seed, lens="alpha"))
-        for lens in [x for x in LENS_TOPK if x in scores.lenses]:
+        for lens in [x for x in ORDER if x in scores.lenses]:
             m = torch.nan_to_num(scores.map(lens), nan=float("-inf"))  # [n_layers, n_heads]
             df = intra_task(model, task, SiteAdapter(alpha=m, embedding=emb, meta=ad0.meta), ks=[k],
                             n_random_seeds=0, limit=args.limit, reverse=False, references=False, seed=0)
@@ -146,7 +143,6 @@ class Heads(Experiment):
         if path.exists():  # stale settings: keep the old unit beside, never overwrite it
             path.rename(path.with_name(f"{path.name}.stale-{int(time.time())}"))
         atomic_write_dir(path, fill)
-        print(f"  {task.name}: {seconds:.0f} s", flush=True)
         return []
 
     def write_report(self) -> str | None:

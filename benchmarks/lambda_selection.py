@@ -8,7 +8,6 @@ for a sweep of λ, each fitted and scored as ``sitelens figures`` does (``Figure
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
@@ -98,10 +97,6 @@ class LambdaSelection(Experiment):
                  "alpha_mean": round(float(alpha.mean()), 5), "alpha_gt_half": int((alpha > 0.5).sum()),
                  "threads": torch.get_num_threads(), "torch": torch.__version__,
                  "load_avg_1min": round(load, 2)}
-        acc = df.groupby(["selection", "k"]).accuracy.mean()
-        tops = " ".join(f"top-{k} {acc[('top', k)]:.2f}" for k in (10, 13, 14) if k in ks)
-        print(f"λ={lam:g}: {tops} (stage 2 {ad.meta['stage2_seconds']:.0f}s, {time.strftime('%H:%M:%S')})",
-              flush=True)
         return [{**r, "random_seed": "" if pd.isna(r["seed"]) else int(r["seed"]), **extra}
                 for r in df.to_dict("records")]
 

@@ -6,8 +6,6 @@ under each, zero-shot, ICL and SITE scored under it, the adapter also under the 
 
 from __future__ import annotations
 
-import time
-
 import pandas as pd
 
 from sitelens import FitConfig, fit_site, load_task, summarize
@@ -21,11 +19,9 @@ from sitelens.pipelines.experiment import Experiment, Job, main, md_table, pct
 TASKS = ("antonym", "word_length", "country-currency", "country-capital", "english-french", "present-past",
          "singular-plural", "capitalize_first_letter", "person-occupation", "choose_first_of_3")
 PROTOCOLS = ("default", "official")
-FIELDS = [
-    "model", "task", "fit_protocol", "eval_protocol", "method", "first_token_acc", "exact_match",
-    "n", "seconds_per_item", "stage1_seconds", "stage2_seconds", "kept_step", "final_valid_loss",
-    "n_digit_targets", "n_paren_targets",
-]
+FIELDS = ["model", "task", "fit_protocol", "eval_protocol", "method", "first_token_acc", "exact_match", "n",
+          "seconds_per_item", "stage1_seconds", "stage2_seconds", "kept_step", "final_valid_loss",
+          "n_digit_targets", "n_paren_targets"]
 
 
 def em_ft(p: pd.DataFrame) -> pd.DataFrame:
@@ -63,7 +59,6 @@ class ProtocolCompare(Experiment):
         test = task.test[: args.limit]
         counts = {"n_digit_targets": sum(ex.output.isdigit() for ex in test),
                   "n_paren_targets": sum("(" in ex.output for ex in test)}
-        t0 = time.perf_counter()
         config = FitConfig.official(seed=0) if proto == "official" else FitConfig(seed=0)
         adapter = fit_site(model, task, config=config)
         m = adapter.meta
@@ -81,8 +76,6 @@ class ProtocolCompare(Experiment):
                       "exact_match": round(r.exact_match, 4), "n": r.n,
                       "seconds_per_item": round(r.seconds_per_item, 4), **counts,
                       **(fit_info if r.method == "site" else {})} for r in summarize(df).itertuples()]
-        em = {(r["eval_protocol"], r["method"]): r["exact_match"] for r in rows}
-        print(f"{name} [{proto}]: {em}  ({time.perf_counter() - t0:.0f}s)", flush=True)
         return rows
 
     def report(self, df: pd.DataFrame) -> str:

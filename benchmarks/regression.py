@@ -175,8 +175,6 @@ class Regression(Experiment):
             shared = self.__dict__.setdefault("_shared", {}).setdefault((job["name"], task.name), {})
             row, irows = run_method_cell(self.model(job["name"]), task, make_method(args, base["method"]),
                                          items, base, shared)
-            print(f"{time.strftime('%H:%M:%S')} {base['model']} {task.name} {base['method']}: "
-                  f"mse {row.get('mse', float('nan')):.4g} {row.get('error', '')}", flush=True)
         if irows:
             self.store("regression_items", ITEM_COLUMNS, key=None).append(irows)
         return row

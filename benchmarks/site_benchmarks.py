@@ -9,7 +9,6 @@ MMLU-Pro and BIG-Bench Hard (``sitelens bench`` cells without the dNTP pass; doc
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 
 import numpy as np
@@ -58,10 +57,6 @@ def order(root: Path, bench: str) -> list[str]:
     return names
 
 
-def methods_for(k: int) -> list:
-    return [ZeroShot(), ICL(n_shots=k), SITE(n_shots=k), LoRA(), IA3()]
-
-
 class SiteBenchmarks(Experiment):
     name = "site_benchmarks"
     columns = COLUMNS
@@ -75,14 +70,11 @@ class SiteBenchmarks(Experiment):
                        default=dict.fromkeys(SHOTS, MAX_SHOTS),
                        help="the k to start the descending shot search at, per benchmark (anli=10,bbh=6)")
 
-    def model(self):
-        return cached_model(self.args.models[0], n_ctx=N_CTX)
-
     def cells(self, args):
         """Round-robin over the benchmarks (the i-th task of each, then the next), so partial
         results cover every benchmark."""
         if args.shots:  # a measurement of its own, no cells
-            return None if args.dry_run else measure_shots(self.model(), args)
+            return None if args.dry_run else measure_shots(cached_model(args.models[0], n_ctx=N_CTX), args)
         benches = list(SHOTS)
         orders = [order(args.data_root, b) for b in benches]
         for i in range(min(args.rounds, max(map(len, orders)))):
@@ -90,9 +82,10 @@ class SiteBenchmarks(Experiment):
                 if i >= len(names):
                     continue
                 task = load_task(str(args.data_root / bench / names[i]))
-                for method in methods_for(SHOTS[bench]):
-                    s = cell_settings(self.model(), task, method, seed=SEED, n_shots=SHOTS[bench],
-                                      limit=LIMIT, batch_size=BATCH_SIZE, template=DEFAULT_TEMPLATE)
+                k, model = SHOTS[bench], cached_model(args.models[0], n_ctx=N_CTX)
+                for method in (ZeroShot(), ICL(n_shots=k), SITE(n_shots=k), LoRA(), IA3()):
+                    s = cell_settings(model, task, method, seed=SEED, n_shots=k, limit=LIMIT,
+                                      batch_size=BATCH_SIZE, template=DEFAULT_TEMPLATE)
                     s["task"] = f"{bench}/{names[i]}"
                     yield Job(cell_key(s), f"{s['task']} {method.name}",
                               dict(settings=s, bench=bench, method=method))
@@ -101,10 +94,7 @@ class SiteBenchmarks(Experiment):
         s, k = job["settings"], SHOTS[job["bench"]]
         cfg = BenchConfig(limit=LIMIT, seed=SEED, n_shots=k, batch_size=BATCH_SIZE, dntp=False)
         task = load_task(str(self.args.data_root / s["task"]))
-        row = run_cell(BenchJob(self.args.models[0], N_CTX, task, job["method"], s, job.key, cfg))
-        print(f"{time.strftime('%H:%M:%S')} {row['task']} {job['method'].name}: EM {row['exact_match']:.3f} "
-              f"label {row['label_acc_full']:.3f} fit {row['fit_seconds']:.1f}s", flush=True)
-        return row
+        return run_cell(BenchJob(self.args.models[0], N_CTX, task, job["method"], s, job.key, cfg))
 
     def write_report(self) -> str:
         df = pd.concat([load_rows(self.out, m) for m in MODELS], ignore_index=True)
@@ -133,7 +123,6 @@ def measure_shots(model, args) -> list:
                          "max_tokens": max(n[longest]), "longest_task": longest,
                          "median_tokens": int(np.median(np.concatenate(list(n.values())))),
                          "fits": max(n[longest]) + GEN_ROOM <= N_CTX})
-            print(rows[-1], flush=True)
             if rows[-1]["fits"]:
                 break  # the largest k that fits
     path = args.out / "site_benchmarks_shots.csv"

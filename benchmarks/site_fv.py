@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pandas as pd
 
@@ -71,7 +70,6 @@ class SiteFV(Experiment):
         task = load_task(args.data_root / "fv" / name, dedupe=True)
         ref = job["part"] == "site-ref"
         config = FitConfig(seed=0, batch_size=1, n_examples=400, eval_every=50) if ref else FitConfig(seed=0)
-        t0 = time.perf_counter()
         with PeakRSS() as mem:
             adapter = fit_site(model, task, config=config)
         fit_info = {"stage1_seconds": round(adapter.meta["stage1_seconds"], 2),
@@ -83,8 +81,6 @@ class SiteFV(Experiment):
                  "first_token_acc": round(r.first_token_acc, 4), "exact_match": round(r.exact_match, 4),
                  "n": r.n, "seconds_per_item": round(r.seconds_per_item, 4),
                  **(fit_info if r.method == "site" else {})} for r in summarize(df).itertuples()]
-        print(f"{args.models[0]} {name}: {({r['method']: r['exact_match'] for r in rows})}  "
-              f"({time.perf_counter() - t0:.0f}s)", flush=True)
         return rows
 
     def write_report(self) -> str:
