@@ -16,13 +16,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 
 from sitelens import FitConfig
 from sitelens import lenses as L
-from sitelens.eval.metrics import bootstrap_ci
+from sitelens.eval.metrics import mean_over_tasks
 from sitelens.io import atomic_write_csv, atomic_write_dir, atomic_write_json
 from sitelens.lenses import AblationConfig, AttributionConfig, HeadScores
 from sitelens.lenses.compare import fast_vs_exact, lens_agreement
@@ -165,15 +164,6 @@ def load_units(out: Path) -> dict[tuple[str, str], dict]:
     return units
 
 
-def boot_row(x, **keys) -> dict:
-    """``keys``, the mean over tasks of ``x`` and its 95% percentile bootstrap CI (2,000 seeded
-    resamples), and ``n_tasks``."""
-    x = np.asarray(x, dtype=float)
-    lo, hi = bootstrap_ci(x[np.isfinite(x)], n_boot=2000, seed=0)
-    m = float(x[np.isfinite(x)].mean()) if np.isfinite(x).any() else float("nan")
-    return {**keys, "accuracy": m, "ci_low": lo, "ci_high": hi, "n_tasks": len(x)}
-
-
 def schedule(units, k: int = 10) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(per model × schedule × selection: mean over tasks of the seed-averaged first-token accuracy,
     95% bootstrap CI over tasks; per model × lens: the lens's top-k / bottom-k; per model ×
@@ -181,27 +171,24 @@ def schedule(units, k: int = 10) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFra
     intra = pd.concat([u["intra"].assign(model_key=m) for (m, _), u in units.items()], ignore_index=True)
     a = intra[intra.kind == "alpha_fit"]
     a = a[(a.k == k) | a.selection.isin(["site", "zero_shot"])]
-    per_task = a.groupby(["model_key", "schedule", "selection", "task"])["accuracy"].mean()
-    rows = []
-    for model in sorted(set(a.model_key)):
-        am = a[a.model_key == model]
+    parts = []
+    for model, am in a.groupby("model_key"):
         paired = sorted(set(am[am.schedule == "official"].task) & set(am[am.schedule == "default"].task))
         for sched, label, tasks in (("default", "default", paired), ("official", "official", paired),
                                     ("default", "default (all tasks)", sorted(set(am.task)))):
-            for sel in sorted(set(am.selection)) if tasks else []:
-                if (g := per_task.get((model, sched, sel))) is not None:
-                    n_seeds = am[am.schedule == sched].fit_seed.nunique()
-                    rows.append(boot_row(g[g.index.isin(tasks)].to_numpy(), model=model, schedule=label,
-                                         selection=sel) | {"n_seeds": n_seeds, "tasks": " ".join(tasks)})
+            if len(sub := am[(am.schedule == sched) & am.task.isin(tasks)]):
+                parts.append(mean_over_tasks(sub, ["selection"]).assign(
+                    model=model, schedule=label, n_seeds=am[am.schedule == sched].fit_seed.nunique(),
+                    tasks=" ".join(tasks)))
+    rows = pd.concat(parts, ignore_index=True)[["model", "schedule", "selection", "accuracy", "ci_low",
+                                                "ci_high", "n_tasks", "n_seeds", "tasks"]]
     lt = intra[(intra.kind == "lens_topk") & (intra.k == k)]
-    per_lens = lt.groupby(["model_key", "lens", "selection", "task"])["accuracy"].mean()
-    lens_rows = [boot_row(g.to_numpy(), model=m, lens=lens, selection=sel)
-                 for (m, lens, sel), g in per_lens.groupby(level=[0, 1, 2])]
+    lens_rows = mean_over_tasks(lt, ["model_key", "lens", "selection"]).rename(columns={"model_key": "model"})
     st = pd.concat([u["stability"].assign(model=m, task=t) for (m, t), u in units.items()], ignore_index=True)
     stab = st.groupby(["model", "schedule"]).agg(
         spearman=("spearman", "mean"), spearman_min=("spearman", "min"),
         **{f"top{k}_jaccard": (f"top{k}_jaccard", "mean")}, pairs=("spearman", "size")).reset_index()
-    return pd.DataFrame(rows), pd.DataFrame(lens_rows), stab
+    return rows, lens_rows, stab
 
 
 def pivot(df: pd.DataFrame, index: list[str]) -> pd.DataFrame:

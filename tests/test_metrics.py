@@ -219,6 +219,17 @@ def test_summary_table_and_figure():
     assert len(fig.data) == 2
 
 
+def test_mean_over_tasks_averages_each_task_first():
+    from sitelens.eval.metrics import mean_over_tasks
+
+    df = pd.DataFrame({"sel": ["top"] * 5 + ["bottom"], "task": ["a", "a", "a", "b", "c", "a"],
+                       "accuracy": [1.0, 0.0, 0.5, 1.0, float("nan"), 0.25]})
+    t = mean_over_tasks(df, ["sel"], n_boot=200).set_index("sel")
+    assert list(t.index) == ["bottom", "top"]  # sorted groups
+    assert t.loc["top", "accuracy"] == 0.75 and t.loc["top", "n_tasks"] == 3  # (0.5 + 1) / 2; c has no value
+    assert (t.loc["top", "ci_low"], t.loc["top", "ci_high"]) == bootstrap_ci([0.5, 1.0], n_boot=200, seed=0)
+
+
 def test_complete_tasks_and_gaps_to_reference():
     from sitelens.pipelines.bench_summary import complete_tasks, gaps_to_reference
 
