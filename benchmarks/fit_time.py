@@ -16,7 +16,7 @@ import torch
 from sitelens import FitConfig, fit_site, load_task, site
 from sitelens.io import atomic_write_text
 from sitelens.pipelines.executors import cached_model
-from sitelens.pipelines.experiment import Experiment, Job, main, md_table, write_report
+from sitelens.pipelines.experiment import Clock, Experiment, Job, main, md_table, write_report
 from sitelens.site import training
 
 # The reference-schedule sample of site_fv.py plus four tasks with longer prompts.
@@ -51,15 +51,13 @@ class FitTime(Experiment):
         model = cached_model(self.args.models[0])
         task = load_task(self.args.data_root / "fv" / job.key, dedupe=True)
         load = os.getloadavg()[0]
-        t0 = time.perf_counter()
-        adapter = fit_site(model, task, config=FitConfig(seed=0))
-        wall = time.perf_counter() - t0
+        with Clock() as clock:
+            adapter = fit_site(model, task, config=FitConfig(seed=0))
         s1, s2 = adapter.meta["stage1_seconds"], adapter.meta["stage2_seconds"]
-        row = {"model": self.args.models[0], "task": job.key, "threads": self.args.threads,
-               "load_avg_1min": round(load, 2), "stage1_seconds": round(s1, 2),
-               "stage2_seconds": round(s2, 2), "fit_seconds": round(s1 + s2, 2),
-               "wall_seconds": round(wall, 2)}
-        return row
+        return {"model": self.args.models[0], "task": job.key, "threads": self.args.threads,
+                "load_avg_1min": round(load, 2), "stage1_seconds": round(s1, 2),
+                "stage2_seconds": round(s2, 2), "fit_seconds": round(s1 + s2, 2),
+                "wall_seconds": round(clock.wall, 2)}
 
     def write_report(self) -> str:
         mine = sorted(self.out.glob("fit_time_*.csv"))
@@ -96,18 +94,16 @@ def profile(exp: FitTime, args) -> list:
             return out
         return wrapper
 
-    t = time.perf_counter()
-    emb = site.task_embedding(model, task)
-    stage1 = time.perf_counter() - t
+    with Clock() as stage1:
+        emb = site.task_embedding(model, task)
     saved = training.prefix_cache, site.first_token_loss, torch.Tensor.backward
     training.prefix_cache = timed(training.prefix_cache, "prefix caches")
     site.first_token_loss = timed(site.first_token_loss,
                                   "forward passes (50 batches of 8, 6 validations of 64)")
     torch.Tensor.backward = timed(torch.Tensor.backward, "backward passes (50)")
     try:
-        t = time.perf_counter()
-        site.fit_alpha(model, task, emb)
-        stage2 = time.perf_counter() - t
+        with Clock() as stage2:
+            site.fit_alpha(model, task, emb)
     finally:
         training.prefix_cache, site.first_token_loss, torch.Tensor.backward = saved
     n_weights = sum(p.numel() for p in model.parameters())
@@ -115,9 +111,9 @@ def profile(exp: FitTime, args) -> list:
         f"# Where a SITE fit spends its time ({args.models[0]}, {args.profile}, {args.threads} threads)", "",
         f"Made by `python benchmarks/fit_time.py --profile {args.profile} --threads {args.threads}` "
         f"(load average before: {load:.2f}).", "",
-        "| part | seconds |", "|---|---:|", f"| stage 1 (task embedding) | {stage1:.2f} |",
-        f"| stage 2 (α) | {stage2:.2f} |", *[f"| … {k} | {v:.2f} |" for k, v in spent.items()],
-        f"| … rest (optimizer, bookkeeping) | {stage2 - sum(spent.values()):.2f} |", "",
+        "| part | seconds |", "|---|---:|", f"| stage 1 (task embedding) | {stage1.wall:.2f} |",
+        f"| stage 2 (α) | {stage2.wall:.2f} |", *[f"| … {k} | {v:.2f} |" for k, v in spent.items()],
+        f"| … rest (optimizer, bookkeeping) | {stage2.wall - sum(spent.values()):.2f} |", "",
         f"The model has {n_weights / 1e6:.0f}M weights ({4 * n_weights / 2**20:.0f} MiB in float32); "
         "a stage-2 step runs 8 tokens through all of them forward and backward, so it reads the "
         "weights twice for little arithmetic.", ""])
