@@ -74,8 +74,8 @@ class FitTime(Experiment):
         cols = ["task", "threads", "load_avg_1min", "stage1_seconds", "stage2_seconds", "fit_seconds"]
         for _, df in runs[:len(mine)]:
             body += [f"## {df.model.iloc[0]} ({len(df)} tasks)", "", md_table(df[cols].round(2)), ""]
-        title = "SITE fit time on a quiet machine"
-        return write_report(self.out / "fit_time.md", title, self.command, "\n".join(body))
+        return write_report(self.out / "fit_time.md", "SITE fit time on a quiet machine",
+                            "python benchmarks/fit_time.py --report", "\n".join(body))
 
 
 def profile(exp: FitTime, args) -> list:

@@ -90,8 +90,8 @@ class SiteFV(Experiment):
                 ""]
         for path in sorted(self.out.glob("site_fv_*.csv")):
             body += model_section(pd.read_csv(path))
-        title = "SITE on the FV benchmark tasks"
-        return write_report(self.out / "site_fv.md", title, self.command, "\n".join(body))
+        return write_report(self.out / "site_fv.md", "SITE on the FV benchmark tasks",
+                            "python benchmarks/site_fv.py --report", "\n".join(body))
 
 
 def model_section(df: pd.DataFrame) -> list[str]:
