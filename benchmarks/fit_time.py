@@ -17,7 +17,7 @@ from sitelens import FitConfig, fit_site, load_task, site
 from sitelens.io import atomic_write_text
 from sitelens.pipelines.executors import cached_model
 from sitelens.pipelines.experiment import Clock, Experiment, Job, main, md_table, write_report
-from sitelens.site import training
+from sitelens.site import alpha, training
 
 # The reference-schedule sample of site_fv.py plus four tasks with longer prompts.
 SAMPLE = ("antonym", "country-capital", "english-french", "present-past", "singular-plural",
@@ -96,16 +96,16 @@ def profile(exp: FitTime, args) -> list:
 
     with Clock() as stage1:
         emb = site.task_embedding(model, task)
-    saved = training.prefix_cache, site.first_token_loss, torch.Tensor.backward
+    saved = training.prefix_cache, alpha.first_token_loss, torch.Tensor.backward  # the names fit_alpha calls
     training.prefix_cache = timed(training.prefix_cache, "prefix caches")
-    site.first_token_loss = timed(site.first_token_loss,
-                                  "forward passes (50 batches of 8, 6 validations of 64)")
+    alpha.first_token_loss = timed(alpha.first_token_loss,
+                                   "forward passes (50 batches of 8, 6 validations of 64)")
     torch.Tensor.backward = timed(torch.Tensor.backward, "backward passes (50)")
     try:
         with Clock() as stage2:
             site.fit_alpha(model, task, emb)
     finally:
-        training.prefix_cache, site.first_token_loss, torch.Tensor.backward = saved
+        training.prefix_cache, alpha.first_token_loss, torch.Tensor.backward = saved
     n_weights = sum(p.numel() for p in model.parameters())
     text = "\n".join([
         f"# Where a SITE fit spends its time ({args.models[0]}, {args.profile}, {args.threads} threads)", "",
