@@ -1,11 +1,8 @@
 """Seconds of a SITE fit (stage 1 + stage 2, default configuration) on a quiet machine, on a sample
-of FV tasks, with the 1-minute load average before each fit (to tell a contended row apart).
+of FV tasks, with the 1-minute load average before each fit.
 
     python benchmarks/fit_time.py --models smollm2-135m-instruct --threads 2   # -> fit_time_{model}.csv
-    python benchmarks/fit_time.py --report                                   # -> fit_time.md
     python benchmarks/fit_time.py --profile antonym --threads 2              # -> fit_profile.md
-
-One model per process; a task with a row is done.
 """
 
 from __future__ import annotations
@@ -14,39 +11,33 @@ import os
 import time
 
 import pandas as pd
+import torch
 
-from sitelens.pipelines.experiment import Experiment, Job, main
-from sitelens.pipelines.store import ResultsStore
+from sitelens import FitConfig, fit_site, load_task, site
+from sitelens.io import atomic_write_text
+from sitelens.pipelines.executors import cached_model
+from sitelens.pipelines.experiment import Clock, Experiment, Job, main, md_table, write_report
+from sitelens.site import alpha, training
 
 # The reference-schedule sample of site_fv.py plus four tasks with longer prompts.
-SAMPLE = (
-    "antonym", "country-capital", "english-french", "present-past", "singular-plural",
-    "capitalize_first_letter", "choose_first_of_3", "person-occupation",
-    "choose_middle_of_5", "color_v_animal_5", "synonym", "sentiment",
-)
+SAMPLE = ("antonym", "country-capital", "english-french", "present-past", "singular-plural",
+          "capitalize_first_letter", "choose_first_of_3", "person-occupation", "choose_middle_of_5",
+          "color_v_animal_5", "synonym", "sentiment")
 FIELDS = ["model", "task", "threads", "load_avg_1min", "stage1_seconds", "stage2_seconds",
           "fit_seconds", "wall_seconds"]
-INTRO = (
-    "Made by `python benchmarks/fit_time.py --models MODEL --data-root ../shared/datasets --threads 2` on "
-    "the 2-core CPU machine with no other job running (the load average before each fit is in the CSV). "
-    "Default configuration: stage 1 = 50 prompts of 10 shots, stage 2 = 400 training examples in batches of "
-    "8 with validation every 10 steps on 64 items. Target (issue 3): stage 1 + stage 2 median ≤ 30 s per "
-    "task on SmolLM2.")
 
 
 class FitTime(Experiment):
     name = "fit_time"
+    columns = FIELDS
     key = None
+    per_model = True
     models = ("smollm2-135m-instruct",)
     tasks = SAMPLE
     threads = 2
 
     def add_arguments(self, p) -> None:
         p.add_argument("--profile", default="", metavar="TASK", help="time the parts of one fit")
-
-    def store(self, name=None, columns=None, key="key") -> ResultsStore:
-        (model,) = self.args.models  # one model per process
-        return ResultsStore(self.out / f"fit_time_{model}.csv", FIELDS, key=None)
 
     def done_keys(self) -> set[str]:
         return set(self.read().task)
@@ -57,68 +48,39 @@ class FitTime(Experiment):
         return [Job(t, t) for t in args.tasks if (args.data_root / "fv" / t / "train.json").exists()]
 
     def run(self, job: Job) -> dict:
-        from sitelens import FitConfig, fit_site, load_task
-        from sitelens.pipelines.executors import cached_model
-
         model = cached_model(self.args.models[0])
         task = load_task(self.args.data_root / "fv" / job.key, dedupe=True)
         load = os.getloadavg()[0]
-        t0 = time.perf_counter()
-        adapter = fit_site(model, task, config=FitConfig(seed=0))
-        wall = time.perf_counter() - t0
+        with Clock() as clock:
+            adapter = fit_site(model, task, config=FitConfig(seed=0))
         s1, s2 = adapter.meta["stage1_seconds"], adapter.meta["stage2_seconds"]
-        row = {"model": self.args.models[0], "task": job.key, "threads": self.args.threads,
-               "load_avg_1min": round(load, 2), "stage1_seconds": round(s1, 2),
-               "stage2_seconds": round(s2, 2), "fit_seconds": round(s1 + s2, 2),
-               "wall_seconds": round(wall, 2)}
-        print(row, flush=True)
-        return row
+        return {"model": self.args.models[0], "task": job.key, "threads": self.args.threads,
+                "load_avg_1min": round(load, 2), "stage1_seconds": round(s1, 2),
+                "stage2_seconds": round(s2, 2), "fit_seconds": round(s1 + s2, 2),
+                "wall_seconds": round(clock.wall, 2)}
 
     def write_report(self) -> str:
-        from sitelens.io import atomic_write_text
-
-        lines = ["# SITE fit time on a quiet machine", "", INTRO, ""]
-        for path in sorted(self.out.glob("fit_time_*.csv")):
-            df = pd.read_csv(path)
-            lines += [f"## {df.model.iloc[0]} ({len(df)} tasks)", "",
-                      f"- stage 1 + stage 2: median {df.fit_seconds.median():.1f} s, "
-                      f"min {df.fit_seconds.min():.1f} s, max {df.fit_seconds.max():.1f} s "
-                      f"(stage 1 median {df.stage1_seconds.median():.1f} s, stage 2 median "
-                      f"{df.stage2_seconds.median():.1f} s).", "",
-                      "| task | threads | load avg | stage 1 s | stage 2 s | fit s |",
-                      "|---|---|---|---|---|---|"]
-            lines += [f"| {r.task} | {r.threads} | {r.load_avg_1min:.2f} | {r.stage1_seconds:.1f} "
-                      f"| {r.stage2_seconds:.1f} | {r.fit_seconds:.1f} |" for r in df.itertuples()]
-            lines.append("")
-        runs = sorted((self.out / "fit_time_runs").glob("*.csv"))
-        if runs:
-            lines += ["## Other runs of the same command", "",
-                      "Kept to show run-to-run variation and the effect of code changes (file name: "
-                      "model, code version, conditions). `e04f815`: the code before stage 1 and the "
-                      "prefix caches stopped right after the last `hook_z` (`forward_until`).", "",
-                      "| run | tasks | median fit s | min | max | load avg range |",
-                      "|---|---:|---:|---:|---:|---|"]
-            for path in runs:
-                df = pd.read_csv(path)
-                lines.append(f"| {path.stem} | {len(df)} | {df.fit_seconds.median():.1f} | "
-                             f"{df.fit_seconds.min():.1f} | {df.fit_seconds.max():.1f} | "
-                             f"{df.load_avg_1min.min():.2f}–{df.load_avg_1min.max():.2f} |")
-            lines.append("")
-        text = "\n".join(lines)
-        atomic_write_text(self.out / "fit_time.md", text)
-        return text
+        mine = sorted(self.out.glob("fit_time_*.csv"))
+        runs = [(p, pd.read_csv(p)) for p in mine + sorted((self.out / "fit_time_runs").glob("*.csv"))]
+        body = ["Each model by `python benchmarks/fit_time.py --models MODEL --threads 2` with no other job "
+                "running; default configuration; target: median ≤ 30 s on SmolLM2; `fit_time_runs/`: other "
+                "runs of the same command (docs/benchmarks.md).", "", md_table(pd.DataFrame([{
+                    "run": p.relative_to(self.out).with_suffix(""), "tasks": len(df),
+                    **{f"{c} s {f}": f"{getattr(df[col], f)():.1f}" for c, col in (
+                        ("fit", "fit_seconds"), ("stage 1", "stage1_seconds"), ("stage 2", "stage2_seconds"))
+                       for f in ("median", "min", "max")},
+                    "load avg range": f"{df.load_avg_1min.min():.2f}–{df.load_avg_1min.max():.2f}"}
+                    for p, df in runs])), ""]
+        cols = ["task", "threads", "load_avg_1min", "stage1_seconds", "stage2_seconds", "fit_seconds"]
+        for _, df in runs[:len(mine)]:
+            body += [f"## {df.model.iloc[0]} ({len(df)} tasks)", "", md_table(df[cols].round(2)), ""]
+        return write_report(self.out / "fit_time.md", "SITE fit time on a quiet machine",
+                            "python benchmarks/fit_time.py --report", "\n".join(body))
 
 
 def profile(exp: FitTime, args) -> list:
     """Where the seconds of one fit go (-> fit_profile.md): stage 1, and stage 2 split into the
     frozen prefix caches, the forward passes (training batches and validation) and the backward passes."""
-    import torch
-
-    from sitelens import load_task, site
-    from sitelens.io import atomic_write_text
-    from sitelens.pipelines.executors import cached_model
-    from sitelens.site import training
-
     model = cached_model(args.models[0])
     task = load_task(args.data_root / "fv" / args.profile, dedupe=True)
     spent: dict[str, float] = {}
@@ -132,28 +94,26 @@ def profile(exp: FitTime, args) -> list:
             return out
         return wrapper
 
-    t = time.perf_counter()
-    emb = site.task_embedding(model, task)
-    stage1 = time.perf_counter() - t
-    saved = training.prefix_cache, site.first_token_loss, torch.Tensor.backward
+    with Clock() as stage1:
+        emb = site.task_embedding(model, task)
+    saved = training.prefix_cache, alpha.first_token_loss, torch.Tensor.backward  # the names fit_alpha calls
     training.prefix_cache = timed(training.prefix_cache, "prefix caches")
-    site.first_token_loss = timed(site.first_token_loss,
-                                  "forward passes (50 batches of 8, 6 validations of 64)")
+    alpha.first_token_loss = timed(alpha.first_token_loss,
+                                   "forward passes (50 batches of 8, 6 validations of 64)")
     torch.Tensor.backward = timed(torch.Tensor.backward, "backward passes (50)")
     try:
-        t = time.perf_counter()
-        site.fit_alpha(model, task, emb)
-        stage2 = time.perf_counter() - t
+        with Clock() as stage2:
+            site.fit_alpha(model, task, emb)
     finally:
-        training.prefix_cache, site.first_token_loss, torch.Tensor.backward = saved
+        training.prefix_cache, alpha.first_token_loss, torch.Tensor.backward = saved
     n_weights = sum(p.numel() for p in model.parameters())
     text = "\n".join([
         f"# Where a SITE fit spends its time ({args.models[0]}, {args.profile}, {args.threads} threads)", "",
         f"Made by `python benchmarks/fit_time.py --profile {args.profile} --threads {args.threads}` "
         f"(load average before: {load:.2f}).", "",
-        "| part | seconds |", "|---|---:|", f"| stage 1 (task embedding) | {stage1:.2f} |",
-        f"| stage 2 (α) | {stage2:.2f} |", *[f"| … {k} | {v:.2f} |" for k, v in spent.items()],
-        f"| … rest (optimizer, bookkeeping) | {stage2 - sum(spent.values()):.2f} |", "",
+        "| part | seconds |", "|---|---:|", f"| stage 1 (task embedding) | {stage1.wall:.2f} |",
+        f"| stage 2 (α) | {stage2.wall:.2f} |", *[f"| … {k} | {v:.2f} |" for k, v in spent.items()],
+        f"| … rest (optimizer, bookkeeping) | {stage2.wall - sum(spent.values()):.2f} |", "",
         f"The model has {n_weights / 1e6:.0f}M weights ({4 * n_weights / 2**20:.0f} MiB in float32); "
         "a stage-2 step runs 8 tokens through all of them forward and backward, so it reads the "
         "weights twice for little arithmetic.", ""])

@@ -1,15 +1,12 @@
 """Which heads matter: every lens on both bundled models, exact vs fast, α's schedule, agreement.
 
     python benchmarks/heads.py --models smollm2-135m-instruct --threads 1     # one model per process
-    python benchmarks/heads.py --models gemma-3-270m --threads 1
+    python benchmarks/heads.py --models gemma-3-270m --official-tasks 3 --threads 1
     python benchmarks/heads.py --report                                       # tables + figures only
     python benchmarks/heads.py --tiny --out /tmp/heads                        # smoke test
 
-A (model, task) unit is written atomically to ``results/heads/{model}/{task}/`` (``scores.csv``,
-``stability.csv``, ``intra.csv``, ``meta.json``) and skipped when its settings hash is done. The
-report writes ``results/heads_{exact_vs_fast,certified_topk,agreement,schedule,lens_topk,
-stability}.csv``, ``heads_{exact_vs_fast,schedule,agreement}.md``, ``heads_lens_agreement.{png,html}``
-and the antonym figures under ``figures/{model}/``; docs/lenses.md describes every setting.
+A (model, task) unit goes to ``results/heads/{model}/{task}/`` and is skipped when its settings hash
+is done; the report writes ``results/heads_*.{csv,md}`` and figures (docs/lenses.md).
 """
 
 from __future__ import annotations
@@ -19,19 +16,31 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
+import torch
 
-from sitelens.pipelines.experiment import Experiment, Job, main, md_table
+from sitelens import FitConfig
+from sitelens import lenses as L
+from sitelens.eval.metrics import mean_over_tasks
+from sitelens.io import atomic_write_csv, atomic_write_dir, atomic_write_json
+from sitelens.lenses import AblationConfig, AttributionConfig, HeadScores
+from sitelens.lenses.compare import fast_vs_exact, lens_agreement
+from sitelens.lenses.plots import agreement_matrix, alpha_uncertainty, lens_maps
+from sitelens.models import fingerprint, model_name
+from sitelens.patching import intra_task
+from sitelens.pipelines.executors import cached_model
+from sitelens.pipelines.experiment import Experiment, Job, main, md_table, write_report
+from sitelens.provenance import NUMERICS_VERSION, settings_hash, task_hash
+from sitelens.site import SiteAdapter
+from sitelens.tasks import load_task
+from sitelens.viz.export import FigureWriter
 
 TASKS = ("antonym", "country_capital", "present_past", "english_french", "english_spanish",
          "first_letter", "capitalize_first_letter", "choose_first_of_3")  # figures' INTRA_TASKS
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
-FAST = ("alpha", "alpha-official", "alpha-grad", "atp", "atp-star", "ablation-mean", "ablation-zero", "dla")
+COMMAND = "python benchmarks/heads.py --report"  # the tables and figures from the committed units
 ORDER = ("effect", "atp", "atp-star", "alpha-grad", "alpha", "alpha-official", "ablation-mean",
          "ablation-zero", "dla")
-LENS_TOPK = ("alpha", "alpha-official", "alpha-grad", "atp", "atp-star", "effect",
-             "ablation-mean", "ablation-zero", "dla")
 
 
 class Heads(Experiment):
@@ -46,39 +55,27 @@ class Heads(Experiment):
         p.add_argument("--official-seeds", type=int, default=3, help="official-protocol fits per task")
         p.add_argument("--official-tasks", type=int, default=4,
                        help="official-protocol fits on the first N tasks only (the schedule experiment)")
-        p.add_argument("--k", type=int, default=None, help="heads per selection (default 10; --tiny: 3)")
         p.add_argument("--tiny", action="store_true", help="tiny random model and sizes, k = 3 (smoke test)")
 
     @property
-    def k(self) -> int:
-        return self.args.k or (3 if self.args.tiny else 10)
+    def k(self) -> int:  # heads per selection
+        return 3 if self.args.tiny else 10
 
     def official_seeds(self, task) -> int:
         """``--official-seeds`` on the first ``--official-tasks`` tasks, none on the others."""
         return self.args.official_seeds if task.name in self.args.tasks[: self.args.official_tasks] else 0
 
     def fit_config(self, official: bool = False):
-        from sitelens import FitConfig
-
-        if official:
-            return FitConfig.official(**({"n_examples": 16, "eval_every": 8, "n_valid": 8}
-                                         if self.args.tiny else {}))
-        return FitConfig(**({"n_examples": 16, "n_valid": 8} if self.args.tiny else {}))
+        tiny = {"n_examples": 16, "n_valid": 8, **({"eval_every": 8} if official else {})}
+        return (FitConfig.official if official else FitConfig)(**(tiny if self.args.tiny else {}))
 
     def configs(self):
-        from sitelens.lenses import AblationConfig, AttributionConfig
-
         if self.args.tiny:
             return (AttributionConfig(n_prompts=4, n_shots=2, n_mean_prompts=4, n_boot=100, n_alpha_items=8),
                     AblationConfig(n_prompts=4, n_shots=2, n_boot=100))
         return AttributionConfig(), AblationConfig()
 
     def settings(self, model, task) -> dict:
-        from sitelens import FitConfig
-        from sitelens.lenses import AblationConfig, AttributionConfig
-        from sitelens.models import fingerprint, model_name
-        from sitelens.provenance import NUMERICS_VERSION, task_hash
-
         att, abl = self.configs()
         return {
             "model": model_name(model), "fingerprint": fingerprint(model), "task": task.name,
@@ -94,35 +91,20 @@ class Heads(Experiment):
         return {json.loads(m.read_text())["settings_hash"] for m in self.out.glob("heads/*/*/meta.json")}
 
     def cells(self, args):
-        from sitelens.pipelines.executors import cached_model
-        from sitelens.provenance import settings_hash
-        from sitelens.tasks import load_task
-
         for name in ["tiny-random"] if args.tiny else args.models:
             for t in args.tasks[: 2 if args.tiny else None]:
                 st = self.settings(cached_model(name), load_task(t))
                 yield Job(settings_hash(st), f"{st['model']}/{t}", dict(name=name, task=t, settings=st))
 
     def run(self, job: Job) -> list:
-        import torch
-
-        from sitelens import lenses as L
-        from sitelens.io import atomic_write_dir, atomic_write_json
-        from sitelens.patching import intra_task
-        from sitelens.pipelines.executors import cached_model
-        from sitelens.site import SiteAdapter
-        from sitelens.tasks import load_task
-
         args, k = self.args, self.k
         model, task = cached_model(job["name"]), load_task(job["task"])
         att, abl = self.configs()
         t0 = time.perf_counter()
-        runs = {"default": L.alpha_over_seeds(model, task, range(args.seeds), self.fit_config(),
-                                            n_prompts=att.n_mean_prompts, n_shots=att.n_shots, k=k)}
-        if self.official_seeds(task):
-            runs["official"] = L.alpha_over_seeds(model, task, range(self.official_seeds(task)),
-                                                self.fit_config(official=True), n_prompts=att.n_mean_prompts,
-                                                n_shots=att.n_shots, k=k, lens="alpha-official")
+        runs = {sched: L.alpha_over_seeds(model, task, range(n), self.fit_config(sched == "official"),
+                                          n_prompts=att.n_mean_prompts, n_shots=att.n_shots, k=k, lens=lens)
+                for sched, n, lens in (("default", args.seeds, "alpha"),
+                                       ("official", self.official_seeds(task), "alpha-official")) if n}
         ad0 = runs["default"].adapters[0]
         emb = ad0.embedding
         scores = L.HeadScores.concat([r.scores for r in runs.values()] + [
@@ -131,7 +113,6 @@ class Heads(Experiment):
             L.exact_effects(model, task, emb, att), L.head_ablation(model, task, abl, reference="mean"),
             L.head_ablation(model, task, abl, reference="zero"),
             L.direct_logit_attribution(model, task, ad0, limit=8 if args.tiny else 64, n_boot=att.n_boot)])
-        print(f"  {task.name}: lenses {time.perf_counter() - t0:.0f} s", flush=True)
         stab = pd.concat([r.stability.assign(schedule=s) for s, r in runs.items()], ignore_index=True)
         intra = []
         for sched, run in runs.items():
@@ -139,7 +120,7 @@ class Heads(Experiment):
                 df = intra_task(model, task, ad, ks=[k], n_random_seeds=3, limit=args.limit, reverse=False,
                                 seed=0)
                 intra.append(df.assign(kind="alpha_fit", schedule=sched, fit_seed=seed, lens="alpha"))
-        for lens in [x for x in LENS_TOPK if x in scores.lenses]:
+        for lens in [x for x in ORDER if x in scores.lenses]:
             m = torch.nan_to_num(scores.map(lens), nan=float("-inf"))  # [n_layers, n_heads]
             df = intra_task(model, task, SiteAdapter(alpha=m, embedding=emb, meta=ad0.meta), ks=[k],
                             n_random_seeds=0, limit=args.limit, reverse=False, references=False, seed=0)
@@ -161,12 +142,11 @@ class Heads(Experiment):
         if path.exists():  # stale settings: keep the old unit beside, never overwrite it
             path.rename(path.with_name(f"{path.name}.stale-{int(time.time())}"))
         atomic_write_dir(path, fill)
-        print(f"  {task.name}: {seconds:.0f} s", flush=True)
         return []
 
     def write_report(self) -> str | None:
         figures = self.out if self.args.tiny else self.out.parent.parent / "figures"
-        return write_report(self.out, figures, self.k)
+        return report(self.out, figures, self.k)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -184,61 +164,6 @@ def load_units(out: Path) -> dict[tuple[str, str], dict]:
     return units
 
 
-def head_map(scores: pd.DataFrame, lens: str) -> np.ndarray:
-    return scores[scores.lens == lens].sort_values(["layer", "head"])["score"].to_numpy(dtype=float)
-
-
-def certified(fast: np.ndarray, exact: np.ndarray, n_prompts: int, k: int = 10, budget: float = 0.15,
-              rule: str = "absolute") -> dict:
-    """:func:`sitelens.lenses.compare.certify_top_k` with the exact values read from the full exact
-    run (each of its rows is one head on one prompt, so a subset gives the same numbers); rows
-    counted as ``certified_top_k`` runs them (one unpatched row per prompt, then one per verified
-    head and prompt); ``budget`` is a share of the full run's rows ``(n_heads + 1) × n_prompts``."""
-    from sitelens.lenses.compare import certify_top_k, top_k_heads
-
-    n = len(fast)
-    max_heads = int(np.floor(budget * (n + 1))) - 1
-    c = certify_top_k(fast, lambda idx: exact[np.asarray(idx)], k=k, budget=max_heads / n, rule=rule)
-    return {"verified": len(c["verified"]), "verified_share": len(c["verified"]) / n,
-            "recall": len(set(c["top"]) & top_k_heads(exact, k)) / k, "certified": c["certified"],
-            "rounds": c["rounds"], "rows": (len(c["verified"]) + 1) * n_prompts}
-
-
-def exact_vs_fast(units, k: int = 10) -> tuple[pd.DataFrame, pd.DataFrame]:
-    from sitelens.eval.metrics import correlation
-    from sitelens.lenses.compare import top_k_heads
-
-    rows, cert = [], []
-    for (model, task), u in units.items():
-        s = u["scores"]
-        ex, e_row = head_map(s, "effect"), s[s.lens == "effect"].iloc[0]
-        meta = json.loads(e_row["meta"])
-        for lens in [x for x in FAST if x in set(s.lens)]:
-            f, r = head_map(s, lens), s[s.lens == lens].iloc[0]
-            rows.append({"model": model, "task": task, "lens": lens,
-                         "spearman": correlation(f, ex, "spearman"),
-                         f"top{k}_recall": len(top_k_heads(f, k) & top_k_heads(ex, k)) / k,
-                         "forward_passes": int(r.forward_passes), "backward_passes": int(r.backward_passes),
-                         "seconds": float(r.seconds), "exact_forward_passes": int(e_row.forward_passes),
-                         "exact_rows": int(meta["rows"]), "exact_seconds": float(e_row.seconds)})
-        for lens in [x for x in ("atp", "atp-star") if x in set(s.lens)]:
-            for rule in ("absolute", "relative"):
-                c = certified(head_map(s, lens), ex, meta["n_prompts"], k, rule=rule)
-                cert.append({"model": model, "task": task, "lens": lens, "rule": rule, **c,
-                             "exact_rows_share": c["rows"] / meta["rows"], "n_heads": len(ex)})
-    return pd.DataFrame(rows), pd.DataFrame(cert)
-
-
-def boot_mean(x) -> tuple[float, float, float]:
-    """Mean over tasks and its 95% percentile bootstrap CI (2,000 seeded resamples)."""
-    from sitelens.eval.metrics import bootstrap_ci
-
-    x = np.asarray(x, dtype=float)
-    x = x[np.isfinite(x)]
-    lo, hi = bootstrap_ci(x, n_boot=2000, seed=0)
-    return (float(x.mean()) if len(x) else float("nan")), lo, hi
-
-
 def schedule(units, k: int = 10) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(per model × schedule × selection: mean over tasks of the seed-averaged first-token accuracy,
     95% bootstrap CI over tasks; per model × lens: the lens's top-k / bottom-k; per model ×
@@ -246,52 +171,40 @@ def schedule(units, k: int = 10) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFra
     intra = pd.concat([u["intra"].assign(model_key=m) for (m, _), u in units.items()], ignore_index=True)
     a = intra[intra.kind == "alpha_fit"]
     a = a[(a.k == k) | a.selection.isin(["site", "zero_shot"])]
-    per_task = a.groupby(["model_key", "schedule", "selection", "task"])["accuracy"].mean()
-    rows = []
-    for model in sorted(set(a.model_key)):
-        am = a[a.model_key == model]
+    parts = []
+    for model, am in a.groupby("model_key"):
         paired = sorted(set(am[am.schedule == "official"].task) & set(am[am.schedule == "default"].task))
         for sched, label, tasks in (("default", "default", paired), ("official", "official", paired),
                                     ("default", "default (all tasks)", sorted(set(am.task)))):
-            for sel in sorted(set(am.selection)) if tasks else []:
-                try:
-                    g = per_task.loc[(model, sched, sel)]
-                except KeyError:
-                    continue
-                g = g[g.index.isin(tasks)]
-                m, lo, hi = boot_mean(g.to_numpy())
-                rows.append({"model": model, "schedule": label, "selection": sel, "accuracy": m,
-                             "ci_low": lo, "ci_high": hi, "n_tasks": len(g),
-                             "n_seeds": am[am.schedule == sched].fit_seed.nunique(),
-                             "tasks": " ".join(tasks)})
+            if len(sub := am[(am.schedule == sched) & am.task.isin(tasks)]):
+                parts.append(mean_over_tasks(sub, ["selection"]).assign(
+                    model=model, schedule=label, n_seeds=am[am.schedule == sched].fit_seed.nunique(),
+                    tasks=" ".join(tasks)))
+    rows = pd.concat(parts, ignore_index=True)[["model", "schedule", "selection", "accuracy", "ci_low",
+                                                "ci_high", "n_tasks", "n_seeds", "tasks"]]
     lt = intra[(intra.kind == "lens_topk") & (intra.k == k)]
-    per_lens = lt.groupby(["model_key", "lens", "selection", "task"])["accuracy"].mean()
-    lens_rows = []
-    for (model, lens, sel), g in per_lens.groupby(level=[0, 1, 2]):
-        m, lo, hi = boot_mean(g.to_numpy())
-        lens_rows.append({"model": model, "lens": lens, "selection": sel, "accuracy": m, "ci_low": lo,
-                          "ci_high": hi, "n_tasks": len(g)})
+    lens_rows = mean_over_tasks(lt, ["model_key", "lens", "selection"]).rename(columns={"model_key": "model"})
     st = pd.concat([u["stability"].assign(model=m, task=t) for (m, t), u in units.items()], ignore_index=True)
     stab = st.groupby(["model", "schedule"]).agg(
         spearman=("spearman", "mean"), spearman_min=("spearman", "min"),
         **{f"top{k}_jaccard": (f"top{k}_jaccard", "mean")}, pairs=("spearman", "size")).reset_index()
-    return pd.DataFrame(rows), pd.DataFrame(lens_rows), stab
+    return rows, lens_rows, stab
 
 
-def write_report(out: Path, figures: Path, k: int = 10, heatmap_task: str = "antonym") -> str | None:
-    from sitelens.io import atomic_write_csv, atomic_write_text
-    from sitelens.lenses import HeadScores
-    from sitelens.lenses.compare import lens_agreement
-    from sitelens.lenses.plots import agreement_matrix, alpha_uncertainty, lens_maps
-    from sitelens.viz.export import FigureWriter
+def pivot(df: pd.DataFrame, index: list[str]) -> pd.DataFrame:
+    v = df.apply(lambda r: f"{r.accuracy:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]", axis=1)
+    df = df.assign(v=v).pivot_table(index=index, columns="selection", values="v", aggfunc="first")
+    return df.reset_index()
 
+
+def report(out: Path, figures: Path, k: int = 10, heatmap_task: str = "antonym") -> str | None:
     units = load_units(out)
     if not units:
         print("no units yet")
         return None
-    evf, cert = exact_vs_fast(units, k)
-    agree = lens_agreement(HeadScores.concat([HeadScores(u["scores"]) for u in units.values()]), k,
-                           lenses=list(ORDER))
+    scores = HeadScores.concat([HeadScores(u["scores"]) for u in units.values()])
+    evf, cert = fast_vs_exact(scores, k)
+    agree = lens_agreement(scores, k, lenses=list(ORDER))
     sched, lens_top, stab = schedule(units, k)
     for name, df in (("exact_vs_fast", evf), ("certified_topk", cert), ("agreement", agree),
                      ("schedule", sched), ("lens_topk", lens_top), ("stability", stab)):
@@ -308,46 +221,18 @@ def write_report(out: Path, figures: Path, k: int = 10, heatmap_task: str = "ant
         tasks=("task", "size"), recall=("recall", "mean"), certified=("certified", "sum"),
         verified_share=("verified_share", "mean"), exact_rows_share=("exact_rows_share", "mean"),
     ).reset_index().round(3)
-    tasks, models = sorted({t for _, t in units}), sorted({m for m, _ in units})
-    atomic_write_text(out / "heads_exact_vs_fast.md", "\n".join([
-        "# Exact vs fast head-importance lenses", "",
-        f"Models: {', '.join(models)}; tasks ({len(tasks)}): {', '.join(tasks)}. Written by "
-        "`python benchmarks/heads.py` (see its docstring for every setting); per-task rows in "
-        "`heads_exact_vs_fast.csv`.", "",
-        "Each fast lens against exact activation patching (`effect`, one forward row per head and "
-        "corrupted prompt): Spearman over all heads (median and minimum over tasks, tasks with "
-        f"ρ ≥ 0.8), mean top-{k} recall; passes and seconds are medians per task (forward passes "
-        "are calls of the model: prefix-cache passes plus last-token passes; `exact_rows` are the "
-        "single-token rows those passes ran).", "", md_table(summ), "", f"## Certified top-{k}", "",
-        "Candidates ranked by AtP / AtP*; the best-ranked heads are verified exactly until the "
-        f"exact top-{k} is certified (the k-th verified exact effect above every unverified head's "
-        "bound: rule `absolute`, fast score + the largest residual seen; rule `relative`, fast "
-        "score × (1 + the largest relative residual seen)) or the verification has used 15% of "
-        f"the full exact run's rows. `recall`: share of the exact top-{k} found; `certified`: tasks "
-        "where the certificate held within the budget; `exact_rows_share`: exact rows needed / rows "
-        "of the full exact run.", "", md_table(csum), ""]))
-
-    def pivot(df, index):
-        v = df.apply(lambda r: f"{r.accuracy:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]", axis=1)
-        return df.assign(v=v).pivot_table(index=index, columns="selection", values="v",
-                                          aggfunc="first").reset_index()
-
-    atomic_write_text(out / "heads_schedule.md", "\n".join([
-        "# Does α pick the heads that carry the task? (λ = 0)", "",
-        f"Intra-task patching ({len(tasks)} tasks, first-token accuracy on the first 40 test "
-        f"items): inject the task embedding with α = 1 into only the top-{k}, bottom-{k} or "
-        f"{k} random heads (3 draws) by the fitted α, or the full α (`site`). `default`: "
-        "`FitConfig()` (50 steps of batch 8, the best-validation α); `official`: the paper code's "
-        "schedule (400 steps of batch 1, the final α), fitted on the first tasks only; both rows "
-        "`default` and `official` are over the same tasks (those with official fits), "
-        "`default (all tasks)` over all. Mean over tasks of the seed-averaged accuracy, 95% "
-        "bootstrap CI over tasks. Written by `python benchmarks/heads.py`.", "",
-        md_table(pivot(sched, ["model", "schedule"])), "", "## α's stability over seeds", "",
-        f"Mean (and minimum) Spearman of every pair of fit seeds, mean top-{k} Jaccard.", "",
-        md_table(stab.round(3)), "", f"## The top-{k} heads of every lens", "",
-        f"The same injection (α = 1, the first default fit's embedding) into the top-{k} / "
-        f"bottom-{k} heads of each lens's map.", "", md_table(pivot(lens_top, ["model", "lens"])), ""]))
-
+    tasks = sorted({t for _, t in units})
+    head = (f"{len(tasks)} tasks: {', '.join(tasks)}; models: {', '.join(sorted({m for m, _ in units}))}; "
+            "units by `python benchmarks/heads.py --models MODEL` (Gemma: `--official-tasks 3`); every "
+            "setting and the columns: docs/lenses.md.")
+    write_report(out / "heads_exact_vs_fast.md", "Exact vs fast head-importance lenses", COMMAND, "\n".join([
+        head, "", md_table(summ), "", f"## Certified top-{k} (budget: 15% of the exact rows)", "",
+        md_table(csum), ""]))
+    write_report(out / "heads_schedule.md", "Does α pick the heads that carry the task? (λ = 0)", COMMAND,
+                 "\n".join([head, "", md_table(pivot(sched, ["model", "schedule"])), "",
+                            "## α's stability over seeds", "", md_table(stab.round(3)), "",
+                            f"## The top-{k} heads of every lens", "",
+                            md_table(pivot(lens_top, ["model", "lens"])), ""]))
     fig, frame = agreement_matrix(agree, list(ORDER))
     figures.mkdir(parents=True, exist_ok=True)
     w = FigureWriter()
@@ -363,11 +248,9 @@ def write_report(out: Path, figures: Path, k: int = 10, heatmap_task: str = "ant
     finally:
         w.close()
     mean = frame[frame.lens_a < frame.lens_b]
-    atomic_write_text(out / "heads_agreement.md", "\n".join([
-        "# Agreement across lenses", "",
-        f"Spearman ρ between the head maps of every pair of lenses, mean ± sd over {len(tasks)} "
-        f"tasks (per-task rows with top-{k} Jaccard: `heads_agreement.csv`; figure: "
-        "`heads_lens_agreement.png`).", "",
+    write_report(out / "heads_agreement.md", "Agreement across lenses", COMMAND, "\n".join([
+        head + f" Spearman ρ of every pair of lenses' head maps, mean ± sd over tasks (top-{k} Jaccard per "
+        "task: `heads_agreement.csv`; figure: `heads_lens_agreement.png`).", "",
         md_table(mean.round(3)[["model", "lens_a", "lens_b", "spearman_mean", "spearman_sd"]]), ""]))
     return f"report: {len(units)} units -> {out}"
 

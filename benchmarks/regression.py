@@ -1,28 +1,40 @@
-"""In-context regression: MSE of zero-shot, ICL, TV, LTV and SITE (and two model-free references,
-``train-mean`` and ``ols-k``) on seeded linear and ReLU regression tasks, on both bundled models.
+"""In-context regression: MSE of zero-shot, ICL, TV, LTV, ltv-valid and SITE (and the model-free
+``train-mean`` and ``ols-k``) on seeded linear and ReLU regression tasks (setup: docs/benchmarks.md).
 
-    python benchmarks/regression.py --threads 1            # resumable; the same command continues
-    python benchmarks/regression.py --report               # regression.md from the CSVs only
+    python benchmarks/regression.py --seeds 0 --threads 1  # resumable -> regression{,_items}.csv, .md
     python benchmarks/regression.py --tiny --out /tmp/reg  # smoke test on a tiny random model
-
-Results: ``results/regression.csv`` (a row per model × task × method, keyed on every setting),
-``results/regression_items.csv`` (a row per test item) and ``results/regression.md``; the setup is
-in docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import random
 import time
 from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
+from sitelens.baselines import ICL, LTV, SITE, TV, Fitted, LTVValid, ZeroShot
+from sitelens.baselines.ltv import LTV_NUMERICS
+from sitelens.errors import SitelensError
+from sitelens.eval.evaluate import run_method
+from sitelens.eval.metrics import bootstrap_ci, correlation
+from sitelens.models import fingerprint, model_name, tiny_model
+from sitelens.pipelines.executors import cached_model
 from sitelens.pipelines.experiment import Experiment, Job, main, md_table
 from sitelens.pipelines.store import row_key
+from sitelens.pipelines.transfer import task_states, tv_fitted
+from sitelens.provenance import NUMERICS_VERSION, canonical, task_hash
+from sitelens.site import FitConfig, fit_site
+from sitelens.tasks import DEFAULT_TEMPLATE
+from sitelens.tasks.regression import (
+    reference_predictions,
+    regression_mse,
+    regression_task,
+    squared_errors,
+    train_mean,
+)
 
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 METHODS = ("zero-shot", "icl", "tv", "ltv", "ltv-valid", "site")
@@ -37,33 +49,22 @@ ITEM_COLUMNS = ["key", "model", "task", "method", "item", "target", "prediction"
 
 
 def make_task(args, kind: str, seed: int):
-    from sitelens.tasks.regression import regression_task
-
     sizes = dict(n_train=40, n_valid=8, n_test=8) if args.tiny else dict(n_train=256, n_valid=64, n_test=128)
     return regression_task(kind, dim=args.dim, seed=seed, **sizes)
 
 
 def make_method(args, name: str):
-    from sitelens.baselines import ICL, LTV, SITE, TV, LTVValid, ZeroShot
-    from sitelens.site import FitConfig
-
-    if args.tiny:
-        small = dict(n_prompts=4, n_shots=2)
-        return {"zero-shot": ZeroShot(), "icl": ICL(n_shots=args.n_shots),
-                "tv": TV(**small, n_valid=4), "ltv": LTV(n_queries=8, n_shots=2),
-                "ltv-valid": LTVValid(n_queries=8, n_shots=2),
-                "site": SITE(**small, config=FitConfig(n_examples=16, n_valid=4))}[name]
-    return {"zero-shot": ZeroShot(), "icl": ICL(n_shots=args.n_shots), "tv": TV(), "ltv": LTV(),
-            "ltv-valid": LTVValid(), "site": SITE()}[name]
+    t = args.tiny  # small fits on the tiny model
+    return {"zero-shot": ZeroShot(), "icl": ICL(n_shots=args.n_shots),
+            "tv": TV(n_prompts=4, n_shots=2, n_valid=4) if t else TV(),
+            "ltv": LTV(n_queries=8, n_shots=2) if t else LTV(),
+            "ltv-valid": LTVValid(n_queries=8, n_shots=2) if t else LTVValid(),
+            "site": SITE(n_prompts=4, n_shots=2, config=FitConfig(n_examples=16, n_valid=4)) if t
+            else SITE()}[name]
 
 
 def settings(args, model, task, kind, seed, method_name, method_params) -> dict:
     """Everything that made a row, and its key; LTV rows carry LTV's declared numerics version."""
-    from sitelens.baselines.ltv import LTV_NUMERICS
-    from sitelens.models import fingerprint, model_name
-    from sitelens.provenance import NUMERICS_VERSION, task_hash
-    from sitelens.tasks import DEFAULT_TEMPLATE
-
     s = {
         "model": model_name(model) if model is not None else "-",
         "fingerprint": fingerprint(model) if model is not None else "-",
@@ -76,24 +77,11 @@ def settings(args, model, task, kind, seed, method_name, method_params) -> dict:
     return dict(s, key=row_key(s))
 
 
-def item_errors(predictions, targets, fallback: float) -> tuple[list, np.ndarray]:
-    """Per item: the parsed value (None when unparseable) and the squared error as
-    :func:`sitelens.tasks.regression.regression_mse` scores it."""
-    from sitelens.tasks.regression import parse_number
-
-    values = [parse_number(p) for p in predictions]
-    err = np.array([((fallback if v is None else v) - float(t)) ** 2 for v, t in zip(values, targets)])
-    return values, err
-
-
 def score_rows(base: dict, task, items, predictions, first_ok, fallback, *, fit_seconds=0.0,
                seconds_per_item=0.0):
-    from sitelens.eval.metrics import bootstrap_ci
-    from sitelens.tasks.regression import regression_mse
-
     targets = [ex.output for ex in items]
     score = regression_mse(predictions, targets, fallback=fallback)
-    values, err = item_errors(predictions, targets, fallback)
+    values, err = squared_errors(predictions, targets, fallback)
     assert math.isclose(float(err.mean()), score.mse, rel_tol=1e-9, abs_tol=1e-12)
     lo, hi = bootstrap_ci(err, n_boot=1000, seed=0)
     row = dict(base, n=score.n, mse=score.mse, mse_lo=lo, mse_hi=hi, n_unparsed=score.n_unparsed,
@@ -106,33 +94,10 @@ def score_rows(base: dict, task, items, predictions, first_ok, fallback, *, fit_
     return row, items_rows
 
 
-def reference_predictions(task, items, method: str, n_shots: int, seed: int) -> list[str]:
-    """``train-mean``: the constant train mean; ``ols-k``: least squares with an intercept on the
-    ``n_shots`` demonstrations that the item's ICL prompt shows (``ICL.fit(seed=seed)``'s draw)."""
-    from sitelens.tasks import sample_demos
-    from sitelens.tasks.regression import parse_point, train_mean
-
-    if method == "train-mean":
-        return [repr(train_mean(task))] * len(items)
-    rng = random.Random(seed)
-    out = []
-    for q in items:
-        demos = sample_demos(task.train, n_shots, rng, exclude=q.input)
-        X = np.array([[1.0, *parse_point(d.input)] for d in demos])  # [k, 1 + dim]
-        y = np.array([float(d.output) for d in demos])  # [k]
-        coef, *_ = np.linalg.lstsq(X, y, rcond=None)  # min-norm when k < 1 + dim
-        out.append(repr(float(np.array([1.0, *parse_point(q.input)]) @ coef)))
-    return out
-
-
 def fit_method(model, task, method, seed: int, shared: dict):
     """``method.fit``; TV and SITE share one stage-1 capture (:func:`sitelens.pipelines.transfer.task_states`,
     the very prompts and tensors of their own fits), kept in ``shared`` with its seconds, which
     count in both fits' ``fit_seconds``."""
-    from sitelens.baselines import SITE, TV, Fitted
-    from sitelens.pipelines.transfer import task_states, tv_fitted
-    from sitelens.site import fit_site
-
     if not isinstance(method, (TV, SITE)) or (isinstance(method, TV) and method.layers is not None):
         return method.fit(model, task, seed=seed)
     sizes = (method.n_prompts, method.n_shots)
@@ -150,11 +115,6 @@ def fit_method(model, task, method, seed: int, shared: dict):
 
 
 def run_method_cell(model, task, method, items, base, shared):
-    from sitelens.errors import SitelensError
-    from sitelens.eval.evaluate import run_method
-    from sitelens.tasks import DEFAULT_TEMPLATE
-    from sitelens.tasks.regression import train_mean
-
     t0 = time.perf_counter()
     try:
         fitted = fit_method(model, task, method, base["seed"], shared)
@@ -171,6 +131,7 @@ def run_method_cell(model, task, method, items, base, shared):
 
 class Regression(Experiment):
     name = "regression"
+    title = "In-context regression: MSE of zero-shot, ICL, TV, LTV and SITE"
     columns = COLUMNS
     models = MODELS
     limit = 100
@@ -184,14 +145,9 @@ class Regression(Experiment):
         p.add_argument("--tiny", action="store_true", help="tiny random model, small sizes (smoke test)")
 
     def model(self, name: str):
-        from sitelens.models import tiny_model
-        from sitelens.pipelines.executors import cached_model
-
         return tiny_model(seed=0) if self.args.tiny else cached_model(name)
 
     def cells(self, args):
-        from sitelens.provenance import canonical
-
         self._shared: dict = {}
         for seed in [int(x) for x in args.seeds.split(",") if x]:  # seed-major: every task and model early
             for kind in [k for k in args.kinds.split(",") if k]:
@@ -209,8 +165,6 @@ class Regression(Experiment):
                                   dict(base=base, kind=kind, seed=seed, name=name))
 
     def run(self, job: Job) -> dict:
-        from sitelens.tasks.regression import train_mean
-
         args, base = self.args, job["base"]
         task = make_task(args, job["kind"], job["seed"])
         items = task.test[: args.limit]
@@ -221,8 +175,6 @@ class Regression(Experiment):
             shared = self.__dict__.setdefault("_shared", {}).setdefault((job["name"], task.name), {})
             row, irows = run_method_cell(self.model(job["name"]), task, make_method(args, base["method"]),
                                          items, base, shared)
-            print(f"{time.strftime('%H:%M:%S')} {base['model']} {task.name} {base['method']}: "
-                  f"mse {row.get('mse', float('nan')):.4g} {row.get('error', '')}", flush=True)
         if irows:
             self.store("regression_items", ITEM_COLUMNS, key=None).append(irows)
         return row
@@ -239,8 +191,6 @@ class Regression(Experiment):
 def pooled(items: pd.DataFrame, keys: list[str]) -> dict:
     """MSE of the items of ``keys`` pooled, its bootstrap CI, the median squared error and the
     mean over tasks of the Pearson r of parsed answers (unparsed left out) and targets."""
-    from sitelens.eval.metrics import bootstrap_ci, correlation
-
     sel = items[items["key"].isin(keys)]
     err = sel["sq_err"].to_numpy(float)
     lo, hi = bootstrap_ci(err, n_boot=1000, seed=0)
@@ -254,24 +204,11 @@ def pooled(items: pd.DataFrame, keys: list[str]) -> dict:
 def report(args, df: pd.DataFrame, items: pd.DataFrame) -> str:
     ok = df[df["error"].fillna("") == ""]
     models = [m for m in MODELS if m in set(ok.model)] + sorted(set(ok.model) - set(MODELS) - {"-"})
-    lines = [
-        "# In-context regression: MSE of zero-shot, ICL, TV, LTV and SITE", "",
-        "Made by `python benchmarks/regression.py --threads 1` (resumable), on the shared 2-core CPU. "
-        f"Tasks: `regression_task(kind, dim={args.dim}, seed)` (linear: f(x) = w·x; relu: a "
-        "two-layer ReLU network with 8 hidden units; x uniform in [-1, 1]^dim, numbers written with "
-        "two decimals, e.g. `Q: 0.42, -0.17` / `A: -0.31`), seeds "
-        f"{', '.join(str(s) for s in sorted(set(ok.seed)))}; 256 train / 64 valid / 128 test items, "
-        f"**test capped at the first {args.limit} items per task**; {args.n_shots}-shot ICL; every "
-        "method with its `sitelens.baselines` defaults. MSE of the first number in the answer; an "
-        "answer without a number is counted (unparsed) and scored as the train mean (the "
-        "`train-mean` row: what that constant scores). `ols-k`: least squares with an intercept on "
-        "the same demonstrations each ICL prompt shows. The variance of f(x) is about 1/3 by "
-        "construction, so MSE ≈ 0.33 is the level of a constant guess.", "",
-    ]
     ltv = sorted(set(ok.loc[ok.method.str.startswith("ltv"), "ltv_source"].dropna()))
-    if ltv:
-        lines += ["LTV version used (sha256 of `sitelens/baselines/ltv.py` @ last commit touching it): "
-                  f"{', '.join(f'`{v}`' for v in ltv)}.", ""]
+    seeds, ltv = ", ".join(map(str, sorted(set(ok.seed)))), ", ".join(f"`{v}`" for v in ltv) or "–"
+    lines = [f"`regression_task(kind, dim={args.dim}, seed)`, seeds {seeds}; the first {args.limit} test "
+             f"items per task; {args.n_shots}-shot ICL; LTV version {ltv}; "
+             "tasks, methods and columns: docs/benchmarks.md; each task's MSE: `regression.csv`.", ""]
     for kind in [k for k in ("linear", "relu") if k in set(ok.kind)]:
         rows = []
         for model in ["-", *models]:
@@ -279,26 +216,15 @@ def report(args, df: pd.DataFrame, items: pd.DataFrame) -> str:
                 g = ok[(ok.kind == kind) & (ok.model == model) & (ok.method == m)]
                 if not len(g):
                     continue
-                p = pooled(items, g["key"].tolist())
+                p, ref = pooled(items, g["key"].tolist()), model == "-"
                 rows.append({
-                    "model": "(no model)" if model == "-" else model, "method": m, "tasks": len(g),
+                    "model": "(no model)" if ref else model, "method": m, "tasks": len(g),
                     "MSE (95% CI)": f"{p['mse']:.3f} ({p['lo']:.3f}–{p['hi']:.3f})",
                     "median SE": f"{p['median']:.3f}", "r(answer, f(x))": f"{p['r']:.2f}",
-                    "unparsed": "–" if model == "-" else f"{int(g.n_unparsed.sum())} / {int(g.n.sum())}",
-                    "first-token acc": "–" if model == "-" else
-                    f"{g.first_token_acc.astype(float).mean():.2f}",
-                    "fit s": "–" if model == "-" else f"{g.fit_seconds.astype(float).mean():.0f}",
-                })
-        lines += [f"## {kind} regression (dim {args.dim})", "",
-                  "MSE over all test items of all seeds pooled (CI: bootstrap over those items; median SE: "
-                  "the median squared error, robust to the few wild answers that can dominate a mean; "
-                  "r(answer, f(x)): Pearson correlation of the parsed answers with the targets within "
-                  "each task, mean over tasks — near 0 when a low MSE only comes from answering "
-                  "near the mean); first-token accuracy is, for these answers, the accuracy of the sign "
-                  "token (` -` vs ` `).", "", md_table(pd.DataFrame(rows)), ""]
-    per = ok.pivot_table(index=["model", "task"], columns="method", values="mse")
-    per = per[[m for m in (*REFERENCES, *METHODS) if m in per.columns]].reset_index()
-    lines += ["## MSE per task", "", md_table(per.round(3).fillna("–")), ""]
+                    "unparsed": "–" if ref else f"{int(g.n_unparsed.sum())} / {int(g.n.sum())}",
+                    "first-token acc": "–" if ref else f"{g.first_token_acc.astype(float).mean():.2f}",
+                    "fit s": "–" if ref else f"{g.fit_seconds.astype(float).mean():.0f}"})
+        lines += [f"## {kind} regression (dim {args.dim})", "", md_table(pd.DataFrame(rows)), ""]
     failed = df[df["error"].fillna("") != ""]
     if len(failed):
         lines += [f"{len(failed)} cell(s) failed: " + "; ".join(

@@ -1,20 +1,20 @@
-"""Shot counts that fit the context: prompt token lengths of every task of the cls, bbh, mmlu_pro
-and anli collections with each bundled tokenizer, and the largest k ≤ 10 whose k-shot prompts plus
-the 32 tokens of generation fit n_ctx = 2048 (:func:`sitelens.tasks.shots.shots_that_fit`).
+"""Shot counts that fit the context: the largest k ≤ 10 whose k-shot prompts plus 32 generated
+tokens fit n_ctx = 2048 (:func:`sitelens.tasks.shots.shots_that_fit`), per task of the cls, bbh,
+mmlu_pro and anli collections and bundled tokenizer (tokenization only).
 
     python benchmarks/shot_counts.py          # -> results/shot_counts.csv (a row per model × task), .md
-
-Tokenization only; a model with rows in the CSV is done. The md keeps the date of the measurement.
 """
 
 from __future__ import annotations
 
-import re
-import time
-
 import pandas as pd
 
+from sitelens.models import fingerprint
+from sitelens.pipelines.executors import cached_model
 from sitelens.pipelines.experiment import Experiment, Job, main, md_table
+from sitelens.provenance import task_hash
+from sitelens.tasks import load_collection, shots
+from sitelens.tasks.shots import MAX_SHOTS, RESERVE
 
 COLLECTIONS = ("cls", "bbh", "mmlu_pro", "anli")
 N_CTX = 2048
@@ -25,6 +25,7 @@ COLUMNS = ["model", "fingerprint", "collection", "task", "task_hash", "n_ctx", "
 
 class ShotCounts(Experiment):
     name = "shot_counts"
+    title = "Shot counts that fit the context"
     columns = COLUMNS
     key = None
     models = ("smollm2-135m-instruct", "gemma-3-270m")
@@ -36,11 +37,6 @@ class ShotCounts(Experiment):
         return [Job(m, m) for m in args.models]
 
     def run(self, job: Job) -> list[dict]:
-        from sitelens.models import fingerprint
-        from sitelens.pipelines.executors import cached_model
-        from sitelens.provenance import task_hash
-        from sitelens.tasks import load_collection, shots
-
         model, rows = cached_model(job.key), []
         for c in COLLECTIONS:
             for t in load_collection(self.args.data_root / c):
@@ -62,11 +58,6 @@ class ShotCounts(Experiment):
         return rows
 
     def report(self, df: pd.DataFrame) -> str:
-        from sitelens.tasks.shots import MAX_SHOTS, RESERVE
-
-        md = self.out / "shot_counts.md"
-        found = re.search(r"shot_counts.py` \((\d{4}-\d\d-\d\d)\)", md.read_text()) if md.exists() else None
-        date = found.group(1) if found and self.args.report else time.strftime("%Y-%m-%d")
         per = (df.groupby(["collection", "model"], sort=False)
                .agg(tasks=("task", "size"), k=("k_guaranteed", "min"), k_seed0=("k_seed0", "min"),
                     longest_zero_shot=("tokens_0shot_max", "max")).reset_index())
@@ -75,19 +66,13 @@ class ShotCounts(Experiment):
         short = df[df["k_guaranteed"] < MAX_SHOTS][["collection", "model", "task", "k_guaranteed", "k_seed0",
                                                     "tokens_0shot_max", "tokens_10shot_bound"]]
         return "\n".join([
-            "# Shot counts that fit the context", "",
-            f"`python benchmarks/shot_counts.py` ({date}). The largest k ≤ "
-            f"{MAX_SHOTS} such that every k-shot prompt plus {RESERVE} generated tokens fits "
-            f"n_ctx = {N_CTX} (`sitelens.tasks.shots.shots_that_fit`). **k** holds for every seed (the k "
-            "longest demonstrations + the longest query of any split, tokenized whole); "
-            "**k (seed 0)** only for the prompts a bench run with seed 0 builds for the test split. "
-            "One k per collection: the smallest over its tasks, so that one shot count serves "
-            "them all.", "",
+            f"The largest k ≤ {MAX_SHOTS} whose k-shot prompts plus {RESERVE} generated tokens fit n_ctx = "
+            f"{N_CTX}, for every seed (**k**) and for the seed-0 test prompts (**k (seed 0)**); the smallest "
+            "over each collection's tasks (docs/tasks.md).", "",
             md_table(per.rename(columns={"k_seed0": "k (seed 0)",
                                          "longest_zero_shot": "longest 0-shot prompt (tokens)"})),
             "", "## Per task (k < 10 only)", "",
-            md_table(short) if len(short) else "Every task fits 10 shots.",
-        ]) + "\n"
+            md_table(short) if len(short) else "Every task fits 10 shots.", ""])
 
 
 if __name__ == "__main__":

@@ -1,29 +1,36 @@
 """SITE's benchmark table at our scale: zero-shot, k-shot ICL, SITE, LoRA and (IA)3 on ANLI,
-MMLU-Pro and BIG-Bench Hard, beside the FV rows of the committed baselines grid.
+MMLU-Pro and BIG-Bench Hard (``sitelens bench`` cells without the dNTP pass; docs/benchmarks.md).
 
     python benchmarks/site_benchmarks.py --models MODEL --shots   # prompt lengths per k -> shots CSV
-    python benchmarks/site_benchmarks.py --models MODEL --rounds 1  # one task per benchmark
-    python benchmarks/site_benchmarks.py --models MODEL           # the grid -> site_benchmarks_{model}.csv
+    python benchmarks/site_benchmarks.py --models MODEL           # -> site_benchmarks_{model}.csv
     python benchmarks/site_benchmarks.py --report                 # -> site_benchmarks.md (+ _summary.csv)
-
-One model per process. Cells are ``sitelens bench`` cells (the same keys, columns and scoring)
-without the dNTP reference pass; the shot counts, caps and task order are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import random
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from sitelens.pipelines.bench import COLUMNS, LABEL_METRICS, cell_key, cell_settings, read_results
-from sitelens.pipelines.experiment import Experiment, Job, main, pct
-from sitelens.pipelines.store import ResultsStore
+from sitelens.baselines import IA3, ICL, SITE, LoRA, ZeroShot
+from sitelens.io import atomic_write_csv
+from sitelens.models import token_ids
+from sitelens.pipelines.bench import (
+    COLUMNS,
+    LABEL_METRICS,
+    BenchConfig,
+    BenchJob,
+    cell_key,
+    cell_settings,
+    read_results,
+    run_cell,
+)
+from sitelens.pipelines.bench_summary import complete_tasks, gaps_to_reference
+from sitelens.pipelines.executors import cached_model
+from sitelens.pipelines.experiment import Experiment, Job, main, md_table, pct, write_report
+from sitelens.tasks import DEFAULT_TEMPLATE, embedding_prompts, few_shot_prompts, load_task
 
 MODELS = ["smollm2-135m-instruct", "gemma-3-270m"]
 N_CTX = 2048
@@ -33,152 +40,89 @@ SEED = 0
 BATCH_SIZE = 16
 METHODS = ["zero-shot", "icl", "site", "lora", "ia3"]
 SHOTS_CHECK_ITEMS = 50  # the shot check covers the first 50 test items (a superset of the limit's)
-NOT_COMPUTED = "dntp: not computed (benchmarks/site_benchmarks.py)"
 
 
-@dataclass(frozen=True)
-class Benchmark:
-    name: str
-    shots: int  # k for ICL and SITE's stage-1 prompts (from --shots)
-    limit: int = 30  # test items per task
-
-    def all_tasks(self, root: Path) -> list[str]:
-        return sorted(p.name for p in (root / self.name).iterdir() if (p / "train.json").exists())
-
-    def order(self, root: Path) -> list[str]:
-        """All tasks in a fixed seeded order: a sample of n is its first n."""
-        names = self.all_tasks(root)
-        random.Random(SEED).shuffle(names)
-        return names
+SHOTS = {"anli": 10, "mmlu_pro": 2, "bbh": 5}  # k for ICL and SITE's stage-1 prompts (from --shots)
+LIMIT = 30  # test items per task
 
 
-BENCHMARKS = {b.name: b for b in (Benchmark("anli", 10), Benchmark("mmlu_pro", 2), Benchmark("bbh", 5))}
-CHANCE_NOTE = {"fv": "open-ended", "anli": "3 labels", "mmlu_pro": "up to 10 options",
-               "bbh": "2-18 options on the multiple-choice tasks; the free-form ones have none"}
+def all_tasks(root: Path, bench: str) -> list[str]:
+    return sorted(p.name for p in (root / bench).iterdir() if (p / "train.json").exists())
 
 
-def methods_for(k: int) -> list:
-    from sitelens.baselines import IA3, ICL, SITE, LoRA, ZeroShot
-
-    return [ZeroShot(), ICL(n_shots=k), SITE(n_shots=k), LoRA(), IA3()]
-
-
-def starts(text: str) -> dict[str, int]:
-    out = {}
-    for part in text.split(","):
-        b, k = part.split("=")
-        if b not in BENCHMARKS or not 1 <= int(k) <= MAX_SHOTS:
-            raise argparse.ArgumentTypeError(f"expected BENCHMARK=K with K in 1..{MAX_SHOTS}: {part}")
-        out[b] = int(k)
-    return out
+def order(root: Path, bench: str) -> list[str]:
+    """All tasks of ``bench`` in a fixed seeded order: a sample of n is its first n."""
+    names = all_tasks(root, bench)
+    random.Random(SEED).shuffle(names)
+    return names
 
 
 class SiteBenchmarks(Experiment):
     name = "site_benchmarks"
     columns = COLUMNS
+    per_model = True
     models = MODELS[:1]
 
     def add_arguments(self, p) -> None:
-        p.add_argument("--benchmarks", type=lambda s: s.split(","), default=list(BENCHMARKS))
         p.add_argument("--rounds", type=int, default=10**6, help="stop after N tasks per benchmark")
         p.add_argument("--shots", action="store_true", help="measure the prompt lengths per k (no cells)")
-        p.add_argument("--start", type=starts, default=dict.fromkeys(BENCHMARKS, MAX_SHOTS),
+        p.add_argument("--start", type=lambda s: {b: int(k) for b, k in (x.split("=") for x in s.split(","))},
+                       default=dict.fromkeys(SHOTS, MAX_SHOTS),
                        help="the k to start the descending shot search at, per benchmark (anli=10,bbh=6)")
-
-    def store(self, name=None, columns=None, key="key") -> ResultsStore:
-        if name is not None:
-            return super().store(name, columns, key)
-        (model,) = self.args.models  # one model per process
-        return ResultsStore(self.out / f"site_benchmarks_{model}.csv", COLUMNS)
-
-    def model(self):
-        from sitelens.pipelines.executors import cached_model
-
-        return cached_model(self.args.models[0], n_ctx=N_CTX)
 
     def cells(self, args):
         """Round-robin over the benchmarks (the i-th task of each, then the next), so partial
         results cover every benchmark."""
-        from sitelens.tasks import DEFAULT_TEMPLATE, load_task
-
         if args.shots:  # a measurement of its own, no cells
-            return None if args.dry_run else measure_shots(self.model(), args)
-        benches = [BENCHMARKS[b] for b in args.benchmarks]
-        orders = [b.order(args.data_root) for b in benches]
+            return None if args.dry_run else measure_shots(cached_model(args.models[0], n_ctx=N_CTX), args)
+        benches = list(SHOTS)
+        orders = [order(args.data_root, b) for b in benches]
         for i in range(min(args.rounds, max(map(len, orders)))):
             for bench, names in zip(benches, orders):
                 if i >= len(names):
                     continue
-                task = load_task(str(args.data_root / bench.name / names[i]))
-                for method in methods_for(bench.shots):
-                    s = cell_settings(self.model(), task, method, seed=SEED, n_shots=bench.shots,
-                                      limit=bench.limit, batch_size=BATCH_SIZE, template=DEFAULT_TEMPLATE)
-                    s["task"] = f"{bench.name}/{names[i]}"
+                task = load_task(str(args.data_root / bench / names[i]))
+                k, model = SHOTS[bench], cached_model(args.models[0], n_ctx=N_CTX)
+                for method in (ZeroShot(), ICL(n_shots=k), SITE(n_shots=k), LoRA(), IA3()):
+                    s = cell_settings(model, task, method, seed=SEED, n_shots=k, limit=LIMIT,
+                                      batch_size=BATCH_SIZE, template=DEFAULT_TEMPLATE)
+                    s["task"] = f"{bench}/{names[i]}"
                     yield Job(cell_key(s), f"{s['task']} {method.name}",
-                              dict(settings=s, bench=bench.name, method=method))
+                              dict(settings=s, bench=bench, method=method))
 
     def run(self, job: Job) -> dict:
-        from sitelens.errors import SitelensError
-        from sitelens.eval.labels import label_set
-        from sitelens.pipelines.bench import score_fitted
-        from sitelens.tasks import load_task
-
-        model, method, bench = self.model(), job["method"], BENCHMARKS[job["bench"]]
-        task = load_task(str(self.args.data_root / job["settings"]["task"]))
-        items = task.test[: bench.limit]
-        row = dict(job["settings"], key=job.key, n=len(items))
-        t0 = time.perf_counter()
-        try:
-            fitted = method.fit(model, task, seed=SEED)
-            fit_s = time.perf_counter() - t0
-            res = score_fitted(model, task, items, fitted, reference=None, batch_size=BATCH_SIZE,
-                               labels=label_set(task))
-            row.update({k: res[k] for k in ("first_token_acc", "exact_match", "dntp", "seconds_per_item",
-                                            *LABEL_METRICS)})
-            row.update(trainable_params=fitted.n_params, fit_seconds=fit_s, error=NOT_COMPUTED)
-        except SitelensError as e:
-            nan = float("nan")
-            row.update(first_token_acc=nan, exact_match=nan, dntp=nan, trainable_params=nan,
-                       fit_seconds=time.perf_counter() - t0, seconds_per_item=nan,
-                       error=f"{type(e).__name__}: {e}", **dict.fromkeys(LABEL_METRICS, nan))
-        print(f"{time.strftime('%H:%M:%S')} {row['task']} {method.name}: EM {row['exact_match']:.3f} "
-              f"label {row['label_acc_full']:.3f} fit {row['fit_seconds']:.1f}s", flush=True)
-        return row
+        s, k = job["settings"], SHOTS[job["bench"]]
+        cfg = BenchConfig(limit=LIMIT, seed=SEED, n_shots=k, batch_size=BATCH_SIZE, dntp=False)
+        task = load_task(str(self.args.data_root / s["task"]))
+        return run_cell(BenchJob(self.args.models[0], N_CTX, task, job["method"], s, job.key, cfg))
 
     def write_report(self) -> str:
-        from sitelens.io import atomic_write_csv, atomic_write_text
-
         df = pd.concat([load_rows(self.out, m) for m in MODELS], ignore_index=True)
         table = summary(df)
         atomic_write_csv(self.out / "site_benchmarks_summary.csv", table)
-        text = markdown(table, df, self.args.data_root)
-        atomic_write_text(self.out / "site_benchmarks.md", text)
-        return text
+        return write_report(self.out / "site_benchmarks.md", "SITE's benchmark table at our scale",
+                            "python benchmarks/site_benchmarks.py --report",
+                            markdown(table, df, self.args.data_root))
 
 
 def measure_shots(model, args) -> list:
     """Per benchmark, the largest k ≤ the --start k for which every prompt a cell builds (the ICL
     prompts of the first 50 test items, SITE's 50 stage-1 prompts) on every task of the collection
     fits n_ctx minus GEN_ROOM; the rows replace those of the same (model, benchmark, k)."""
-    from sitelens.io import atomic_write_csv
-    from sitelens.models import token_ids
-    from sitelens.tasks import embedding_prompts, few_shot_prompts, load_task
-
     def lengths(task, k):
         prompts = few_shot_prompts(task, task.test[:SHOTS_CHECK_ITEMS], k, seed=SEED)
         return [len(token_ids(model, p)) for p in prompts + embedding_prompts(task, 50, k, seed=SEED)]
 
     rows = []
-    for bench in [b for b in BENCHMARKS.values() if b.name in args.start]:
-        tasks = {t: load_task(str(args.data_root / bench.name / t)) for t in bench.all_tasks(args.data_root)}
-        for k in range(args.start[bench.name], 0, -1):
+    for bench in [b for b in SHOTS if b in args.start]:
+        tasks = {t: load_task(str(args.data_root / bench / t)) for t in all_tasks(args.data_root, bench)}
+        for k in range(args.start[bench], 0, -1):
             n = {t: lengths(task, k) for t, task in tasks.items()}
             longest = max(n, key=lambda t: max(n[t]))
-            rows.append({"model": args.models[0], "benchmark": bench.name, "k": k,
+            rows.append({"model": args.models[0], "benchmark": bench, "k": k,
                          "max_tokens": max(n[longest]), "longest_task": longest,
                          "median_tokens": int(np.median(np.concatenate(list(n.values())))),
                          "fits": max(n[longest]) + GEN_ROOM <= N_CTX})
-            print(rows[-1], flush=True)
             if rows[-1]["fits"]:
                 break  # the largest k that fits
     path = args.out / "site_benchmarks_shots.csv"
@@ -207,81 +151,43 @@ def load_rows(out: Path, model: str) -> pd.DataFrame:
     return df[df["exact_match"].notna()]
 
 
-def complete(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows of the tasks where all five methods finished (every method over the same tasks)."""
-    return df[df["task"].isin([t for t, g in df.groupby("task") if set(g["method"]) >= set(METHODS)])]
-
-
 def summary(df: pd.DataFrame) -> pd.DataFrame:
-    rows = []
-    for (model, bench), g in df.groupby(["model", "benchmark"], sort=False):
-        g = complete(g)
-        icl = g[g["method"] == "icl"]
-        k = pd.to_numeric(icl["n_shots"], errors="coerce").dropna()  # the FV grid's rows predate n_shots: 10
-        for method in [m for m in METHODS if m in set(g["method"])]:
-            m = g[g["method"] == method]
-            lab, icl_lab = m[m["chance"].notna()], icl[icl["chance"].notna()]
-            rows.append({
-                "model": model, "benchmark": bench, "method": method, "n_tasks": len(m),
-                "n_items": int(m["n"].sum()), "k": int(k.iloc[0]) if len(k) else 10,
-                "exact_match": m["exact_match"].mean(),
-                "em_gap_icl": m["exact_match"].mean() - icl["exact_match"].mean(),
-                "n_label_tasks": len(lab),
-                "label_acc": lab["label_acc_full"].mean() if len(lab) else np.nan,
-                "label_gap_icl": (lab["label_acc_full"].mean() - icl_lab["label_acc_full"].mean()
-                                  if len(lab) else np.nan),
-                "chance": lab["chance"].mean() if len(lab) else np.nan,
-                "trainable_params": m["trainable_params"].median(), "fit_seconds": m["fit_seconds"].mean(),
-                "seconds_per_item": m["seconds_per_item"].mean(),
-            })
-    return pd.DataFrame(rows)
+    """Each method's means and gap to ICL per (model, benchmark), with the benchmark's shot count."""
+    t = gaps_to_reference(df, METHODS, by=("model", "benchmark"))
+    icl = df[df.method == "icl"]
+    shots = pd.to_numeric(icl.n_shots, errors="coerce").groupby([icl.model, icl.benchmark]).first().fillna(10)
+    t.insert(5, "k", [int(shots.get((m, b), 10)) for m, b in zip(t.model, t.benchmark)])  # FV: no n_shots
+    return t.rename(columns={"em_gap": "em_gap_icl", "label_gap": "label_gap_icl"})
 
 
 def markdown(table: pd.DataFrame, df: pd.DataFrame, root: Path) -> str:
     def gap(x) -> str:
         return "–" if pd.isna(x) else f"{100 * x:+.1f}"
 
-    lines = [
-        "# SITE's benchmark table at our scale", "",
-        "Made by `python benchmarks/site_benchmarks.py --models MODEL` (resumable; one model "
-        "per process, one torch thread) and `python benchmarks/site_benchmarks.py "
-        "--report`; the FV rows are the zero-shot / ICL / SITE / LoRA / (IA)3 rows of the committed "
-        "baselines grid (`baselines_{model}.csv`, 50 test items per task, all 57 FV tasks on "
-        "SmolLM2, the 29 abstractive ones plus choose_first_of_3 on Gemma), not rerun. Settings and "
-        "caps: see below the table. Accuracies in %; means over tasks (every method over the same "
-        "tasks); gap = method − ICL in points. Seconds are wall-clock on one torch thread, under "
-        "two machine states: SmolLM2's ANLI r1 and MMLU-Pro business zero-shot / ICL / SITE cells "
-        "ran at `nice 10` beside normal-priority jobs (load average ≈ 12), inflated many times "
-        "over; its MMLU-Pro LoRA / (IA)3 cells and every Gemma cell ran at normal priority, one "
-        "process per core (load ≈ 2). So fit seconds and seconds per item compare only roughly, "
-        "and not with the FV grid's.", "",
-        "| model | benchmark (chance) | k | method | tasks | items | exact match | gap to ICL | "
-        "label acc (tasks) | gap to ICL | trainable params | fit s | s / item |",
-        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in table.itertuples():
-        params = "–" if pd.isna(r.trainable_params) else f"{int(r.trainable_params):,}"
-        lines.append(
-            f"| {r.model} | {r.benchmark} (chance {pct(r.chance)}) | {r.k} | {r.method} | {r.n_tasks} | "
-            f"{r.n_items} | {pct(r.exact_match)} | {gap(r.em_gap_icl)} | {pct(r.label_acc)} "
-            f"({r.n_label_tasks}) | {gap(r.label_gap_icl)} | {params} | {r.fit_seconds:.1f} | "
-            f"{r.seconds_per_item:.3f} |")
-    lines += ["", "Chance: mean over the closed-label-set tasks of 1 / (number of labels of the "
-              "item) (" + "; ".join(f"{b}: {n}" for b, n in CHANCE_NOTE.items()) + "). Label acc: "
-              "the full-label log-likelihood ranking (`label_acc_full`) under the method's "
-              "intervention, over the tasks with a closed label set (count in brackets); exact "
-              "match is greedy generation, over all tasks.", "", "## Tasks and caps", ""]
-    for b in BENCHMARKS.values():
-        lines.append(f"- **{b.name}** ({len(b.all_tasks(root))} tasks in the collection): k = {b.shots} "
-                     f"shots (ICL and SITE's stage-1 prompts; the largest k whose prompts fit, "
-                     f"`site_benchmarks_shots.csv`), the first {b.limit} items of each task's "
-                     f"seeded test split; tasks taken in the seeded order {', '.join(b.order(root))}.")
+    t = pd.DataFrame({
+        "model": table.model,
+        "benchmark (chance)": table.benchmark + " (chance " + table.chance.map(pct) + ")",
+        "k": table.k, "method": table.method, "tasks": table.n_tasks, "items": table.n_items,
+        "exact match": table.exact_match.map(pct), "gap to ICL": table.em_gap_icl.map(gap),
+        "label acc (tasks)": table.label_acc.map(pct) + " (" + table.n_label_tasks.astype(str) + ")",
+        "label gap to ICL": table.label_gap_icl.map(gap),
+        "trainable params": table.trainable_params.map(lambda x: "–" if pd.isna(x) else f"{int(x):,}"),
+        "fit s": table.fit_seconds.map("{:.1f}".format),
+        "s / item": table.seconds_per_item.map("{:.3f}".format)})
+    lines = ["Cells by `python benchmarks/site_benchmarks.py --models MODEL` (one model per process); the "
+             "FV rows are the committed baselines grid's (`baselines_{model}.csv`). Accuracies in %, means "
+             "over the tasks where all five methods finished; gap = method − ICL in points; chance, label "
+             "acc and the machine states behind the seconds: docs/benchmarks.md.", "", md_table(t), "",
+             "## Tasks and caps", ""]
+    for b, k in SHOTS.items():
+        lines.append(f"- **{b}** ({len(all_tasks(root, b))} tasks): k = {k}, the first {LIMIT} test items "
+                     f"per task, tasks in the seeded order {', '.join(order(root, b))}.")
         for model in MODELS:
-            done = sorted(set(complete(df[(df["model"] == model) & (df["benchmark"] == b.name)])["task"]
-                              .str.split("/").str[1]))
+            sub = df[(df["model"] == model) & (df["benchmark"] == b)]
+            done = sorted(set(complete_tasks(sub, METHODS)["task"].str.split("/").str[1]))
             lines.append(f"  - {model}: {len(done)} task(s) with all five methods: "
                          + (", ".join(done) if done else "none yet") + ".")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

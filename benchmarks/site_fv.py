@@ -1,50 +1,36 @@
 """SITE vs zero-shot vs 10-shot ICL on the FV benchmark tasks, with timings and peak memory.
 
-    python benchmarks/site_fv.py --models smollm2-135m-instruct --limit 50
-    python benchmarks/site_fv.py --models gemma-3-270m --abstractive --limit 50
+    python benchmarks/site_fv.py --models smollm2-135m-instruct --limit 50 --no-reference
+    python benchmarks/site_fv.py --models gemma-3-270m --abstractive --limit 50 --no-reference
     python benchmarks/site_fv.py --report
-
-One model per process; rows per (model, task, method) in ``results/site_fv_{model}.csv``, appended
-per task (a task whose rows are there is done; ``site-ref``: the 400 × batch-1 schedule on an
-8-task sample); ``results/site_fv.md`` summarizes every model's CSV.
 """
 
 from __future__ import annotations
 
 import json
-import time
 
 import pandas as pd
 
-from sitelens.pipelines.experiment import Experiment, Job, PeakRSS, main
-from sitelens.pipelines.store import ResultsStore
+from sitelens import FitConfig, fit_site, load_task, summarize
+from sitelens.eval import evaluate
+from sitelens.pipelines.bench import FV_EXTRACTIVE
+from sitelens.pipelines.executors import cached_model
+from sitelens.pipelines.experiment import Experiment, Job, PeakRSS, main, md_table, pct, write_report
 
 # Tasks where the reference schedule (400 steps of batch 1) is also run.
-REFERENCE_SAMPLE = [
-    "antonym", "country-capital", "english-french", "present-past", "singular-plural",
-    "capitalize_first_letter", "choose_first_of_3", "person-occupation",
-]
-FIELDS = [
-    "model", "task", "method", "first_token_acc", "exact_match", "n", "seconds_per_item",
-    "stage1_seconds", "stage2_seconds", "fit_peak_rss_mb", "best_step",
-]
+REFERENCE_SAMPLE = ["antonym", "country-capital", "english-french", "present-past", "singular-plural",
+                    "capitalize_first_letter", "choose_first_of_3", "person-occupation"]
+FIELDS = ["model", "task", "method", "first_token_acc", "exact_match", "n", "seconds_per_item",
+          "stage1_seconds", "stage2_seconds", "fit_peak_rss_mb", "best_step"]
 MAIN = ("zero-shot", "icl", "site")
-INTRO = (
-    "Made by `python benchmarks/site_fv.py --models MODEL --data-root ../shared/datasets --limit 50 "
-    "--no-reference --threads 1 [--abstractive]`, the reference-schedule rows by the same command without "
-    "`--no-reference` and with `--tasks` the 8-task sample, then `python benchmarks/site_fv.py --report`; on "
-    "the 2-core CPU machine while other jobs (figures, baselines) shared the cores, so the seconds below are "
-    "inflated by contention (antonym and country-capital ran with 2 threads, the rest with 1). Test split "
-    "capped at the first 50 items per task. Exact match (EM) and first-token accuracy (FT) in %. SITE: "
-    "default schedule (400 training examples in batches of 8, best validation loss kept); `site-ref`: the "
-    "reference schedule, 400 steps of batch 1. The run is resumable: rerunning the command continues with "
-    "the tasks not yet in the CSV. The fit time on a quiet machine (the ≤ 30 s target) is measured "
-    "separately in [fit_time.md](fit_time.md), with a breakdown in [fit_profile.md](fit_profile.md).")
+COMMAND = "python benchmarks/site_fv.py --models MODEL --limit 50 --no-reference --threads 1 [--abstractive]"
 
 
 class SiteFV(Experiment):
     name = "site_fv"
+    columns = FIELDS
     key = None
+    per_model = True
     models = ("smollm2-135m-instruct",)
     limit = 50
     threads = 2
@@ -53,11 +39,6 @@ class SiteFV(Experiment):
         p.add_argument("--abstractive", action="store_true", help="the 29 abstractive tasks only")
         p.add_argument("--no-reference", dest="reference", action="store_false", help="no site-ref rows")
         p.add_argument("--n-ctx", type=int, default=4096)
-        p.add_argument("--seed", type=int, default=0)
-
-    def store(self, name=None, columns=None, key="key") -> ResultsStore:
-        (model,) = self.args.models  # one model per process
-        return ResultsStore(self.out / f"site_fv_{model}.csv", FIELDS, key=None)
 
     def done_keys(self) -> set[str]:
         df = self.read()
@@ -68,8 +49,6 @@ class SiteFV(Experiment):
     def cells(self, args):
         """The reference sample first, then short-prompt tasks before long ones (ag_news,
         commonsense_qa, squad_val), so an interrupted run has covered the most tasks."""
-        from sitelens.pipelines.bench import FV_EXTRACTIVE
-
         fv = args.data_root / "fv"
         names = sorted(p.name for p in fv.iterdir() if (p / "train.json").exists())
         names = [n for n in names if not (args.abstractive and n in FV_EXTRACTIVE)
@@ -86,81 +65,67 @@ class SiteFV(Experiment):
                 yield Job(f"{name}/site-ref", f"{name} site-ref", {"task": name, "part": "site-ref"})
 
     def run(self, job: Job) -> list[dict]:
-        from sitelens import FitConfig, fit_site, load_task, summarize
-        from sitelens.eval import evaluate
-        from sitelens.pipelines.executors import cached_model
-
         args, name = self.args, job["task"]
         model = cached_model(args.models[0], n_ctx=args.n_ctx)
         task = load_task(args.data_root / "fv" / name, dedupe=True)
         ref = job["part"] == "site-ref"
-        config = FitConfig(seed=args.seed, batch_size=1, n_examples=400, eval_every=50) if ref else FitConfig(
-            seed=args.seed)
-        t0 = time.perf_counter()
+        config = FitConfig(seed=0, batch_size=1, n_examples=400, eval_every=50) if ref else FitConfig(seed=0)
         with PeakRSS() as mem:
             adapter = fit_site(model, task, config=config)
         fit_info = {"stage1_seconds": round(adapter.meta["stage1_seconds"], 2),
                     "stage2_seconds": round(adapter.meta["stage2_seconds"], 2),
                     "fit_peak_rss_mb": round(mem.peak / 2**20), "best_step": adapter.meta["best_step"]}
-        df = evaluate(model, task, adapter=adapter, limit=args.limit, seed=args.seed,
+        df = evaluate(model, task, adapter=adapter, limit=args.limit, seed=0,
                       **({"methods": ["site"]} if ref else {}))
         rows = [{"model": args.models[0], "task": name, "method": "site-ref" if ref else r.method,
                  "first_token_acc": round(r.first_token_acc, 4), "exact_match": round(r.exact_match, 4),
                  "n": r.n, "seconds_per_item": round(r.seconds_per_item, 4),
                  **(fit_info if r.method == "site" else {})} for r in summarize(df).itertuples()]
-        print(f"{args.models[0]} {name}: {({r['method']: r['exact_match'] for r in rows})}  "
-              f"({time.perf_counter() - t0:.0f}s)", flush=True)
         return rows
 
     def write_report(self) -> str:
-        from sitelens.io import atomic_write_text
-
-        lines = ["# SITE on the FV benchmark tasks", "", INTRO, ""]
+        body = [f"Cells: `{COMMAND}` per model; the `site-ref` rows (400 steps of batch 1) by the same "
+                "command without `--no-reference`, `--tasks` the 8-task sample. EM, FT: exact match and "
+                "first-token accuracy in %; test split capped at 50 items; settings: docs/benchmarks.md.",
+                ""]
         for path in sorted(self.out.glob("site_fv_*.csv")):
-            lines += model_section(pd.read_csv(path))
-        text = "\n".join(lines)
-        atomic_write_text(self.out / "site_fv.md", text)
-        return text
+            body += model_section(pd.read_csv(path))
+        return write_report(self.out / "site_fv.md", "SITE on the FV benchmark tasks",
+                            "python benchmarks/site_fv.py --report", "\n".join(body))
 
 
 def model_section(df: pd.DataFrame) -> list[str]:
-    piv = df.pivot_table(index="task", columns="method", values=["exact_match", "first_token_acc"])
     means = df.groupby("method")[["exact_match", "first_token_acc", "seconds_per_item"]].mean()
-    lines = [f"## {df.model.iloc[0]} ({df.task.nunique()} tasks)", "",
-             "| method | mean EM | mean FT | mean s/item |", "|---|---|---|---|"]
-    lines += [f"| {m} | {100 * r.exact_match:.1f} | {100 * r.first_token_acc:.1f} | "
-              f"{r.seconds_per_item:.3f} |" for m, r in ((m, means.loc[m]) for m in MAIN if m in means.index)]
+    means = means.loc[[m for m in MAIN if m in means.index]]
+    table = pd.DataFrame({"mean EM": means.exact_match.map(pct), "mean FT": means.first_token_acc.map(pct),
+                          "mean s/item": means.seconds_per_item.map("{:.3f}".format)})
+    lines = [f"## {df.model.iloc[0]} ({df.task.nunique()} tasks)", "", md_table(table.reset_index()), ""]
     if {"site", "icl"} <= set(means.index):
         gap = 100 * (means.loc["site", "exact_match"] - means.loc["icl", "exact_match"])
-        lines += ["", f"- SITE − 10-shot ICL, mean exact match: {gap:+.1f} points."]
+        lines.append(f"- SITE − 10-shot ICL, mean exact match: {gap:+.1f} points.")
     site = df[df.method == "site"]
     spi = {m: df[df.method == m].set_index("task").seconds_per_item for m in MAIN}
-    fit = site.stage1_seconds + site.stage2_seconds
     lines += [
-        f"- stage 1 + stage 2 per task: median {fit.median():.1f} s (stage 1 median "
-        f"{site.stage1_seconds.median():.1f} s, stage 2 median {site.stage2_seconds.median():.1f} s); "
-        f"peak RSS of a fit: median {site.fit_peak_rss_mb.median():.0f} MB, "
-        f"max {site.fit_peak_rss_mb.max():.0f} MB.",
+        f"- stage 1 + stage 2 per task: median {(site.stage1_seconds + site.stage2_seconds).median():.1f} s "
+        f"(stage 1 median {site.stage1_seconds.median():.1f} s, stage 2 median "
+        f"{site.stage2_seconds.median():.1f} s); peak RSS of a fit: median "
+        f"{site.fit_peak_rss_mb.median():.0f} MB, max {site.fit_peak_rss_mb.max():.0f} MB.",
         f"- SITE s/item ÷ zero-shot s/item: median {(spi['site'] / spi['zero-shot']).median():.2f}; "
-        f"ICL s/item ÷ SITE s/item: median {(spi['icl'] / spi['site']).median():.2f}.",
-    ]
+        f"ICL s/item ÷ SITE s/item: median {(spi['icl'] / spi['site']).median():.2f}."]
     ref = df[df.method == "site-ref"]
     if len(ref):
         sub = df[df.task.isin(ref.task)]
-        m = sub.groupby("method").exact_match.mean()
-        s_rows = sub[sub.method == "site"]
+        m, s = sub.groupby("method").exact_match.mean(), sub[sub.method == "site"]
         lines.append(f"- reference schedule (400 × batch 1) on {len(ref)} tasks: "
                      f"EM {100 * m['site-ref']:.1f} vs batched default {100 * m['site']:.1f}; fit median "
                      f"{(ref.stage1_seconds + ref.stage2_seconds).median():.1f} s vs "
-                     f"{(s_rows.stage1_seconds + s_rows.stage2_seconds).median():.1f} s.")
-    lines += ["", "| task | zero-shot EM | ICL EM | SITE EM | SITE-ref EM | zero-shot FT | ICL FT "
-              "| SITE FT |",
-              "|---|---|---|---|---|---|---|---|"]
-    cols = [("exact_match", m) for m in (*MAIN, "site-ref")] + [("first_token_acc", m) for m in MAIN]
-    for task, r in piv.iterrows():
-        lines.append(f"| {task} | " + " | ".join(
-            "" if r.get(c) is None or pd.isna(r.get(c)) else f"{100 * r.get(c):.0f}" for c in cols) + " |")
-    return lines + [""]
+                     f"{(s.stage1_seconds + s.stage2_seconds).median():.1f} s.")
+    piv = df.pivot_table(index="task", columns="method", values=["exact_match", "first_token_acc"])
+    cols = {f"{m} EM": ("exact_match", m) for m in (*MAIN, "site-ref")} | {
+        f"{m} FT": ("first_token_acc", m) for m in MAIN}
+    table = pd.DataFrame({name: piv[c].map(lambda v: "" if pd.isna(v) else f"{100 * v:.0f}") if c in piv
+                          else "" for name, c in cols.items()}, index=piv.index)
+    return lines + ["", md_table(table.reset_index()), ""]
 
 
 if __name__ == "__main__":

@@ -75,6 +75,16 @@ def test_replace_keeps_only_the_latest_run(tmp_path):
     assert len(pd.read_csv(tmp_path / "snap.csv")) == 2
 
 
+def test_per_model_tables(tmp_path):
+    class PerModel(Grouped):
+        name, per_model = "pm", True
+
+    main(PerModel(), ["--out", str(tmp_path), "--n", "2", "--models", "a"], prog="x")
+    main(PerModel(), ["--out", str(tmp_path), "--n", "4", "--models", "b"], prog="x")
+    assert [len(pd.read_csv(tmp_path / f"pm_{m}.csv")) for m in "ab"] == [2, 4]
+    assert not (tmp_path / "pm.csv").exists()
+
+
 def test_bad_input_exits_2_with_the_message(tmp_path, capsys):
     assert main(Grouped(), ["--out", str(tmp_path), "--fail"], prog="x") == 2
     assert "error: no such cells" in capsys.readouterr().err

@@ -462,6 +462,27 @@ def test_certified_top_k_verifies_with_exact_values(tiny_mha, task):
                        mass=2 * float(full.abs().max()) + 1e-3)
 
 
+def test_fast_vs_exact_replays_certification_on_the_exact_run():
+    from sitelens.lenses.compare import certify_top_k, fast_vs_exact
+
+    exact = torch.arange(40, dtype=torch.float32).reshape(4, 10).flip(0)  # [n_layers, n_heads]
+    meta = {"rows": 41 * 2, "n_prompts": 2}
+    s = HeadScores.concat([
+        HeadScores.from_map(exact, model="m", task="t", lens="effect", forward_passes=9, meta=meta),
+        HeadScores.from_map(exact + 0.01, model="m", task="t", lens="atp", forward_passes=2),
+        HeadScores.from_map(-exact, model="m", task="t", lens="alpha"),
+    ])
+    rows, cert = fast_vs_exact(s, k=3)
+    r = rows.set_index("lens")
+    assert r.loc["atp", "spearman"] == pytest.approx(1.0) and r.loc["atp", "top3_recall"] == 1.0
+    assert r.loc["alpha", "top3_recall"] == 0.0 and r.loc["atp", "exact_rows"] == 82
+    assert list(cert.rule) == ["absolute", "relative"] and cert.certified.all()
+    flat = exact.flatten().numpy()
+    want = certify_top_k(flat + 0.01, lambda idx: flat[idx], k=3, budget=5 / 40)
+    assert cert.verified.iloc[0] == len(want["verified"])
+    assert cert.rows.iloc[0] == (len(want["verified"]) + 1) * 2 and cert.recall.iloc[0] == 1.0
+
+
 def test_lens_agreement_and_plots():
     from sitelens.lenses.compare import lens_agreement
     from sitelens.lenses.plots import agreement_matrix, alpha_uncertainty, lens_maps

@@ -166,6 +166,17 @@ def test_bench_writes_tidy_rows_and_resumes_without_refitting(model, tasks, tmp_
     assert "Pearson" in md
 
 
+def test_bench_without_dntp_runs_no_reference_and_keeps_the_keys(model, tasks, tmp_path, monkeypatch):
+    refs = []
+    monkeypatch.setattr(bench, "reference_logits", lambda *a, **k: refs.append(1))
+    df = bench.run_bench([model], tasks[:1], ["zero-shot"], tmp_path / "a.csv", limit=2, n_shots=2,
+                         dntp=False)
+    assert refs == [] and df["dntp"].isna().all() and df["error"].str.startswith("dntp: not computed").all()
+    monkeypatch.undo()
+    with_dntp = bench.run_bench([model], tasks[:1], ["zero-shot"], tmp_path / "b.csv", limit=2, n_shots=2)
+    assert list(df["key"]) == list(with_dntp["key"]) and (with_dntp["dntp"] > 0).all()
+
+
 def test_bench_keeps_finished_cells_when_a_run_dies(model, tasks, tmp_path):
     out = tmp_path / "bench.csv"
     zs = CountingZeroShot()
@@ -236,6 +247,34 @@ def test_summary_table_gives_a_task_interval_from_five_tasks(monkeypatch):
     assert not np.isnan(bench.summary_table(table(3)).iloc[0].exact_match_lo)
 
 
+def test_mean_over_tasks_averages_each_task_first():
+    from sitelens.eval.metrics import mean_over_tasks
+
+    df = pd.DataFrame({"sel": ["top"] * 5 + ["bottom"], "task": ["a", "a", "a", "b", "c", "a"],
+                       "accuracy": [1.0, 0.0, 0.5, 1.0, float("nan"), 0.25]})
+    t = mean_over_tasks(df, ["sel"], n_boot=200).set_index("sel")
+    assert list(t.index) == ["bottom", "top"]  # sorted groups
+    assert t.loc["top", "accuracy"] == 0.75 and t.loc["top", "n_tasks"] == 3  # (0.5 + 1) / 2; c has no value
+    assert (t.loc["top", "ci_low"], t.loc["top", "ci_high"]) == bootstrap_ci([0.5, 1.0], n_boot=200, seed=0)
+
+
+def test_complete_tasks_and_gaps_to_reference():
+    from sitelens.pipelines.bench_summary import complete_tasks, gaps_to_reference
+
+    nan = float("nan")
+    df = pd.DataFrame({
+        "model": ["m"] * 5, "task": ["a", "a", "b", "b", "c"], "method": ["icl", "fv", "icl", "fv", "icl"],
+        "n": [2] * 5, "exact_match": [1.0, 0.5, 0.5, nan, 0.0], "label_acc_full": [1.0, 0.5, nan, nan, nan],
+        "chance": [0.5, 0.5, nan, nan, nan], "trainable_params": [0] * 5, "fit_seconds": [1.0] * 5,
+        "seconds_per_item": [0.1] * 5,
+    })
+    assert list(complete_tasks(df).task) == ["a", "a"]  # b's fv failed, c has no fv
+    assert set(complete_tasks(df, ["icl"]).task) == {"a", "b", "c"}
+    g = gaps_to_reference(df, ["icl", "fv"]).set_index("method")
+    assert g.loc["fv", "n_tasks"] == 1 and g.loc["fv", "em_gap"] == -0.5 and g.loc["icl", "em_gap"] == 0
+    assert g.loc["fv", "label_gap"] == -0.5 and g.loc["fv", "chance"] == 0.5 and g.loc["fv", "n_items"] == 2
+
+
 def test_dntp_accuracy_correlation_pooled_and_within_task():
     """Within each task a higher dNTP means lower accuracy (ρ = -1), but the easy task has the
     larger dNTPs, so pooled over tasks the sign flips: the within-task figure must not."""
@@ -250,6 +289,11 @@ def test_dntp_accuracy_correlation_pooled_and_within_task():
     assert c["n_cells"] == 6 and c["n_tasks_within"] == 2
     assert c["within_task_spearman"] == pytest.approx(-1.0)  # a float64 rank correlation, ±1 exactly
     assert c["spearman"] > 0  # pooled: the easy task's cells have both higher dNTP and accuracy
+    from sitelens.pipelines.bench_summary import correlation_rows
+
+    t = correlation_rows(pd.DataFrame(rows), {"all but ICL": ("icl",)}).iloc[0]
+    assert (t["model"], t["methods"], t["cells"]) == ("x", "all but ICL", 6)
+    assert t["Spearman ρ within a task (mean)"] == "-1.00 (2 tasks)"
 
 
 def test_cli_bench_takes_tasks_space_or_comma_separated(tmp_path, capsys):

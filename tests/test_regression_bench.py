@@ -1,34 +1,29 @@
-"""benchmarks/regression.py: its ``ols-k`` reference fits the very demonstrations each ICL prompt
-shows, and its per-item errors are regression_mse's (no model needed)."""
+"""The regression benchmark's references and errors (sitelens.tasks.regression): ``ols-k`` fits the
+very demonstrations each ICL prompt shows, and the per-item errors are regression_mse's (no model
+needed)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 
 from sitelens.baselines import ICL
-from sitelens.tasks.regression import parse_point, regression_mse, regression_task
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _script():
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("regression_bench", BENCH / "regression.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from sitelens.tasks.regression import (
+    parse_point,
+    reference_predictions,
+    regression_mse,
+    regression_task,
+    squared_errors,
+    train_mean,
+)
 
 
 def test_ols_k_fits_the_icl_prompts_demonstrations():
-    bench = _script()
     task = regression_task("relu", n_train=40, n_valid=4, n_test=6, dim=2, seed=3)
     items = task.test
-    preds = bench.reference_predictions(task, items, "ols-k", 5, seed=3)
+    assert reference_predictions(task, items, "train-mean", 5, seed=3) == [repr(train_mean(task))] * 6
+    preds = reference_predictions(task, items, "ols-k", 5, seed=3)
     prompts = ICL(n_shots=5).fit(None, task, seed=3).prompts(items)
     for prompt, q, pred in zip(prompts, items, preds):
         shots = prompt.split("\n\n")[:-1]  # "Q: x\nA: y" per demonstration, the query last
@@ -40,8 +35,7 @@ def test_ols_k_fits_the_icl_prompts_demonstrations():
 
 
 def test_item_errors_are_regression_mse():
-    bench = _script()
     preds, targets = [" 0.50", "none", "-1.00"], ["0.25", "1.00", "-0.50"]
-    values, err = bench.item_errors(preds, targets, fallback=0.5)
+    values, err = squared_errors(preds, targets, fallback=0.5)
     assert values == [0.5, None, -1.0]
     assert math.isclose(err.mean(), regression_mse(preds, targets, fallback=0.5).mse, rel_tol=1e-15)

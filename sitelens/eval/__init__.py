@@ -41,6 +41,7 @@ from sitelens.eval.metrics import (
     correlation,
     dntp,
     dntp_per_item,
+    mean_over_tasks,
 )
 from sitelens.eval.scoring import (
     ItemScores,
@@ -55,6 +56,7 @@ __all__ = [
     "accuracy",
     "bootstrap_ci",
     "correlation",
+    "mean_over_tasks",
     "LABEL_COLUMNS",
     "MAX_LABELS",
     "LabelScores",

@@ -1,5 +1,5 @@
 """Metrics: dNTP (the distribution-alignment criterion of the LTV work), accuracy, bootstrap CIs
-and correlations.
+(of items, and of task means: :func:`mean_over_tasks`) and correlations.
 
 dNTP = KL(P_icl ‖ P_method) of the next-token distribution at the answer position (the position
 after the prompt), over the full vocabulary, averaged over queries; P_icl is the k-shot (10-shot)
@@ -8,7 +8,10 @@ ICL distribution of the same query.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
+import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -77,6 +80,22 @@ def bootstrap_ci(
     q = (1 - level) / 2
     lo, hi = np.quantile(means, q, axis=-1), np.quantile(means, 1 - q, axis=-1)
     return (float(lo), float(hi)) if x.ndim == 1 else (lo, hi)
+
+
+def mean_over_tasks(df: pd.DataFrame, by: Sequence[str], value: str = "accuracy", *, n_boot: int = 2000,
+                    seed: int = 0) -> pd.DataFrame:
+    """Per group of ``by`` (in sorted order): the mean over tasks of each task's mean ``value`` (the
+    seeds, draws and items of a task averaged first; non-finite task means left out), its 95%
+    percentile bootstrap CI over tasks (:func:`bootstrap_ci`) and ``n_tasks``."""
+    rows = []
+    for key, g in df.groupby([*by, "task"])[value].mean().groupby(level=list(range(len(by)))):
+        x = g.to_numpy(float)
+        f = x[np.isfinite(x)]
+        lo, hi = bootstrap_ci(f, n_boot=n_boot, seed=seed)
+        rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))),
+                     value: float(f.mean()) if len(f) else float("nan"), "ci_low": lo, "ci_high": hi,
+                     "n_tasks": len(x)})
+    return pd.DataFrame(rows)
 
 
 def _as_float_array(x) -> np.ndarray:

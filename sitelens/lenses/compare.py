@@ -3,6 +3,9 @@ exactly only the heads the fast lens ranks best.
 
 - :func:`lens_agreement`: for every model × task in a :class:`HeadScores` table and every pair of
   its lenses, the Spearman correlation over heads and the top-k Jaccard overlap.
+- :func:`fast_vs_exact`: every fast lens of a :class:`HeadScores` table against its exact
+  ``effect`` lens (Spearman, top-k recall, passes and seconds of both), and the certified top-k of
+  AtP / AtP* replayed on the full exact run.
 - :func:`certify_top_k` (pure, on arrays) and :func:`certified_top_k` (runs the exact patching):
   rank heads by a fast lens (AtP), verify the best-ranked heads exactly, ``step`` at a time; the
   residual ``r`` is the largest ``|exact − fast|`` seen among verified heads; verification stops
@@ -16,6 +19,7 @@ exactly only the heads the fast lens ranks best.
 
 from __future__ import annotations
 
+import json
 import time
 from itertools import combinations
 
@@ -47,6 +51,52 @@ def lens_agreement(scores: HeadScores, k: int = 10, lenses: list[str] | None = N
                          "spearman": correlation(maps[a], maps[b], "spearman"),
                          f"top{k}_jaccard": len(ta & tb) / len(ta | tb)})
     return pd.DataFrame(rows)
+
+
+FAST_LENSES = ("alpha", "alpha-official", "alpha-grad", "atp", "atp-star", "ablation-mean", "ablation-zero",
+               "dla")
+
+
+def _head_map(df: pd.DataFrame, lens: str) -> np.ndarray:
+    return df[df.lens == lens].sort_values(["layer", "head"])["score"].to_numpy(float)
+
+
+def fast_vs_exact(scores: HeadScores, k: int = 10, lenses=FAST_LENSES, certify=("atp", "atp-star"),
+                  budget: float = 0.15) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per (model, task) of ``scores`` that has the exact ``effect`` lens: one row per fast lens
+    (``spearman`` and ``top{k}_recall`` against ``effect``, its passes and seconds, and the exact
+    run's ``exact_forward_passes``, ``exact_rows``, ``exact_seconds``); and one row per lens of
+    ``certify`` and rule (``absolute``, ``relative``): :func:`certify_top_k` with the exact values
+    read from the full exact run (each of its rows is one head on one prompt, so a subset gives the
+    same numbers), rows counted as :func:`certified_top_k` runs them (one unpatched row per prompt,
+    then one per verified head and prompt), ``budget`` a share of the full run's rows
+    ``(n_heads + 1) × n_prompts``."""
+    rows, cert = [], []
+    for (model, task), s in scores.df.groupby(["model", "task"], sort=False):
+        if "effect" not in set(s.lens):
+            continue
+        ex, e_row = _head_map(s, "effect"), s[s.lens == "effect"].iloc[0]
+        meta, n = json.loads(e_row["meta"]), len(ex)
+        for lens in [x for x in lenses if x in set(s.lens)]:
+            f, r = _head_map(s, lens), s[s.lens == lens].iloc[0]
+            rows.append({"model": model, "task": task, "lens": lens,
+                         "spearman": correlation(f, ex, "spearman"),
+                         f"top{k}_recall": len(top_k_heads(f, k) & top_k_heads(ex, k)) / k,
+                         "forward_passes": int(r.forward_passes), "backward_passes": int(r.backward_passes),
+                         "seconds": float(r.seconds), "exact_forward_passes": int(e_row.forward_passes),
+                         "exact_rows": int(meta["rows"]), "exact_seconds": float(e_row.seconds)})
+        for lens in [x for x in certify if x in set(s.lens)]:
+            for rule in ("absolute", "relative"):
+                max_heads = int(np.floor(budget * (n + 1))) - 1
+                c = certify_top_k(_head_map(s, lens), lambda idx, ex=ex: ex[np.asarray(idx)], k=k,
+                                  budget=max_heads / n, rule=rule)
+                n_rows = (len(c["verified"]) + 1) * meta["n_prompts"]
+                cert.append({"model": model, "task": task, "lens": lens, "rule": rule,
+                             "verified": len(c["verified"]), "verified_share": len(c["verified"]) / n,
+                             "recall": len(set(c["top"]) & top_k_heads(ex, k)) / k,
+                             "certified": c["certified"], "rounds": c["rounds"], "rows": n_rows,
+                             "exact_rows_share": n_rows / meta["rows"], "n_heads": n})
+    return pd.DataFrame(rows), pd.DataFrame(cert)
 
 
 def certify_top_k(fast: np.ndarray, exact_of, k: int = 10, budget: float = 0.15,

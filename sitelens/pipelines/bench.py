@@ -239,8 +239,8 @@ def _task_of(spec) -> Task:
 @dataclass(frozen=True)
 class BenchConfig:
     """The settings of one bench run (see :func:`run_bench`, which also takes each field as a
-    keyword argument). All but ``progress``, ``n_ctx`` and ``load`` are part of every row's key
-    (the weight fingerprint in the key already tells a bfloat16 model from a float32 one)."""
+    keyword argument). All but ``progress``, ``n_ctx``, ``load`` and ``dntp`` are part of every row's
+    key (the weight fingerprint in the key already tells a bfloat16 model from a float32 one)."""
 
     limit: int | None = 100  # test items per task (None: all)
     seed: int = 0  # fits, demonstrations and the ICL reference
@@ -250,6 +250,7 @@ class BenchConfig:
     progress: bool = False  # a tqdm bar over the cells
     n_ctx: int | None = None  # context length of models loaded by name (None: load_model's)
     load: LoadSpec | None = None  # device, dtype, ... of models loaded by name (None: load_model's)
+    dntp: bool = True  # False: no k-shot ICL reference pass; dNTP is NaN and the row's error says so
 
 
 def run_bench(
@@ -372,6 +373,8 @@ _REFERENCE: dict[tuple, tuple] = {}
 
 def _reference(model, job: BenchJob, items) -> tuple[Tensor | None, str]:
     cfg, s = job.config, job.settings
+    if not cfg.dntp:
+        return None, "dntp: not computed (BenchConfig(dntp=False))"
     key = (job.model, s["fingerprint"], s["task_hash"], s["limit"], s["n_shots"], s["seed"],
            s["template"], s["batch_size"])
     if key not in _REFERENCE:

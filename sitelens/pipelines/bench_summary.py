@@ -1,6 +1,9 @@
 """Summaries of a bench results table (:func:`sitelens.pipelines.bench.read_results`): per (model,
 method) means over tasks with bootstrap intervals, the dNTP–accuracy correlation across cells, the
-markdown report of each model and the dNTP–accuracy scatter.
+markdown report of each model, its correlations as a table (:func:`correlation_rows`) and the
+dNTP–accuracy scatter; the tasks where every method finished
+(:func:`complete_tasks`) and each method's gap to a reference method on them
+(:func:`gaps_to_reference`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,42 @@ def summary_table(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> pd.
     return pd.DataFrame(rows)
 
 
+def complete_tasks(df: pd.DataFrame, methods: Sequence[str] | None = None) -> pd.DataFrame:
+    """The finished rows (``exact_match`` a number) of the tasks where every method of ``methods``
+    finished (default: every method of ``df``), so that every method is averaged over the same tasks."""
+    ok = df[pd.to_numeric(df["exact_match"], errors="coerce").notna()]
+    need = set(df["method"] if methods is None else methods)
+    return ok[ok["task"].isin([t for t, g in ok.groupby("task") if set(g["method"]) >= need])]
+
+
+def gaps_to_reference(df: pd.DataFrame, methods: Sequence[str], by: Sequence[str] = ("model",),
+                      reference: str = "icl") -> pd.DataFrame:
+    """Per ``by`` group and method, over the tasks where all ``methods`` finished: ``n_tasks``,
+    ``n_items``, mean ``exact_match`` and ``em_gap`` (minus ``reference``'s); over the tasks with a
+    closed label set, ``n_label_tasks``, mean ``label_acc`` (``label_acc_full``), ``label_gap`` and
+    ``chance``; the median ``trainable_params`` and mean ``fit_seconds`` and ``seconds_per_item``."""
+    rows = []
+    for key, g in df.groupby(list(by), sort=False):
+        g = complete_tasks(g, methods)
+        ref = g[g["method"] == reference]
+        ref_lab = ref[_numeric(ref, "chance").notna()]
+        for method in [m for m in methods if m in set(g["method"])]:
+            m = g[g["method"] == method]
+            lab = m[_numeric(m, "chance").notna()]
+            rows.append({
+                **dict(zip(by, key if isinstance(key, tuple) else (key,))), "method": method,
+                "n_tasks": len(m), "n_items": int(m["n"].sum()), "exact_match": m["exact_match"].mean(),
+                "em_gap": m["exact_match"].mean() - ref["exact_match"].mean(), "n_label_tasks": len(lab),
+                "label_acc": lab["label_acc_full"].mean() if len(lab) else np.nan,
+                "label_gap": (lab["label_acc_full"].mean() - ref_lab["label_acc_full"].mean()
+                              if len(lab) else np.nan),
+                "chance": lab["chance"].mean() if len(lab) else np.nan,
+                "trainable_params": m["trainable_params"].median(), "fit_seconds": m["fit_seconds"].mean(),
+                "seconds_per_item": m["seconds_per_item"].mean(),
+            })
+    return pd.DataFrame(rows)
+
+
 def _numeric(df: pd.DataFrame, column: str) -> pd.Series:
     """``df[column]`` as numbers (NaN where empty, or everywhere in a table without the column)."""
     if column not in df.columns:
@@ -76,6 +115,23 @@ def dntp_accuracy_correlation(
             "n_tasks_within": len(per_task),
         }
     return out
+
+
+def correlation_rows(df: pd.DataFrame, methods: dict[str, Sequence[str]],
+                     accuracies: Sequence[str] = ("exact_match",)) -> pd.DataFrame:
+    """:func:`dntp_accuracy_correlation` as a display table: a row per model, accuracy column and
+    labelled set of excluded methods (``methods``: label -> methods left out), with ``cells``, the
+    pooled Pearson r and Spearman ρ and the mean within-task Spearman ρ (and its task count)."""
+    rows = []
+    for acc in accuracies:
+        for label, exclude in methods.items():
+            for model, c in dntp_accuracy_correlation(df, accuracy=acc, exclude=exclude).items():
+                rows.append({"model": model, "accuracy": acc, "methods": label, "cells": c["n_cells"],
+                             "Pearson r": f"{c['pearson']:.2f}",
+                             "Spearman ρ (pooled)": f"{c['spearman']:.2f}",
+                             "Spearman ρ within a task (mean)":
+                                 f"{c['within_task_spearman']:.2f} ({c['n_tasks_within']} tasks)"})
+    return pd.DataFrame(rows)
 
 
 def summary_markdown(df: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> str:
@@ -151,5 +207,7 @@ def dntp_accuracy_figure(df: pd.DataFrame, *, accuracy: str = "exact_match"):
     return fig
 
 
-__all__ = ["MIN_TASKS_FOR_CI", "summary_table", "dntp_accuracy_correlation", "summary_markdown",
-           "dntp_accuracy_figure"]
+__all__ = [
+    "MIN_TASKS_FOR_CI", "complete_tasks", "correlation_rows", "dntp_accuracy_correlation",
+    "dntp_accuracy_figure", "gaps_to_reference", "summary_markdown", "summary_table",
+]

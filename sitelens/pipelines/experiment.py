@@ -253,6 +253,7 @@ class Experiment:
     columns: Sequence[str] = ()
     key: str | None = "key"  # None: an unkeyed measurement log (every run appends)
     replace = False  # True: a run replaces the table (a snapshot of the latest run, not a log)
+    per_model = False  # True: one table per model, {out}/{name}_{model}.csv, and one --models per process
     models: Sequence[str] = ()  # --models default
     tasks: Sequence[str] = ()  # --tasks default
     limit: int | None = None  # --limit default
@@ -300,10 +301,14 @@ class Experiment:
 
     def store(self, name: str | None = None, columns: Sequence[str] | None = None,
               key: str | None = "key") -> ResultsStore:
-        """The results store ``{out}/{name}.csv`` (default: this experiment's own table)."""
+        """The results store ``{out}/{name}.csv`` (default: this experiment's own table,
+        ``{name}_{model}.csv`` when :attr:`per_model`)."""
         if name is None:
-            return ResultsStore(self.out / f"{self.name}.csv", self.columns, key=self.key,
-                                done=self.done)
+            name = self.name
+            if self.per_model:
+                (model,) = self.args.models  # one model per process
+                name = f"{name}_{model}"
+            return ResultsStore(self.out / f"{name}.csv", self.columns, key=self.key, done=self.done)
         return ResultsStore(self.out / f"{name}.csv", columns or (), key=key)
 
     def cache(self, directory: str | Path) -> ObjectCache:

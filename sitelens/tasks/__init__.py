@@ -33,9 +33,11 @@ from sitelens.tasks.regression import (
     format_number,
     parse_number,
     parse_point,
+    reference_predictions,
     regression_function,
     regression_mse,
     regression_task,
+    squared_errors,
     task_function,
     train_mean,
 )
@@ -92,9 +94,11 @@ __all__ = [
     "format_number",
     "parse_number",
     "parse_point",
+    "reference_predictions",
     "regression_function",
     "regression_mse",
     "regression_task",
+    "squared_errors",
     "task_function",
     "train_mean",
 ]

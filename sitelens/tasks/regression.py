@@ -42,8 +42,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from sitelens.errors import TaskError
 from sitelens.tasks import Example, Task
+from sitelens.tasks.core import sample_demos
 
 KINDS = ("linear", "relu")
 # a signed fixed-point number: "12", "-0.31", "+.5", "3." (no exponent: "1e9" parses as 1)
@@ -224,8 +227,38 @@ def train_mean(task: Task) -> float:
     return math.fsum(float(ex.output) for ex in task.train) / len(task.train)
 
 
+def squared_errors(predictions: Sequence[str], targets: Sequence[str | float],
+                   fallback: float) -> tuple[list[float | None], np.ndarray]:
+    """Per item: the parsed answer (None when it holds no number) and its squared error as
+    :func:`regression_mse` scores it (an unparsed answer counts as ``fallback``)."""
+    values = [parse_number(p) for p in predictions]
+    err = np.array([((fallback if v is None else v) - float(t)) ** 2 for v, t in zip(values, targets)])
+    return values, err
+
+
+def reference_predictions(task: Task, items: Sequence[Example], method: str, n_shots: int,
+                          seed: int) -> list[str]:
+    """Answers of a model-free reference: ``"train-mean"``, the constant :func:`train_mean`;
+    ``"ols-k"``, least squares with an intercept on the ``n_shots`` demonstrations the item's
+    ICL prompt shows (the draw of ``ICL(n_shots=n_shots).fit(seed=seed)``; min-norm when they
+    are fewer than ``1 + dim``)."""
+    if method == "train-mean":
+        return [repr(train_mean(task))] * len(items)
+    if method != "ols-k":
+        raise TaskError(f"unknown reference {method!r}; use 'train-mean' or 'ols-k'.")
+    rng = random.Random(seed)
+    out = []
+    for q in items:
+        demos = sample_demos(task.train, n_shots, rng, exclude=q.input)
+        X = np.array([[1.0, *parse_point(d.input)] for d in demos])  # [k, 1 + dim]
+        y = np.array([float(d.output) for d in demos])  # [k]
+        coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+        out.append(repr(float(np.array([1.0, *parse_point(q.input)]) @ coef)))
+    return out
+
+
 __all__ = [
     "KINDS", "RegressionFunction", "RegressionScore", "format_number",
-    "parse_number", "parse_point", "regression_function", "regression_mse", "regression_task",
-    "task_function", "train_mean",
+    "parse_number", "parse_point", "reference_predictions", "regression_function", "regression_mse",
+    "regression_task", "squared_errors", "task_function", "train_mean",
 ]
