@@ -16,6 +16,7 @@ stopped seeing cycles, private imports or environment writes fails here too.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -271,3 +272,14 @@ def test_checkers_catch_planted_breaks(tmp_path):
     clean = _plant(tmp_path / "clean", {"__init__.py": "", "a/__init__.py": "", "a/x.py": "import os\n"
                                         "X = os.environ.get('SITELENS_CACHE')\n"})
     assert Graph(clean).cycles() == [] and Graph(clean).private == [] and environ_writes(clean) == []
+
+
+def test_benchmarks_are_thin_and_every_result_names_its_command():
+    """benchmarks/ holds configs of the one harness (at most 3,500 lines of scripts), and every
+    committed results table says in its first lines which command regenerates it."""
+    bench = ROOT / "benchmarks"
+    lines = sum(len(f.read_text().splitlines()) for f in bench.rglob("*") if f.suffix in (".py", ".sh"))
+    command = re.compile(r"python (benchmarks|scripts)/|sitelens [a-z]+|bash benchmarks/")
+    silent = [f.name for f in sorted((bench / "results").glob("*.md"))
+              if not command.search("\n".join(f.read_text().splitlines()[:5]))]
+    assert lines <= 3500 and silent == []
