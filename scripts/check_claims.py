@@ -12,7 +12,12 @@ This script recomputes each value from its file, renders it, and fails when:
   or any block of a section the table marks ``[[coverage]]``, holds a number that no claim quotes
   and no ``[[ignore]]`` entry names as a setting (so a new quote cannot drift in unchecked). Blocks
   listed as ``[[exempt]]`` (by the start of their text) are not yet covered and are skipped; a
-  ``[[coverage]]`` entry's ``blocks`` (starts of text) forces blocks without a link to be covered.
+  ``[[coverage]]`` entry's ``blocks`` (starts of text) forces blocks without a link to be covered;
+- any other block of any page (code fences aside) holds a number that looks like a result — one
+  with a decimal point, an exponent (``5e5``), a ``k`` (``262k``) or a unit after it (``%``, ``×``,
+  ``s``, ``ms``, ``h``, ``MB``, ``GB``, ``points``) — that no claim quotes and no ``[[ignore]]``
+  names (a result quoted without a link to its file is an error, not a blind spot). Counts and
+  settings without a unit (``8 tasks``, ``seed 0``) are checked only in the blocks above.
 
 Locating a value (one of):
 
@@ -59,7 +64,11 @@ MINUS = "\u2212"
 # A results link: the quoting sentence must let a reader follow the number to its file.
 RESULTS_LINK = re.compile(r"\]\((?:\.\./)?((?:benchmarks/results|figures)/[^)#\s]+)")
 # A number as a reader sees one: not part of a word or a name (SmolLM2, L14H1, top-10, 270M, 3.1-8B).
-NUMBER = re.compile(r"(?<![\w.])(?<![A-Za-z]-)[−-]?\d(?:[\d,]*\d)?(?:\.\d+)?(?![\w])")
+# Exponents (5e5, 1.26e-4) and thousands (262k) are one number; a decimal is never read in part.
+NUMBER = re.compile(r"(?<![\w.])(?<![A-Za-z]-)[−-]?\d(?:[\d,]*\d)?(?:\.\d+)?(?:[eE][−+-]?\d+|k)?(?!\w|\.\d)")
+# A number that reads as a measurement, not a count or a setting: checked in every block of a page.
+RESULT_LIKE = re.compile(r"[.eEk]")
+RESULT_UNIT = re.compile(r"\s?(?:%|×|(?:s|ms|min|h|MB|GB|points?|pp)\b)")
 INLINE_SKIP = re.compile(r"`[^`]*`|\]\([^)]*\)|<[^>]+>|https?://\S+")
 
 
@@ -350,8 +359,7 @@ def _coverage(table: dict, blocks: dict[str, list[Block]], covered) -> list[str]
     for page, bl in blocks.items():
         for i, b in enumerate(bl):
             forced = any(p == page and b.text.startswith(s) for p, s in starts)
-            if not (b.links or forced or (page, b.section) in whole):
-                continue
+            full = bool(b.links or forced or (page, b.section) in whole)
             if any(p == page and b.text.startswith(pre) for p, pre in exempt):
                 continue
             ok = list(covered.get((page, i), []))
@@ -364,11 +372,21 @@ def _coverage(table: dict, blocks: dict[str, list[Block]], covered) -> list[str]
                     start = b.text.find(t, start + 1)
             ok += [m.span() for m in INLINE_SKIP.finditer(b.text)]
             for m in NUMBER.finditer(b.text):
-                if not any(s <= m.start() and m.end() <= e for s, e in ok):
-                    ctx = b.text[max(0, m.start() - 40):m.end() + 20]
-                    errors.append(f"{page} [{b.section}]: number {m.group()!r} has no claim "
-                                  f"(…{ctx}…)")
+                if any(s <= m.start() and m.end() <= e for s, e in ok):
+                    continue
+                ctx = b.text[max(0, m.start() - 40):m.end() + 20]
+                if full:
+                    errors.append(f"{page} [{b.section}]: number {m.group()!r} has no claim (…{ctx}…)")
+                elif looks_like_result(b.text, m):
+                    errors.append(f"{page} [{b.section}]: number {m.group()!r} looks like a result but has "
+                                  f"no claim (link its source and add one, or [[ignore]] it) (…{ctx}…)")
     return errors
+
+
+def looks_like_result(text: str, m: re.Match) -> bool:
+    """A number with a decimal point, an exponent or a ``k``, or a unit after it (``52%``, ``7.5×``,
+    ``59.9 s``): a measurement rather than a count or a setting."""
+    return bool(RESULT_LIKE.search(m.group().lstrip("−-"))) or RESULT_UNIT.match(text, m.end()) is not None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -99,3 +99,39 @@ def test_locators_and_rendering(cc, tmp_path):
     assert cc.render(-0.001, {"fmt": ".2f"}) == "0.00"
     assert cc.render(460800, {"fmt": ",.0f"}) == "460,800"
     assert cc.render(0.171, {"fmt": ".1f", "scale": 100}) == "17.1"
+
+
+def test_an_unlinked_paragraph_quoting_a_result_fails(cc, tmp_path):
+    # a paragraph on a page no [[coverage]] names, linking nothing: a result in it is still checked
+    page = (ROOT / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    for planted, number in (("SITE reaches 61.2% here.", "61.2"), ("It runs 3.4× faster.", "3.4"),
+                            ("A fit takes 12 s.", "12"), ("λ up to 5e5 helps.", "5e5")):
+        errors = cc.check(ROOT, pages={"docs/troubleshooting.md": page + "\n" + planted + "\n"})
+        assert any("docs/troubleshooting.md" in e and f"number '{number}' looks like a result" in e
+                   for e in errors), (planted, errors)
+    # a count or a setting without a unit is left to the linked blocks' full check
+    assert cc.check(ROOT, pages={"docs/troubleshooting.md": page + "\nRun it on 8 tasks.\n"}) == []
+    # an [[ignore]] entry names a setting that reads like a result
+    lr = {"docs/troubleshooting.md": page + "\nUse lr 0.25.\n"}
+    assert any("'0.25'" in e for e in cc.check(ROOT, pages=lr))
+    claims = tmp_path / "claims.toml"
+    ignore = '\n[[ignore]]\npage = "docs/troubleshooting.md"\ntexts = ["lr 0.25"]\n'
+    claims.write_text((ROOT / "docs" / "claims.toml").read_text(encoding="utf-8") + ignore, encoding="utf-8")
+    assert cc.check(ROOT, claims_path=claims, pages=lr) == []
+
+
+def test_the_number_pattern_reads_exponents_and_thousands_whole(cc):
+    def numbers(text):
+        return [m.group() for m in cc.NUMBER.finditer(text)]
+
+    got = numbers("λ in 0.05–5e5, lr 1e-3, within 1.26e-4 and 3.05e-05")
+    assert got == ["0.05", "5e5", "1e-3", "1.26e-4", "3.05e-05"]
+    assert numbers("its 262k-token embedding, 2,048 tokens, −0.31") == ["262k", "2,048", "−0.31"]
+    # names are not numbers: models, heads, sizes, versions glued to words
+    assert numbers("SmolLM2-135M, Gemma-3-270M, L14H1, top-10, Llama-3.1-8B, 1.7B, bf16") == []
+    # a decimal is never read in part (the old pattern read '5' out of '5.1e-5x')
+    assert numbers("5.1e-5x 7.5×") == ["7.5"]
+    m = next(cc.NUMBER.finditer("took 59.9 s"))
+    assert cc.looks_like_result("took 59.9 s", m)
+    m = next(cc.NUMBER.finditer("on 8 tasks"))
+    assert not cc.looks_like_result("on 8 tasks", m)
