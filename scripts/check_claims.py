@@ -68,7 +68,7 @@ RESULTS_LINK = re.compile(r"\]\((?:\.\./)?((?:benchmarks/results|figures)/[^)#\s
 NUMBER = re.compile(r"(?<![\w.])(?<![A-Za-z]-)[−-]?\d(?:[\d,]*\d)?(?:\.\d+)?(?:[eE][−+-]?\d+|k)?(?!\w|\.\d)")
 # A number that reads as a measurement, not a count or a setting: checked in every block of a page.
 RESULT_LIKE = re.compile(r"[.eEk]")
-RESULT_UNIT = re.compile(r"\s?(?:%|×|(?:s|ms|min|h|MB|GB|points?|pp)\b)")
+RESULT_UNIT = re.compile(r"\s?(?:%|×|(?:s|ms|min|h|seconds?|minutes?|hours?|days?|MB|GB|GiB|points?|pp)\b)")
 INLINE_SKIP = re.compile(r"`[^`]*`|\]\([^)]*\)|<[^>]+>|https?://\S+")
 
 
