@@ -23,6 +23,12 @@ from sitelens.site.injection import (
     apply_hooks,
     head_mask,
 )
+from sitelens.site.saturation import (
+    SATURATION_THRESHOLD,
+    AlphaSaturation,
+    AlphaSaturationWarning,
+    alpha_saturation,
+)
 from sitelens.site.training import (
     KEEP,
     BatchPlan,
@@ -69,4 +75,8 @@ __all__ = [
     "SiteAdapter",
     "ensure_writable_dir",
     "fit_site",
+    "SATURATION_THRESHOLD",
+    "AlphaSaturation",
+    "AlphaSaturationWarning",
+    "alpha_saturation",
 ]
