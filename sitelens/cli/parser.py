@@ -423,8 +423,8 @@ def _add_heads(sub) -> None:
     p.add_argument("--protocol", choices=["default", "official"], default="default",
                    help="stage 2 of the fits as sitelens does it or as the paper's code does")
     p.add_argument("--adapter", help="adapter directory: its embedding feeds alpha-grad, atp, "
-                                     "atp-star and effect, its α the dla lens (default: the first "
-                                     "seed's fit, else the task embedding)")
+                                     "atp-star and effect, its α alpha and dla, nothing is fitted "
+                                     "(default: the first seed's fit, else the task embedding)")
     p.add_argument("--out", required=True, help="write the HeadScores table to this CSV")
     p.add_argument("--json", action="store_true",
                    help='print {"model", "task", "lenses": {lens: {"top": [[layer, head, score], '
