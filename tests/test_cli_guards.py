@@ -226,6 +226,25 @@ def test_refused_before_any_model_loads(tiny_adapter, monkeypatch, capsys, argv,
         assert n in err, (n, err)
 
 
+def test_mutation_ignoring_what_was_typed_is_caught(tiny_adapter, monkeypatch, capsys):
+    """Break: no option counts as given; the refusal test must fail (the model would load)."""
+    import sitelens.cli.guards as guards
+
+    monkeypatch.setattr(guards, "given", lambda args: set())
+    with pytest.raises(AssertionError):
+        test_refused_before_any_model_loads(tiny_adapter, monkeypatch, capsys, *REFUSED[0])
+
+
+def test_mutation_no_replace_check_is_caught(tiny_adapter, monkeypatch, capsys):
+    """Break: the --force check a no-op; the fit-over-an-adapter refusal must fail."""
+    import importlib
+
+    validate_module = importlib.import_module("sitelens.cli.validate")  # not cli's validate()
+    monkeypatch.setattr(validate_module, "check_no_replace", lambda args, cmd: None)
+    with pytest.raises(AssertionError):
+        test_refused_before_any_model_loads(tiny_adapter, monkeypatch, capsys, *REFUSED[-1])
+
+
 def test_given_options_without_main(tiny_adapter):
     """``validate(args)`` called without :func:`sitelens.cli.main` (no record of what was typed)
     still refuses a fit option that differs from its default."""
