@@ -20,7 +20,8 @@ the ``bench`` / ``figures`` runners it calls) prints and writes the files, throu
 :mod:`sitelens.io`.
 
 Modules: :mod:`~sitelens.cli.parser` (the parser: one-line usage errors, typed options),
-:mod:`~sitelens.cli.validate` (the checks before a model loads), :mod:`~sitelens.cli.common`
+:mod:`~sitelens.cli.validate` (the checks before a model loads), :mod:`~sitelens.cli.guards`
+(options that would be ignored, results that would be replaced), :mod:`~sitelens.cli.common`
 (loading, fitting from the options, JSON rounding), and the commands: :mod:`~sitelens.cli.fit_eval`
 (fit, eval, demo), :mod:`~sitelens.cli.patch` (patch), :mod:`~sitelens.cli.heads` (heads),
 :mod:`~sitelens.cli.runners` (bench, figures).
@@ -33,6 +34,7 @@ import sys
 from sitelens.cli.atlas import cmd_atlas
 from sitelens.cli.common import setup_torch
 from sitelens.cli.fit_eval import cmd_demo, cmd_eval, cmd_fit
+from sitelens.cli.guards import explicit_options
 from sitelens.cli.heads import cmd_heads
 from sitelens.cli.parser import build_parser, one_line
 from sitelens.cli.patch import cmd_patch
@@ -60,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help (0), or a usage error already printed as one line (2)
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     try:
+        args._given = explicit_options(argv)  # what was typed, not defaulted (sitelens.cli.guards)
         validate(args)
         setup_torch(args)
         check_outputs(args)

@@ -80,17 +80,39 @@ def fit_from_args(model, task, args, progress=True):
 
 def adapter_or_fit(model, task, args):
     """The ``--adapter`` directory's adapter (checked against ``model``), or SITE fitted on
-    ``task`` with the fit options."""
+    ``task`` with the fit options, saved to ``--save-adapter DIR`` when given (right after the
+    fit, before the work that uses it)."""
     from sitelens.site import SiteAdapter
 
     if getattr(args, "adapter", None):
         adapter = SiteAdapter.load(args.adapter)
         adapter.check_model(model)
         return adapter
-    print(f"fitting SITE on {task.name} (pass --adapter DIR to reuse one)", file=sys.stderr)
-    return fit_from_args(model, task, args, progress=False)
+    keep = getattr(args, "save_adapter", None)
+    print(f"fitting SITE on {task.name}" + ("" if keep else
+          " (not kept: pass --save-adapter DIR to keep it and reuse it with --adapter DIR)"),
+          file=sys.stderr)
+    adapter = fit_from_args(model, task, args, progress=False)
+    if keep:
+        adapter.save(keep)
+        print(f"saved the fitted adapter to {keep} (reuse it with --adapter {keep})", file=sys.stderr)
+    return adapter
+
+
+def saturation_notice(alpha, k: int, what: str | None = None) -> bool:
+    """Print one line ``note: α is saturated: ...`` on stderr when more than ``k`` heads of
+    ``alpha`` exceed 0.95 (:func:`sitelens.site.alpha_saturation`: the top-``k`` by α is then a
+    pick among near-ties); returns whether it did."""
+    from sitelens.site import alpha_saturation
+
+    sat = alpha_saturation(alpha, k)
+    if sat.saturated:
+        print(f"note: {sat.message(what)}", file=sys.stderr)
+    return sat.saturated
 
 
 def top_heads_line(adapter, n: int = 8) -> str:
-    """``L{l}H{h}=α, ...`` for the ``n`` highest-α heads of ``adapter``."""
-    return ", ".join(f"L{layer}H{h}={a:.2f}" for layer, h, a in adapter.top_heads(n))
+    """``L{l}H{h}=α, ...`` for the ``n`` highest-α heads of ``adapter``, after a one-line notice
+    on stderr if α is saturated for a top-``n`` (:func:`saturation_notice`)."""
+    saturation_notice(adapter.alpha, n)
+    return ", ".join(f"L{layer}H{h}={a:.2f}" for layer, h, a in adapter.top_heads(n, warn=False))

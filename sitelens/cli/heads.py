@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from sitelens.cli.common import fit_config_from_args, load_task_and_model
+from sitelens.cli.common import fit_config_from_args, load_task_and_model, saturation_notice
 from sitelens.cli.parser import split_csv
 from sitelens.format import round_or_none, round_sig_or_none
 
@@ -103,6 +103,12 @@ def cmd_heads(args) -> int:
           f"{model.cfg.n_layers * model.cfg.n_heads} heads)", file=sys.stderr)
     obj = heads_summary(run, model_name(model), task.name,
                         n_key_value_heads=getattr(model.cfg, "n_key_value_heads", None))
+    if "alpha" in lenses:
+        if adapter is not None:
+            print(f"alpha lens: the α of --adapter {args.adapter} (one fit, no interval over seeds; "
+                  'meta "source": "adapter" in the CSV)', file=sys.stderr)
+        k = 10 if args.json else 5  # the heads the summary shows
+        saturation_notice(run.scores.map("alpha"), k, f"the alpha lens's top-{k}")
     if args.json:
         print(json.dumps(obj, allow_nan=False))
     else:

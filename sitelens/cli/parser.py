@@ -2,10 +2,9 @@
 
 :func:`build_parser` makes the parser of every subcommand. Usage errors print ONE line on stderr,
 ``sitelens: error: ... (see `sitelens CMD --help`)``, and exit with status 2
-(:class:`OneLineErrorParser`). Every number and list is checked while parsing: counts >= 1, seeds
-and thread counts in range, finite λ, no duplicates in comma-separated lists, known method and lens
-names.
-Checks that need files, tasks or models run later (:mod:`sitelens.cli.validate`).
+(:class:`OneLineErrorParser`). Every number and list is checked while parsing (counts >= 1, seeds
+and threads in range, finite λ, no duplicate list items, known methods and lenses); checks that
+need files, tasks or models run later (:mod:`sitelens.cli.validate`).
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import argparse
 import math
 from collections.abc import Callable
 
+from sitelens.cli.options import add_guard_options
 from sitelens.models import ATLAS_MODELS, DEFAULT_MODEL, FIGURE_MODELS
 
 DESCRIPTION = (
@@ -423,8 +423,8 @@ def _add_heads(sub) -> None:
     p.add_argument("--protocol", choices=["default", "official"], default="default",
                    help="stage 2 of the fits as sitelens does it or as the paper's code does")
     p.add_argument("--adapter", help="adapter directory: its embedding feeds alpha-grad, atp, "
-                                     "atp-star and effect, its α the dla lens (default: the first "
-                                     "seed's fit, else the task embedding)")
+                                     "atp-star and effect, its α alpha and dla, nothing is fitted "
+                                     "(default: the first seed's fit, else the task embedding)")
     p.add_argument("--out", required=True, help="write the HeadScores table to this CSV")
     p.add_argument("--json", action="store_true",
                    help='print {"model", "task", "lenses": {lens: {"top": [[layer, head, score], '
@@ -492,7 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     for add in (_add_fit, _add_eval, _add_bench, _add_demo, _add_patch, _add_heads, _add_figures,
                 _add_atlas):
         add(sub)
-    return ap
+    return add_guard_options(ap)  # --force, --save-adapter (sitelens.cli.options)
 
 
 def command_name(args) -> str:

@@ -9,7 +9,13 @@ from __future__ import annotations
 import json
 import sys
 
-from sitelens.cli.common import adapter_or_fit, fit_from_args, load_spec, load_task_and_model
+from sitelens.cli.common import (
+    adapter_or_fit,
+    fit_from_args,
+    load_spec,
+    load_task_and_model,
+    saturation_notice,
+)
 from sitelens.cli.parser import split_csv
 from sitelens.cli.validate import check_heads, inter_tasks
 from sitelens.format import round_or_none, round_values
@@ -25,10 +31,14 @@ def cmd_patch(args) -> int:
 def patch_intra(args) -> int:
     """Inject the task embedding into the top-k / bottom-k / random-k heads by α, for each k."""
     from sitelens.patching import intra_task
+    from sitelens.site import alpha_saturation
 
     ks = [int(k) for k in split_csv(args.ks)] or None
     model, task = load_task_and_model(args, check=lambda m: check_heads(m, ks or [], "--ks"))
     adapter = adapter_or_fit(model, task, args)
+    n_sat = alpha_saturation(adapter.alpha).n_saturated
+    saturation_notice(adapter.alpha, min(ks or [1]),
+                      f"the top-k heads by α for every k below {n_sat} (and top vs bottom there)")
     df = intra_task(
         model, task, adapter, ks=ks, n_random_seeds=args.n_random_seeds, split=args.split,
         limit=args.limit, seed=args.seed, n_boot=args.n_boot,

@@ -4,9 +4,10 @@
 own checks), model names (bundled, TransformerLens names in the local Hugging Face cache, HF
 directories), tasks (loaded here, cheap, and kept on ``args`` for the command), enough training
 items for ``--n-shots``, adapter directories, option combinations (:func:`check_heads_options`
-for ``sitelens heads``). :func:`check_outputs` refuses
-output paths of the wrong kind. :func:`check_heads` is the one check that needs the model (k at
-most its number of heads); the commands call it right after the load. Each raises a
+for ``sitelens heads``; options the command would ignore,
+:func:`sitelens.cli.guards.check_ignored_options`). :func:`check_outputs` refuses output paths of
+the wrong kind, and earlier results without ``--force``. :func:`check_heads` is the one check that
+needs the model (k at most its number of heads); the commands call it right after the load. Each raises a
 :class:`~sitelens.errors.SitelensError`, which :func:`sitelens.cli.main` prints as one line.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sitelens.cli.guards import check_ignored_options, check_no_replace
 from sitelens.cli.parser import command_name, split_csv
 from sitelens.errors import UsageError
 from sitelens.io import check_dir, check_output
@@ -106,7 +108,7 @@ def bench_tasks(args) -> list:
 
 
 def _check_path_args(args) -> None:
-    for option in ("out", "items", "adapter", "tasks_dir", "data", "cache_dir"):
+    for option in ("out", "items", "adapter", "tasks_dir", "data", "cache_dir", "save_adapter"):
         value = getattr(args, option, None)
         if value is not None:
             check_path_arg(value, "--" + option.replace("_", "-"))
@@ -243,6 +245,7 @@ def validate(args) -> None:
     if cmd == "atlas":
         check_atlas_options(args)
     check_executor(args)
+    check_ignored_options(args, cmd)
 
 
 def check_executor(args) -> None:
@@ -306,7 +309,8 @@ def check_atlas_options(args) -> None:
 
 def check_outputs(args) -> None:
     """Refuse, before any work, every output path of the wrong kind or where a file of another
-    kind lies (:func:`sitelens.io.check_output`); output directories must be writable."""
+    kind lies (:func:`sitelens.io.check_output`); output directories must be writable; an earlier
+    adapter or result there needs ``--force`` (:func:`sitelens.cli.guards.check_no_replace`)."""
     if getattr(args, "items", None):
         check_output(args.items, "csv", option="--items")
     if args.cmd in ("patch", "heads") and getattr(args, "out", None):
@@ -315,6 +319,9 @@ def check_outputs(args) -> None:
         check_output(args.out, "html")
     if args.cmd in ("fit", "figures"):
         check_dir(args.out)
+    if getattr(args, "save_adapter", None):
+        check_dir(args.save_adapter, option="--save-adapter")
+    check_no_replace(args, command_name(args))
 
 
 def check_heads(model, ks: list[int], option: str) -> None:

@@ -28,7 +28,7 @@ stopping rule).
 from __future__ import annotations
 
 from sitelens.lenses.ablation import AblationConfig, head_ablation
-from sitelens.lenses.alpha import AlphaSeeds, alpha_over_seeds, rank_stability
+from sitelens.lenses.alpha import AlphaSeeds, alpha_from_adapter, alpha_over_seeds, rank_stability
 from sitelens.lenses.attribution import (
     AttributionConfig,
     alpha_gradient,
@@ -53,8 +53,8 @@ from sitelens.lenses.scores import HeadScores
 
 __all__ = [
     "ALIASES", "LENSES", "REGISTRY", "AblationConfig", "AlphaSeeds", "AttributionConfig", "HeadScores",
-    "Lens", "LensInputs", "LensRun", "alpha_gradient", "alpha_over_seeds", "attribution_patching",
-    "available_lenses", "direct_logit_attribution", "exact_effects", "get_lens", "head_ablation",
-    "head_logit_lens", "head_scores", "head_write_logits", "mix_gradients", "parse_lenses",
-    "rank_stability",
+    "Lens", "LensInputs", "LensRun", "alpha_from_adapter", "alpha_gradient", "alpha_over_seeds",
+    "attribution_patching", "available_lenses", "direct_logit_attribution", "exact_effects",
+    "get_lens", "head_ablation", "head_logit_lens", "head_scores", "head_write_logits",
+    "mix_gradients", "parse_lenses", "rank_stability",
 ]

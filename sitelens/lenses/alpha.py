@@ -118,3 +118,23 @@ def alpha_over_seeds(
               "bootstrap_items": bootstrap_items},
     )
     return AlphaSeeds(adapters, alphas, scores, rank_stability(list(alphas), k))
+
+
+def alpha_from_adapter(model, task: Task, adapter: SiteAdapter, *, k: int = 10,
+                       lens: str = "alpha") -> AlphaSeeds:
+    """The ``alpha`` lens of one adapter already fitted: its α as the one seed, no fit. With one
+    value per head there is no interval (``ci_low``/``ci_high`` NaN) and no stability; the lens's
+    ``meta`` says ``"source": "adapter"`` with the adapter's fit settings."""
+    alphas = adapter.alpha.detach().float().cpu()[None]  # [1, L, H]
+    lo, hi = interval(alphas.numpy())
+    hp = adapter.meta.get("hyperparameters") or {}
+    scores = HeadScores.from_map(
+        alphas[0], ci_low=lo, ci_high=hi, model=model_name(model), task=task.name, lens=lens,
+        seconds=0.0,
+        meta={"source": "adapter", "seeds": [hp.get("seed")], "adapter_task": adapter.meta.get("task"),
+              "protocol": adapter.meta.get("protocol", "default"), "n_examples": hp.get("n_examples"),
+              "batch_size": hp.get("batch_size"), "sparsity": hp.get("sparsity"),
+              "bootstrap_items": False},
+    )
+    return AlphaSeeds([adapter], alphas, scores, rank_stability(list(alphas), k))
+

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from sitelens.errors import LensError
 from sitelens.lenses.ablation import AblationConfig, head_ablation
-from sitelens.lenses.alpha import AlphaSeeds, alpha_over_seeds
+from sitelens.lenses.alpha import AlphaSeeds, alpha_from_adapter, alpha_over_seeds
 from sitelens.lenses.attribution import (
     AttributionConfig,
     alpha_gradient,
@@ -148,7 +148,8 @@ def head_scores(
 ) -> LensRun:
     """Run ``lenses`` on one model and task and return one :class:`HeadScores` table.
 
-    ``alpha`` fits SITE once per seed (:func:`alpha_over_seeds`); the other lenses use the
+    ``alpha`` fits SITE once per seed (:func:`alpha_over_seeds`), or, given ``adapter``, reads
+    its α as the one seed and fits nothing (:func:`alpha_from_adapter`); the other lenses use the
     embedding of the first seed's fit (or of ``adapter``, or :func:`sitelens.task_embedding` with
     ``attribution.seed`` when no α is fitted), so ``atp``, ``atp-star`` and ``effect`` see the
     same embedding and the same corrupted prompts. ``dla`` needs α: ``adapter``, else the first
@@ -158,7 +159,9 @@ def head_scores(
     att = attribution or AttributionConfig()
     seeds_run = None
     needs_fit = adapter is None and any(REGISTRY[n].needs_adapter for n in lenses)
-    if "alpha" in lenses or needs_fit:
+    if adapter is not None and "alpha" in lenses:  # the adapter's α: no fit, no seeds
+        seeds_run = alpha_from_adapter(model, task, adapter)
+    elif "alpha" in lenses or needs_fit:
         seeds_run = alpha_over_seeds(model, task, seeds if "alpha" in lenses else seeds[:1],
                                      fit_config, n_prompts=att.n_mean_prompts, n_shots=att.n_shots,
                                      progress=progress)

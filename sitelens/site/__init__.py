@@ -1,7 +1,7 @@
 """SITE, the method: stage 1 (:mod:`~sitelens.site.embedding`, the task embedding), stage 2
 (:mod:`~sitelens.site.alpha`, α), the adapter and :func:`fit_site` (:mod:`~sitelens.site.adapter`),
-the :class:`HeadMix` injection (:mod:`~sitelens.site.injection`) and the one training runner
-(:mod:`~sitelens.site.training`)."""
+the :class:`HeadMix` injection (:mod:`~sitelens.site.injection`), the one training runner
+(:mod:`~sitelens.site.training`) and when α is saturated (:mod:`~sitelens.site.saturation`)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,12 @@ from sitelens.site.injection import (
     HeadMix,
     apply_hooks,
     head_mask,
+)
+from sitelens.site.saturation import (
+    SATURATION_THRESHOLD,
+    AlphaSaturation,
+    AlphaSaturationWarning,
+    alpha_saturation,
 )
 from sitelens.site.training import (
     KEEP,
@@ -69,4 +75,8 @@ __all__ = [
     "SiteAdapter",
     "ensure_writable_dir",
     "fit_site",
+    "SATURATION_THRESHOLD",
+    "AlphaSaturation",
+    "AlphaSaturationWarning",
+    "alpha_saturation",
 ]

@@ -20,6 +20,7 @@ import hashlib
 import importlib.metadata
 import json
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -34,6 +35,7 @@ from sitelens.models import fingerprint, model_name
 from sitelens.site.alpha import FitConfig, fit_alpha, site_mix
 from sitelens.site.embedding import task_embedding
 from sitelens.site.injection import HeadMix
+from sitelens.site.saturation import AlphaSaturation, AlphaSaturationWarning, alpha_saturation
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
 
 
@@ -63,8 +65,18 @@ class SiteAdapter:
     def mix(self, seq_len: int | None = None) -> HeadMix:
         return site_mix(self.alpha, self.embedding, seq_len)
 
-    def top_heads(self, k: int = 10) -> list[tuple[int, int, float]]:
-        """The ``k`` heads with the largest α as ``(layer, head, alpha)``."""
+    def saturation(self, k: int = 10) -> AlphaSaturation:
+        """How many heads have α above 0.95, judged for a top-``k``
+        (:func:`sitelens.site.saturation.alpha_saturation`)."""
+        return alpha_saturation(self.alpha, k)
+
+    def top_heads(self, k: int = 10, *, warn: bool = True) -> list[tuple[int, int, float]]:
+        """The ``k`` heads with the largest α as ``(layer, head, alpha)``. When more than ``k``
+        heads have α above 0.95 (:meth:`saturation`) these are a pick among near-ties, and an
+        :class:`~sitelens.site.saturation.AlphaSaturationWarning` says so (``warn=False``: not)."""
+        sat = self.saturation(k)
+        if warn and sat.saturated:
+            warnings.warn(sat.message(), AlphaSaturationWarning, stacklevel=2)
         flat = self.alpha.flatten()
         idx = torch.argsort(flat, descending=True, stable=True)[:k]
         H = self.alpha.shape[1]
