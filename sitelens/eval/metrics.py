@@ -76,7 +76,9 @@ def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, fl
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+    lo = 0.0 if successes <= 0 else max(0.0, centre - half)  # exactly 0 / 1 at the ends (the
+    hi = 1.0 if successes >= n else min(1.0, centre + half)  # closed form, without its rounding)
+    return float(lo), float(hi)
 
 
 def bootstrap_ci(
