@@ -1,7 +1,7 @@
 """LTV vs the other task-vector methods on the classification collection: the reports of the CLI's
 cells (columns: docs/benchmarks.md).
 
-    sitelens bench --models MODEL --tasks-dir ../shared/datasets/cls \\
+    sitelens bench --models MODEL --tasks-dir ../shared/datasets/cls --label-metrics \\
         --methods zero-shot,icl,fv,tv,sv,i2cl,mtv,ltv,ltv-valid --limit 50 --threads 1 \\
         --out benchmarks/results/cls_MODEL.csv
     python benchmarks/cls_report.py     # -> results/cls_{MODEL}.md and cls_report.md
@@ -24,9 +24,12 @@ ORDER = ["zero-shot", "icl", *TRAINING_FREE, *FEW_PARAMS]
 
 
 def bench_command(df: pd.DataFrame, model: str) -> str:
-    """The ``sitelens bench`` command of one model's cells (methods in the order they were run)."""
+    """The ``sitelens bench`` command of one model's cells (methods in the order they were run;
+    ``--label-metrics`` where the cells carry label metrics: the bench ranks labels only when
+    asked)."""
     limit = ",".join(map(str, sorted(set(df["limit"].dropna().astype(int)))))
-    return (f"sitelens bench --models {model} --tasks-dir ../shared/datasets/cls --methods "
+    labels = " --label-metrics" if pd.to_numeric(df["chance"], errors="coerce").notna().any() else ""
+    return (f"sitelens bench --models {model} --tasks-dir ../shared/datasets/cls{labels} --methods "
             f"{','.join(df.method.unique())} --limit {limit} --threads 1 "
             f"--out benchmarks/results/cls_{model}.csv")
 

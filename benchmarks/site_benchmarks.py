@@ -92,7 +92,8 @@ class SiteBenchmarks(Experiment):
 
     def run(self, job: Job) -> dict:
         s, k = job["settings"], SHOTS[job["bench"]]
-        cfg = BenchConfig(limit=LIMIT, seed=SEED, n_shots=k, batch_size=BATCH_SIZE, dntp=False)
+        cfg = BenchConfig(limit=LIMIT, seed=SEED, n_shots=k, batch_size=BATCH_SIZE, dntp=False,
+                          label_metrics=True)
         task = load_task(str(self.args.data_root / s["task"]))
         return run_cell(BenchJob(self.args.models[0], N_CTX, task, job["method"], s, job.key, cfg))
 

@@ -126,7 +126,7 @@ def test_options_listed_in_the_input_are_each_items_labels():
 def test_chance_is_one_over_the_items_labels(model):
     items = [Example("Q\n(A) a\n(B) b", "(A)"), Example("Q\n(A) a\n(B) b\n(C) c\n(D) d", "(C)")]
     task = Task("mc", items * 3, items, items)
-    df = evaluate(model, task, methods=["zero-shot"], template=TEMPLATE, limit=2)
+    df = evaluate(model, task, methods=["zero-shot"], template=TEMPLATE, limit=2, label_metrics=True)
     assert df["n_labels"].tolist() == [2, 4] and df["chance"].tolist() == [0.5, 0.25]
     assert math.isclose(summarize(df)["chance"].iloc[0], (0.5 + 0.25) / 2)
 
@@ -202,7 +202,7 @@ def test_a_continuation_as_long_as_the_prompt_is_not_injected(model):
 
 def test_shared_first_tokens_leave_first_token_ranking_undefined(model, task):
     default = Template()  # " neg", " pos", " mid": all start with the space byte
-    df = evaluate(model, task, methods=["zero-shot"], template=default, limit=4)
+    df = evaluate(model, task, methods=["zero-shot"], template=default, limit=4, label_metrics=True)
     assert df["label_rank_first"].isna().all() and df["label_rank_full"].notna().all()
     assert math.isnan(summarize(df)["label_acc_first"].iloc[0])
 
@@ -212,7 +212,8 @@ def test_shared_first_tokens_leave_first_token_ranking_undefined(model, task):
 
 
 def test_evaluate_adds_label_columns_only_for_closed_tasks(model, task):
-    df = evaluate(model, task, methods=["zero-shot", "icl"], n_shots=2, limit=4, template=TEMPLATE)
+    df = evaluate(model, task, methods=["zero-shot", "icl"], n_shots=2, limit=4, template=TEMPLATE,
+                  label_metrics=True)
     for col in ("n_labels", "chance", "label_pred", "label_rank_first", "label_rank_full",
                 "label_rank_full_norm", "label_seconds_per_item"):
         assert col in df.columns, col
@@ -220,13 +221,14 @@ def test_evaluate_adds_label_columns_only_for_closed_tasks(model, task):
     s = summarize(df)
     assert {"label_acc_first", "label_acc_full", "label_acc_full_norm", "chance"} <= set(s.columns)
     assert s["label_acc_full"].between(0, 1).all()
-    off = evaluate(model, task, methods=["zero-shot"], limit=2, labels=None, template=TEMPLATE)
+    off = evaluate(model, task, methods=["zero-shot"], limit=2, label_metrics=False, template=TEMPLATE)
     assert "chance" not in off.columns and "chance" not in summarize(off).columns
     words = task_from_pairs("rev", [(w, w[::-1]) for w in ("abc", "bcd", "cde", "def", "efg", "fgh",
                                                               "ghi", "hij", "ijk", "jkl", "klm", "lmn",
                                                               "mno", "nop", "opq", "pqr", "qrs", "rst",
                                                               "stu", "tuv", "uvw", "vwx")])
-    assert "chance" not in evaluate(model, words, methods=["zero-shot"], limit=2).columns  # 22 outputs
+    assert "chance" not in evaluate(model, words, methods=["zero-shot"], limit=2,
+                                    labels="auto").columns  # 22 outputs: none detected
     given = evaluate(model, task, methods=["zero-shot"], limit=2, labels=["neg", "pos"], template=TEMPLATE)
     assert (given["n_labels"] == 2).all()
 
@@ -234,7 +236,7 @@ def test_evaluate_adds_label_columns_only_for_closed_tasks(model, task):
 def test_label_ranking_sees_the_intervention(model, task):
     inter = _interventions(model)["headmix"]
     df = evaluate(model, task, methods=["zero-shot", "mixed"], interventions={"mixed": inter},
-                  limit=6, template=TEMPLATE)
+                  limit=6, template=TEMPLATE, label_metrics=True)
     a, b = (df[df.method == m]["label_pred"].tolist() for m in ("zero-shot", "mixed"))
     items = task.test[:6]
     prompts = [TEMPLATE.format_query(ex.input) for ex in items]
@@ -317,12 +319,12 @@ def test_bench_rows_carry_label_metrics_and_chance(model, task, tmp_path):
         "mno", "nop", "opq", "pqr", "qrs", "rst", "stu", "tuv", "uvw", "vwx")])
     out = tmp_path / "b.csv"
     df = bench.run_bench([model], [task, words], ["zero-shot", "icl"], out, limit=3, n_shots=2,
-                         template=TEMPLATE)
+                         template=TEMPLATE, label_metrics=True)
     closed, open_ = df[df.task == "cls"], df[df.task == "rev"]
     assert (closed["chance"] == 1 / 3).all() and closed["label_acc_full"].between(0, 1).all()
     assert open_[bench.LABEL_METRICS].isna().all().all()
     # the bench's numbers are evaluate's label ranks under the same prompts
-    ev = evaluate(model, task, methods=["zero-shot"], limit=3, template=TEMPLATE)
+    ev = evaluate(model, task, methods=["zero-shot"], limit=3, template=TEMPLATE, label_metrics=True)
     assert closed[closed.method == "zero-shot"]["label_acc_full"].iloc[0] == ev["label_rank_full"].mean()
     md = bench.summary_markdown(df)
     assert "Label ranking" in md and "| zero-shot | 1 |" in md
@@ -337,7 +339,7 @@ def test_bench_migrates_a_file_without_label_columns(model, task, tmp_path):
     out.write_text(",".join(bench.UNLABELLED_COLUMNS) + "\n"
                    + ",".join(row[c] for c in bench.UNLABELLED_COLUMNS) + "\n")
     assert bench.read_results(out)["chance"].isna().all()
-    bench.run_bench([model], [task], ["zero-shot"], out, limit=2, template=TEMPLATE)
+    bench.run_bench([model], [task], ["zero-shot"], out, limit=2, template=TEMPLATE, label_metrics=True)
     df = bench.read_results(out)
     assert out.read_text().splitlines()[0] == ",".join(bench.COLUMNS)
     assert df["key"].tolist()[0] == "k0" and df["exact_match"].iloc[0] == 0.5  # kept
@@ -352,13 +354,13 @@ def test_cli_bench_takes_a_collection_and_eval_reports_label_accuracy(tmp_path, 
         _write_task(root / name, n=(12, 3, 4))
     out = tmp_path / "r.csv"
     assert cli_main(["bench", "--models", "tiny-random", "--tasks", str(root), "--methods",
-                     "zero-shot", "--out", str(out), "--limit", "2"]) == 0
+                     "zero-shot", "--out", str(out), "--limit", "2", "--label-metrics"]) == 0
     from sitelens.pipelines.bench import read_results
 
     df = read_results(out)
     assert df["task"].tolist() == ["t1", "t2"] and (df["chance"] == 0.5).all()
     assert "Label ranking" in capsys.readouterr().out
     assert cli_main(["eval", "--model", "tiny-random", "--task", str(root / "t1"), "--methods",
-                     "zero-shot", "--limit", "2", "--json"]) == 0
+                     "zero-shot", "--limit", "2", "--json", "--label-metrics"]) == 0
     got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["zero-shot"]
     assert got["chance"] == 0.5 and 0 <= got["label_acc_full"] <= 1

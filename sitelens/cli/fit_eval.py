@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
 
 from sitelens.cli.common import fit_from_args, load_task_and_model, top_heads_line
 from sitelens.cli.parser import split_csv
-from sitelens.format import round_or_none
+from sitelens.cli.summary import few_items_warning, fit_data_lines, summary_json, summary_text
 from sitelens.io import atomic_write_csv
 
 
+def _print_summary(summary, as_json: bool = False) -> None:
+    """The summary (:func:`~sitelens.cli.summary.summary_text` or ``summary_json``) on stdout, and
+    the few-items warning on stderr."""
+    print(summary_json(summary) if as_json else summary_text(summary))
+    warning = few_items_warning(summary)
+    if warning:
+        print(warning, file=sys.stderr)
+
+
 def cmd_fit(args) -> int:
-    """Fit SITE (stage 1 + stage 2) on ``--task`` and save the adapter to ``--out``."""
+    """Fit SITE (stage 1 + stage 2) on ``--task`` and save the adapter to ``--out``; print the
+    timings, the data it used (split sizes, passes; a warning on stderr for a tiny validation
+    set) and the top heads."""
     from sitelens.site import ensure_writable_dir
 
     out = Path(args.out)
@@ -27,27 +37,10 @@ def cmd_fit(args) -> int:
         f"saved {out}  stage1 {m['stage1_seconds']:.1f}s  stage2 {m['stage2_seconds']:.1f}s  "
         f"best step {m['best_step']}  valid loss {m['final_valid_loss']:.3f}"
     )
+    for line in fit_data_lines(m):
+        print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout)
     print("top heads: " + top_heads_line(adapter))
     return 0
-
-
-def _summary_json(summary) -> str:
-    """``{method: {"first_token_acc", "exact_match", "n", "seconds_per_item"}}`` as one line, plus
-    ``label_acc_first``, ``label_acc_full``, ``label_acc_full_norm`` and ``chance`` for a task with
-    a closed label set (None where undefined)."""
-    labelled = [c for c in ("label_acc_first", "label_acc_full", "label_acc_full_norm", "chance")
-                if c in summary.columns]
-    obj = {
-        r.method: {
-            "first_token_acc": round(float(r.first_token_acc), 4),
-            "exact_match": round(float(r.exact_match), 4),
-            "n": int(r.n),
-            "seconds_per_item": round(float(r.seconds_per_item), 5),
-            **{c: round_or_none(getattr(r, c)) for c in labelled},
-        }
-        for r in summary.itertuples()
-    }
-    return json.dumps(obj)
 
 
 def _with_settings(df, model, task, adapter, args):
@@ -74,8 +67,10 @@ def _with_settings(df, model, task, adapter, args):
 
 
 def cmd_eval(args) -> int:
-    """Evaluate ``--methods`` on a split of ``--task``; print the summary (``--json``: one JSON
-    object) and write the per-item rows, with the settings that made them, to ``--items``."""
+    """Evaluate ``--methods`` on a split of ``--task``; print the summary, every accuracy with its
+    95% interval over items (``--json``: one JSON object; a warning on stderr under 100 items),
+    and write the per-item rows, with the settings that made them, to ``--items``. Label metrics
+    with ``--label-metrics`` or for a task that declares its labels."""
     from sitelens.eval.evaluate import evaluate, summarize
     from sitelens.site import SiteAdapter
 
@@ -89,11 +84,11 @@ def cmd_eval(args) -> int:
     df = evaluate(
         model, task, methods=methods, adapter=adapter, split=args.split, limit=args.limit,
         n_shots=args.n_shots, seed=args.seed, protocol=getattr(args, "protocol", None),
+        label_metrics=True if args.label_metrics else None,
     )
     if args.items:
         atomic_write_csv(args.items, _with_settings(df, model, task, adapter, args))
-    summary = summarize(df)
-    print(_summary_json(summary) if args.json else summary.to_string(index=False))
+    _print_summary(summarize(df), args.json)
     return 0
 
 
@@ -106,8 +101,10 @@ def cmd_demo(args) -> int:
     t0 = time.perf_counter()
     adapter = fit_from_args(model, task, args)
     print(f"fitted SITE on {task.name} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    for line in fit_data_lines(adapter.meta):
+        print(line, file=sys.stderr)
     df = evaluate(model, task, adapter=adapter, limit=args.limit, seed=args.seed)
-    print(summarize(df).to_string(index=False))
+    _print_summary(summarize(df))
     print("\ntop heads by α: " + top_heads_line(adapter))
     ex = df[df.method == "site"].head(5)
     print("\nSITE examples (zero-shot prompts, no demonstrations):")

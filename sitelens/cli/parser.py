@@ -13,7 +13,7 @@ import argparse
 import math
 from collections.abc import Callable
 
-from sitelens.cli.options import add_guard_options
+from sitelens.cli.options import add_executor_option, add_guard_options, add_label_metrics_option
 from sitelens.models import ATLAS_MODELS, DEFAULT_MODEL, FIGURE_MODELS
 
 DESCRIPTION = (
@@ -103,28 +103,6 @@ def device_name(s: str) -> str:
 
 
 device_name.__name__ = "device"
-def executor_spec(s: str) -> str:
-    """An option type: an ``--executor`` value, ``local``, ``processes:N`` or ``ray[:ADDRESS]``
-    (:func:`sitelens.pipelines.executors.parse_executor`; nothing is started while parsing)."""
-    from sitelens.errors import ExecutorError
-    from sitelens.pipelines.executors import parse_executor
-
-    try:
-        parse_executor(s)
-    except ExecutorError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return s
-
-
-executor_spec.__name__ = "executor"
-
-
-def add_executor_option(p: argparse.ArgumentParser, what: str) -> None:
-    """``--executor local|processes:N|ray[:ADDRESS]``: where the cells of a sweep run."""
-    p.add_argument("--executor", type=executor_spec, default="local",
-                   help=f"where {what} run: local (this process, the default), processes:N (N "
-                        "worker processes) or ray[:ADDRESS] (Ray: a local instance, or auto / the "
-                        "HOST:PORT of a running cluster); the results are the same")
 
 
 POSITIVE_INT = int_in_range(1)
@@ -296,6 +274,7 @@ def _add_eval(sub) -> None:
     p.add_argument("--n-shots", type=POSITIVE_INT, default=10)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--items", help="also write per-item results to this CSV")
+    add_label_metrics_option(p)
     p.add_argument("--protocol", choices=["default", "official"], default=None,
                    help="generation and scoring: sitelens's or the paper code's (20 tokens, no "
                         "newline stop, '(' cut, St.→Saint); default: the adapter's, else default")
@@ -317,6 +296,7 @@ def _add_bench(sub) -> None:
     p.add_argument("--threads", type=THREADS, default=None)
     p.add_argument("--n-ctx", type=POSITIVE_INT, default=None,
                    help="context length for the models (default 2048; squad_val needs 4096)")
+    add_label_metrics_option(p)
     add_executor_option(p, "the (model, task, method) cells")
     add_device_options(p)
 

@@ -199,6 +199,16 @@ def _check_n_shots(args, cmd: str, tasks: list) -> None:
             )
 
 
+def _check_label_metrics(args, cmd: str) -> None:
+    """``sitelens eval --label-metrics`` needs a task with a closed label set
+    (:func:`sitelens.eval.labels.wanted_label_set` raises a TaskError for an open-ended one). The
+    bench ranks the closed-label tasks among its tasks and leaves the others NaN."""
+    if cmd == "eval" and getattr(args, "label_metrics", False):
+        from sitelens.eval.labels import wanted_label_set
+
+        wanted_label_set(args._task, True)
+
+
 def _check_adapters(args) -> None:
     """Every ``--adapter`` / ``--adapters`` directory loads (a missing, truncated or corrupted
     adapter raises :class:`~sitelens.errors.AdapterError`)."""
@@ -239,6 +249,7 @@ def validate(args) -> None:
     _check_models(args)
     tasks = _load_tasks(args, cmd)
     _check_n_shots(args, cmd, tasks)
+    _check_label_metrics(args, cmd)
     _check_adapters(args)
     if cmd == "heads":
         check_heads_options(args)

@@ -1,5 +1,5 @@
 """Evaluation: the one generate-and-score loop, protocols, closed label sets, metrics (dNTP,
-exact match, bootstrap intervals)."""
+exact match, Wilson and bootstrap intervals)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ from sitelens.eval.metrics import (
     dntp,
     dntp_per_item,
     mean_over_tasks,
+    wilson_interval,
 )
 from sitelens.eval.scoring import (
     ItemScores,
@@ -57,6 +58,7 @@ __all__ = [
     "bootstrap_ci",
     "correlation",
     "mean_over_tasks",
+    "wilson_interval",
     "LABEL_COLUMNS",
     "MAX_LABELS",
     "LabelScores",

@@ -3,9 +3,13 @@ exact-match scores, and label ranks for tasks with a closed label set.
 
 Methods: ``zero-shot``, ``icl`` (k-shot, demonstrations from train) and ``site`` (zero-shot prompt,
 adapter injected once at the last prompt token during prefill), plus any named intervention.
-Tasks with a closed label set (:func:`sitelens.eval.labels.label_set`: classification, multiple choice)
-are also scored by ranking their labels under the same intervention (:mod:`sitelens.eval.labels`), with
-the chance level beside each item.
+When asked (``label_metrics=True``), or when the task declares its labels, items are also scored by
+ranking the labels of the task's closed label set (:func:`sitelens.eval.labels.wanted_label_set`:
+classification, multiple choice) under the same intervention (:mod:`sitelens.eval.labels`), with the
+chance level beside each item.
+
+:func:`summarize` gives each accuracy with its 95% Wilson score interval over items
+(:func:`sitelens.eval.metrics.wilson_interval`): ``<metric>_ci_low`` and ``<metric>_ci_high``.
 
 Every item runs through the one generate-and-score loop, :func:`sitelens.eval.scoring.score_items`.
 Two protocols (:class:`~sitelens.eval.scoring.Protocol`) decide how answers are formatted,
@@ -30,7 +34,8 @@ from sitelens.eval.generation import (
     newline_ids,
     stop_ids,
 )
-from sitelens.eval.labels import LABEL_COLUMNS, LabelSet, label_set, nan_mean
+from sitelens.eval.labels import LABEL_COLUMNS, LabelSet, label_set, nan_mean, wanted_label_set
+from sitelens.eval.metrics import wilson_interval
 from sitelens.eval.scoring import (
     PROTOCOLS,
     ItemScores,
@@ -92,12 +97,17 @@ def run_method(
     return df
 
 
-def resolve_labels(task: Task, labels) -> LabelSet | None:
-    """``labels`` of :func:`evaluate` as a :class:`~sitelens.eval.labels.LabelSet`: ``"auto"`` detects
-    the task's (:func:`sitelens.eval.labels.label_set`; None for an open-ended task), None / False
-    switches label ranking off, a sequence of strings is the label set itself."""
-    if labels is None or labels is False:
+def resolve_labels(task: Task, labels=None, label_metrics: bool | None = None) -> LabelSet | None:
+    """``labels`` and ``label_metrics`` of :func:`evaluate` as a
+    :class:`~sitelens.eval.labels.LabelSet`, or None for no label ranking. ``label_metrics=False``
+    or ``labels=False``: none. ``labels``: ``"auto"`` detects the task's
+    (:func:`sitelens.eval.labels.label_set`; None for an open-ended task), a sequence of strings is
+    the label set itself. ``labels=None``: the task's declared labels, or with
+    ``label_metrics=True`` its detected ones (:func:`sitelens.eval.labels.wanted_label_set`)."""
+    if labels is False or label_metrics is False:
         return None
+    if labels is None:
+        return wanted_label_set(task, label_metrics)
     if isinstance(labels, LabelSet):
         return labels
     if isinstance(labels, str):
@@ -124,25 +134,29 @@ def evaluate(
     template: Template | None = None,
     interventions: dict | None = None,
     protocol: str | Protocol | None = None,
-    labels: str | LabelSet | Sequence[str] | None = "auto",
+    labels: str | LabelSet | Sequence[str] | None = None,
+    label_metrics: bool | None = None,
 ) -> pd.DataFrame:
     """Evaluate methods on a split. ``interventions`` maps extra method names to interventions
     applied on zero-shot prompts (a :class:`HeadMix` or a ``(model, seq_len) -> hooks`` callable).
     ``protocol``: ``"default"``, ``"official"`` or a :class:`Protocol`; ``None`` takes the
     adapter's (``adapter.meta["protocol"]``, written by an official fit), else the default. It also
     sets the template's digit formatting (demonstrations, answer tokens).
-    ``labels``: ``"auto"`` (default) ranks the labels of a task with a closed label set
-    (:func:`sitelens.eval.labels.label_set`), None skips it, a list gives the labels (:func:`resolve_labels`).
+    Label metrics only when asked (:func:`resolve_labels`): ``label_metrics=True`` ranks the labels
+    of the task's closed label set (an open-ended task raises :class:`~sitelens.errors.TaskError`),
+    ``False`` never; the default ranks only a task that declares its labels (``labels.json``,
+    ``Task(labels=...)``). ``labels``: a list of label strings (or ``"auto"``, detect them) asks too.
     Returns the per-item DataFrame (columns: task, method, input, target, prediction,
-    first_token_correct, correct, seconds_per_item; with labels also n_labels, chance,
-    label_pred, label_rank_first, label_rank_full, label_rank_full_norm, label_seconds_per_item)."""
+    first_token_correct, correct (bool), seconds_per_item; with labels also n_labels, chance,
+    label_pred, and the floats label_rank_first, label_rank_full, label_rank_full_norm (1.0 / 0.0
+    hit, NaN undefined), label_seconds_per_item)."""
     if protocol is None and adapter is not None:
         protocol = adapter.meta.get("protocol")
     proto = get_protocol(protocol)
     template = template or (adapter.template if adapter is not None else DEFAULT_TEMPLATE)
     template = replace(template, bare_digits=proto.bare_digits)
     items = task.split(split)[:limit] if limit else task.split(split)
-    label_space = resolve_labels(task, labels)
+    label_space = resolve_labels(task, labels, label_metrics)
     zs = [zero_shot_prompt(ex.input, template) for ex in items]
     frames = []
     extra = dict(interventions or {})
@@ -172,10 +186,25 @@ def evaluate(
     return pd.concat(frames, ignore_index=True)
 
 
+# each accuracy of summarize() and the per-item column it is the mean of
+ACCURACIES = {"first_token_acc": "first_token_correct", "exact_match": "correct"}
+LABEL_ACCURACIES = {"label_acc_first": "label_rank_first", "label_acc_full": "label_rank_full",
+                    "label_acc_full_norm": "label_rank_full_norm"}
+
+
+def _wilson_bounds(values) -> tuple[float, float]:
+    """The 95% Wilson interval of the mean of the finite 0/1 ``values``."""
+    x = pd.to_numeric(pd.Series(values), errors="coerce").astype(float)
+    x = x[x.notna()]
+    return wilson_interval(float(x.sum()), len(x))
+
+
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """Per (task,) method: first_token_acc, exact_match, n, seconds_per_item; where the rows carry
     label ranks, also label_acc_first (over the items where it is defined), label_acc_full,
-    label_acc_full_norm and chance (the mean of 1 / n_labels)."""
+    label_acc_full_norm and chance (the mean of 1 / n_labels). Then, for every accuracy ``m``
+    of these, ``m_ci_low`` and ``m_ci_high``: its 95% Wilson score interval over the items
+    (:func:`sitelens.eval.metrics.wilson_interval`; over the items where it is defined)."""
     keys = [k for k in ("model", "task", "method") if k in df.columns]
     g = df.groupby(keys, sort=False)
     aggs = dict(
@@ -184,6 +213,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         n=("correct", "size"),
         seconds_per_item=("seconds_per_item", "first"),
     )
+    accs = dict(ACCURACIES)
     if "label_rank_full" in df.columns:
         aggs.update(
             label_acc_first=("label_rank_first", nan_mean),
@@ -191,7 +221,13 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             label_acc_full_norm=("label_rank_full_norm", nan_mean),
             chance=("chance", nan_mean),
         )
-    return g.agg(**aggs).reset_index()
+        accs.update(LABEL_ACCURACIES)
+    out = g.agg(**aggs).reset_index()
+    for metric, col in accs.items():
+        bounds = [_wilson_bounds(part[col]) for _, part in g]  # groups in the order of `out`
+        out[f"{metric}_ci_low"] = [lo for lo, _ in bounds]
+        out[f"{metric}_ci_high"] = [hi for _, hi in bounds]
+    return out
 
 
 def first_token_accuracy(model, prompts: list[str], answers: list[int], intervention=None,
@@ -209,5 +245,5 @@ __all__ = [
     "PROTOCOLS", "ItemScores", "Protocol", "cut_at_eos", "exact_match", "get_protocol",
     "greedy_generate", "intervention_hooks", "last_logits", "newline_ids", "official_exact_match",
     "rank_labels", "score_items", "stop_ids", "run_method", "resolve_labels", "METHODS", "evaluate",
-    "summarize", "first_token_accuracy",
+    "summarize", "first_token_accuracy", "ACCURACIES", "LABEL_ACCURACIES",
 ]

@@ -6,6 +6,10 @@ generation then measures the format as much as the choice, so such tasks are als
 *ranking the labels*: each label is appended to the prompt as the answer and scored by the model;
 the best-scoring label is the prediction, and chance is 1 / (number of labels).
 
+When (:func:`wanted_label_set`): only when asked. A task that declares its labels (below, 1.) is
+ranked by default; any other only with ``label_metrics=True`` (``--label-metrics`` on ``sitelens
+eval`` and ``sitelens bench``), which detects them by rules 2 and 3 and refuses an open-ended task.
+
 Which labels (:func:`label_set`):
 
 1. ``task.labels``, when the task defines them (a ``labels.json`` list beside ``train.json`` in an
@@ -53,6 +57,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from sitelens.errors import TaskError
 from sitelens.models import (
     SELECT_BUDGET_BYTES,
     cache_rows_per_batch,
@@ -137,6 +142,25 @@ def label_set(task: Task, *, max_labels: int = MAX_LABELS) -> LabelSet | None:
             return None
         labels, source = tuple(distinct), "outputs"
     return LabelSet(labels, source, _option_style(items))
+
+
+def wanted_label_set(task: Task, label_metrics: bool | None = None) -> LabelSet | None:
+    """The label set that evaluation ranks over, only when asked for: ``label_metrics=None``
+    (the default) ranks a task that declares its labels (``task.labels``: ``labels.json``,
+    ``Task(labels=...)``) and no other; ``True`` also detects them from the outputs
+    (:func:`label_set`), raising :class:`~sitelens.errors.TaskError` for an open-ended task;
+    ``False`` never ranks."""
+    if label_metrics is False or not (label_metrics or task.labels):
+        return None
+    found = label_set(task)
+    if found is None:
+        n = len({ex.output for ex in [*task.train, *task.valid, *task.test]})
+        raise TaskError(
+            f"Task {task.name!r} has no closed label set ({n} distinct outputs; label metrics need "
+            f"2 to {MAX_LABELS} that are not all numbers, or a labels.json beside train.json); "
+            "drop --label-metrics (label_metrics=True) or give the labels."
+        )
+    return found
 
 
 def item_chance(labels: Sequence[str]) -> float:
@@ -268,17 +292,19 @@ LABEL_COLUMNS = ("n_labels", "chance", "label_pred", "label_rank_first", "label_
 
 def label_columns(scores: LabelScores, gold: str) -> dict:
     """The per-item columns of :func:`sitelens.eval.evaluate.evaluate` for one item: ``n_labels``,
-    ``chance`` (1 / n_labels), ``label_pred`` (the full-likelihood argmax), ``label_rank_first``
-    (1.0 / 0.0, NaN when the first tokens are not distinct), ``label_rank_full`` and
-    ``label_rank_full_norm`` (bool)."""
+    ``chance`` (1 / n_labels), ``label_pred`` (the full-likelihood argmax) and one hit column per
+    score, ``label_rank_first``, ``label_rank_full``, ``label_rank_full_norm``: each a float, 1.0
+    when that score ranks the gold label first, 0.0 when not, NaN when the score is undefined for
+    the item (``first`` where the labels' first tokens are not distinct), so that a column's
+    mean over its finite values is the accuracy."""
     first = scores.predict("first")
     return {
         "n_labels": len(scores.labels),
         "chance": item_chance(scores.labels),
         "label_pred": scores.predict("full"),
         "label_rank_first": float("nan") if first is None else float(first == gold),
-        "label_rank_full": scores.predict("full") == gold,
-        "label_rank_full_norm": scores.predict("full_norm") == gold,
+        "label_rank_full": float(scores.predict("full") == gold),
+        "label_rank_full_norm": float(scores.predict("full_norm") == gold),
     }
 
 
@@ -308,4 +334,5 @@ def label_metrics_of(cols: list[dict] | None) -> dict:
 __all__ = [
     "LABEL_COLUMNS", "LABEL_METRICS", "MAX_LABELS", "LabelScores", "LabelSet", "continuation_ids",
     "item_chance", "label_columns", "label_metrics_of", "label_set", "nan_mean", "score_labels",
+    "wanted_label_set",
 ]

@@ -240,7 +240,7 @@ def intra_task(
 def _exact_match_items(model, task, mix: HeadMix, split, limit, template) -> np.ndarray:
     res = evaluate(
         model, task, methods=("patched",), split=split, limit=limit, template=template,
-        interventions={"patched": mix}, labels=None,
+        interventions={"patched": mix}, label_metrics=False,
     )
     return res["correct"].to_numpy(dtype=float)  # [n_items], in split order
 

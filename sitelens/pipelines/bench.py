@@ -19,10 +19,12 @@ decode steps by themselves; every-position hooks act on them). Columns: see :dat
 dNTP is against the ``n_shots``-shot ICL distribution of the same queries (same demonstrations as
 the ``icl`` method with the same seed, so its dNTP is exactly 0).
 
-Tasks with a closed label set (:func:`sitelens.eval.labels.label_set`: ``cls/``, ANLI, MMLU-Pro, most of
-BIG-Bench Hard) are also scored by ranking their labels under the method's intervention
-(:mod:`sitelens.eval.labels`): ``label_acc_first``, ``label_acc_full``, ``label_acc_full_norm`` and the
-``chance`` level (mean of 1 / number of labels) beside them; NaN for open-ended tasks.
+With ``label_metrics=True`` (``sitelens bench --label-metrics``), tasks with a closed label set
+(:func:`sitelens.eval.labels.label_set`: ``cls/``, ANLI, MMLU-Pro, most of BIG-Bench Hard) are also
+scored by ranking their labels under the method's intervention (:mod:`sitelens.eval.labels`):
+``label_acc_first``, ``label_acc_full``, ``label_acc_full_norm`` and the ``chance`` level (mean of 1 /
+number of labels) beside them; NaN for open-ended tasks. Without it only tasks that declare their
+labels (``labels.json``) are ranked, and the label columns of the others are NaN.
 
 Scoring is the one generate-and-score loop of :mod:`sitelens.eval.scoring`; the summaries of a
 results table (:func:`summary_markdown`, …) are in :mod:`sitelens.pipelines.bench_summary`.
@@ -239,8 +241,10 @@ def _task_of(spec) -> Task:
 @dataclass(frozen=True)
 class BenchConfig:
     """The settings of one bench run (see :func:`run_bench`, which also takes each field as a
-    keyword argument). All but ``progress``, ``n_ctx``, ``load`` and ``dntp`` are part of every row's
-    key (the weight fingerprint in the key already tells a bfloat16 model from a float32 one)."""
+    keyword argument). All but ``progress``, ``n_ctx``, ``load``, ``dntp`` and ``label_metrics`` are
+    part of every row's key (the weight fingerprint in the key already tells a bfloat16 model from
+    a float32 one); a row computed without one of the last two has NaN in its columns, so resume
+    a run with the same ``dntp`` and ``label_metrics``."""
 
     limit: int | None = 100  # test items per task (None: all)
     seed: int = 0  # fits, demonstrations and the ICL reference
@@ -251,6 +255,7 @@ class BenchConfig:
     n_ctx: int | None = None  # context length of models loaded by name (None: load_model's)
     load: LoadSpec | None = None  # device, dtype, ... of models loaded by name (None: load_model's)
     dntp: bool = True  # False: no k-shot ICL reference pass; dNTP is NaN and the row's error says so
+    label_metrics: bool = False  # True: rank the labels of every closed-label task (else: declared only)
 
 
 def run_bench(
@@ -398,7 +403,7 @@ def run_cell(job: BenchJob) -> dict:
     check_fingerprint(model, job.model, job.settings["fingerprint"])
     items = task.test[:cfg.limit] if cfg.limit else task.test
     reference, ref_error = _reference(model, job, items)
-    labels = label_set(task)
+    labels = label_set(task) if cfg.label_metrics or task.labels else None
     row = dict(job.settings, key=job.key, n=len(items))
     t0 = time.perf_counter()
     try:

@@ -237,6 +237,7 @@ def fit_site(
         "stage1_seconds": t1 - t0,
         "stage2_seconds": res.seconds,
         "best_step": res.best_step,
+        "data": res.data,  # the split sizes and the items stage 2 used (absent in older adapters)
     }
     checks = [h for h in res.history if h["valid_loss"] == h["valid_loss"]]  # not NaN
     if cfg.protocol == "official":

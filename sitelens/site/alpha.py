@@ -157,6 +157,23 @@ class FitResult:
     history: list[dict] = field(default_factory=list)
     best_step: int = 0
     seconds: float = 0.0
+    data: dict = field(default_factory=dict)  # the items used: :func:`data_used`
+
+
+def data_used(task: Task, n_valid_used: int, batches: Sequence[Sequence[int]], n_train_used: int) -> dict:
+    """What stage 2 trained and validated on, as recorded in ``adapter.json`` (``meta["data"]``):
+    the split sizes of the task (``n_train``, ``n_valid``, ``n_test``), the validation items used
+    (``valid_items_used``, from ``valid_split_used``: ``"valid"``, or ``"train"`` for a task
+    without a valid split), the distinct training items drawn (``train_items_used``), the training
+    examples seen (``train_examples``, repeats counted) and the passes over the train split
+    (``passes`` = train_examples / n_train)."""
+    examples = sum(len(b) for b in batches)
+    return {
+        "n_train": len(task.train), "n_valid": len(task.valid), "n_test": len(task.test),
+        "valid_items_used": n_valid_used, "valid_split_used": "valid" if task.valid else "train",
+        "train_items_used": n_train_used, "train_examples": examples,
+        "passes": round(examples / max(1, len(task.train)), 3),
+    }
 
 
 def fit_alpha(
@@ -190,7 +207,8 @@ def fit_alpha(
             "loss would be non-finite. Recompute it in float32 (task_embedding) or refit."
         )
     target = place_layer_rows(embedding, model, dtype=torch.float32)  # L × [n_heads, d_head]
-    valid = LastTokenSet.build(model, valid_items(task, cfg.n_valid), template)
+    checked = valid_items(task, cfg.n_valid)
+    valid = LastTokenSet.build(model, checked, template)
     if official:
         batches = list(iid_batches(len(task.train), cfg))  # [steps][batch_size] indices
     else:
@@ -226,4 +244,5 @@ def fit_alpha(
         history=run.history,
         best_step=run.best_step,
         seconds=time.perf_counter() - t0,
+        data=data_used(task, len(checked), batches, len(rows.used)),
     )
