@@ -88,7 +88,7 @@ def adapter_or_fit(model, task, args):
         adapter.check_model(model)
         return adapter
     print(f"fitting SITE on {task.name} (pass --adapter DIR to reuse one)", file=sys.stderr)
-    return fit_from_args(model, task, args, progress=False)
+    return fit_from_args(model, task, args)
 
 
 def top_heads_line(adapter, n: int = 8) -> str:

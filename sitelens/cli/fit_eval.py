@@ -89,6 +89,7 @@ def cmd_eval(args) -> int:
     df = evaluate(
         model, task, methods=methods, adapter=adapter, split=args.split, limit=args.limit,
         n_shots=args.n_shots, seed=args.seed, protocol=getattr(args, "protocol", None),
+        progress=True,
     )
     if args.items:
         atomic_write_csv(args.items, _with_settings(df, model, task, adapter, args))
@@ -106,7 +107,7 @@ def cmd_demo(args) -> int:
     t0 = time.perf_counter()
     adapter = fit_from_args(model, task, args)
     print(f"fitted SITE on {task.name} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
-    df = evaluate(model, task, adapter=adapter, limit=args.limit, seed=args.seed)
+    df = evaluate(model, task, adapter=adapter, limit=args.limit, seed=args.seed, progress=True)
     print(summarize(df).to_string(index=False))
     print("\ntop heads by α: " + top_heads_line(adapter))
     ex = df[df.method == "site"].head(5)

@@ -22,9 +22,9 @@ import torch
 from jaxtyping import Float
 from scipy import stats
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from sitelens.eval.metrics import correlation
+from sitelens.format import progress_bar
 from sitelens.lenses.scores import HeadScores
 from sitelens.models import model_name
 from sitelens.site import FitConfig, SiteAdapter, fit_site
@@ -101,13 +101,14 @@ def alpha_over_seeds(
     items. Cost columns: ``seconds`` of all fits; passes are not counted for fits."""
     base = config or FitConfig()
     adapters, t0 = [], time.perf_counter()
-    for s in tqdm(list(seeds), desc=f"α seeds ({task.name})", disable=not progress):
+    for s in progress_bar(list(seeds), desc=f"{lens} [{task.name}]: seeds", enabled=progress,
+                          leave=True):
         tk = task
         if bootstrap_items:
             rng = random.Random(10_000 + s)
             tk = replace(task, train=[rng.choice(task.train) for _ in task.train])
         adapters.append(fit_site(model, tk, n_prompts=n_prompts, n_shots=n_shots,
-                                 config=replace(base, seed=s)))
+                                 config=replace(base, seed=s), progress=progress))
     alphas = torch.stack([a.alpha.detach().float().cpu() for a in adapters])  # [S, L, H]
     lo, hi = interval(alphas.numpy())
     scores = HeadScores.from_map(

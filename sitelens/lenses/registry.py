@@ -167,7 +167,8 @@ def head_scores(
         emb = adapter.embedding
     else:
         emb = task_embedding(model, task, n_prompts=att.n_mean_prompts, n_shots=att.n_shots,
-                             seed=att.seed, template=att.template)  # [n_layers, n_heads, d_head]
+                             seed=att.seed, template=att.template,
+                             progress=progress)  # [n_layers, n_heads, d_head]
     inputs = LensInputs(model, task, emb, att, ablation, adapter, seeds_run, progress)
     order = sorted(lenses, key=lambda n: n != "alpha")  # stable: alpha first, then as asked
     parts = [REGISTRY[n].run(inputs) for n in order]

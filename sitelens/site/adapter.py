@@ -192,7 +192,10 @@ def fit_site(
 
     ``config=FitConfig.official()``: the paper code's protocol (:class:`OfficialFitConfig`); the
     template then puts no space before all-digit answers, in stage 1's demonstrations and in the
-    answer token, and ``meta`` records ``"protocol": "official"`` and the validation history."""
+    answer token, and ``meta`` records ``"protocol": "official"`` and the validation history.
+
+    ``progress``: a bar for each stage, ``task embedding [task]`` and ``fit α [task]``
+    (:func:`sitelens.format.progress_bar`: plain lines when stderr is not a terminal)."""
     cfg = config or FitConfig()
     if cfg.protocol == "official":
         template = replace(template, bare_digits=True)
@@ -200,7 +203,7 @@ def fit_site(
     if embedding is None:
         emb = task_embedding(
             model, task, n_prompts=n_prompts, n_shots=n_shots, batch_size=batch_size,
-            seed=cfg.seed, template=template,
+            seed=cfg.seed, template=template, progress=progress,
         )  # [n_layers, n_heads, d_head]
     else:
         c = model.cfg
