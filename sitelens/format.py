@@ -9,6 +9,8 @@ that shows how far a long step has got.
 - :func:`fmt_float` / :func:`fmt_int`: a cell of a markdown or HTML table; a missing value (``None``
   or NaN) is one dash, so a column of numbers stays readable.
 
+- :func:`array_summary`: an array or tensor as ``tensor[2×4 float32]`` in the one-line reprs of
+  the result objects (never the values).
 - :func:`progress_bar`: the one progress display of every step a user waits for (stage 1 and 2
   of a fit, evaluation, each lens, a bench): a tqdm bar where it can redraw (a terminal, a
   notebook), else :class:`PlainProgress`, plain lines at each tenth of the work (a log file, a
@@ -63,6 +65,19 @@ def fmt_int(x, missing: str = MISSING) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return missing
     return f"{int(round(x)):,}"
+
+
+def array_summary(x) -> str:
+    """``tensor[2×4×8 float32]`` for a tensor or array (its kind, shape and dtype, not its values);
+    ``[n × tensor[...]]`` for a list of them (per-layer rows); ``repr`` for anything else."""
+    if isinstance(x, (list, tuple)) and x and all(hasattr(v, "shape") for v in x):
+        return f"[{len(x)} × {array_summary(x[0])}]"
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        return repr(x)
+    kind = "tensor" if type(x).__module__.startswith("torch") else type(x).__name__
+    dtype = str(getattr(x, "dtype", "")).removeprefix("torch.")
+    return f"{kind}[{'×'.join(str(int(n)) for n in shape) or 'scalar'} {dtype}]"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -177,5 +192,5 @@ def progress_bar(iterable: Iterable | None = None, *, total: int | None = None, 
     return PlainProgress(iterable, total=total, desc=desc, stream=stream, quiet=not enabled)
 
 
-__all__ = ["MISSING", "PlainProgress", "fmt_float", "fmt_int", "live_output", "progress_bar",
+__all__ = ["MISSING", "PlainProgress", "array_summary", "fmt_float", "fmt_int", "live_output", "progress_bar",
            "round_or_none", "round_sig_or_none", "round_values"]

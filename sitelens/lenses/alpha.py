@@ -24,7 +24,7 @@ from scipy import stats
 from torch import Tensor
 
 from sitelens.eval.metrics import correlation
-from sitelens.format import progress_bar
+from sitelens.format import array_summary, progress_bar
 from sitelens.lenses.scores import HeadScores
 from sitelens.models import model_name
 from sitelens.site import FitConfig, SiteAdapter, fit_site
@@ -66,6 +66,12 @@ class AlphaSeeds:
     @property
     def mean(self) -> Float[Tensor, "n_layers n_heads"]:
         return self.alphas.mean(0)
+
+    def __repr__(self) -> str:
+        task = self.adapters[0].meta.get("task") if self.adapters else None
+        rho = self.stability["spearman"].mean() if len(self.stability) else float("nan")
+        return (f"AlphaSeeds(task={task!r}, seeds={len(self.adapters)}, "
+                f"alphas={array_summary(self.alphas)}, mean pairwise Spearman {rho:.3f})")
 
     def uncertain(self, threshold: float = 0.5) -> Tensor:
         """``[n_layers, n_heads]`` bool: heads whose interval contains ``threshold``."""

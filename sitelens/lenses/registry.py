@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from sitelens.errors import LensError
+from sitelens.format import array_summary
 from sitelens.lenses.ablation import AblationConfig, head_ablation
 from sitelens.lenses.alpha import AlphaSeeds, alpha_over_seeds
 from sitelens.lenses.attribution import (
@@ -132,6 +133,11 @@ class LensRun:
     alpha: AlphaSeeds | None = None
     embedding: Tensor | None = None
     extras: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        emb = None if self.embedding is None else array_summary(self.embedding)
+        return (f"LensRun(scores={self.scores!r}, alpha={self.alpha!r}, embedding={emb}, "
+                f"extras={sorted(self.extras)})")
 
 
 def head_scores(

@@ -60,6 +60,18 @@ class SiteAdapter:
     def template(self) -> Template:
         return Template(**self.meta.get("template", DEFAULT_TEMPLATE.to_dict()))
 
+    def __repr__(self) -> str:
+        """One line: model, task, layers × heads, the top-3 heads by α and the fit settings (never
+        the tensors)."""
+        m, hp = self.meta, self.meta.get("hyperparameters") or {}
+        L, H = self.alpha.shape
+        top = " ".join(f"L{layer}H{h}={a:.2f}" for layer, h, a in self.top_heads(3))
+        keys = ("lr", "n_examples", "batch_size", "sparsity", "seed", "n_prompts", "n_shots")
+        settings = " ".join(f"{k}={hp[k]}" for k in keys if k in hp)
+        return (f"SiteAdapter(model={m.get('model')!r}, task={m.get('task')!r}, {L}×{H} heads, "
+                f"top α {top}, protocol={m.get('protocol', 'default')}"
+                + (f", {settings}" if settings else "") + ")")
+
     def mix(self, seq_len: int | None = None) -> HeadMix:
         return site_mix(self.alpha, self.embedding, seq_len)
 

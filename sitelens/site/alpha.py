@@ -31,6 +31,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from sitelens.errors import FitError
+from sitelens.format import array_summary
 from sitelens.models import last_token_forward, layer_devices, place_layer_rows
 from sitelens.site.injection import HeadMix, apply_hooks
 from sitelens.site.training import (
@@ -157,6 +158,10 @@ class FitResult:
     history: list[dict] = field(default_factory=list)
     best_step: int = 0
     seconds: float = 0.0
+
+    def __repr__(self) -> str:
+        return (f"FitResult(alpha={array_summary(self.alpha)}, best_step={self.best_step}, "
+                f"steps={sum(1 for h in self.history if h.get('step'))}, seconds={self.seconds:.1f})")
 
 
 def fit_alpha(
