@@ -25,7 +25,7 @@ import pytest
 import sitelens.format as fmt
 from sitelens import evaluate, fit_site, head_scores, load_task, tiny_model
 from sitelens.format import PlainProgress, progress_bar
-from sitelens.lenses import AttributionConfig
+from sitelens.lenses import AblationConfig, AttributionConfig
 from sitelens.site import FitConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,9 +146,12 @@ def bar_names(err: str) -> set[str]:
 def test_each_lens_bar_is_named_after_its_lens(model_and_task, capsys):
     model, task = model_and_task
     att = AttributionConfig(n_prompts=4, n_shots=2, n_mean_prompts=8, n_alpha_items=8, n_boot=10)
-    head_scores(model, task, ["alpha-grad", "atp"], attribution=att, progress=True)
+    abl = AblationConfig(n_prompts=4, n_shots=2, n_boot=10)
+    head_scores(model, task, ["alpha-grad", "atp", "ablation-mean", "effect"], attribution=att,
+                ablation=abl, progress=True)
     names = bar_names(capsys.readouterr().err)
-    assert names == {"task embedding [antonym]", "alpha-grad [antonym]", "atp [antonym]"}, names
+    assert names == {"task embedding [antonym]", "alpha-grad [antonym]", "atp [antonym]",
+                     "ablation-mean [antonym]", "effect [antonym]"}, names
 
 
 def test_the_lens_name_check_catches_an_unnamed_bar(model_and_task, capsys, monkeypatch):

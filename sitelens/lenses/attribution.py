@@ -219,13 +219,14 @@ def attribution_patching(
 
 def exact_effects(
     model, task: Task, embedding: Float[Tensor, "n_layers n_heads d_head"] | None = None,
-    config: AttributionConfig | None = None, **overrides,
+    config: AttributionConfig | None = None, *, progress: bool = False, **overrides,
 ) -> HeadScores:
     """Lens ``effect``: :func:`~sitelens.patching.effects.head_causal_effects` (exact, batched) with a
     percentile bootstrap CI over prompts. ``config`` is shared with :func:`attribution_patching`
     (an :class:`AttributionConfig` is an :class:`~sitelens.patching.effects.EffectsConfig`)."""
     cfg = replace(config or AttributionConfig(), **overrides)
-    effects, st = head_causal_effects(model, task, cfg, embedding=embedding, return_stats=True)
+    effects, st = head_causal_effects(model, task, cfg, embedding=embedding, return_stats=True,
+                                      progress=progress)
     per = st["per_prompt"]  # [n_prompts, n_layers, n_heads]
     lo, hi = bootstrap_ci(per.permute(1, 2, 0).numpy(), n_boot=cfg.n_boot, seed=cfg.seed)
     return HeadScores.from_map(

@@ -61,7 +61,8 @@ class Lens:
 
 
 def _ablation(reference: str) -> Callable[[LensInputs], HeadScores]:
-    return lambda x: head_ablation(x.model, x.task, x.ablation, reference=reference)
+    return lambda x: head_ablation(x.model, x.task, x.ablation, reference=reference,
+                                   progress=x.progress)
 
 
 def _atp(grad_drop: bool) -> Callable[[LensInputs], HeadScores]:
@@ -78,7 +79,7 @@ _LENSES = [
     Lens("ablation-mean", "drop in P(answer) when one head is mean-ablated", _ablation("mean")),
     Lens("ablation-zero", "drop in P(answer) when one head is zero-ablated", _ablation("zero")),
     Lens("effect", "exact activation patching on corrupted prompts",
-         lambda x: exact_effects(x.model, x.task, x.embedding, x.attribution)),
+         lambda x: exact_effects(x.model, x.task, x.embedding, x.attribution, progress=x.progress)),
     Lens("dla", "direct logit attribution of each head's injected write",
          lambda x: direct_logit_attribution(x.model, x.task, x.adapter, seed=x.attribution.seed),
          needs_adapter=True),
