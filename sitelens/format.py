@@ -1,4 +1,5 @@
-"""Numbers for people and for JSON: the one place that rounds and formats them.
+"""Numbers and progress for people and for JSON: the one place that rounds and formats them and
+that shows how far a long step has got.
 
 - :func:`round_or_none` / :func:`round_values`: a float rounded to a number of decimals for JSON
   summaries, payloads and ``--json`` output; ``None`` where the value is NaN or infinite, since
@@ -8,13 +9,23 @@
 - :func:`fmt_float` / :func:`fmt_int`: a cell of a markdown or HTML table; a missing value (``None``
   or NaN) is one dash, so a column of numbers stays readable.
 
-A leaf module: the standard library only, importable from anywhere in sitelens.
+- :func:`array_summary`: an array or tensor as ``tensor[2×4 float32]`` in the one-line reprs of
+  the result objects (never the values).
+- :func:`progress_bar`: the one progress display of every step a user waits for (stage 1 and 2
+  of a fit, evaluation, each lens, a bench): a tqdm bar where it can redraw (a terminal, a
+  notebook), else :class:`PlainProgress`, plain lines at each tenth of the work (a log file, a
+  pipe: no carriage-return redraws).
+
+A leaf module: the standard library only (tqdm is imported when a live bar is drawn), importable
+from anywhere in sitelens.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
 
 MISSING = "–"  # an en dash: a missing value in a table
 
@@ -56,4 +67,130 @@ def fmt_int(x, missing: str = MISSING) -> str:
     return f"{int(round(x)):,}"
 
 
-__all__ = ["MISSING", "fmt_float", "fmt_int", "round_or_none", "round_sig_or_none", "round_values"]
+def array_summary(x) -> str:
+    """``tensor[2×4×8 float32]`` for a tensor or array (its kind, shape and dtype, not its values);
+    ``[n × tensor[...]]`` for a list of them (per-layer rows); ``repr`` for anything else."""
+    if isinstance(x, (list, tuple)) and x and all(hasattr(v, "shape") for v in x):
+        return f"[{len(x)} × {array_summary(x[0])}]"
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        return repr(x)
+    kind = "tensor" if type(x).__module__.startswith("torch") else type(x).__name__
+    dtype = str(getattr(x, "dtype", "")).removeprefix("torch.")
+    return f"{kind}[{'×'.join(str(int(n)) for n in shape) or 'scalar'} {dtype}]"
+
+
+# ----------------------------------------------------------------------------------------------
+# progress
+
+
+class PlainProgress:
+    """Progress as plain lines, for output that is not a terminal (a log file, a pipe): one line
+    ``"{desc}: {n}/{total} ({pct}%) {seconds}s"`` each time another tenth of ``total`` is done (the
+    last ``... done in {seconds}s``), and one at least every ``every_s`` seconds between them, so a
+    bar writes at most ten lines plus one per ``every_s`` of waiting; never a ``\\r`` redraw.
+    Without a known total, a line every ``every_s`` seconds and one when closed.
+
+    The part of tqdm's interface that sitelens uses: iteration, ``update``, ``set_postfix``,
+    ``set_description``, ``close`` and ``with``. ``quiet=True``: the same object writing nothing
+    (a bar switched off)."""
+
+    def __init__(self, iterable: Iterable | None = None, *, total: int | None = None,
+                 desc: str = "", stream=None, every_s: float = 60.0, quiet: bool = False,
+                 clock: Callable[[], float] = time.monotonic):
+        if total is None and iterable is not None and hasattr(iterable, "__len__"):
+            total = len(iterable)
+        self.iterable, self.total, self.desc, self.n = iterable, total, desc, 0
+        self.stream, self.every_s, self.quiet, self.clock = stream, every_s, quiet, clock
+        self.postfix = ""
+        self.t0 = self.last = clock()
+        self.tenths = 0  # tenths of the total already written
+        self.closed = False
+
+    def __iter__(self):
+        try:
+            for x in self.iterable:
+                yield x
+                self.update(1)
+        finally:
+            self.close()
+
+    def __enter__(self) -> PlainProgress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = self.clock()
+        if self.total:
+            tenths = min(10, 10 * self.n // self.total)
+            if tenths > self.tenths:
+                self.tenths = tenths
+                self._line(now)
+                return
+        if now - self.last >= self.every_s:
+            self._line(now)
+
+    def set_postfix(self, ordered_dict: Mapping | None = None, refresh: bool = True, **kwargs) -> None:
+        items = {**dict(ordered_dict or {}), **kwargs}
+        self.postfix = ", ".join(f"{k}={v}" for k, v in items.items())
+
+    def set_description(self, desc: str, refresh: bool = True) -> None:
+        self.desc = desc
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if not self.total:
+                self._line(self.clock(), done=True)
+
+    def _line(self, now: float, done: bool = False) -> None:
+        self.last = now
+        if self.quiet:
+            return
+        secs = f"{now - self.t0:.1f}s"
+        if self.total:
+            done = self.n >= self.total
+            count = f"{self.n}/{self.total}"
+            text = f"{count} done in {secs}" if done else f"{count} ({100 * self.n // self.total}%) {secs}"
+        else:
+            text = f"{self.n} done in {secs}" if done else f"{self.n} {secs}"
+        stream = self.stream if self.stream is not None else sys.stderr
+        stream.write(f"{self.desc}: {text}" + (f"  {self.postfix}" if self.postfix else "") + "\n")
+        stream.flush()
+
+
+def live_output(stream) -> bool:
+    """Whether a progress bar can redraw itself on ``stream``: a terminal, or a Jupyter kernel
+    (where tqdm draws a widget)."""
+    try:
+        if stream.isatty():
+            return True
+    except (AttributeError, ValueError):  # no isatty, or a closed file
+        return False
+    ipython = sys.modules.get("IPython")
+    try:
+        return ipython is not None and "IPKernelApp" in ipython.get_ipython().config
+    except Exception:  # no running IPython, or one without a config
+        return False
+
+
+def progress_bar(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "",
+                 enabled: bool = True, leave: bool = False, stream=None):
+    """A progress display over ``iterable`` (or ``total`` steps advanced with ``update``) named
+    ``desc``, on ``stream`` (default: ``sys.stderr`` at the time of the call). ``enabled=False``:
+    nothing is written. A terminal or a notebook gets a tqdm bar (``tqdm.auto``; ``leave``: it
+    stays once done); any other stream, e.g. stderr redirected to a log file, gets
+    :class:`PlainProgress` lines."""
+    stream = sys.stderr if stream is None else stream
+    if enabled and live_output(stream):
+        from tqdm.auto import tqdm
+
+        return tqdm(iterable, total=total, desc=desc, leave=leave, file=stream)
+    return PlainProgress(iterable, total=total, desc=desc, stream=stream, quiet=not enabled)
+
+
+__all__ = ["MISSING", "PlainProgress", "array_summary", "fmt_float", "fmt_int", "live_output", "progress_bar",
+           "round_or_none", "round_sig_or_none", "round_values"]

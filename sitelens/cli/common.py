@@ -92,7 +92,7 @@ def adapter_or_fit(model, task, args):
     print(f"fitting SITE on {task.name}" + ("" if keep else
           " (not kept: pass --save-adapter DIR to keep it and reuse it with --adapter DIR)"),
           file=sys.stderr)
-    adapter = fit_from_args(model, task, args, progress=False)
+    adapter = fit_from_args(model, task, args)
     if keep:
         adapter.save(keep)
         print(f"saved the fitted adapter to {keep} (reuse it with --adapter {keep})", file=sys.stderr)

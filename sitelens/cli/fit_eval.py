@@ -85,6 +85,7 @@ def cmd_eval(args) -> int:
         model, task, methods=methods, adapter=adapter, split=args.split, limit=args.limit,
         n_shots=args.n_shots, seed=args.seed, protocol=getattr(args, "protocol", None),
         label_metrics=True if args.label_metrics else None,
+        progress=True,
     )
     if args.items:
         atomic_write_csv(args.items, _with_settings(df, model, task, adapter, args))
@@ -103,7 +104,7 @@ def cmd_demo(args) -> int:
     print(f"fitted SITE on {task.name} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     for line in fit_data_lines(adapter.meta):
         print(line, file=sys.stderr)
-    df = evaluate(model, task, adapter=adapter, limit=args.limit, seed=args.seed)
+    df = evaluate(model, task, adapter=adapter, limit=args.limit, seed=args.seed, progress=True)
     _print_summary(summarize(df))
     print("\ntop heads by α: " + top_heads_line(adapter))
     ex = df[df.method == "site"].head(5)

@@ -13,16 +13,17 @@ import argparse
 import math
 from collections.abc import Callable
 
+from sitelens.cli.helptext import document
 from sitelens.cli.options import add_executor_option, add_guard_options, add_label_metrics_option
 from sitelens.models import ATLAS_MODELS, DEFAULT_MODEL, FIGURE_MODELS
 
 DESCRIPTION = (
-    "The sitelens command line. fit: fit a SITE adapter and save it; eval: zero-shot / ICL / SITE "
-    "on a task; demo: fit and compare on a built-in task; bench: models x tasks x methods into one "
-    "resumable table; patch intra|inter|effects: activation patching; heads: which heads matter, "
-    "scored by several lenses (alpha, gradients, attribution patching, ablation, exact effects, "
-    "direct logit attribution); figures: reproduce figures/ from real runs (resumable). Bad input "
-    "prints one line, `sitelens: error: ...`, and exits 2."
+    "The sitelens command line. fit: fit a SITE adapter and save it; eval: zero-shot / ICL / SITE on a "
+    "task; demo: fit and compare on a built-in task; bench: models x tasks x methods, one resumable "
+    "table; patch intra|inter|effects: activation patching; heads: which heads matter, by several lenses "
+    "(alpha, gradients, attribution patching, ablation, exact effects, direct logit attribution); figures: "
+    "reproduce figures/ (resumable); atlas: the head atlas page. Bad input prints one line, `sitelens: "
+    "error: ...`, and exits 2. `sitelens COMMAND --help`: every option and its default."
 )
 
 
@@ -223,8 +224,7 @@ def add_fit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-prompts", type=POSITIVE_INT, default=50, help="few-shot prompts for stage 1")
     p.add_argument("--n-shots", type=POSITIVE_INT, default=10)
     p.add_argument("--lr", type=float, default=0.2)
-    p.add_argument("--n-examples", type=POSITIVE_INT, default=400,
-                   help="training examples in stage 2")
+    p.add_argument("--n-examples", type=POSITIVE_INT, default=400, help="training examples in stage 2")
     p.add_argument("--batch-size", type=POSITIVE_INT, default=DefaultInt(8),
                    help="stage-2 batch size (default 8; 1 with --protocol official)")
     p.add_argument("--sparsity", type=LAMBDA, default=0.0, help="λ of the λ·mean(α) penalty")
@@ -282,8 +282,7 @@ def _add_eval(sub) -> None:
 
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="models × tasks × methods → one resumable results table")
-    p.add_argument("--models", type=NAMES, default=DEFAULT_MODEL,
-                   help="comma-separated model names")
+    p.add_argument("--models", type=NAMES, default=DEFAULT_MODEL, help="comma-separated model names")
     p.add_argument("--tasks", nargs="+", default=[],
                    help="task specs (names, dirs, files), space- or comma-separated")
     p.add_argument("--tasks-dir", help="every FV-layout task directory under DIR")
@@ -465,14 +464,16 @@ def _add_figures(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``sitelens`` parser: subcommands fit, eval, bench, demo, patch (intra, inter, effects),
-    heads and figures; ``args.cmd`` names the subcommand (``args.patch_cmd`` the patch one)."""
+    heads, figures and atlas; ``args.cmd`` names the subcommand (``args.patch_cmd`` the patch one)."""
     ap = OneLineErrorParser(prog="sitelens", description=DESCRIPTION)
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=OneLineErrorParser,
                             metavar="COMMAND")
     for add in (_add_fit, _add_eval, _add_bench, _add_demo, _add_patch, _add_heads, _add_figures,
                 _add_atlas):
         add(sub)
-    return add_guard_options(ap)  # --force, --save-adapter (sitelens.cli.options)
+    # --force, --save-adapter (sitelens.cli.options); then every option with help text and its
+    # default (sitelens.cli.helptext)
+    return document(add_guard_options(ap))
 
 
 def command_name(args) -> str:

@@ -77,7 +77,7 @@ def _inter_adapters(model, tasks, args) -> dict:
             adapters[task.name] = SiteAdapter.load(dirs[i])
         else:
             print(f"fitting SITE on {task.name}", file=sys.stderr)
-            adapters[task.name] = fit_from_args(model, task, args, progress=False)
+            adapters[task.name] = fit_from_args(model, task, args)
     return adapters
 
 

@@ -71,15 +71,17 @@ def run_method(
     max_new_tokens: int | None = None,
     protocol: str | Protocol | None = None,
     labels: LabelSet | None = None,
+    progress: bool = False,
 ) -> pd.DataFrame:
     """Generate for each prompt and score it (:func:`sitelens.eval.scoring.score_items`). One row
     per item. ``protocol`` sets the generation length and the scoring (the caller builds
     ``prompts`` and ``template`` for it). With ``labels``, each item is also scored by ranking its
     labels under the same intervention (:data:`sitelens.eval.labels.LABEL_COLUMNS`;
-    ``label_seconds_per_item`` is their cost, apart from ``seconds_per_item``, the generation's)."""
+    ``label_seconds_per_item`` is their cost, apart from ``seconds_per_item``, the generation's).
+    ``progress``: a bar ``eval {method} [task]`` over the items."""
     s = score_items(model, task, items, prompts, intervention=intervention, template=template,
                     batch_size=batch_size, protocol=protocol, max_new_tokens=max_new_tokens,
-                    labels=labels)
+                    labels=labels, progress=progress, desc=f"eval {method} [{task.name}]")
     df = pd.DataFrame([{
         "task": task.name,
         "method": method,
@@ -136,6 +138,7 @@ def evaluate(
     protocol: str | Protocol | None = None,
     labels: str | LabelSet | Sequence[str] | None = None,
     label_metrics: bool | None = None,
+    progress: bool = False,
 ) -> pd.DataFrame:
     """Evaluate methods on a split. ``interventions`` maps extra method names to interventions
     applied on zero-shot prompts (a :class:`HeadMix` or a ``(model, seq_len) -> hooks`` callable).
@@ -146,6 +149,8 @@ def evaluate(
     of the task's closed label set (an open-ended task raises :class:`~sitelens.errors.TaskError`),
     ``False`` never; the default ranks only a task that declares its labels (``labels.json``,
     ``Task(labels=...)``). ``labels``: a list of label strings (or ``"auto"``, detect them) asks too.
+    ``progress``: a bar per method, ``eval {method} [task]``, over the items
+    (:func:`sitelens.format.progress_bar`: plain lines when stderr is not a terminal).
     Returns the per-item DataFrame (columns: task, method, input, target, prediction,
     first_token_correct, correct (bool), seconds_per_item; with labels also n_labels, chance,
     label_pred, and the floats label_rank_first, label_rank_full, label_rank_full_norm (1.0 / 0.0
@@ -181,7 +186,8 @@ def evaluate(
             )
         frames.append(
             run_method(model, task, items, method, prompts=prompts, intervention=inter,
-                       batch_size=batch_size, template=template, protocol=proto, labels=label_space)
+                       batch_size=batch_size, template=template, protocol=proto, labels=label_space,
+                       progress=progress)
         )
     return pd.concat(frames, ignore_index=True)
 

@@ -24,6 +24,7 @@ from torch import Tensor
 from sitelens.eval.generation import cut_at_eos, greedy_generate, intervention_hooks
 from sitelens.eval.labels import LabelSet, label_columns, score_labels
 from sitelens.eval.metrics import dntp_per_item
+from sitelens.format import progress_bar
 from sitelens.models import encode, length_batches, token_ids
 from sitelens.tasks import (
     ANSWER_ROOM,
@@ -161,6 +162,8 @@ def score_items(
     reference: Float[Tensor, "n d_vocab"] | None = None,
     labels: LabelSet | None = None,
     bare_digit_room: bool = True,
+    progress: bool = False,
+    desc: str = "generate",
 ) -> ItemScores:
     """Generate greedily for each prompt under ``intervention`` (its hooks in place for the whole
     generation: prefill-scoped hooks skip the decode steps by themselves, every-position hooks act
@@ -172,7 +175,9 @@ def score_items(
 
     New tokens per batch: ``max_new_tokens``, else the protocol's, else
     ``min(ANSWER_ROOM, longest answer in tokens + 2)`` with the answers measured by
-    :func:`answer_lengths` (``bare_digits=bare_digit_room``)."""
+    :func:`answer_lengths` (``bare_digits=bare_digit_room``).
+
+    ``progress``: a bar over the items named ``desc`` (:func:`sitelens.format.progress_bar`)."""
     proto = get_protocol(protocol)
     official = proto.scoring == "official"
     answers = answer_token_ids(model, [ex.output for ex in items], template)
@@ -183,6 +188,7 @@ def score_items(
     correct = np.zeros(len(items), dtype=bool)
     kl = np.full(len(items), np.nan)
     t0 = time.perf_counter()
+    bar = progress_bar(total=len(items), desc=desc, enabled=progress)
     for idx in length_batches(model, prompts, batch_size):  # memory-bounded for long prompts
         enc = encode(model, [prompts[i] for i in idx])
         limit = max_new_tokens or proto.max_new_tokens or min(ANSWER_ROOM, max(n_tok[i] for i in idx) + 2)
@@ -203,6 +209,8 @@ def score_items(
                 correct[i] = official_exact_match(texts[i], items[i].output, task.name)
             else:
                 correct[i] = exact_match(texts[i], items[i].output, case_sensitive=task.case_sensitive)
+        bar.update(len(idx))
+    bar.close()
     scores = ItemScores(texts, first_ok, correct, kl, time.perf_counter() - t0)
     if labels is not None:
         t0 = time.perf_counter()

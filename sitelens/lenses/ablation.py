@@ -76,11 +76,12 @@ def head_ablation(
     *,
     reference: str = "mean",
     return_per_prompt: bool = False,
+    progress: bool = False,
     **overrides,
 ):
     """Per-head ablation scores as :class:`HeadScores` (lens ``ablation-{reference}``), with a
     percentile bootstrap CI over prompts. ``return_per_prompt=True`` also returns the
-    ``[n_prompts, n_layers, n_heads]`` drops."""
+    ``[n_prompts, n_layers, n_heads]`` drops. ``progress``: a bar ``ablation-{reference} [task]``."""
     if reference not in REFERENCES:
         raise ValueError(f"reference must be one of {REFERENCES}, got {reference!r}.")
     cfg = replace(config or AblationConfig(), **overrides)
@@ -96,7 +97,8 @@ def head_ablation(
         else:
             target = torch.zeros(L, H, d_head)  # [n_layers, n_heads, d_head]
         target = target.to(model.cfg.device)
-        base, ablated = answer_probs(model, clean, answers, onehots, target, cfg.batch_size)
+        base, ablated = answer_probs(model, clean, answers, onehots, target, cfg.batch_size,
+                                     progress=progress, desc=f"ablation-{reference} [{task.name}]")
     drop = (base[:, None] - ablated).reshape(len(clean), L, H)  # [n_prompts, n_layers, n_heads]
     lo, hi = bootstrap_ci(drop.permute(1, 2, 0).numpy(), n_boot=cfg.n_boot, seed=cfg.seed)
     scores = HeadScores.from_map(

@@ -22,9 +22,9 @@ import torch
 from jaxtyping import Float
 from scipy import stats
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from sitelens.eval.metrics import correlation
+from sitelens.format import array_summary, progress_bar
 from sitelens.lenses.scores import HeadScores
 from sitelens.models import model_name
 from sitelens.site import FitConfig, SiteAdapter, fit_site
@@ -67,6 +67,12 @@ class AlphaSeeds:
     def mean(self) -> Float[Tensor, "n_layers n_heads"]:
         return self.alphas.mean(0)
 
+    def __repr__(self) -> str:
+        task = self.adapters[0].meta.get("task") if self.adapters else None
+        rho = self.stability["spearman"].mean() if len(self.stability) else float("nan")
+        return (f"AlphaSeeds(task={task!r}, seeds={len(self.adapters)}, "
+                f"alphas={array_summary(self.alphas)}, mean pairwise Spearman {rho:.3f})")
+
     def uncertain(self, threshold: float = 0.5) -> Tensor:
         """``[n_layers, n_heads]`` bool: heads whose interval contains ``threshold``."""
         lo, hi = self.scores.map(column="ci_low"), self.scores.map(column="ci_high")
@@ -101,13 +107,14 @@ def alpha_over_seeds(
     items. Cost columns: ``seconds`` of all fits; passes are not counted for fits."""
     base = config or FitConfig()
     adapters, t0 = [], time.perf_counter()
-    for s in tqdm(list(seeds), desc=f"α seeds ({task.name})", disable=not progress):
+    for s in progress_bar(list(seeds), desc=f"{lens} [{task.name}]: seeds", enabled=progress,
+                          leave=True):
         tk = task
         if bootstrap_items:
             rng = random.Random(10_000 + s)
             tk = replace(task, train=[rng.choice(task.train) for _ in task.train])
         adapters.append(fit_site(model, tk, n_prompts=n_prompts, n_shots=n_shots,
-                                 config=replace(base, seed=s)))
+                                 config=replace(base, seed=s), progress=progress))
     alphas = torch.stack([a.alpha.detach().float().cpu() for a in adapters])  # [S, L, H]
     lo, hi = interval(alphas.numpy())
     scores = HeadScores.from_map(

@@ -43,9 +43,9 @@ import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from sitelens.eval.metrics import bootstrap_ci
+from sitelens.format import progress_bar
 from sitelens.lenses.scores import HeadScores
 from sitelens.models import act_name, model_name
 from sitelens.patching.effects import EffectsConfig, corrupted_prompts, head_causal_effects
@@ -84,11 +84,13 @@ def mix_gradients(
     drop_layers: list[int | None] | None = None,
     batch_size: int = 32,
     progress: bool = False,
+    desc: str = "mix gradients",
 ) -> Float[Tensor, "n_drop n n_layers n_heads"]:
     """Per prompt and head, ``∂m/∂w[l, h]`` at ``w = 0`` of the mix toward ``targets`` at the last
     prompt token (see the module docstring), for each entry of ``drop_layers``: ``None`` = the
     plain gradient, ``ℓ`` = with the gradient through layer ℓ's ``attn_out`` and ``mlp_out``
-    dropped. One forward pass per batch and entry, one backward each."""
+    dropped. One forward pass per batch and entry, one backward each. ``progress``: a bar over
+    the batches named ``desc`` (the lenses name it after themselves)."""
     cfg, dev = model.cfg, model.cfg.device
     L, H = cfg.n_layers, cfg.n_heads
     drops = [None] if drop_layers is None else list(drop_layers)
@@ -96,7 +98,7 @@ def mix_gradients(
     n = len(data)
     out = torch.empty(len(drops), n, L, H)  # [n_drop, n, n_layers, n_heads]
     steps = [(i, s) for i in range(len(drops)) for s in range(0, n, batch_size)]
-    for i, s in tqdm(steps, desc="mix gradients", disable=not progress, leave=False):
+    for i, s in progress_bar(steps, desc=desc, enabled=progress):
         e = min(s + batch_size, n)
         b = data.select(torch.arange(s, e, device=data.last.device))
         w = torch.zeros(e - s, L, H, device=dev, requires_grad=True)  # [b, n_layers, n_heads]
@@ -132,7 +134,8 @@ def _scores(per_item: Tensor, stat, *, n_boot: int, seed: int):
 
 
 def _config_and_embedding(model, task: Task, embedding, config: AttributionConfig | None, overrides,
-                          template: Template | None = None) -> tuple[AttributionConfig, Tensor]:
+                          template: Template | None = None, progress: bool = False,
+                          ) -> tuple[AttributionConfig, Tensor]:
     """``config`` with ``overrides`` set, and ``embedding`` or, when it is None,
     :func:`~sitelens.site.task_embedding` with the config's ``n_mean_prompts``, ``n_shots`` and
     ``seed`` (and ``template``, else the config's), so every lens of one config sees the same
@@ -141,7 +144,8 @@ def _config_and_embedding(model, task: Task, embedding, config: AttributionConfi
     if embedding is None:
         template = cfg.template if template is None else template
         embedding = task_embedding(model, task, n_prompts=cfg.n_mean_prompts, n_shots=cfg.n_shots,
-                                   seed=cfg.seed, template=template)  # [n_layers, n_heads, d_head]
+                                   seed=cfg.seed, template=template,
+                                   progress=progress)  # [n_layers, n_heads, d_head]
     return cfg, embedding
 
 
@@ -154,12 +158,13 @@ def alpha_gradient(
     effect of injecting the task embedding into each head alone, averaged over
     ``n_alpha_items`` zero-shot train items; bootstrap CI over items. ``embedding`` defaults to
     :func:`~sitelens.site.task_embedding` with the config's ``n_mean_prompts`` and ``seed``."""
-    cfg, embedding = _config_and_embedding(model, task, embedding, config, overrides, template)
+    cfg, embedding = _config_and_embedding(model, task, embedding, config, overrides, template,
+                                           progress)
     with ForwardPassCounter(model) as passes, BackwardPassCounter(model) as backward:
         data = LastTokenSet.build(model, list(task.train[: cfg.n_alpha_items]) or
                                   valid_items(task, cfg.n_alpha_items), template)
-        g = mix_gradients(model, data, embedding, metric="logprob",
-                          batch_size=cfg.grad_batch_size, progress=progress)[0]  # [n, L, H]
+        g = mix_gradients(model, data, embedding, metric="logprob", batch_size=cfg.grad_batch_size,
+                          progress=progress, desc=f"alpha-grad [{task.name}]")[0]  # [n, L, H]
     est, lo, hi = _scores(g, lambda x: x.mean(0), n_boot=cfg.n_boot, seed=cfg.seed)
     return HeadScores.from_map(
         est, ci_low=lo, ci_high=hi, model=model_name(model), task=task.name, lens="alpha-grad",
@@ -177,8 +182,10 @@ def attribution_patching(
     :func:`~sitelens.patching.effects.head_causal_effects` (same corrupted prompts, same embedding, same
     metric: the answer's first-token probability) for every head from one forward and one
     backward pass per batch (GradDrop: ``n_layers`` of each). Bootstrap CI over prompts."""
-    cfg, embedding = _config_and_embedding(model, task, embedding, config, overrides)
+    cfg, embedding = _config_and_embedding(model, task, embedding, config, overrides,
+                                           progress=progress)
     L = model.cfg.n_layers
+    lens = "atp-star" if grad_drop else "atp"
     t0 = time.perf_counter()
     with ForwardPassCounter(model) as passes, BackwardPassCounter(model) as backward:
         prompts, answers = corrupted_prompts(
@@ -188,7 +195,8 @@ def attribution_patching(
         data = LastTokenSet.from_prompts(model, prompts, answers, batch_size=cfg.batch_size)
         drops = [None] + (list(range(L)) if grad_drop else [])
         g = mix_gradients(model, data, embedding, metric="prob", drop_layers=drops,
-                          batch_size=cfg.grad_batch_size, progress=progress)  # [n_drop, n, L, H]
+                          batch_size=cfg.grad_batch_size, progress=progress,
+                          desc=f"{lens} [{task.name}]")  # [n_drop, n, L, H]
     g = g.transpose(0, 1)  # [n, n_drop, n_layers, n_heads]
 
     if grad_drop:
@@ -201,8 +209,7 @@ def attribution_patching(
 
     est, lo, hi = _scores(g, stat, n_boot=cfg.n_boot, seed=cfg.seed)
     return HeadScores.from_map(
-        est, ci_low=lo, ci_high=hi, model=model_name(model), task=task.name,
-        lens="atp-star" if grad_drop else "atp",
+        est, ci_low=lo, ci_high=hi, model=model_name(model), task=task.name, lens=lens,
         forward_passes=passes.count, backward_passes=backward.count,
         seconds=time.perf_counter() - t0,
         meta={"metric": "prob", "n_prompts": len(data), "n_shots": cfg.n_shots, "seed": cfg.seed,
@@ -212,13 +219,14 @@ def attribution_patching(
 
 def exact_effects(
     model, task: Task, embedding: Float[Tensor, "n_layers n_heads d_head"] | None = None,
-    config: AttributionConfig | None = None, **overrides,
+    config: AttributionConfig | None = None, *, progress: bool = False, **overrides,
 ) -> HeadScores:
     """Lens ``effect``: :func:`~sitelens.patching.effects.head_causal_effects` (exact, batched) with a
     percentile bootstrap CI over prompts. ``config`` is shared with :func:`attribution_patching`
     (an :class:`AttributionConfig` is an :class:`~sitelens.patching.effects.EffectsConfig`)."""
     cfg = replace(config or AttributionConfig(), **overrides)
-    effects, st = head_causal_effects(model, task, cfg, embedding=embedding, return_stats=True)
+    effects, st = head_causal_effects(model, task, cfg, embedding=embedding, return_stats=True,
+                                      progress=progress)
     per = st["per_prompt"]  # [n_prompts, n_layers, n_heads]
     lo, hi = bootstrap_ci(per.permute(1, 2, 0).numpy(), n_boot=cfg.n_boot, seed=cfg.seed)
     return HeadScores.from_map(

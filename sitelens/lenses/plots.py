@@ -7,16 +7,38 @@ returns a ``plotly.graph_objects.Figure``).
   rank within that lens (0 = least, 1 = most important), so lenses share one colour scale; hover
   shows the raw score and its interval.
 - :func:`agreement_matrix`: lens × lens Spearman, mean ± sd over tasks, one panel per model.
+
+Each title is wrapped to the figure's width and the top margin grows with its lines
+(:func:`title_layout`), so a narrow figure (two lenses, one model) does not cut its title off.
 """
 
 from __future__ import annotations
 
 import math
+import textwrap
 
 import numpy as np
 import pandas as pd
 
 from sitelens.lenses.scores import HeadScores
+
+TITLE_FONT = 17  # px, plotly's default title size
+CHAR_WIDTH = 0.6  # a character's width in ems: an upper bound for this mostly lower-case text
+LINE_HEIGHT = 1.3  # ems per title line
+TITLE_X = 0.05  # where the title starts, as a share of the width (the plotly_white template's)
+
+
+def title_layout(text: str, width: int, font_size: int = TITLE_FONT) -> dict:
+    """Layout keys that fit ``text`` as a title into a figure ``width`` px wide: the text wrapped
+    (``<br>``) to the characters that fit right of ``TITLE_X``, and a top margin of its lines plus
+    35 px above and below them (plotly centres the title in the top margin; the panel titles sit
+    below it)."""
+    per_line = max(10, int((width * (1 - TITLE_X) - 20) / (CHAR_WIDTH * font_size)))
+    lines = textwrap.wrap(text, per_line) or [""]
+    height = math.ceil(LINE_HEIGHT * font_size * len(lines))
+    return {"title": {"text": "<br>".join(lines), "font": {"size": font_size}, "x": TITLE_X,
+                      "xanchor": "left"},  # plotly centres it in the top margin
+            "margin": {"t": height + 70}}
 
 
 def _hover(mean: np.ndarray, lo: np.ndarray, hi: np.ndarray, fmt: str = ".3f") -> list[list[str]]:
@@ -48,9 +70,9 @@ def alpha_uncertainty(scores: HeadScores, lens: str = "alpha", *, threshold: flo
                              colorscale="Greys", zmin=0, colorbar={"title": {"text": "width"}}),
                   row=1, col=2)
     meta = s.df.iloc[0]
-    fig.update_layout(title=title or f"{meta.model} · {meta.task}: {lens} over seeds",
-                      template="plotly_white", plot_bgcolor="#dddddd",
-                      width=max(700, 2 * (60 + 28 * mean.shape[1]) + 300),
+    width = max(700, 2 * (60 + 28 * mean.shape[1]) + 300)
+    fig.update_layout(title_layout(title or f"{meta.model} · {meta.task}: {lens} over seeds", width),
+                      template="plotly_white", plot_bgcolor="#dddddd", width=width,
                       height=max(320, 120 + 18 * mean.shape[0]))
     fig.update_xaxes(title_text="head")
     fig.update_yaxes(title_text="layer", autorange="reversed")
@@ -77,11 +99,13 @@ def lens_maps(scores: HeadScores, lenses: list[str] | None = None, *, cols: int 
                                  hovertemplate="%{text}<extra>" + lens + "</extra>"),
                       row=i // cols + 1, col=i % cols + 1)
     d = scores.df.iloc[0]
-    fig.update_layout(title=title or f"{d.model} · {d.task}: every lens, percentile rank of each head",
-                      coloraxis={"colorscale": "Viridis", "cmin": 0, "cmax": 1,
-                                 "colorbar": {"title": {"text": "rank"}}},
-                      template="plotly_white", width=max(500, 240 * cols + 100),
-                      height=max(320, 260 * rows + 80))
+    width = max(500, 240 * cols + 100)
+    head = title_layout(title or f"{d.model} · {d.task}: every lens, percentile rank of each head",
+                        width)
+    fig.update_layout(head, coloraxis={"colorscale": "Viridis", "cmin": 0, "cmax": 1,
+                                       "colorbar": {"title": {"text": "rank"}}},
+                      template="plotly_white", width=width,
+                      height=max(320, 260 * rows + 80) + head["margin"]["t"] - 100)
     fig.update_yaxes(autorange="reversed")
     return fig
 
@@ -119,6 +143,8 @@ def agreement_matrix(agreement: pd.DataFrame, order: list[str] | None = None, *,
         frames.append(mean.stack().rename("spearman_mean").to_frame()
                       .join(sd.stack().rename("spearman_sd"))
                       .reset_index(names=["lens_a", "lens_b"]).assign(model=model))
-    fig.update_layout(title=title or "Agreement of head-importance lenses: Spearman ρ, mean ± sd "
-                      "over tasks", width=520 * len(models), height=560, template="plotly_white")
+    head = title_layout(title or "Agreement of head-importance lenses: Spearman ρ, mean ± sd over "
+                        "tasks", 520 * len(models))
+    fig.update_layout(head, width=520 * len(models), height=460 + head["margin"]["t"],
+                      template="plotly_white")
     return fig, pd.concat(frames, ignore_index=True)

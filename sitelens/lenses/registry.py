@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from sitelens.errors import LensError
+from sitelens.format import array_summary
 from sitelens.lenses.ablation import AblationConfig, head_ablation
 from sitelens.lenses.alpha import AlphaSeeds, alpha_from_adapter, alpha_over_seeds
 from sitelens.lenses.attribution import (
@@ -60,7 +61,8 @@ class Lens:
 
 
 def _ablation(reference: str) -> Callable[[LensInputs], HeadScores]:
-    return lambda x: head_ablation(x.model, x.task, x.ablation, reference=reference)
+    return lambda x: head_ablation(x.model, x.task, x.ablation, reference=reference,
+                                   progress=x.progress)
 
 
 def _atp(grad_drop: bool) -> Callable[[LensInputs], HeadScores]:
@@ -77,7 +79,7 @@ _LENSES = [
     Lens("ablation-mean", "drop in P(answer) when one head is mean-ablated", _ablation("mean")),
     Lens("ablation-zero", "drop in P(answer) when one head is zero-ablated", _ablation("zero")),
     Lens("effect", "exact activation patching on corrupted prompts",
-         lambda x: exact_effects(x.model, x.task, x.embedding, x.attribution)),
+         lambda x: exact_effects(x.model, x.task, x.embedding, x.attribution, progress=x.progress)),
     Lens("dla", "direct logit attribution of each head's injected write",
          lambda x: direct_logit_attribution(x.model, x.task, x.adapter, seed=x.attribution.seed),
          needs_adapter=True),
@@ -133,6 +135,11 @@ class LensRun:
     embedding: Tensor | None = None
     extras: dict = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        emb = None if self.embedding is None else array_summary(self.embedding)
+        return (f"LensRun(scores={self.scores!r}, alpha={self.alpha!r}, embedding={emb}, "
+                f"extras={sorted(self.extras)})")
+
 
 def head_scores(
     model,
@@ -170,7 +177,8 @@ def head_scores(
         emb = adapter.embedding
     else:
         emb = task_embedding(model, task, n_prompts=att.n_mean_prompts, n_shots=att.n_shots,
-                             seed=att.seed, template=att.template)  # [n_layers, n_heads, d_head]
+                             seed=att.seed, template=att.template,
+                             progress=progress)  # [n_layers, n_heads, d_head]
     inputs = LensInputs(model, task, emb, att, ablation, adapter, seeds_run, progress)
     order = sorted(lenses, key=lambda n: n != "alpha")  # stable: alpha first, then as asked
     parts = [REGISTRY[n].run(inputs) for n in order]

@@ -86,6 +86,7 @@ def head_causal_effects(
     *,
     embedding: Float[Tensor, "n_layers n_heads d_head"] | None = None,
     return_stats: bool = False,
+    progress: bool = False,
     **overrides,
 ):
     """Per-head causal effect ``[n_layers, n_heads]`` (the Function Vectors paper's indirect
@@ -109,13 +110,15 @@ def head_causal_effects(
     forward pre-hook on it: prefix-cache passes included, the mean activation excluded),
     ``rows`` (the (prompt, condition) rows run, ``(N + 1) × n_prompts``: last-token rows batched,
     whole-prompt rows serial; counted by :class:`~sitelens.patching.engine.RowCounter`),
-    ``baseline_prob``, ``mode``."""
+    ``baseline_prob``, ``mode``.
+
+    ``progress``: bars for the default embedding and the patched rows, ``effect [task]``."""
     cfg = config_with_overrides(EffectsConfig, config, overrides, "head_causal_effects")
     L, H, d_head = model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head
     if embedding is None:
         embedding = task_embedding(
             model, task, n_prompts=cfg.n_mean_prompts, n_shots=cfg.n_shots, seed=cfg.seed,
-            template=cfg.template,
+            template=cfg.template, progress=progress,
         )  # [n_layers, n_heads, d_head]
     if tuple(embedding.shape) != (L, H, d_head):
         raise AdapterError(
@@ -124,7 +127,7 @@ def head_causal_effects(
         )
     embedding = embedding.to(model.cfg.device)  # [n_layers, n_heads, d_head]
     with ForwardPassCounter(model) as passes, RowCounter(model) as rows:
-        effects, base, patched, n, N = _head_effects(model, task, embedding, cfg)
+        effects, base, patched, n, N = _head_effects(model, task, embedding, cfg, progress)
     if not return_stats:
         return effects
     stats = {
@@ -140,7 +143,7 @@ def head_causal_effects(
     return effects, stats
 
 
-def _head_effects(model, task: Task, embedding, cfg: EffectsConfig):
+def _head_effects(model, task: Task, embedding, cfg: EffectsConfig, progress: bool = False):
     """The work of :func:`head_causal_effects` (its forward passes and rows are counted around it):
     ``(effects, base, patched, n_prompts, n_heads_total)``, where ``base`` ``[n_prompts]``
     is the answer probability unpatched and ``patched`` ``[n_prompts, N]`` with head j patched."""
@@ -152,7 +155,8 @@ def _head_effects(model, task: Task, embedding, cfg: EffectsConfig):
     n, N = len(prompts), L * H
     onehots = torch.eye(N).reshape(N, L, H)  # [N, n_layers, n_heads]: row j patches head j
     answer_probs = batched_answer_probs if cfg.batched else serial_answer_probs
-    base, patched = answer_probs(model, prompts, answers, onehots, embedding, cfg.batch_size)
+    base, patched = answer_probs(model, prompts, answers, onehots, embedding, cfg.batch_size,
+                                 progress=progress, desc=f"effect [{task.name}]")
     effects = (patched - base[:, None]).mean(0).reshape(L, H)  # [n_layers, n_heads]
     return effects, base, patched, n, N
 

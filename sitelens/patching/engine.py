@@ -19,6 +19,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from sitelens.eval.evaluate import last_logits
+from sitelens.format import progress_bar
 from sitelens.models import (
     SELECT_BUDGET_BYTES,
     cache_rows_per_batch,
@@ -49,11 +50,13 @@ def run_rows(
     targets: Float[Tensor, "... n_layers n_heads d_head"],
     *,
     batch_size: int = 128,
+    progress: bool = False,
+    desc: str = "patched rows",
 ) -> tuple[Bool[Tensor, " rows"], Float[Tensor, " rows"]]:
     """Row ``r`` runs item ``item_idx[r]``'s last token with the mix ``cond_weights[cond_idx[r]]``
     toward ``targets`` (shared ``[L, H, d_head]`` or per condition ``[n_cond, L, H, d_head]``).
     Returns per row: is the argmax the answer's first token, and that token's probability (float32,
-    CPU; read back once, after the last batch)."""
+    CPU; read back once, after the last batch). ``progress``: a bar over the rows named ``desc``."""
     dev = model.cfg.device
     correct: list[Tensor] = []  # per batch [b], on the logits' device
     prob: list[Tensor] = []  # per batch [b]
@@ -65,6 +68,7 @@ def run_rows(
         targets = place_layer_rows(targets, model)  # L × [n_heads, d_head], on their layers
     batch_size = cache_rows_per_batch(  # bounded copy of long prefixes: 1 GiB on the CPU
         cache, batch_size, budget_bytes=memory_budget(model, SELECT_BUDGET_BYTES))
+    bar = progress_bar(total=len(item_idx), desc=desc, enabled=progress)
     for s in range(0, len(item_idx), batch_size):
         items = item_idx[s : s + batch_size]
         conds = cond_idx[s : s + batch_size].to(dev)
@@ -79,6 +83,8 @@ def run_rows(
         logp = torch.log_softmax(logits, dim=-1).gather(1, ans[:, None])[:, 0]  # [b]
         correct.append(logits.argmax(-1) == ans)
         prob.append(logp.exp())
+        bar.update(len(items))
+    bar.close()
     return torch.cat(correct).cpu(), torch.cat(prob).float().cpu()
 
 
@@ -210,10 +216,12 @@ class BackwardPassCounter:
 
 def batched_answer_probs(
     model, prompts: list[str], answers: list[int], onehots: Float[Tensor, "N n_layers n_heads"],
-    embedding: Float[Tensor, "n_layers n_heads d_head"], batch_size: int,
+    embedding: Float[Tensor, "n_layers n_heads d_head"], batch_size: int, *,
+    progress: bool = False, desc: str = "patched rows",
 ) -> tuple[Float[Tensor, " n_prompts"], Float[Tensor, "n_prompts N"]]:
     """Each prompt's prefix encoded once into a frozen KV cache; then one row per (prompt,
-    condition) re-runs only the last token: condition 0 unpatched, condition 1 + j head j."""
+    condition) re-runs only the last token: condition 0 unpatched, condition 1 + j head j.
+    ``progress``: a bar over the rows named ``desc``."""
     # imported here, not at the top: sitelens.patching re-exports this module's names
 
     n, N = len(prompts), onehots.shape[0]
@@ -224,6 +232,7 @@ def batched_answer_probs(
     cond_idx = torch.arange(N + 1).repeat(n)  # [n * (N + 1)]
     _, prob = run_rows(
         model, cache, last, ans, item_idx, cond_idx, weights, embedding, batch_size=batch_size,
+        progress=progress, desc=desc,
     )
     prob = prob.reshape(n, N + 1)  # [n_prompts, N + 1]
     return prob[:, 0], prob[:, 1:]  # [n_prompts], [n_prompts, N]
@@ -231,10 +240,11 @@ def batched_answer_probs(
 
 def serial_answer_probs(
     model, prompts: list[str], answers: list[int], onehots: Float[Tensor, "N n_layers n_heads"],
-    embedding: Float[Tensor, "n_layers n_heads d_head"], batch_size: int,
+    embedding: Float[Tensor, "n_layers n_heads d_head"], batch_size: int, *,
+    progress: bool = False, desc: str = "patched heads",
 ) -> tuple[Float[Tensor, " n_prompts"], Float[Tensor, "n_prompts N"]]:
     """The reference: one full forward pass over all prompts (in chunks of ``batch_size``)
-    unpatched, then one per head."""
+    unpatched, then one per head. ``progress``: a bar over the heads named ``desc``."""
     device = model.cfg.device
     chunks = [
         (encode(model, prompts[s : s + batch_size]),
@@ -255,7 +265,7 @@ def serial_answer_probs(
     base = probs(None)  # [n_prompts]
     patched = torch.stack(
         [probs(HeadMix(weights=onehots[j].to(device), targets=embedding))
-         for j in range(onehots.shape[0])],
+         for j in progress_bar(range(onehots.shape[0]), desc=desc, enabled=progress)],
         dim=1,
     )  # [n_prompts, N]
     return base, patched

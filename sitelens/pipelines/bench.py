@@ -41,7 +41,6 @@ from pathlib import Path
 import pandas as pd
 from jaxtyping import Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 from typing_extensions import deprecated
 
 from sitelens.baselines import Fitted, Method, get_method
@@ -49,6 +48,7 @@ from sitelens.errors import ExecutorError, SitelensError
 from sitelens.eval.generation import greedy_generate
 from sitelens.eval.labels import LABEL_METRICS, LabelSet, label_metrics_of, label_set
 from sitelens.eval.scoring import rank_labels, reference_logits, score_items
+from sitelens.format import progress_bar
 from sitelens.models import Encoded, LoadSpec, fingerprint, load_model, model_name
 from sitelens.pipelines.bench_summary import (
     dntp_accuracy_correlation,
@@ -308,8 +308,8 @@ def run_bench(
                             "loads its model), not loaded models; or use the local executor.")
     done = results_store(out_csv).keys()
     keys_this_run: list[str] = []
-    bar = tqdm(total=len(models) * len(task_list) * len(methods), desc="bench",
-               disable=not cfg.progress)
+    bar = progress_bar(total=len(models) * len(task_list) * len(methods), desc="bench",
+                       enabled=cfg.progress, leave=True)
 
     def on_result(cell: Cell, row: dict) -> None:
         append_row(out_csv, row)

@@ -62,6 +62,18 @@ class SiteAdapter:
     def template(self) -> Template:
         return Template(**self.meta.get("template", DEFAULT_TEMPLATE.to_dict()))
 
+    def __repr__(self) -> str:
+        """One line: model, task, layers × heads, the top-3 heads by α and the fit settings (never
+        the tensors)."""
+        m, hp = self.meta, self.meta.get("hyperparameters") or {}
+        L, H = self.alpha.shape
+        top = " ".join(f"L{layer}H{h}={a:.2f}" for layer, h, a in self.top_heads(3))
+        keys = ("lr", "n_examples", "batch_size", "sparsity", "seed", "n_prompts", "n_shots")
+        settings = " ".join(f"{k}={hp[k]}" for k in keys if k in hp)
+        return (f"SiteAdapter(model={m.get('model')!r}, task={m.get('task')!r}, {L}×{H} heads, "
+                f"top α {top}, protocol={m.get('protocol', 'default')}"
+                + (f", {settings}" if settings else "") + ")")
+
     def mix(self, seq_len: int | None = None) -> HeadMix:
         return site_mix(self.alpha, self.embedding, seq_len)
 
@@ -204,7 +216,10 @@ def fit_site(
 
     ``config=FitConfig.official()``: the paper code's protocol (:class:`OfficialFitConfig`); the
     template then puts no space before all-digit answers, in stage 1's demonstrations and in the
-    answer token, and ``meta`` records ``"protocol": "official"`` and the validation history."""
+    answer token, and ``meta`` records ``"protocol": "official"`` and the validation history.
+
+    ``progress``: a bar for each stage, ``task embedding [task]`` and ``fit α [task]``
+    (:func:`sitelens.format.progress_bar`: plain lines when stderr is not a terminal)."""
     cfg = config or FitConfig()
     if cfg.protocol == "official":
         template = replace(template, bare_digits=True)
@@ -212,7 +227,7 @@ def fit_site(
     if embedding is None:
         emb = task_embedding(
             model, task, n_prompts=n_prompts, n_shots=n_shots, batch_size=batch_size,
-            seed=cfg.seed, template=template,
+            seed=cfg.seed, template=template, progress=progress,
         )  # [n_layers, n_heads, d_head]
     else:
         c = model.cfg

@@ -31,6 +31,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from sitelens.errors import FitError
+from sitelens.format import array_summary
 from sitelens.models import last_token_forward, layer_devices, place_layer_rows
 from sitelens.site.injection import HeadMix, apply_hooks
 from sitelens.site.training import (
@@ -174,6 +175,10 @@ def data_used(task: Task, n_valid_used: int, batches: Sequence[Sequence[int]], n
         "train_items_used": n_train_used, "train_examples": examples,
         "passes": round(examples / max(1, len(task.train)), 3),
     }
+
+    def __repr__(self) -> str:
+        return (f"FitResult(alpha={array_summary(self.alpha)}, best_step={self.best_step}, "
+                f"steps={sum(1 for h in self.history if h.get('step'))}, seconds={self.seconds:.1f})")
 
 
 def fit_alpha(

@@ -32,6 +32,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from sitelens.format import array_summary
 from sitelens.models import (
     accumulation_dtype,
     check_z_shape,
@@ -60,6 +61,11 @@ class HeadMix:
     positions: Sequence[int] = (-1,)
     seq_len: int | None = None
     _active: list[int] | None = field(default=None, repr=False, compare=False)
+
+    def __repr__(self) -> str:
+        return (f"HeadMix(weights={array_summary(self.weights)}, "
+                f"targets={array_summary(self.targets)}, positions={tuple(self.positions)}, "
+                f"seq_len={self.seq_len})")
 
     def weight(self, layer: int) -> Float[Tensor, "... n_heads"]:
         """Layer ``layer``'s weights ``[(batch,) n_heads]``."""

@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from sitelens.errors import FitError, TaskError
+from sitelens.format import progress_bar
 from sitelens.models import encode, last_token_forward, prefix_cache, select_cache
 from sitelens.site.injection import apply_hooks
 from sitelens.tasks import DEFAULT_TEMPLATE, Example, Task, Template, answer_token_ids, zero_shot_prompt
@@ -258,8 +258,8 @@ def run_training(
             bar.set_postfix({cfg.metric: f"{pending[-1][0][cfg.metric]:.3f}"})
         pending.clear()
 
-    with tqdm(total=len(batches), desc=f"fit {cfg.what} [{cfg.task}]", disable=not cfg.progress,
-              leave=False) as bar:
+    with progress_bar(total=len(batches), desc=f"fit {cfg.what} [{cfg.task}]",
+                      enabled=cfg.progress) as bar:
         for step, batch in enumerate(batches, start=1):
             total, value = objective(batch)
             rec = {"step": step, cfg.metric: float("nan"), "valid_loss": float("nan")}
