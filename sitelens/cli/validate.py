@@ -294,6 +294,7 @@ def check_atlas_options(args) -> None:
         if last > 2**32 - 1:
             raise UsageError(f"--seed {args.seed} with --seeds {args.seeds} runs up to seed {last}, "
                              "beyond 4294967295; use a smaller --seed or fewer --seeds.")
+        check_dir(args.cache_dir, option="--cache-dir")
         check_dir(data_dir(args.data), option="--data")
         return
     root = data_dir(args.data)
