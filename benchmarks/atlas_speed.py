@@ -1,6 +1,6 @@
 """How big the atlas page is and how fast it opens and answers a click, in headless Chromium.
 
-    sitelens atlas --out /tmp/atlas.html          # from the committed figures/atlas tables
+    sitelens atlas --out /tmp/atlas.html          # from the tables shipped in sitelens/data/atlas
     sitelens atlas --out /tmp/atlas_full.html --plotly full
     python benchmarks/atlas_speed.py /tmp/atlas.html /tmp/atlas_full.html [--screenshots figures/atlas]
 

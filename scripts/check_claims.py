@@ -8,7 +8,8 @@ This script recomputes each value from its file, renders it, and fails when:
   hand, or a results file regenerated without updating the page);
 - the paragraph or list item holding a quote, or failing that its section, does not link the
   claim's source file (a reader must be able to follow every number to its file);
-- a paragraph or list item that links a results file (``benchmarks/results/…`` or ``figures/…``),
+- a paragraph or list item that links a results file (``benchmarks/results/…``, ``figures/…`` or
+  the atlas tables ``sitelens/data/atlas/…``),
   or any block of a section the table marks ``[[coverage]]``, holds a number that no claim quotes
   and no ``[[ignore]]`` entry names as a setting (so a new quote cannot drift in unchecked). Blocks
   listed as ``[[exempt]]`` (by the start of their text) are not yet covered and are skipped; a
@@ -62,7 +63,7 @@ except ModuleNotFoundError:  # Python 3.10: tomli, which pytest requires there
 ROOT = Path(__file__).resolve().parents[1]
 MINUS = "\u2212"
 # A results link: the quoting sentence must let a reader follow the number to its file.
-RESULTS_LINK = re.compile(r"\]\((?:\.\./)?((?:benchmarks/results|figures)/[^)#\s]+)")
+RESULTS_LINK = re.compile(r"\]\((?:\.\./)?((?:benchmarks/results|figures|sitelens/data/atlas)/[^)#\s]+)")
 # A number as a reader sees one: not part of a word or a name (SmolLM2, L14H1, top-10, 270M, 3.1-8B).
 # Exponents (5e5, 1.26e-4) and thousands (262k) are one number; a decimal is never read in part.
 NUMBER = re.compile(r"(?<![\w.])(?<![A-Za-z]-)[−-]?\d(?:[\d,]*\d)?(?:\.\d+)?(?:[eE][−+-]?\d+|k)?(?!\w|\.\d)")

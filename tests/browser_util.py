@@ -119,3 +119,30 @@ def offline_page(chromium):
 
 def file_url(path: str | Path) -> str:
     return Path(path).resolve().as_uri()
+
+
+def panel_colours(page, png: bytes, selector: str = ".panel", inset: int = 8) -> dict[str, int]:
+    """How many distinct colours the full-page screenshot ``png`` holds inside each element of
+    ``selector`` (keyed by its id), ``inset`` pixels in from its edges (past the rounded, anti-aliased
+    border), counted in the page itself (a canvas decodes the PNG: no image library needed). A panel
+    left blank is its background alone, one colour; a drawn plot shows hundreds."""
+    import base64
+
+    return page.evaluate(
+        """async ([src, selector, inset]) => {
+          const img = new Image(); img.src = src; await img.decode();
+          const c = document.createElement('canvas'); c.width = img.width; c.height = img.height;
+          const ctx = c.getContext('2d'); ctx.drawImage(img, 0, 0);
+          const out = {};
+          for (const el of document.querySelectorAll(selector)) {
+            const r = el.getBoundingClientRect();
+            const x = Math.round(r.left + window.scrollX) + inset;
+            const y = Math.round(r.top + window.scrollY) + inset;
+            const d = ctx.getImageData(x, y, Math.max(1, Math.round(r.width) - 2 * inset),
+                                       Math.max(1, Math.round(r.height) - 2 * inset)).data;
+            const seen = new Set();
+            for (let i = 0; i < d.length; i += 4) seen.add((d[i] << 16) | (d[i + 1] << 8) | d[i + 2]);
+            out[el.id] = seen.size;
+          }
+          return out; }""",
+        ["data:image/png;base64," + base64.b64encode(png).decode(), selector, inset])

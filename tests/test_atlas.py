@@ -147,6 +147,35 @@ def test_carried_alpha_lens_of_a_few_tasks_does_not_replace_the_atlas_alpha(atla
     assert card["scores"]["alpha-seeds"] is None
 
 
+def test_payload_opens_on_the_default_model(atlas):
+    """Page and explorer open on sitelens's default model (SmolLM2) when it is there, whatever order
+    the tables came in (load_atlas sorts them: Gemma first); else on the first."""
+    from dataclasses import replace
+
+    from sitelens.models import DEFAULT_MODEL
+
+    _, _, data, _, _ = atlas
+    other, default = replace(data, model="gemma-3-270m"), replace(data, model=DEFAULT_MODEL)
+    p = payload([other, default])
+    assert p["default_model"] == DEFAULT_MODEL and list(p["models"]) == [DEFAULT_MODEL, "gemma-3-270m"]
+    assert payload([data])["default_model"] == data.model
+
+
+def test_overview_names_its_heads():
+    """Every head named up to MAX_HEAD_TICKS heads; past it each layer's first (L{l}H0)."""
+    from sitelens.atlas.views import MAX_HEAD_TICKS
+
+    def p(L, H):
+        return {"models": {"m": {"n_layers": L, "n_heads": H, "order": ["t"],
+                                 "lenses": {"alpha": {"t": [0.5] * (L * H)}}}}}
+
+    small = overview(p(2, 4), "m")
+    assert small["ticks"] == small["heads"] == [f"L{i // 4}H{i % 4}" for i in range(8)]
+    big = overview(p(30, 9), "m")  # SmolLM2's 270 heads
+    assert len(big["heads"]) == 270 > MAX_HEAD_TICKS
+    assert big["ticks"] == [f"L{layer}H0" for layer in range(30)]
+
+
 def test_page_embeds_the_payload_and_no_network(atlas):
     _, _, data, _, _ = atlas
     page = build_atlas_html(payload([data]))
@@ -184,6 +213,7 @@ def test_explorer_shows_the_same_card(atlas):
     card = ex.select_head(0, 3)
     assert card == head_card(p, data.model, "present_past", 0, 3)
     assert "L0H3" in ex.card.value and f"{card['scores']['alpha']:.4f}" in ex.card.value
+    assert list(ex.fig_overview.layout.xaxis.tickvals) == overview(p, data.model)["ticks"]  # heads named
     v = ex.select_pair("synonym", "antonym")
     assert np.allclose(np.array(ex.fig_pair.data[2].z, dtype=float), np.array(v["diff"], dtype=float))
     ex.set_lens("atp")

@@ -7,9 +7,10 @@ errors, nothing requested from the network."""
 import copy
 
 import pytest
-from browser_util import file_url
+from browser_util import file_url, panel_colours
 
 from sitelens.atlas import AtlasConfig, build_atlas_data, build_atlas_html, head_card, pair_view, payload
+from sitelens.atlas.views import overview
 from sitelens.models import has_hooked_transformer, tiny_model
 from sitelens.tasks import load_task
 
@@ -124,6 +125,53 @@ def test_views_below_the_first_screen_draw_when_scrolled_to(offline_page, page_f
     page.wait_for_function("document.getElementById('depth').dataset.drawn === '1'")
     assert page.locator("#depth g.trace.bars").count() == len(p["models"])  # one bar trace per model
     assert not log.problems(), log.problems()
+
+
+PANELS = ("overview", "taskmap", "card", "sim", "pair", "depth")
+DRAWN = "ids => ids.map(id => document.getElementById(id).dataset.drawn || '')"
+
+
+def test_all_parameter_draws_every_view_at_once(offline_page, page_file):
+    """``?all``: every view is drawn once the page is ready, none waits to be scrolled to; the
+    overview's x-axis names the heads as :func:`sitelens.atlas.overview` does."""
+    path, p, model = page_file
+    page, log = offline_page.page, offline_page.log
+    page.set_viewport_size({"width": 1400, "height": 400})
+    page.goto(file_url(path) + "?all")
+    page.wait_for_function("window.atlasReady === true")
+    assert page.evaluate(DRAWN, list(PANELS)) == ["1"] * len(PANELS)
+    assert page.locator("#depth g.trace.bars").count() == len(p["models"])
+    ticks = page.eval_on_selector_all("#overview .xtick text", "s => s.map(e => e.textContent)")
+    assert ticks == overview(p, model)["ticks"] == [f"L{i // 4}H{i % 4}" for i in range(8)]
+    assert not log.problems(), log.problems()
+
+
+def test_printing_draws_every_view(offline_page, page_file, tmp_path):
+    """A print (here Chromium's PDF, which fires ``beforeprint``) draws the views still waiting."""
+    path, _, _ = page_file
+    page, log = offline_page.page, offline_page.log
+    page.set_viewport_size({"width": 1400, "height": 400})
+    page.goto(file_url(path))
+    page.wait_for_function("window.atlasReady === true")
+    assert page.evaluate(DRAWN, ["depth"]) == [""]  # below the first screen: waiting
+    page.pdf(path=str(tmp_path / "atlas.pdf"))
+    assert page.evaluate(DRAWN, list(PANELS)) == ["1"] * len(PANELS)
+    assert (tmp_path / "atlas.pdf").stat().st_size > 0
+    assert not log.problems(), log.problems()
+
+
+def test_panel_colours_tell_a_blank_panel_from_a_drawn_one(offline_page, page_file):
+    """The blank-panel check of the committed page's screenshot test, on a page without ``?all``:
+    the views still waiting below the first screen count as blank (so that test can fail)."""
+    path, _, _ = page_file
+    page = offline_page.page
+    page.set_viewport_size({"width": 1400, "height": 400})
+    page.goto(file_url(path))
+    page.wait_for_function("window.atlasReady === true")
+    page.evaluate("io.disconnect()")  # the screenshot's resize must not draw the waiting views
+    colours = panel_colours(page, page.screenshot(full_page=True))
+    assert colours["overview"] > 16, colours  # drawn: hundreds of colours
+    assert colours["sim"] == colours["pair"] == colours["depth"] == 1, colours  # blank: the background
 
 
 def test_page_with_the_full_plotly_bundle_also_works(offline_page, page_file, tmp_path):

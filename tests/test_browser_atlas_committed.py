@@ -1,24 +1,25 @@
-"""The committed atlas (``figures/atlas/``, both bundled models) as a user gets it on a fresh clone:
-``sitelens atlas --out`` builds the page from the tables alone (no model is loaded), it stays within
-its size budget (the committed tables' measured size + 10%), and in headless Chromium (network cut
-off) every model's page draws, a click on a head shows that head's card exactly as
-:func:`sitelens.atlas.head_card` computes it, and a click on a similarity cell draws the pair — with
-no console error."""
+"""The committed atlas (``sitelens/data/atlas/``, both bundled models, shipped in the package) as a
+user gets it on a fresh clone: ``sitelens atlas --out`` builds the page from the tables alone (no
+model is loaded), it stays within its size budget (the committed tables' measured size + 10%), and
+in headless Chromium (network cut off) every model's page draws, a click on a head shows that head's
+card exactly as :func:`sitelens.atlas.head_card` computes it, and a click on a similarity cell draws
+the pair — with no console error. The page opens on the default model (SmolLM2), and with ``?all`` a
+full-page screenshot shows every panel drawn (none blank)."""
 
 import re
-from pathlib import Path
 
 import pytest
-from browser_util import file_url
+from browser_util import file_url, panel_colours
 
-from sitelens.atlas import head_card, load_atlas, payload
+from sitelens.atlas import DEFAULT_DATA_DIR, head_card, load_atlas, overview, payload
 from sitelens.atlas.html import plotly_bundle
 from sitelens.cli import main
+from sitelens.models import DEFAULT_MODEL
 
-DATA = Path(__file__).resolve().parent.parent / "figures" / "atlas"
+DATA = DEFAULT_DATA_DIR
 MODELS = ("gemma-3-270m", "smollm2-135m-instruct")
 # The page is the inlined plotly.js (cartesian bundle 1.5 MB, or the full one 4.8 MB) plus both models'
-# tables and the page's CSS/JS: 1.27 MB measured on the committed figures/atlas (a 2.8 MB page with
+# tables and the page's CSS/JS: 1.27 MB measured on the committed tables (a 2.8 MB page with
 # the cartesian bundle, 6.1 MB with the full one). The budget for all but plotly.js is that measure
 # + 10% headroom, so tables that grow by more than a tenth fail whichever bundle is inlined.
 BUDGET_WITHOUT_PLOTLY_MB = 1.4
@@ -88,4 +89,32 @@ def test_committed_page_clicks(offline_page, built, model):
     page.mouse.click(px, py)
     page.wait_for_function(f"document.getElementById('pair').dataset.a === '{a}'")
     assert page.locator("#pair g.hm").count() == 3  # both maps and their difference drew
+    assert not log.problems(), log.problems()
+
+
+PANELS = ("overview", "taskmap", "card", "sim", "pair", "depth")
+
+
+@pytest.mark.browser
+def test_full_page_screenshot_shows_every_panel(offline_page, built):
+    """``?all`` (what a headless ``chromium --screenshot`` or a print needs): every panel is drawn at
+    once, on the default model, with the overview's heads named; in a full-page screenshot no
+    panel is blank (a blank one is its background alone, one colour, as
+    tests/test_browser_atlas.py shows; a drawn one, hundreds)."""
+    out, p = built
+    page, log = offline_page.page, offline_page.log
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    page.goto(file_url(out) + "?all")
+    page.wait_for_function("window.atlasReady === true", timeout=60_000)
+    assert page.eval_on_selector("#model", "e => e.value") == DEFAULT_MODEL == "smollm2-135m-instruct"
+    drawn = page.evaluate("ids => ids.map(id => { const e = document.getElementById(id); return "
+                          "[e.dataset.drawn || '', e.querySelectorAll('svg.main-svg, canvas').length]; })",
+                          list(PANELS))
+    assert all(d == "1" and n > 0 for d, n in drawn), dict(zip(PANELS, drawn))
+    ticks = page.eval_on_selector_all("#overview .xtick text", "s => s.map(e => e.textContent)")
+    assert ticks == overview(p, DEFAULT_MODEL)["ticks"] == [f"L{layer}H0" for layer in range(30)]
+    png = page.screenshot(full_page=True)
+    colours = panel_colours(page, png)
+    assert sorted(colours) == sorted(PANELS)
+    assert all(n > 16 for n in colours.values()), colours
     assert not log.problems(), log.problems()

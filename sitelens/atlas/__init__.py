@@ -1,7 +1,8 @@
 """The head atlas: every head of every task, explorable in a browser page and in Jupyter.
 
 - :mod:`~sitelens.atlas.data`: fit and measure (:func:`build_atlas_data`), keep the tables small
-  (:class:`AtlasData`, ``figures/atlas/{model}/``);
+  (:class:`AtlasData`; the bundled models' tables ship in the package, ``sitelens/data/atlas/{model}/``,
+  found from any folder: :mod:`~sitelens.atlas.tables`);
 - :mod:`~sitelens.atlas.views`: the payload and the lookups both front ends show;
 - :mod:`~sitelens.atlas.html`: ``sitelens atlas`` — one self-contained HTML file;
 - :mod:`~sitelens.atlas.widget`: :func:`explore` — the same views as a Jupyter widget.
@@ -18,10 +19,9 @@ from pathlib import Path
 
 from sitelens.atlas.data import AtlasConfig, AtlasData, build_atlas_data, task_family
 from sitelens.atlas.html import build_atlas_html
+from sitelens.atlas.tables import DEFAULT_DATA_DIR, no_tables_message
 from sitelens.atlas.views import head_card, overview, pair_view, payload, task_map
 from sitelens.models import ATLAS_MODELS, LoadSpec  # ATLAS_MODELS: which FV tasks each atlas covers
-
-DEFAULT_DATA_DIR = Path("figures/atlas")
 
 
 def atlas_task_dirs(tasks_dir: str | Path, which: str = "all") -> list[Path]:
@@ -40,16 +40,19 @@ def atlas_task_dirs(tasks_dir: str | Path, which: str = "all") -> list[Path]:
     return dirs
 
 
-def load_atlas(data_dir: str | Path = DEFAULT_DATA_DIR, models: Sequence[str] | None = None
+def load_atlas(data_dir: str | Path | None = None, models: Sequence[str] | None = None
                ) -> list[AtlasData]:
-    """The committed atlas tables of ``models`` (default: every folder under ``data_dir``)."""
+    """The atlas tables of ``models`` (default: every model folder) under ``data_dir`` (default
+    :data:`DEFAULT_DATA_DIR`, the tables shipped with sitelens, wherever it runs)."""
+    from sitelens.atlas.tables import data_dir as resolve
+    from sitelens.atlas.tables import models_under
     from sitelens.errors import OutputError
 
-    root = Path(data_dir)
-    names = list(models) if models else sorted(p.name for p in root.iterdir() if p.is_dir()) \
-        if root.is_dir() else []
-    if not names:
-        raise OutputError(f"No atlas data under {root}; build it with `sitelens atlas --refit`.")
+    root = resolve(data_dir)
+    names = list(models) if models else models_under(root)
+    missing = [n for n in names if not (root / n / "summary.json").is_file()]
+    if not names or missing:
+        raise OutputError(no_tables_message(root, missing))
     return [AtlasData.load(root / n) for n in names]
 
 
@@ -68,13 +71,14 @@ def lens_rows_from_heads(results_dir: str | Path, model: str):
 
 
 def refit_atlas(
-    models: Sequence[str], tasks_dir: str | Path, data_dir: str | Path = DEFAULT_DATA_DIR,
+    models: Sequence[str], tasks_dir: str | Path, data_dir: str | Path | None = None,
     config: AtlasConfig | None = None, *, cache_dir: str | Path = "runs/atlas",
     heads_results: str | Path | None = "benchmarks/results",
     log: Callable[[str], None] | None = None, n_ctx: int = 4096, executor=None,
     load: LoadSpec | None = None,
 ) -> list[AtlasData]:
-    """Fit (or reuse) and measure every model's atlas and save it under ``data_dir/{model}``.
+    """Fit (or reuse) and measure every model's atlas and save it under ``data_dir/{model}``
+    (default: :data:`DEFAULT_DATA_DIR`, where the shipped tables live).
 
     ``n_ctx`` 4096: the 10-shot prompts of ``squad_val`` reach 2,052 tokens on SmolLM2, past the
     default 2048 (the context length changes no number, only the size of TransformerLens's
@@ -96,7 +100,7 @@ def refit_atlas(
             lenses = lens_rows_from_heads(heads_results, mname) if heads_results else None
             data = build_atlas_data(model, tasks, config, cache_dir=cache_dir, lenses=lenses,
                                     log=log, executor=ex, model_spec=name, n_ctx=n_ctx, load=load)
-            data.save(Path(data_dir) / mname)
+            data.save(Path(data_dir or DEFAULT_DATA_DIR) / mname)
             out.append(data)
     finally:
         if ex is not executor:
@@ -104,15 +108,16 @@ def refit_atlas(
     return out
 
 
-def explore(data_dir: str | Path = DEFAULT_DATA_DIR, models: Sequence[str] | None = None):
-    """The atlas as a Jupyter widget (:func:`sitelens.atlas.widget.explore`)."""
+def explore(data_dir: str | Path | None = None, models: Sequence[str] | None = None):
+    """The atlas as a Jupyter widget (:func:`sitelens.atlas.widget.explore`; ``data_dir`` default:
+    the tables shipped with sitelens)."""
     from sitelens.atlas.widget import explore as _explore
 
     return _explore(data_dir, models)
 
 
 __all__ = [
-    "ATLAS_MODELS", "AtlasConfig", "AtlasData", "atlas_task_dirs", "build_atlas_data",
+    "ATLAS_MODELS", "DEFAULT_DATA_DIR", "AtlasConfig", "AtlasData", "atlas_task_dirs", "build_atlas_data",
     "build_atlas_html", "explore", "head_card", "load_atlas", "overview", "pair_view", "payload",
     "refit_atlas", "task_family", "task_map",
 ]

@@ -1,5 +1,9 @@
 const P = JSON.parse(document.getElementById('atlas-data').textContent);
-const S = {model: Object.keys(P.models)[0], lens: 'alpha', task: null, head: null, pair: null};
+const S = {model: (P.default_model in P.models) ? P.default_model : Object.keys(P.models)[0],
+           lens: 'alpha', task: null, head: null, pair: null};
+// ?all in the URL: every view draws at once (a headless full-page screenshot or a print shows them all)
+const DRAW_ALL = new URLSearchParams(location.search).has('all');
+const MAX_HEAD_TICKS = 64;  // as sitelens.atlas.views.MAX_HEAD_TICKS
 const cfg = {displaylogo: false, responsive: true};
 function M() { return P.models[S.model]; }
 function label(l, h) { return 'L' + l + 'H' + h; }
@@ -36,7 +40,8 @@ function overview(model, lens) {
   const rows = m.order.filter(t => (m.lenses[lens] || {})[t] !== undefined);
   const heads = []; for (let i = 0; i < m.n_layers * m.n_heads; i++)
     heads.push(label(Math.floor(i / m.n_heads), i % m.n_heads));
-  return {tasks: rows, z: rows.map(t => m.lenses[lens][t]), heads: heads};
+  const ticks = heads.length <= MAX_HEAD_TICKS ? heads : heads.filter((_, i) => i % m.n_heads === 0);
+  return {tasks: rows, z: rows.map(t => m.lenses[lens][t]), heads: heads, ticks: ticks};
 }
 
 // ---- rendering ----
@@ -60,8 +65,10 @@ function renderOverview() {
       colorscale: colorscale(S.lens), reversescale: S.lens !== 'alpha',
       hovertemplate: '%{y} · %{x}: %{z:.4f}<extra>' + S.lens + '</extra>'}, zrange(S.lens))],
     {title: {text: S.model + ': ' + S.lens + ' per head (tasks clustered by α similarity)', font: {size: 14}},
-     height: Math.max(300, 120 + 11 * o.tasks.length), margin: {l: 170, r: 20, t: 40, b: 40},
-     xaxis: {showticklabels: false, title: 'head (L0H0 … last layer)'}, yaxis: {autorange: 'reversed', tickfont: {size: 9}}},
+     height: Math.max(300, 160 + 11 * o.tasks.length), margin: {l: 170, r: 20, t: 40, b: 80},
+     xaxis: {tickmode: 'array', tickvals: o.ticks, tickangle: -90, tickfont: {size: 8},
+             title: {text: 'head (L layer, H head)', standoff: 4}},
+     yaxis: {autorange: 'reversed', tickfont: {size: 9}}},
     cfg);
   el.on('plotly_click', ev => { const pt = ev.points[0]; const i = o.heads.indexOf(pt.x);
     S.task = pt.y; document.getElementById('task').value = S.task;
@@ -148,18 +155,26 @@ function renderSummary() {
 }
 // Views below the first screen draw when scrolled near (plotly.js itself is most of the open time;
 // drawing only what is seen keeps the first paint to one plot). A drawn view has data-drawn="1".
+// Every view still waiting draws at once with ?all in the URL, before printing, or on
+// window.atlasDrawAll() (what a screenshot script calls).
 const pending = {};
+function drawNow(id) { const f = pending[id]; if (f) { delete pending[id]; f(); drawn(id); } }
 const io = new IntersectionObserver(entries => { for (const e of entries) {
-  const f = pending[e.target.id];
+  const id = e.target.id, f = pending[id];
   // after a frame, so that what is already drawn paints before the next view is computed
-  if (e.isIntersecting && f) { delete pending[e.target.id]; io.unobserve(e.target);
-    requestAnimationFrame(() => setTimeout(() => { f(); drawn(e.target.id); }, 0)); }
+  if (e.isIntersecting && f) { io.unobserve(e.target);
+    requestAnimationFrame(() => setTimeout(() => { if (pending[id] === f) drawNow(id); }, 0)); }
 } }, {rootMargin: '150px'});
 function lazy(id, f) {
   const el = document.getElementById(id);
   if (el.dataset.drawn === '1') { f(); return; }
-  pending[id] = f; io.observe(el);
+  pending[id] = f;
+  if (DRAW_ALL) drawNow(id); else io.observe(el);
 }
+function drawAll() { for (const id of Object.keys(pending)) drawNow(id); }
+window.atlasDrawAll = drawAll;
+window.addEventListener('beforeprint', drawAll);
+window.matchMedia('print').addEventListener('change', e => { if (e.matches) drawAll(); });
 function renderModel() {
   fillSelect('lens', lensesOf(S.model), S.lens);
   if (!(S.lens in M().lenses)) S.lens = 'alpha';

@@ -9,7 +9,7 @@ on every ordered pair, the α similarity (Spearman over heads) and whether it pr
 the family structure of the similarity against a permutation null, and each head's top promoted
 tokens (:func:`sitelens.lenses.head_logit_lens`). :class:`AtlasData` holds the tables;
 :meth:`AtlasData.save` / :meth:`AtlasData.load` keep them as small CSV + JSON files
-(``figures/atlas/{model}/``), so the page and the widget build without refitting.
+(``sitelens/data/atlas/{model}/`` for the bundled models), so the page and the widget build without refitting.
 """
 
 from __future__ import annotations

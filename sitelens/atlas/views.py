@@ -88,12 +88,19 @@ def _clean(x):
 
 
 def payload(datas: list[AtlasData]) -> dict:
-    """The atlas payload: ``{"models": {name: model_payload}, "lens_order": [...]}``."""
+    """The atlas payload: ``{"models": {name: model_payload}, "lens_order": [...],
+    "default_model": name}``. The page and the explorer open on ``default_model``: the project's
+    default model (:data:`sitelens.models.DEFAULT_MODEL`, SmolLM2) when it is among ``datas``, else
+    the first; it also comes first in ``models``."""
+    from sitelens.models import DEFAULT_MODEL
+
+    datas = sorted(datas, key=lambda d: d.model != DEFAULT_MODEL)  # stable: the rest keep their order
     models = {d.model: model_payload(d) for d in datas}
     seen = []
     for m in models.values():
         seen += [x for x in m["lenses"] if x not in seen]
-    return _clean({"models": models, "lens_order": seen})
+    return _clean({"models": models, "lens_order": seen,
+                   "default_model": next(iter(models), None)})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -141,10 +148,16 @@ def pair_view(p: dict, model: str, a: str, b: str) -> dict:
             "zero_shot_b": m["zero_shot"][ib]}
 
 
+# The overview names every head on its x-axis up to this many heads; past it (SmolLM2: 270, Gemma: 72)
+# the labels would overlap at the page's width, so it names each layer's first head (L{l}H0).
+MAX_HEAD_TICKS = 64
+
+
 def overview(p: dict, model: str, lens: str = "alpha") -> dict:
-    """Task × head matrix of ``lens`` (rows in cluster order; tasks without the lens left out)."""
+    """Task × head matrix of ``lens`` (rows in cluster order; tasks without the lens left out);
+    ``ticks``: the heads the x-axis names (all, or each layer's first past :data:`MAX_HEAD_TICKS`)."""
     m = p["models"][model]
     rows = [t for t in m["order"] if t in m["lenses"].get(lens, {})]
-    return {"tasks": rows, "z": [m["lenses"][lens][t] for t in rows],
-            "heads": [head_label(i // m["n_heads"], i % m["n_heads"])
-                      for i in range(m["n_layers"] * m["n_heads"])]}
+    heads = [head_label(i // m["n_heads"], i % m["n_heads"]) for i in range(m["n_layers"] * m["n_heads"])]
+    ticks = heads if len(heads) <= MAX_HEAD_TICKS else heads[::m["n_heads"]]
+    return {"tasks": rows, "z": [m["lenses"][lens][t] for t in rows], "heads": heads, "ticks": ticks}

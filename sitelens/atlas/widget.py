@@ -40,7 +40,7 @@ class Explorer:
         import plotly.graph_objects as go
 
         self.p = p
-        self.model = next(iter(p["models"]))
+        self.model = p.get("default_model") or next(iter(p["models"]))
         self.lens = "alpha"
         self.task = self.m["order"][0]
         self.head = (0, 0)
@@ -147,7 +147,10 @@ class Explorer:
                                           colorscale="Viridis" if self.lens == "alpha" else "RdBu")
             self.fig_overview.update_layout(title=f"{self.model}: {self.lens} per head",
                                             height=max(300, 120 + 11 * len(o["tasks"])),
-                                            xaxis_showticklabels=False, yaxis_autorange="reversed")
+                                            xaxis=dict(tickmode="array", tickvals=o["ticks"],
+                                                       tickangle=-90, tickfont_size=8,
+                                                       title="head (L layer, H head)"),
+                                            yaxis_autorange="reversed")
 
         def click(trace, points, selector):
             if points.point_inds:
@@ -187,8 +190,8 @@ class Explorer:
         self.fig_sim.data[0].on_click(click)
 
 
-def explore(data_dir: str | Path = "figures/atlas", models: Sequence[str] | None = None):
-    """Load the committed atlas tables and return an :class:`Explorer`; display
+def explore(data_dir: str | Path | None = None, models: Sequence[str] | None = None):
+    """Load the atlas tables (default: those shipped with sitelens) and return an :class:`Explorer`; display
     ``explorer.widget`` (a notebook cell ending in ``sitelens.explore()`` shows it)."""
     from sitelens.atlas import load_atlas
 

@@ -1,8 +1,9 @@
 """``sitelens atlas``: the head atlas as one self-contained HTML page (:mod:`sitelens.atlas`).
 
-Without ``--refit`` the page is built from the committed tables under ``--data`` (default
-``figures/atlas``; no model is loaded, seconds). ``--refit`` first fits and measures every model's
-atlas from ``--tasks-dir`` (reusing cached fits under ``--cache-dir``) and rewrites the tables.
+Without ``--refit`` the page is built from the tables under ``--data`` (default: those shipped with
+sitelens, :data:`sitelens.atlas.DEFAULT_DATA_DIR`, from any folder; no model is loaded, seconds).
+``--refit`` first fits and measures every model's atlas from ``--tasks-dir`` (reusing cached fits
+under ``--cache-dir``) and rewrites the tables.
 """
 
 from __future__ import annotations

@@ -413,8 +413,8 @@ def _add_heads(sub) -> None:
 def _add_atlas(sub) -> None:
     p = sub.add_parser("atlas", help="the head atlas: one self-contained HTML page (no server)")
     p.add_argument("--out", required=True, help="the HTML file to write")
-    p.add_argument("--data", default="figures/atlas",
-                   help="atlas tables, one folder per model (default figures/atlas)")
+    p.add_argument("--data", default=None, help="atlas tables, one folder per model (default: the "
+                   "tables shipped with sitelens, sitelens/data/atlas, found from any folder)")
     p.add_argument("--models", type=NAMES, default=None,
                    help="comma-separated models (default: every folder under --data; with "
                         f"--refit: {','.join(ATLAS_MODELS)})")

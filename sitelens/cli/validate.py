@@ -293,9 +293,11 @@ def check_device_options(args) -> None:
 
 
 def check_atlas_options(args) -> None:
-    """``sitelens atlas``: the tables exist (or ``--refit`` with a task folder that exists)."""
+    """``sitelens atlas``: the tables exist under ``--data`` (default: those shipped with sitelens),
+    or ``--refit`` with a task folder that exists."""
     from pathlib import Path
 
+    from sitelens.atlas.tables import data_dir, models_under, no_tables_message
     from sitelens.errors import OutputError, TaskError
 
     if args.refit:
@@ -307,15 +309,13 @@ def check_atlas_options(args) -> None:
             raise UsageError(f"--seed {args.seed} with --seeds {args.seeds} runs up to seed {last}, "
                              "beyond 4294967295; use a smaller --seed or fewer --seeds.")
         check_dir(args.cache_dir, option="--cache-dir")
-        check_dir(args.data, option="--data")
+        check_dir(data_dir(args.data), option="--data")
         return
-    root = Path(args.data)
-    wanted = split_csv(args.models) or ([p.name for p in root.iterdir() if p.is_dir()]
-                                        if root.is_dir() else [])
+    root = data_dir(args.data)
+    wanted = split_csv(args.models) or models_under(root)
     missing = [m for m in wanted if not (root / m / "summary.json").exists()]
     if not wanted or missing:
-        raise OutputError(f"No atlas tables for {', '.join(missing) or 'any model'} under {root}; "
-                          "build them with `sitelens atlas --refit` (or point --data at them).")
+        raise OutputError(no_tables_message(root, missing))
 
 
 def check_outputs(args) -> None:
