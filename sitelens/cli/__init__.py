@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     try:
         validate(args)
-        setup_torch(args)
         check_outputs(args)
+        setup_torch(args)  # after every check: bad input is refused without importing torch
         return COMMANDS[args.cmd](args)
     except SitelensError as e:
         print(f"sitelens: error: {one_line(e)}", file=sys.stderr)
