@@ -8,7 +8,8 @@ model classes (with :mod:`sitelens.models.attention`, the fused attention forwar
 - :mod:`sitelens.models.load`: names → ready models (``load_model``: bundled, TransformerLens
   names, local Hugging Face directories, tiny test models).
 - :mod:`sitelens.models.hf`: TransformerLens names from the local Hugging Face cache, local
-  directories, ``check_model_available``, ``hf_cached``.
+  directories; :mod:`sitelens.models.available`: ``check_model_available``, ``hf_cached`` (no
+  torch: the command line checks ``--model`` with it before anything loads).
 - :mod:`sitelens.models.bridge`: wrapping Hugging Face models in a ``TransformerBridge``,
   ``prepare_bridge``.
 - :mod:`sitelens.models.prepare`: the last steps of every load (eval mode, ``fast_layout``, fused

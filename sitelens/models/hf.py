@@ -1,7 +1,7 @@
 """Models from Hugging Face files: TransformerLens official names (read from the local Hugging Face
 cache, never downloaded unless ``$SITELENS_ALLOW_DOWNLOAD`` is set), local Hugging Face
-directories, and the check that a name can load before anything loads
-(:func:`check_model_available`).
+directories. The check that a name can load before anything loads (:func:`check_model_available`)
+is in :mod:`sitelens.models.available`, which imports no torch.
 """
 
 from __future__ import annotations
