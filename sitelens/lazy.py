@@ -18,7 +18,10 @@ A re-exported name can share its name with a submodule (``sitelens.eval.evaluate
 function ``evaluate`` and the module ``sitelens/eval/evaluate.py``). Eager imports bound the
 function last; lazily, importing the submodule first would make the import system bind the module
 over the name. :class:`LazyModule` (the package's class after :func:`attach`) refuses exactly that
-one binding, so the name keeps meaning what the ``TYPE_CHECKING`` block says.
+one binding, so the name keeps meaning what the ``TYPE_CHECKING`` block says. And when a module
+runs, the names the lazy packages import from it are bound at once (:func:`bind_names_of`), so a
+package name is the object its module defined even if that module's attribute is patched before
+the name is first used (as with the eager imports this replaces).
 """
 
 from __future__ import annotations
@@ -72,18 +75,43 @@ def resolve(package: str, module: str, attr: str | None):
         return importlib.import_module(f"{module}.{attr}")
 
 
+# every package set up by attach(), for bind_names_of
+PACKAGES: list[types.ModuleType] = []
+
+
+def bind_names_of(module: types.ModuleType) -> None:
+    """Bind, in every lazy package, the names it imports from ``module``, which has just run: the
+    package holds the objects ``module`` defined, as an eager import would have, so a later
+    monkeypatch of ``module``'s attribute does not reach the package's name (and does not stay
+    there after the patch is undone). A name already bound, or not defined by ``module`` (yet), is
+    left alone."""
+    for package in PACKAGES:
+        names = package.__dict__
+        for name, (source, attr) in names["__lazy_targets__"].items():
+            if source == module.__name__ and name not in names:
+                if attr is None:
+                    names[name] = module
+                elif attr in module.__dict__:
+                    names[name] = module.__dict__[attr]
+
+
 class LazyModule(types.ModuleType):
-    """A package whose public names are lazy (its ``__class__`` after :func:`attach`). The import
-    system binds every newly imported submodule as an attribute of its package; where the package
-    re-exports another object under the submodule's name (the function ``evaluate`` of the module
-    ``evaluate``), that binding is skipped."""
+    """A package whose public names are lazy (its ``__class__`` after :func:`attach`).
+
+    The import system binds every newly imported submodule as an attribute of its package, right
+    after the submodule ran; that binding is the moment to bind what every lazy package imports
+    from it (:func:`bind_names_of`). Where the package re-exports another object under the
+    submodule's name (the function ``evaluate`` of the module ``evaluate``), the submodule itself
+    is not bound."""
 
     def __setattr__(self, name: str, value) -> None:
-        targets = self.__dict__.get("__lazy_targets__", {})
-        if isinstance(value, types.ModuleType) and name in targets:
-            module, attr = targets[name]
-            if attr is not None and value.__name__ != f"{module}.{attr}" and module != self.__name__:
-                return  # the submodule stays in sys.modules; the name keeps its re-export
+        if isinstance(value, types.ModuleType):
+            bind_names_of(value)
+            targets = self.__dict__.get("__lazy_targets__", {})
+            if name in targets:
+                module, attr = targets[name]
+                if attr is not None and value.__name__ != f"{module}.{attr}" and module != self.__name__:
+                    return  # the submodule stays in sys.modules; the name keeps its re-export
         super().__setattr__(name, value)
 
 
@@ -96,6 +124,9 @@ def attach(package: str, file: str, extra: dict[str, Callable[[], object]] | Non
     module = sys.modules[package]
     module.__lazy_targets__ = targets
     module.__class__ = LazyModule
+    PACKAGES.append(module)
+    for source in {s for s, _ in targets.values()} & set(sys.modules):  # already imported
+        bind_names_of(sys.modules[source])
 
     def __getattr__(name: str):
         if name in extra:
@@ -113,4 +144,5 @@ def attach(package: str, file: str, extra: dict[str, Callable[[], object]] | Non
     return __getattr__, __dir__
 
 
-__all__ = ["LazyModule", "Targets", "attach", "resolve", "type_checking_imports"]
+__all__ = ["PACKAGES", "LazyModule", "Targets", "attach", "bind_names_of", "resolve",
+           "type_checking_imports"]

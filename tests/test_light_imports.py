@@ -215,3 +215,30 @@ def test_an_eager_import_planted_in_the_package_is_caught(tmp_path):
     assert "torch" in heavy_after("import sitelens", pythonpath=tmp_path)["heavy"]
     assert heavy_after("import sitelens; out = sitelens.__file__", pythonpath=tmp_path)["out"] \
         == str(init)
+
+
+def test_a_patch_before_first_use_does_not_reach_the_package():
+    """A package name is bound when its module runs (as the eager import did): patching the
+    module's attribute before the name's first use changes neither ``sitelens.tasks.load_task``
+    nor ``sitelens.load_task``."""
+    r = heavy_after("""
+    import sitelens.tasks.core as core
+    real = core.load_task
+    core.load_task = None  # a monkeypatch, before anything used the package's name
+    import sitelens, sitelens.tasks
+    out = [sitelens.tasks.load_task is real, sitelens.load_task is real]
+    """)
+    assert r["out"] == [True, True]
+
+
+def test_bind_names_of_binds_only_what_the_module_defines(monkeypatch):
+    from sitelens import lazy
+
+    pkg = types.ModuleType("pkg")
+    pkg.__lazy_targets__ = {"f": ("pkg.m", "f"), "g": ("pkg.m", "g"), "m2": ("pkg.m", None),
+                            "h": ("pkg.other", "h")}
+    monkeypatch.setattr(lazy, "PACKAGES", [pkg])
+    m = types.ModuleType("pkg.m")
+    m.f = f = object()
+    lazy.bind_names_of(m)
+    assert (pkg.f, pkg.m2) == (f, m) and not hasattr(pkg, "g") and not hasattr(pkg, "h")
