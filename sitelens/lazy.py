@@ -95,6 +95,17 @@ def bind_names_of(module: types.ModuleType) -> None:
                     names[name] = module.__dict__[attr]
 
 
+def submodule(package: str, name: str) -> types.ModuleType:
+    """The submodule ``package.name``, imported; :class:`AttributeError` where there is none."""
+    if not name.startswith("__"):
+        try:
+            return importlib.import_module(f"{package}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{package}.{name}":
+                raise
+    raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+
 class LazyModule(types.ModuleType):
     """A package whose public names are lazy (its ``__class__`` after :func:`attach`).
 
@@ -118,7 +129,8 @@ class LazyModule(types.ModuleType):
 def attach(package: str, file: str, extra: dict[str, Callable[[], object]] | None = None):
     """``(__getattr__, __dir__)`` for the package ``package`` whose source is ``file``: the names of
     its ``TYPE_CHECKING`` imports, plus ``extra`` (name -> a function that builds the value), each
-    imported (built) on first access and then bound in the package."""
+    imported (built) on first access and then bound in the package; any other name is a submodule
+    (imported), else an :class:`AttributeError`."""
     targets = type_checking_imports(Path(file).read_text(encoding="utf-8"))
     extra = dict(extra or {})
     module = sys.modules[package]
@@ -133,8 +145,8 @@ def attach(package: str, file: str, extra: dict[str, Callable[[], object]] | Non
             value = extra[name]()
         elif name in targets:
             value = resolve(package, *targets[name])
-        else:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        else:  # a submodule, as after the eager imports (``sitelens.models.kv.unembed_last``)
+            value = submodule(package, name)
         module.__dict__[name] = value
         return value
 
@@ -145,4 +157,4 @@ def attach(package: str, file: str, extra: dict[str, Callable[[], object]] | Non
 
 
 __all__ = ["PACKAGES", "LazyModule", "Targets", "attach", "bind_names_of", "resolve",
-           "type_checking_imports"]
+           "submodule", "type_checking_imports"]

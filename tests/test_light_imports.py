@@ -220,15 +220,17 @@ def test_an_eager_import_planted_in_the_package_is_caught(tmp_path):
 def test_a_patch_before_first_use_does_not_reach_the_package():
     """A package name is bound when its module runs (as the eager import did): patching the
     module's attribute before the name's first use changes neither ``sitelens.tasks.load_task``
-    nor ``sitelens.load_task``."""
+    nor ``sitelens.load_task``. A submodule is an attribute without an import, as it was."""
     r = heavy_after("""
     import sitelens.tasks.core as core
     real = core.load_task
     core.load_task = None  # a monkeypatch, before anything used the package's name
     import sitelens, sitelens.tasks
-    out = [sitelens.tasks.load_task is real, sitelens.load_task is real]
+    out = [sitelens.tasks.load_task is real, sitelens.load_task is real,
+           sitelens.tasks.regression is sys.modules["sitelens.tasks.regression"],  # a submodule
+           hasattr(sitelens.tasks, "no_such_module")]
     """)
-    assert r["out"] == [True, True]
+    assert r["out"] == [True, True, True, False]
 
 
 def test_bind_names_of_binds_only_what_the_module_defines(monkeypatch):
