@@ -7,119 +7,94 @@ baselines, patching and analysis, head-importance lenses, bench and figures, pro
 The modules behind the names hold more (``sitelens.models``, ``sitelens.patching``,
 ``sitelens.lenses``, ...; see the API reference).
 
-Plots need plotly, which ``import sitelens`` does not load: :mod:`sitelens.viz.plotting`,
-:mod:`sitelens.pipelines.figures`, :func:`make_figures` and :class:`FigureConfig` are imported on first
-access (``sl.plotting.alpha_heatmap``, ``from sitelens import make_figures``).
+Every name is imported on first access (PEP 562, :mod:`sitelens.lazy`): ``import sitelens``
+loads none of torch, TransformerLens, transformers or plotly; ``sl.load_model`` imports the model
+code when first used, ``sl.plotting.alpha_heatmap`` plotly.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
-from sitelens import baselines, deprecations, lenses, patching
-from sitelens.baselines import Fitted, HookIntervention, Method, available_methods, get_method
-from sitelens.errors import (
-    AdapterError,
-    ExecutorError,
-    FitError,
-    LensError,
-    MethodError,
-    ModelError,
-    OutputError,
-    PromptTooLongError,
-    SitelensError,
-    TaskError,
-    TokenizationError,
-    UsageError,
-)
-from sitelens.eval import metrics
-from sitelens.eval.evaluate import (
-    Protocol,
-    evaluate,
-    exact_match,
-    greedy_generate,
-    last_logits,
-    summarize,
-)
-from sitelens.eval.labels import LabelSet, label_set
-from sitelens.eval.metrics import bootstrap_ci, dntp
-from sitelens.lenses import HeadScores, head_scores
-from sitelens.models import (
-    DEFAULT_MODEL,
-    available_models,
-    encode,
-    fingerprint,
-    load_model,
-    prepare_bridge,
-    tiny_model,
-    z_hook_name,
-)
-from sitelens.models.attention import enable_fast_attention, fast_attention_enabled
-from sitelens.patching import (
-    alpha_similarity,
-    effect_alpha_correlation,
-    inter_task,
-    intra_task,
-    transfer_similarity_correlation,
-)
-from sitelens.patching.effects import EffectsConfig, head_causal_effects
-from sitelens.pipelines.bench import BenchConfig, run_bench, summary_markdown
-from sitelens.provenance import NUMERICS_VERSION
-from sitelens.site import FitConfig, SiteAdapter, fit_alpha, fit_site, task_embedding
-from sitelens.site.injection import HeadMix, apply_hooks, head_mask
-from sitelens.tasks import (
-    DEFAULT_TEMPLATE,
-    Example,
-    Task,
-    Template,
-    answer_token_id,
-    builtin_tasks,
-    few_shot_prompts,
-    load_collection,
-    load_task,
-    task_from_pairs,
-    zero_shot_prompt,
-)
-from sitelens.tasks.regression import regression_mse, regression_task
+from sitelens import deprecations
+from sitelens.lazy import attach
 
-if TYPE_CHECKING:  # imported on first access (they load plotly); see __getattr__
-    from sitelens import atlas
+if TYPE_CHECKING:  # every public name is imported on first access (sitelens.lazy)
+    from sitelens import atlas, baselines, lenses, patching
     from sitelens.atlas import explore
+    from sitelens.baselines import Fitted, HookIntervention, Method, available_methods, get_method
+    from sitelens.errors import (
+        AdapterError,
+        ExecutorError,
+        FitError,
+        LensError,
+        MethodError,
+        ModelError,
+        OutputError,
+        PromptTooLongError,
+        SitelensError,
+        TaskError,
+        TokenizationError,
+        UsageError,
+    )
+    from sitelens.eval import metrics
+    from sitelens.eval.evaluate import (
+        Protocol,
+        evaluate,
+        exact_match,
+        greedy_generate,
+        last_logits,
+        summarize,
+    )
+    from sitelens.eval.labels import LabelSet, label_set
+    from sitelens.eval.metrics import bootstrap_ci, dntp
+    from sitelens.lenses import HeadScores, head_scores
+    from sitelens.models import (
+        DEFAULT_MODEL,
+        available_models,
+        encode,
+        fingerprint,
+        load_model,
+        prepare_bridge,
+        tiny_model,
+        z_hook_name,
+    )
+    from sitelens.models.attention import enable_fast_attention, fast_attention_enabled
+    from sitelens.patching import (
+        alpha_similarity,
+        effect_alpha_correlation,
+        inter_task,
+        intra_task,
+        transfer_similarity_correlation,
+    )
+    from sitelens.patching.effects import EffectsConfig, head_causal_effects
     from sitelens.pipelines import figures
+    from sitelens.pipelines.bench import BenchConfig, run_bench, summary_markdown
     from sitelens.pipelines.figures import FigureConfig, make_figures
+    from sitelens.provenance import NUMERICS_VERSION
+    from sitelens.site import FitConfig, SiteAdapter, fit_alpha, fit_site, task_embedding
+    from sitelens.site.injection import HeadMix, apply_hooks, head_mask
+    from sitelens.tasks import (
+        DEFAULT_TEMPLATE,
+        Example,
+        Task,
+        Template,
+        answer_token_id,
+        builtin_tasks,
+        few_shot_prompts,
+        load_collection,
+        load_task,
+        task_from_pairs,
+        zero_shot_prompt,
+    )
+    from sitelens.tasks.regression import regression_mse, regression_task
     from sitelens.viz import plotting
 
 __version__ = "0.1.0"
 
-deprecations.install()  # the old module paths (sitelens.bench, sitelens.plotting, ...) as aliases
+deprecations.install()  # the old module paths (sitelens.bench, sitelens.plotting, ...) as lazy aliases
 
-# name -> (module, attribute; None for the module itself), imported on first access
-_LAZY = {
-    "plotting": ("sitelens.viz.plotting", None),
-    "figures": ("sitelens.pipelines.figures", None),
-    "make_figures": ("sitelens.pipelines.figures", "make_figures"),
-    "FigureConfig": ("sitelens.pipelines.figures", "FigureConfig"),
-    "atlas": ("sitelens.atlas", None),
-    "explore": ("sitelens.atlas", "explore"),
-}
-
-
-def __getattr__(name: str):
-    """The plotly-backed names of :data:`_LAZY`, imported when first used (PEP 562)."""
-    if name not in _LAZY:
-        raise AttributeError(f"module 'sitelens' has no attribute {name!r}")
-    module, attr = _LAZY[name]
-    value = importlib.import_module(module)
-    if attr is not None:
-        value = getattr(value, attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
+__getattr__, __dir__ = attach(__name__, __file__)
 
 __all__ = [
     # models: loading, tiny test models, tokens, the per-head z hook, fused attention

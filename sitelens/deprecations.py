@@ -66,11 +66,11 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    """Put the finder on ``sys.meta_path`` (once) and pre-bind ``sitelens.evaluate``.
+    """Put the finder on ``sys.meta_path`` (once). Nothing is imported until an old name is.
 
     ``sitelens.evaluate`` is also the name of the function :func:`sitelens.evaluate`; importing the
-    old module through the finder would rebind the package attribute to the module, so that one
-    alias is entered in ``sys.modules`` up front (it imports no more than ``sitelens`` already has)."""
+    old module through the finder makes the import system bind the module as the package's
+    attribute ``evaluate``, which the package (a :class:`sitelens.lazy.LazyModule`) refuses, so
+    ``sitelens.evaluate`` stays the function."""
     if not any(isinstance(f, MovedModuleFinder) for f in sys.meta_path):
         sys.meta_path.append(MovedModuleFinder())
-    sys.modules.setdefault("sitelens.evaluate", importlib.import_module("sitelens.eval.evaluate"))

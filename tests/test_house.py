@@ -27,7 +27,7 @@ PKG = ROOT / "sitelens"
 # Lowest first; a module may import from its own layer or any layer below it. The leaves are the
 # top-level modules; `sitelens/__init__.py` (the public API) and `deprecations` sit above all.
 LAYERS = [
-    {"errors", "io", "provenance", "format"},
+    {"errors", "io", "provenance", "format", "lazy"},
     {"models"},
     {"tasks"},
     {"site"},

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from sitelens.io import atomic_write_csv, atomic_write_json
 from sitelens.models import LoadSpec
@@ -331,6 +330,8 @@ def _fit_all(model, tasks, cfg: AtlasConfig, cells, log,
 
 def _alpha_table(adapters: dict, L: int, H: int) -> pd.DataFrame:
     """One row per (task, layer, head): mean α over the seeds and its 95% t-interval."""
+    import torch
+
     from sitelens.lenses.alpha import interval
 
     rows = []
@@ -419,6 +420,8 @@ def build_atlas_data(
     (:func:`fit_on_executor`; each loads ``model_spec``, default the model's name, with ``n_ctx``
     and the load specification ``load``, and writes into ``cache_dir``, which they must see), the
     rest as above."""
+    import torch
+
     from sitelens.models import fingerprint, model_name
     from sitelens.patching import inter_task
     from sitelens.patching.analysis import alpha_similarity

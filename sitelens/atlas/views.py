@@ -22,7 +22,7 @@ def _flat(values, digits: int = 4) -> list:
 
 def cluster_order(similarity) -> list[str]:
     """Tasks ordered by average-linkage clustering of ``1 − similarity``."""
-    from sitelens.viz.plotting import cluster_order as order
+    from sitelens.viz.matrices import cluster_order as order  # no plotly: the page draws
 
     return order(similarity)
 

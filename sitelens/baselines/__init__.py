@@ -25,45 +25,57 @@ included (see :mod:`sitelens.baselines.base`).
 from __future__ import annotations
 
 import difflib
+from typing import TYPE_CHECKING
 
-from sitelens.baselines.base import FitParts, Fitted, HookIntervention, Method
-from sitelens.baselines.fv import FV, function_vector, head_outputs
-from sitelens.baselines.i2cl import I2CL
-from sitelens.baselines.ia3 import IA3
-from sitelens.baselines.icl import ICL
-from sitelens.baselines.lora import LoRA
-from sitelens.baselines.ltv import LTV, ridge_closed_form
-from sitelens.baselines.ltv_valid import LTVValid
-from sitelens.baselines.mtv import MTV
-from sitelens.baselines.site import SITE
-from sitelens.baselines.sv import SV
-from sitelens.baselines.tv import TV
-from sitelens.baselines.zero_shot import ZeroShot
 from sitelens.errors import MethodError
+from sitelens.lazy import attach, resolve
 
-METHODS: dict[str, type[Method]] = {
-    "zero-shot": ZeroShot,
-    "icl": ICL,
-    "site": SITE,
-    "fv": FV,
-    "tv": TV,
-    "ltv": LTV,
-    "ltv-valid": LTVValid,
-    "sv": SV,
-    "mtv": MTV,
-    "i2cl": I2CL,
-    "lora": LoRA,
-    "ia3": IA3,
+if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
+    from sitelens.baselines.base import FitParts, Fitted, HookIntervention, Method
+    from sitelens.baselines.fv import FV, function_vector, head_outputs
+    from sitelens.baselines.i2cl import I2CL
+    from sitelens.baselines.ia3 import IA3
+    from sitelens.baselines.icl import ICL
+    from sitelens.baselines.lora import LoRA
+    from sitelens.baselines.ltv import LTV, ridge_closed_form
+    from sitelens.baselines.ltv_valid import LTVValid
+    from sitelens.baselines.mtv import MTV
+    from sitelens.baselines.site import SITE
+    from sitelens.baselines.sv import SV
+    from sitelens.baselines.tv import TV
+    from sitelens.baselines.zero_shot import ZeroShot
+
+# registry name -> (module, class): the classes are imported when a method is first asked for
+METHOD_CLASSES: dict[str, tuple[str, str]] = {
+    "zero-shot": ("sitelens.baselines.zero_shot", "ZeroShot"),
+    "icl": ("sitelens.baselines.icl", "ICL"),
+    "site": ("sitelens.baselines.site", "SITE"),
+    "fv": ("sitelens.baselines.fv", "FV"),
+    "tv": ("sitelens.baselines.tv", "TV"),
+    "ltv": ("sitelens.baselines.ltv", "LTV"),
+    "ltv-valid": ("sitelens.baselines.ltv_valid", "LTVValid"),
+    "sv": ("sitelens.baselines.sv", "SV"),
+    "mtv": ("sitelens.baselines.mtv", "MTV"),
+    "i2cl": ("sitelens.baselines.i2cl", "I2CL"),
+    "lora": ("sitelens.baselines.lora", "LoRA"),
+    "ia3": ("sitelens.baselines.ia3", "IA3"),
 }
 
 
+def _method_classes() -> dict[str, type[Method]]:
+    """:data:`METHODS`, registry name -> class (built, importing every method, on first access)."""
+    return {name: resolve(__name__, module, cls) for name, (module, cls) in METHOD_CLASSES.items()}
+
+
 def available_methods() -> list[str]:
-    return list(METHODS)
+    return list(METHOD_CLASSES)
 
 
 def get_method(method: str | Method, /, **kwargs) -> Method:
     """A method instance by registry name (``get_method("lora", rank=4, name="lora-r4")``);
     instances pass through."""
+    from sitelens.baselines.base import Method
+
     if isinstance(method, Method):
         if kwargs:
             raise MethodError(
@@ -72,18 +84,20 @@ def get_method(method: str | Method, /, **kwargs) -> Method:
             )
         return method
     try:
-        cls = METHODS[method]
+        module, name = METHOD_CLASSES[method]
     except (KeyError, TypeError):  # TypeError: an unhashable "name"
-        close = difflib.get_close_matches(str(method), list(METHODS), n=3, cutoff=0.5)
+        close = difflib.get_close_matches(str(method), list(METHOD_CLASSES), n=3, cutoff=0.5)
         raise MethodError(
-            f"Unknown method {method!r}; available: {', '.join(METHODS)}."
+            f"Unknown method {method!r}; available: {', '.join(METHOD_CLASSES)}."
             + (f" Did you mean: {', '.join(close)}?" if close else "")
         ) from None
-    return cls(**kwargs)
+    return resolve(__name__, module, name)(**kwargs)
 
+
+__getattr__, __dir__ = attach(__name__, __file__, {"METHODS": _method_classes})
 
 __all__ = [
-    "FV", "I2CL", "IA3", "ICL", "LTV", "METHODS", "MTV", "SITE", "SV", "TV", "FitParts", "Fitted",
-    "HookIntervention", "LTVValid", "LoRA", "Method", "ZeroShot", "available_methods",
+    "FV", "I2CL", "IA3", "ICL", "LTV", "METHODS", "METHOD_CLASSES", "MTV", "SITE", "SV", "TV",
+    "FitParts", "Fitted", "HookIntervention", "LTVValid", "LoRA", "Method", "ZeroShot", "available_methods",
     "function_vector", "get_method", "head_outputs", "ridge_closed_form",
 ]

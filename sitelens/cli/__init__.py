@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args._given = explicit_options(argv)  # what was typed, not defaulted (sitelens.cli.guards)
         validate(args)
-        setup_torch(args)
         check_outputs(args)
+        setup_torch(args)  # after every check: bad input is refused without importing torch
         return COMMANDS[args.cmd](args)
     except SitelensError as e:
         print(f"sitelens: error: {one_line(e)}", file=sys.stderr)

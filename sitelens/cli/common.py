@@ -10,7 +10,10 @@ from sitelens.cli.parser import DefaultInt
 
 
 def setup_torch(args) -> None:
-    """``--threads`` (if given) and the torch seed ``--seed``."""
+    """``--threads`` (if given) and the torch seed ``--seed``; nothing for ``sitelens atlas`` from
+    the committed tables, which imports no torch."""
+    if args.cmd == "atlas" and not args.refit:
+        return
     import torch
 
     if getattr(args, "threads", None):

@@ -163,7 +163,7 @@ def _method_checker(registry: str) -> Callable[[str], None]:
 
             names = available_methods()
         else:
-            from sitelens.eval.evaluate import METHODS
+            from sitelens.eval.methods import METHODS
 
             names = list(METHODS)
         if x not in names:

@@ -150,7 +150,7 @@ def inter_tasks(args) -> list:
 
 def _figures_tasks(args) -> list:
     """The tasks of ``figures``: at least two; ``--intra-tasks`` / ``--effect-tasks`` among them."""
-    from sitelens.pipelines.figures import FIGURE_TASKS
+    from sitelens.pipelines.figure_config import FIGURE_TASKS  # no plotly before a model loads
 
     names = split_csv(args.tasks) or list(FIGURE_TASKS)
     if len(names) < 2:
@@ -273,6 +273,8 @@ def check_executor(args) -> None:
 def check_device_options(args) -> None:
     """``--n-devices`` needs that many CUDA GPUs from ``--device`` on; ``--device-map`` is the bridge
     backend's and goes alone (the parser already checked ``--device`` and the choices)."""
+    if all(getattr(args, o, None) is None for o in ("device", "n_devices", "device_map")):
+        return  # nothing to check (and no torch to import for it)
     from sitelens.errors import ModelError
     from sitelens.models import resolve_backend, resolve_device, resolve_n_devices
 
@@ -328,6 +330,10 @@ def check_outputs(args) -> None:
         check_output(args.out, "csv")
     if args.cmd == "atlas":
         check_output(args.out, "html")
+    if args.cmd == "bench":  # the CSV and the summary and plot beside it (cmd_bench checks again)
+        out = check_output(args.out, "csv")
+        check_output(out.with_suffix(".md"), "md", option="--out (its .md summary)")
+        check_output(out.with_suffix(".dntp.html"), "html", option="--out (its .dntp.html plot)")
     if args.cmd in ("fit", "figures"):
         check_dir(args.out)
     if getattr(args, "save_adapter", None):

@@ -35,6 +35,7 @@ from sitelens.eval.generation import (
     stop_ids,
 )
 from sitelens.eval.labels import LABEL_COLUMNS, LabelSet, label_set, nan_mean, wanted_label_set
+from sitelens.eval.methods import METHODS
 from sitelens.eval.metrics import wilson_interval
 from sitelens.eval.scoring import (
     PROTOCOLS,
@@ -117,9 +118,6 @@ def resolve_labels(task: Task, labels=None, label_metrics: bool | None = None) -
             raise ValueError(f"labels must be 'auto', None, a LabelSet or a list of labels, got {labels!r}.")
         return label_set(task)
     return LabelSet(check_labels(list(labels), "evaluate(labels=...)"), source="given")
-
-
-METHODS = ("zero-shot", "icl", "site")
 
 
 def evaluate(

@@ -27,29 +27,36 @@ stopping rule).
 
 from __future__ import annotations
 
-from sitelens.lenses.ablation import AblationConfig, head_ablation
-from sitelens.lenses.alpha import AlphaSeeds, alpha_from_adapter, alpha_over_seeds, rank_stability
-from sitelens.lenses.attribution import (
-    AttributionConfig,
-    alpha_gradient,
-    attribution_patching,
-    exact_effects,
-    mix_gradients,
-)
-from sitelens.lenses.logit_lens import direct_logit_attribution, head_logit_lens, head_write_logits
-from sitelens.lenses.registry import (
-    ALIASES,
-    LENSES,
-    REGISTRY,
-    Lens,
-    LensInputs,
-    LensRun,
-    available_lenses,
-    get_lens,
-    head_scores,
-    parse_lenses,
-)
-from sitelens.lenses.scores import HeadScores
+from typing import TYPE_CHECKING
+
+from sitelens.lazy import attach
+
+if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
+    from sitelens.lenses.ablation import AblationConfig, head_ablation
+    from sitelens.lenses.alpha import AlphaSeeds, alpha_from_adapter, alpha_over_seeds, rank_stability
+    from sitelens.lenses.attribution import (
+        AttributionConfig,
+        alpha_gradient,
+        attribution_patching,
+        exact_effects,
+        mix_gradients,
+    )
+    from sitelens.lenses.logit_lens import direct_logit_attribution, head_logit_lens, head_write_logits
+    from sitelens.lenses.registry import (
+        ALIASES,
+        LENSES,
+        REGISTRY,
+        Lens,
+        LensInputs,
+        LensRun,
+        available_lenses,
+        get_lens,
+        head_scores,
+        parse_lenses,
+    )
+    from sitelens.lenses.scores import HeadScores
+
+__getattr__, __dir__ = attach(__name__, __file__)
 
 __all__ = [
     "ALIASES", "LENSES", "REGISTRY", "AblationConfig", "AlphaSeeds", "AttributionConfig", "HeadScores",

@@ -14,23 +14,20 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from sitelens.errors import LensError
 from sitelens.format import array_summary
-from sitelens.lenses.ablation import AblationConfig, head_ablation
-from sitelens.lenses.alpha import AlphaSeeds, alpha_from_adapter, alpha_over_seeds
-from sitelens.lenses.attribution import (
-    AttributionConfig,
-    alpha_gradient,
-    attribution_patching,
-    exact_effects,
-)
-from sitelens.lenses.logit_lens import direct_logit_attribution
-from sitelens.lenses.scores import HeadScores
-from sitelens.site import FitConfig, SiteAdapter, task_embedding
-from sitelens.tasks import Task
+
+if TYPE_CHECKING:  # the lens modules (torch) are imported when a lens runs, not with the names
+    from torch import Tensor
+
+    from sitelens.lenses.ablation import AblationConfig
+    from sitelens.lenses.alpha import AlphaSeeds
+    from sitelens.lenses.attribution import AttributionConfig
+    from sitelens.lenses.scores import HeadScores
+    from sitelens.site import FitConfig, SiteAdapter
+    from sitelens.tasks import Task
 
 
 @dataclass
@@ -61,28 +58,49 @@ class Lens:
 
 
 def _ablation(reference: str) -> Callable[[LensInputs], HeadScores]:
-    return lambda x: head_ablation(x.model, x.task, x.ablation, reference=reference,
-                                   progress=x.progress)
+    def run(x: LensInputs) -> HeadScores:
+        from sitelens.lenses.ablation import head_ablation
+
+        return head_ablation(x.model, x.task, x.ablation, reference=reference, progress=x.progress)
+    return run
 
 
 def _atp(grad_drop: bool) -> Callable[[LensInputs], HeadScores]:
-    return lambda x: attribution_patching(x.model, x.task, x.embedding, x.attribution,
-                                          grad_drop=grad_drop, progress=x.progress)
+    def run(x: LensInputs) -> HeadScores:
+        from sitelens.lenses.attribution import attribution_patching
+
+        return attribution_patching(x.model, x.task, x.embedding, x.attribution,
+                                    grad_drop=grad_drop, progress=x.progress)
+    return run
+
+
+def _alpha_grad(x: LensInputs) -> HeadScores:
+    from sitelens.lenses.attribution import alpha_gradient
+
+    return alpha_gradient(x.model, x.task, x.embedding, x.attribution, progress=x.progress)
+
+
+def _effect(x: LensInputs) -> HeadScores:
+    from sitelens.lenses.attribution import exact_effects
+
+    return exact_effects(x.model, x.task, x.embedding, x.attribution, progress=x.progress)
+
+
+def _dla(x: LensInputs) -> HeadScores:
+    from sitelens.lenses.logit_lens import direct_logit_attribution
+
+    return direct_logit_attribution(x.model, x.task, x.adapter, seed=x.attribution.seed)
 
 
 _LENSES = [
     Lens("alpha", "SITE's learned α, mean and 95% interval over seeds", lambda x: x.alpha.scores),
-    Lens("alpha-grad", "−∂loss/∂α at α = 0 on zero-shot prompts",
-         lambda x: alpha_gradient(x.model, x.task, x.embedding, x.attribution, progress=x.progress)),
+    Lens("alpha-grad", "−∂loss/∂α at α = 0 on zero-shot prompts", _alpha_grad),
     Lens("atp", "attribution patching, the linear estimate of effect", _atp(False)),
     Lens("atp-star", "AtP with GradDrop (Kramár et al. 2024)", _atp(True)),
     Lens("ablation-mean", "drop in P(answer) when one head is mean-ablated", _ablation("mean")),
     Lens("ablation-zero", "drop in P(answer) when one head is zero-ablated", _ablation("zero")),
-    Lens("effect", "exact activation patching on corrupted prompts",
-         lambda x: exact_effects(x.model, x.task, x.embedding, x.attribution, progress=x.progress)),
-    Lens("dla", "direct logit attribution of each head's injected write",
-         lambda x: direct_logit_attribution(x.model, x.task, x.adapter, seed=x.attribution.seed),
-         needs_adapter=True),
+    Lens("effect", "exact activation patching on corrupted prompts", _effect),
+    Lens("dla", "direct logit attribution of each head's injected write", _dla, needs_adapter=True),
 ]
 REGISTRY: dict[str, Lens] = {lens.name: lens for lens in _LENSES}
 LENSES: tuple[str, ...] = tuple(REGISTRY)
@@ -162,6 +180,11 @@ def head_scores(
     same embedding and the same corrupted prompts. ``dla`` needs α: ``adapter``, else the first
     seed's fit (fitted for it when ``alpha`` is not requested). The ``alpha`` rows come first,
     the others in the order asked."""
+    from sitelens.lenses.alpha import alpha_from_adapter, alpha_over_seeds
+    from sitelens.lenses.attribution import AttributionConfig
+    from sitelens.lenses.scores import HeadScores
+    from sitelens.site import task_embedding
+
     lenses = parse_lenses(lenses)
     att = attribution or AttributionConfig()
     seeds_run = None

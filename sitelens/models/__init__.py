@@ -8,7 +8,8 @@ model classes (with :mod:`sitelens.models.attention`, the fused attention forwar
 - :mod:`sitelens.models.load`: names → ready models (``load_model``: bundled, TransformerLens
   names, local Hugging Face directories, tiny test models).
 - :mod:`sitelens.models.hf`: TransformerLens names from the local Hugging Face cache, local
-  directories, ``check_model_available``, ``hf_cached``.
+  directories; :mod:`sitelens.models.available`: ``check_model_available``, ``hf_cached`` (no
+  torch: the command line checks ``--model`` with it before anything loads).
 - :mod:`sitelens.models.bridge`: wrapping Hugging Face models in a ``TransformerBridge``,
   ``prepare_bridge``.
 - :mod:`sitelens.models.prepare`: the last steps of every load (eval mode, ``fast_layout``, fused
@@ -31,90 +32,97 @@ model classes (with :mod:`sitelens.models.attention`, the fused attention forwar
 Every public name is re-exported here (``from sitelens.models import load_model, encode, ...``);
 private helpers are imported from the submodule that defines them. To monkeypatch a function for
 the code that calls it, patch it in that submodule (``sitelens.models.kv.unembed_last``): the name
-here is bound once, at import.
+here is bound on first access (:mod:`sitelens.lazy`).
 """
 
 from __future__ import annotations
 
-from sitelens.models.bridge import prepare_bridge
-from sitelens.models.cache import CACHE_FORMAT, cache_dir
-from sitelens.models.devices import (
-    DTYPES,
-    accumulation_dtype,
-    dtype_name,
-    input_device,
-    is_multi_device,
-    layer_devices,
-    memory_budget,
-    model_devices,
-    output_device,
-    pipeline_plan,
-    place_layer_rows,
-    place_pipeline,
-    resolve_device,
-    resolve_dtype,
-    resolve_n_devices,
-    stacked_weight,
-)
-from sitelens.models.gguf import llama_config_from_hf, load_hf_reference
-from sitelens.models.hf import ALLOW_DOWNLOAD_ENV, check_model_available, hf_cached
-from sitelens.models.hooks import (
-    act_name,
-    canonical_hook_name,
-    check_z_shape,
-    forward_until,
-    is_bridge,
-    position_wise,
-    self_check,
-    wrap_hook,
-    z_hook_name,
-)
-from sitelens.models.identity import fingerprint, model_name
-from sitelens.models.kv import (
-    SELECT_BUDGET_BYTES,
-    BridgeKVCache,
-    RecomputeCache,
-    cache_rows_per_batch,
-    drive_hf_cache,
-    kv_forward,
-    last_position_logits,
-    last_token_forward,
-    new_kv_cache,
-    prefix_cache,
-    select_cache,
-    unembed_last,
-)
-from sitelens.models.load import load_model, timed_load
-from sitelens.models.prepare import fast_layout
-from sitelens.models.registry import (
-    ATLAS_MODELS,
-    BUNDLED,
-    BUNDLED_MODELS,
-    DEFAULT_MODEL,
-    DEFAULT_N_CTX,
-    FIGURE_MODELS,
-    TINY_MODELS,
-    BundledModel,
-    available_models,
-)
-from sitelens.models.spec import (
-    BACKEND_ENV,
-    BACKENDS,
-    LoadSpec,
-    default_backend,
-    has_hooked_transformer,
-    resolve_backend,
-)
-from sitelens.models.tiny import tiny_model, tiny_tokenizer
-from sitelens.models.tokens import (
-    ATTENTION_BUDGET_BYTES,
-    Encoded,
-    budget_batches,
-    encode,
-    length_batches,
-    prepends_bos,
-    token_ids,
-)
+from typing import TYPE_CHECKING
+
+from sitelens.lazy import attach
+
+if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
+    from sitelens.models.available import ALLOW_DOWNLOAD_ENV, check_model_available, hf_cached
+    from sitelens.models.bridge import prepare_bridge
+    from sitelens.models.cache import CACHE_FORMAT, cache_dir
+    from sitelens.models.devices import (
+        DTYPES,
+        accumulation_dtype,
+        dtype_name,
+        input_device,
+        is_multi_device,
+        layer_devices,
+        memory_budget,
+        model_devices,
+        output_device,
+        pipeline_plan,
+        place_layer_rows,
+        place_pipeline,
+        resolve_device,
+        resolve_dtype,
+        resolve_n_devices,
+        stacked_weight,
+    )
+    from sitelens.models.gguf import llama_config_from_hf, load_hf_reference
+    from sitelens.models.hooks import (
+        act_name,
+        canonical_hook_name,
+        check_z_shape,
+        forward_until,
+        is_bridge,
+        position_wise,
+        self_check,
+        wrap_hook,
+        z_hook_name,
+    )
+    from sitelens.models.identity import fingerprint, model_name
+    from sitelens.models.kv import (
+        SELECT_BUDGET_BYTES,
+        BridgeKVCache,
+        RecomputeCache,
+        cache_rows_per_batch,
+        drive_hf_cache,
+        kv_forward,
+        last_position_logits,
+        last_token_forward,
+        new_kv_cache,
+        prefix_cache,
+        select_cache,
+        unembed_last,
+    )
+    from sitelens.models.load import load_model, timed_load
+    from sitelens.models.prepare import fast_layout
+    from sitelens.models.registry import (
+        ATLAS_MODELS,
+        BUNDLED,
+        BUNDLED_MODELS,
+        DEFAULT_MODEL,
+        DEFAULT_N_CTX,
+        FIGURE_MODELS,
+        TINY_MODELS,
+        BundledModel,
+        available_models,
+    )
+    from sitelens.models.spec import (
+        BACKEND_ENV,
+        BACKENDS,
+        LoadSpec,
+        default_backend,
+        has_hooked_transformer,
+        resolve_backend,
+    )
+    from sitelens.models.tiny import tiny_model, tiny_tokenizer
+    from sitelens.models.tokens import (
+        ATTENTION_BUDGET_BYTES,
+        Encoded,
+        budget_batches,
+        encode,
+        length_batches,
+        prepends_bos,
+        token_ids,
+    )
+
+__getattr__, __dir__ = attach(__name__, __file__)
 
 __all__ = [
     # registry, spec

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from sitelens.errors import ModelError
+
+if TYPE_CHECKING:  # annotations only: LoadSpec is built before torch is imported (sitelens atlas)
+    import torch
 
 BACKENDS = ("hooked", "bridge")
 BACKEND_ENV = "SITELENS_BACKEND"

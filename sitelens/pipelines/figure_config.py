@@ -7,12 +7,15 @@ and on workers by :func:`sitelens.pipelines.figures.run_cells`) and :class:`Mode
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
-
-import pandas as pd
+from typing import TYPE_CHECKING, NamedTuple
 
 from sitelens.models import FIGURE_MODELS
-from sitelens.site import FitConfig, SiteAdapter
+from sitelens.site import FitConfig
+
+if TYPE_CHECKING:  # annotations only: the CLI reads FIGURE_TASKS without pandas or torch
+    import pandas as pd
+
+    from sitelens.site import SiteAdapter
 
 DEFAULT_MODELS = FIGURE_MODELS  # the bundled models marked for figures (sitelens.models.registry)
 

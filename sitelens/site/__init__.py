@@ -5,44 +5,50 @@ the :class:`HeadMix` injection (:mod:`~sitelens.site.injection`), the one traini
 
 from __future__ import annotations
 
-from sitelens.site.adapter import SiteAdapter, ensure_writable_dir, fit_site
-from sitelens.site.alpha import (
-    FitConfig,
-    FitResult,
-    OfficialFitConfig,
-    alpha_logit_rows,
-    first_token_loss,
-    fit_alpha,
-    mean_alpha,
-    site_mix,
-    stack_rows,
-)
-from sitelens.site.embedding import capture_last, last_token_z, task_embedding
-from sitelens.site.injection import (
-    HeadMix,
-    apply_hooks,
-    head_mask,
-)
-from sitelens.site.saturation import (
-    SATURATION_THRESHOLD,
-    AlphaSaturation,
-    AlphaSaturationWarning,
-    alpha_saturation,
-)
-from sitelens.site.training import (
-    KEEP,
-    BatchPlan,
-    BatchRows,
-    Hook,
-    LastTokenSet,
-    RunConfig,
-    T,
-    TrainRun,
-    iid_batches,
-    run_training,
-    training_batches,
-    valid_items,
-)
+from typing import TYPE_CHECKING
+
+from sitelens.lazy import attach
+
+if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
+    from sitelens.site.adapter import SiteAdapter, ensure_writable_dir, fit_site
+    from sitelens.site.alpha import (
+        FitResult,
+        alpha_logit_rows,
+        first_token_loss,
+        fit_alpha,
+        mean_alpha,
+        site_mix,
+        stack_rows,
+    )
+    from sitelens.site.config import FitConfig, OfficialFitConfig
+    from sitelens.site.embedding import capture_last, last_token_z, task_embedding
+    from sitelens.site.injection import (
+        HeadMix,
+        apply_hooks,
+        head_mask,
+    )
+    from sitelens.site.saturation import (
+        SATURATION_THRESHOLD,
+        AlphaSaturation,
+        AlphaSaturationWarning,
+        alpha_saturation,
+    )
+    from sitelens.site.training import (
+        KEEP,
+        BatchPlan,
+        BatchRows,
+        Hook,
+        LastTokenSet,
+        RunConfig,
+        T,
+        TrainRun,
+        iid_batches,
+        run_training,
+        training_batches,
+        valid_items,
+    )
+
+__getattr__, __dir__ = attach(__name__, __file__)
 
 __all__ = [
     "HeadMix",

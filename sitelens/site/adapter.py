@@ -32,7 +32,8 @@ from torch import Tensor
 from sitelens.errors import AdapterError, FitError
 from sitelens.io import atomic_write, ensure_dir
 from sitelens.models import fingerprint, model_name
-from sitelens.site.alpha import FitConfig, fit_alpha, site_mix
+from sitelens.site.alpha import fit_alpha, site_mix
+from sitelens.site.config import FitConfig
 from sitelens.site.embedding import task_embedding
 from sitelens.site.injection import HeadMix
 from sitelens.site.saturation import AlphaSaturation, AlphaSaturationWarning, alpha_saturation

@@ -19,11 +19,9 @@ because the mix acts only at that token. Result: α [n_layers, n_heads] (:class:
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +31,7 @@ from torch import Tensor
 from sitelens.errors import FitError
 from sitelens.format import array_summary
 from sitelens.models import last_token_forward, layer_devices, place_layer_rows
+from sitelens.site.config import FitConfig, OfficialFitConfig  # noqa: F401 (still importable here)
 from sitelens.site.injection import HeadMix, apply_hooks
 from sitelens.site.training import (
     BatchRows,
@@ -66,69 +65,6 @@ def first_token_loss(
         logits = last_token_forward(model, cache, last_tokens)  # [batch, 1, d_vocab]
     logits = logits[:, -1].to(torch.promote_types(logits.dtype, torch.float32))  # [batch, d_vocab]
     return F.cross_entropy(logits, answer_ids.to(logits.device))
-
-
-@dataclass
-class FitConfig:
-    """Stage-2 hyperparameters. The reference: a = 0, lr 0.2, 400 steps of batch 1. The default
-    here spends the same 400 training examples in batches (``n_examples / batch_size`` steps):
-    shuffled passes over the train split, the α with the best validation loss kept.
-    :meth:`official` is the reference's own protocol."""
-
-    protocol: ClassVar[str] = "default"  # a class attribute: not in asdict() or settings hashes
-
-    lr: float = 0.2
-    init: float = 0.0
-    n_examples: int = 400
-    batch_size: int = 8
-    sparsity: float = 0.0  # λ in loss + λ·mean(α); 0 = the paper's method
-    eval_every: int = 10  # steps between validation-loss checks (and at the end)
-    n_valid: int = 64  # validation items used for model selection
-    seed: int = 0
-
-    def __post_init__(self):
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise FitError(f"FitConfig.lr must be a positive finite number, got {self.lr!r}.")
-        if not math.isfinite(self.init) or not math.isfinite(self.sparsity):
-            raise FitError(
-                f"FitConfig.init and .sparsity must be finite, got {self.init!r}, {self.sparsity!r}."
-            )
-        if self.n_examples < 1 or self.batch_size < 1 or self.eval_every < 1:
-            raise FitError("FitConfig.n_examples, .batch_size and .eval_every must be at least 1.")
-
-    @property
-    def steps(self) -> int:
-        return max(1, math.ceil(self.n_examples / self.batch_size))
-
-    @classmethod
-    def official(cls, **overrides) -> OfficialFitConfig:
-        """The public SITE code's stage 2 (:class:`OfficialFitConfig`); ``overrides`` set fields."""
-        return OfficialFitConfig(**overrides)
-
-
-@dataclass
-class OfficialFitConfig(FitConfig):
-    """Stage 2 as the paper's public code runs it (github.com/SNU-DRL/Soft_Injection, commit
-    01bd5d6: ``optimize_head_selection`` and ``validate_head_selection`` in ``utils.py``,
-    ``format_icl`` in ``preprocess.py``, run by ``eval_scripts/eval_site.sh`` with ``--epoch 400
-    --lr 0.2 --batch_size 1 --test_batch_size 1``):
-
-    - 400 steps of batch 1; each step draws its item i.i.d. (with replacement) from the train
-      split (there ``random.sample(range(n), 1)``, unseeded; here seeded with ``seed``);
-    - after every 50th step the validation loss on the first 100 valid items is computed (the
-      mean first-token cross-entropy, there one item at a time) and recorded;
-    - the α of the last check is kept: there the check ``val_loss < best_val_loss`` never updates
-      ``best_val_loss`` (it stays ``inf``), so every check saves the current α. With 400 steps and
-      checks every 50 that is the final α; with no check at all, the final α too;
-    - no space before an all-digit answer (:attr:`sitelens.tasks.Template.bare_digits`), set by
-      :func:`fit_site`, which records ``meta["protocol"] = "official"``.
-    """
-
-    batch_size: int = 1
-    eval_every: int = 50
-    n_valid: int = 100
-
-    protocol: ClassVar[str] = "official"
 
 
 def alpha_logit_rows(model, init: float = 0.0) -> list[Tensor]:

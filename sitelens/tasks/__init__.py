@@ -3,57 +3,64 @@ the context, in-context regression tasks."""
 
 from __future__ import annotations
 
-from sitelens.tasks.core import (
-    ANSWER_ROOM,
-    CASE_SENSITIVE_MARKERS,
-    DEFAULT_TEMPLATE,
-    SPLIT_FRACTIONS,
-    Example,
-    Task,
-    Template,
-    answer_token_id,
-    answer_token_ids,
-    builtin_tasks,
-    check_labels,
-    collection_dirs,
-    embedding_prompts,
-    few_shot_prompt,
-    few_shot_prompts,
-    load_collection,
-    load_task,
-    sample_demos,
-    split_examples,
-    task_from_pairs,
-    zero_shot_prompt,
-)
-from sitelens.tasks.regression import (
-    KINDS,
-    RegressionFunction,
-    RegressionScore,
-    format_number,
-    parse_number,
-    parse_point,
-    reference_predictions,
-    regression_function,
-    regression_mse,
-    regression_task,
-    squared_errors,
-    task_function,
-    train_mean,
-)
-from sitelens.tasks.shots import (
-    MAX_SHOTS,
-    MEASURED,
-    RESERVE,
-    ShotFit,
-    boundary_tokens,
-    collection_shots,
-    guaranteed_lengths,
-    query_lengths,
-    seeded_lengths,
-    shot_lengths,
-    shots_that_fit,
-)
+from typing import TYPE_CHECKING
+
+from sitelens.lazy import attach
+
+if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
+    from sitelens.tasks.core import (
+        ANSWER_ROOM,
+        CASE_SENSITIVE_MARKERS,
+        DEFAULT_TEMPLATE,
+        SPLIT_FRACTIONS,
+        Example,
+        Task,
+        Template,
+        answer_token_id,
+        answer_token_ids,
+        builtin_tasks,
+        check_labels,
+        collection_dirs,
+        embedding_prompts,
+        few_shot_prompt,
+        few_shot_prompts,
+        load_collection,
+        load_task,
+        sample_demos,
+        split_examples,
+        task_from_pairs,
+        zero_shot_prompt,
+    )
+    from sitelens.tasks.regression import (
+        KINDS,
+        RegressionFunction,
+        RegressionScore,
+        format_number,
+        parse_number,
+        parse_point,
+        reference_predictions,
+        regression_function,
+        regression_mse,
+        regression_task,
+        squared_errors,
+        task_function,
+        train_mean,
+    )
+    from sitelens.tasks.shots import (
+        MAX_SHOTS,
+        MEASURED,
+        RESERVE,
+        ShotFit,
+        boundary_tokens,
+        collection_shots,
+        guaranteed_lengths,
+        query_lengths,
+        seeded_lengths,
+        shot_lengths,
+        shots_that_fit,
+    )
+
+__getattr__, __dir__ = attach(__name__, __file__)
 
 __all__ = [
     "SPLIT_FRACTIONS",

@@ -5,12 +5,13 @@ Every function returns a ``plotly.graph_objects.Figure``."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 
-from sitelens.patching.analysis import transfer_matrix
+if TYPE_CHECKING:  # plotly (and torch, through patching) only when a heatmap is drawn
+    import plotly.graph_objects as go
 
 
 def _upgma_order(D: np.ndarray) -> list[int]:
@@ -88,6 +89,10 @@ def matrix_heatmap(
     Tasks are shown in ``order``, else (``cluster``) in :func:`cluster_order`, else as given; the
     order used is stored in ``fig.layout.meta["order"]``. Cells are annotated with their value when
     there are at most 16 tasks (``annotate``)."""
+    import plotly.graph_objects as go
+
+    from sitelens.patching.analysis import transfer_matrix
+
     long = {"source_task", "target_task"} <= set(df.columns)
     if long:
         M = transfer_matrix(df, mode=mode, value=value)
