@@ -1,0 +1,51 @@
+"""Where ``load_model`` spends its time after the imports: cProfile of one load from the
+processed-weight cache per bundled model, each in a fresh process (after one untimed process that
+builds a missing cache), the top 25 entries by cumulative time -> benchmarks/results/load_profile.md.
+
+    python scripts/profile_load.py [--threads 2] [--models a,b]
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sitelens.io import atomic_write_text
+
+OUT = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "load_profile.md"
+CHILD = """import cProfile, io, pstats, torch
+torch.set_num_threads({threads})
+import sitelens, transformer_lens, transformers, safetensors, tokenizers
+from sitelens.models import load_model
+if {profile}:
+    p = cProfile.Profile(); p.enable(); load_model({name!r}); p.disable(); s = io.StringIO()
+    pstats.Stats(p, stream=s).sort_stats("cumulative").print_stats(25); print(s.getvalue())
+else:
+    load_model({name!r})"""
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--models", default="smollm2-135m-instruct,gemma-3-270m")
+    args = p.parse_args(argv)
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONWARNINGS": "ignore"}
+    parts = []
+    for name in args.models.split(","):
+        run = [sys.executable, "-c", CHILD.format(threads=args.threads, name=name, profile=False)]
+        subprocess.run(run, env=env, check=True, capture_output=True)  # builds a missing cache
+        la = round(os.getloadavg()[0], 2)
+        run[-1] = CHILD.format(threads=args.threads, name=name, profile=True)
+        stats = subprocess.run(run, env=env, check=True, capture_output=True, text=True).stdout.strip()
+        parts += [f"## {name} (1-minute load average before: {la})", "", "```", stats, "```", ""]
+    atomic_write_text(OUT, "\n".join([
+        "# Where `load_model` spends its time (after the imports)", "",
+        f"Made by `python scripts/profile_load.py --threads {args.threads}`: cProfile of one `load_model` "
+        "from the processed-weight cache in a fresh process, top 25 entries by cumulative time "
+        "(profiling inflates the times; the load average says how busy the machine was).", "", *parts]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
