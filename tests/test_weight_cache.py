@@ -156,3 +156,29 @@ def test_mutation_a_loader_blind_to_the_format_misreads_an_old_cache(fake_bundle
         return
     assert not converted
     assert not torch.equal(_logits(model), _logits(tiny_model(seed=0)))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_dequantized_model_loads_back_exactly(tmp_path, arch, tied):
+    """The bridge backend's cache: a model built without weight init and loaded from the file is
+    the saved model (exact logits), its tied embeddings tied again (SmolLM2 and Gemma-3 tie)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
+
+    tok = _tiny().tokenizer
+    common = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                  tie_word_embeddings=tied, bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id)
+    cls, cfg = ((LlamaForCausalLM, LlamaConfig(**common)) if arch == "llama"
+                else (Gemma3ForCausalLM, Gemma3TextConfig(sliding_window=64, **common)))
+    cfg.architectures = [cls.__name__]
+    torch.manual_seed(0)
+    hf = cls(cfg).eval()
+    C.save_dequantized(tmp_path / "d", hf, tok)
+    back, tok2 = C.load_dequantized(tmp_path / "d")
+    ids = torch.tensor([tok(" Q: hot\nA:", add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():  # the same weights and buffers in the same model class: exact
+        assert torch.equal(back(ids).logits, hf(ids).logits)
+    emb, head = back.get_input_embeddings().weight, back.get_output_embeddings().weight
+    assert (emb.data_ptr() == head.data_ptr()) == tied
+    assert tok2("Q: hot")["input_ids"] == tok("Q: hot")["input_ids"]

@@ -256,8 +256,9 @@ def load_dequantized(target: Path):
 
     tokenizer = load_tokenizer(target / "tokenizer")
     config = AutoConfig.from_pretrained(str(target / "config"))
-    with no_init_weights():
+    with no_init_weights():  # skips init_weights, which also ties the embeddings: tied here
         hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    hf.tie_weights()
     load_weights(hf, str(target / WEIGHTS_FILE))  # strict: every weight comes from the file
     hf.eval()
     return hf, tokenizer
