@@ -23,6 +23,7 @@ torch.set_num_threads({threads})
 import sitelens, transformer_lens, transformers, safetensors, tokenizers
 from sitelens.models import load_model
 if {profile}:
+    print(sitelens.__file__)
     p = cProfile.Profile(); p.enable(); load_model({name!r}); p.disable(); s = io.StringIO()
     pstats.Stats(p, stream=s).sort_stats("cumulative").print_stats(25); print(s.getvalue())
 else:
@@ -42,15 +43,15 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONWARNINGS": "ignore"}
-    import sitelens
-
-    code, parts = Path(sitelens.__file__).resolve().parents[1], []
+    parts = []
     for name in args.models.split(","):
         run = [sys.executable, "-c", CHILD.format(threads=args.threads, name=name, profile=False)]
         subprocess.run(run, env=env, check=True, capture_output=True)  # builds a missing cache
         la = round(os.getloadavg()[0], 2)
         run[-1] = CHILD.format(threads=args.threads, name=name, profile=True)
-        stats = subprocess.run(run, env=env, check=True, capture_output=True, text=True).stdout.strip()
+        where, stats = subprocess.run(run, env=env, check=True, capture_output=True,
+                                      text=True).stdout.strip().split("\n", 1)
+        code = Path(where).resolve().parents[1]  # the sitelens the children import
         for prefix in (sysconfig.get_paths()["purelib"], str(code), sys.base_prefix):  # shorter paths
             stats = stats.replace(prefix + "/", "")
         parts += [f"## {name} (1-minute load average before: {la})", "", "```", stats, "```", ""]
