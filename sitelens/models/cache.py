@@ -5,9 +5,12 @@ A bundled model is converted once and cached under :func:`cache_dir`:
 - ``models/{name}-{key}/`` (``backend="hooked"``): the ``HookedTransformer``'s processed state
   dict (folded LayerNorm, ``weights.safetensors``), its config (``config.json``) and tokenizer.
   ``key`` (:func:`_weights_key`) hashes the GGUF file's size, :data:`CACHE_FORMAT`, the
-  TransformerLens version and ``n_ctx``.
+  TransformerLens version and ``n_ctx``. Since format 2 the weight matrices are stored in the
+  memory order of :func:`~sitelens.models.prepare.fast_layout` (:func:`~sitelens.models.prepare.fast_memory`)
+  and the file's metadata names its format: a load maps the file and takes views of it, with no
+  copy, re-layout or re-initialisation, and a directory of another format is rebuilt, never read.
 - ``hf/{name}-{key}/`` (``backend="bridge"``): the dequantized Hugging Face model (its config,
-  weights and tokenizer); ``key`` hashes the GGUF file's size, :data:`CACHE_FORMAT` and the
+  weights and tokenizer); ``key`` hashes the GGUF file's size, :data:`DEQUANTIZED_FORMAT` and the
   transformers version.
 - ``gguf/``: the GGUF files that a bundled model's package ships in parts (Gemma-3's), assembled
   on first use.
@@ -23,6 +26,7 @@ import importlib
 import importlib.metadata
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +36,12 @@ from sitelens.errors import ModelError
 from sitelens.io import atomic_write_dir
 from sitelens.models.registry import BUNDLED
 
-CACHE_FORMAT = 1
+# 1: plain (contiguous) state dict; 2: weight matrices in fast_layout memory order, format in the
+# safetensors metadata
+CACHE_FORMAT = 2
 WEIGHTS_FILE = "weights.safetensors"
+FORMAT_KEY = "sitelens_cache_format"
+DEQUANTIZED_FORMAT = 1  # the dequantized Hugging Face models' directories (backend="bridge")
 
 
 def cache_dir() -> Path:
@@ -93,13 +101,16 @@ def processed_dir(name: str, n_ctx: int) -> Path:
 
 
 def save_processed(target: Path, model, tokenizer) -> None:
-    """Write ``model``'s state dict, JSON-able config and ``tokenizer`` to ``target``, atomically."""
+    """Write ``model``'s state dict (weight matrices in their
+    :func:`~sitelens.models.prepare.fast_layout` memory order), JSON-able config and ``tokenizer``
+    to ``target``, atomically."""
+    from sitelens.models.prepare import fast_memory
 
     def fill(tmp: Path) -> None:
         from safetensors.torch import save_file
 
-        sd = {k: v.contiguous() for k, v in model.state_dict().items()}
-        save_file(sd, str(tmp / WEIGHTS_FILE))
+        sd = {k: fast_memory(k, v) for k, v in model.state_dict().items()}
+        save_file(sd, str(tmp / WEIGHTS_FILE), metadata={FORMAT_KEY: str(CACHE_FORMAT)})
         cfg = {k: v for k, v in model.cfg.to_dict().items() if _jsonable(v)}
         (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
         tokenizer.save_pretrained(str(tmp / "tokenizer"))
@@ -107,36 +118,94 @@ def save_processed(target: Path, model, tokenizer) -> None:
     atomic_write_dir(target, fill)
 
 
+def stored_format(target: Path) -> int | None:
+    """The format a processed-weight directory was written in (None: no weights, or a file from
+    before format 2, whose metadata has none). Reads only the file's header."""
+    from safetensors import safe_open
+
+    if not is_cached(target):
+        return None
+    with safe_open(str(target / WEIGHTS_FILE), framework="pt") as f:
+        value = (f.metadata() or {}).get(FORMAT_KEY)
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def discard(target: Path) -> None:
+    """Remove a cache directory of another format, atomically (renamed aside, then deleted: a
+    reader that already mapped its files keeps them)."""
+    aside = target.with_name(f"{target.name}.stale{os.getpid()}")
+    try:
+        os.replace(target, aside)
+    except FileNotFoundError:  # a concurrent loader discarded it first
+        return
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def load_processed(target: Path, name: str):
-    """The ``HookedTransformer`` saved by :func:`save_processed`, built on the meta device and
-    given the cached weights (no second weight processing), named ``name``."""
+    """The ``HookedTransformer`` saved by :func:`save_processed`, named ``name``: built on the meta
+    device and given views of the memory-mapped weights (no random init, no second weight
+    processing, no copy; :func:`~sitelens.models.prepare.fast_layout` finds them in place). A
+    directory of another format raises :class:`ModelError` (:func:`_load_bundled` rebuilds it)."""
     from safetensors.torch import load_file
     from transformer_lens import HookedTransformer, HookedTransformerConfig
-    from transformers import AutoTokenizer
 
+    from sitelens.models.prepare import from_fast_memory
+
+    found = stored_format(target)
+    if found != CACHE_FORMAT:
+        raise ModelError(f"The weight cache {target} has format {found}, not {CACHE_FORMAT}; "
+                         "delete it and load again.")
     cfg_dict = json.loads((target / "config.json").read_text())
     cfg_dict["tokenizer_name"] = None  # the tokenizer comes from the cache dir, never a hub
     cfg = HookedTransformerConfig.from_dict(cfg_dict)
-    tokenizer = AutoTokenizer.from_pretrained(str(target / "tokenizer"))
+    tokenizer = load_tokenizer(target / "tokenizer")
     with torch.device("meta"):
         model = HookedTransformer(cfg, tokenizer=None, move_to_device=False)
-    model.load_state_dict(load_file(str(target / WEIGHTS_FILE)), strict=False, assign=True)
+    sd = {k: from_fast_memory(k, v) for k, v in load_file(str(target / WEIGHTS_FILE)).items()}
+    model.load_state_dict(sd, strict=False, assign=True)
     _materialize_buffers(model)
     model.tokenizer = tokenizer  # set_tokenizer would reload it by name
     model.cfg.model_name = name
     return model
 
 
+def load_tokenizer(directory: Path):
+    """The tokenizer that ``save_pretrained`` wrote to ``directory``, built straight from its
+    ``tokenizer.json`` (``PreTrainedTokenizerFast(tokenizer_file=...)`` with the saved
+    ``tokenizer_config.json`` and chat template): the same tokens, special tokens and decoding as
+    ``AutoTokenizer.from_pretrained``, without the parses of the whole vocabulary in Python that
+    a model-specific class (Gemma's: 4 s of a 5 s load) adds; the class is the generic one."""
+    from transformers import PreTrainedTokenizerFast
+
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    kw = {k: v for k, v in config.items()
+          if k not in ("tokenizer_class", "is_local", "local_files_only", "name_or_path")}
+    template = directory / "chat_template.jinja"
+    if template.is_file():
+        kw["chat_template"] = template.read_text()
+    return PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"),
+                                   name_or_path=str(directory), **kw)
+
+
 def _materialize_buffers(model) -> None:
-    """Recreate non-persistent buffers (causal masks, rotary tables) that the meta init skipped."""
-    fresh_cfg = model.cfg
+    """Recreate the buffers that the weight file lacks and the meta init left empty (a
+    TransformerLens version whose causal masks or rotary tables are not persistent): one fresh
+    attention module per attention type builds them, each layer gets a copy. Buffers that the
+    file holds are left as loaded."""
     from transformer_lens.components import AbstractAttention
 
+    refs: dict = {}
     for mod in model.modules():
-        if isinstance(mod, AbstractAttention):
-            ref = type(mod)(fresh_cfg, getattr(mod, "attn_type", "global"), mod.layer_id)
-            for bname, _ in list(mod.named_buffers(recurse=False)):
-                mod.register_buffer(bname, getattr(ref, bname), persistent=False)
+        if not isinstance(mod, AbstractAttention):
+            continue
+        empty = [b for b, buf in mod.named_buffers(recurse=False) if buf.is_meta]
+        if not empty:
+            continue
+        kind = (type(mod), getattr(mod, "attn_type", "global"))
+        if kind not in refs:
+            refs[kind] = type(mod)(model.cfg, kind[1], mod.layer_id)
+        for bname in empty:
+            mod.register_buffer(bname, getattr(refs[kind], bname).clone(), persistent=False)
     for bname, buf in list(model.named_buffers()):
         if buf.is_meta:
             raise ModelError(f"buffer {bname} was not restored from the weight cache")
@@ -156,7 +225,7 @@ def _jsonable(v: Any) -> bool:
 
 def dequantized_dir(name: str) -> Path:
     """The cache directory of bundled model ``name``'s dequantized Hugging Face model."""
-    raw = (f"{name}|{_gguf_path(name).stat().st_size}|{CACHE_FORMAT}|"
+    raw = (f"{name}|{_gguf_path(name).stat().st_size}|{DEQUANTIZED_FORMAT}|"
            f"{importlib.metadata.version('transformers')}")
     return cache_dir() / "hf" / f"{name}-{hashlib.sha256(raw.encode()).hexdigest()[:16]}"
 
@@ -177,19 +246,26 @@ def save_dequantized(target: Path, hf, tokenizer) -> None:
 
 
 def load_dequantized(target: Path):
-    """``(hf_model, tokenizer)`` saved by :func:`save_dequantized` (float32, eval mode)."""
+    """``(hf_model, tokenizer)`` saved by :func:`save_dequantized` (float32, eval mode). The model
+    is built without initialising its weights (``no_init_weights``: the strict load overwrites
+    them all)
+    and the tokenizer comes from :func:`load_tokenizer`."""
     from safetensors.torch import load_model as load_weights
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
 
-    tokenizer = AutoTokenizer.from_pretrained(str(target / "tokenizer"))
+    tokenizer = load_tokenizer(target / "tokenizer")
     config = AutoConfig.from_pretrained(str(target / "config"))
-    hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    load_weights(hf, str(target / WEIGHTS_FILE))
+    with no_init_weights():  # skips init_weights, which also ties the embeddings: tied here
+        hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    hf.tie_weights()
+    load_weights(hf, str(target / WEIGHTS_FILE))  # strict: every weight comes from the file
     hf.eval()
     return hf, tokenizer
 
 
 __all__ = [
-    "CACHE_FORMAT", "WEIGHTS_FILE", "cache_dir", "dequantized_dir", "is_cached", "load_dequantized",
-    "load_processed", "processed_dir", "save_dequantized", "save_processed",
+    "CACHE_FORMAT", "DEQUANTIZED_FORMAT", "FORMAT_KEY", "WEIGHTS_FILE", "cache_dir",
+    "dequantized_dir", "discard", "is_cached", "load_dequantized", "load_processed",
+    "load_tokenizer", "processed_dir", "save_dequantized", "save_processed", "stored_format",
 ]

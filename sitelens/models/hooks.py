@@ -163,8 +163,14 @@ def check_z_shape(z: Tensor, n_heads: int, d_head: int, hook_name: str | None = 
 
 def self_check(model, layers: list[int] | None = None) -> dict:
     """Check that the z hook of every layer fires on a forward pass with activations
-    ``[batch, pos, n_heads, d_head]``, and that changing it changes the logits (first and last
-    layer). Raises :class:`ModelError` naming the hook; returns ``{"hooks": [...], "shape": ...}``."""
+    ``[batch, pos, n_heads, d_head]``, and that changing it changes the model's output (first and
+    last layer). Raises :class:`ModelError` naming the hook; returns ``{"hooks": [...], "shape": ...}``.
+
+    The output compared is the residual stream after the bumped layer (what every later layer,
+    the final norm and the logits are computed from): each pass ends there
+    (:func:`forward_until`), so the check runs no unembedding (Gemma-3's reads 670 MB) and the
+    first layer's runs one block. A hook whose return value is ignored leaves that residual
+    bit-identical (the same operations on the same inputs), which is what is tested."""
     c = model.cfg
     layers = list(range(c.n_layers)) if layers is None else list(layers)
     names = [z_hook_name(model, layer) for layer in layers]
@@ -173,14 +179,21 @@ def self_check(model, layers: list[int] | None = None) -> dict:
         raise ModelError("The model has no tokenizer; sitelens needs one (model.tokenizer).")
     enc = encode(model, ["Q: a\nA:"])
     seen: dict[str, tuple] = {}
+    outs = {layer: act_name("resid_post", layer) for layer in dict.fromkeys([layers[0], layers[-1]])}
+    base: dict[str, Tensor] = {}
 
     def grab(z, hook):
         seen[hook.name] = tuple(z.shape)
         check_z_shape(z, c.n_heads, c.d_head, hook.name)
 
+    def keep(store: dict, key: str):
+        def fn(x, hook=None):
+            store[key] = x.clone()  # [1, pos, d_model]
+        return fn
+
     with torch.no_grad():
-        with model.hooks(fwd_hooks=[(n, grab) for n in names]):
-            base = model(enc.tokens, attention_mask=enc.attention_mask)  # [1, pos, d_vocab]
+        forward_until(model, [(n, grab) for n in names] + [(o, keep(base, o)) for o in outs.values()],
+                      enc.tokens, attention_mask=enc.attention_mask)
         missing = [n for n in names if n not in seen]
         if missing:
             raise ModelError(
@@ -188,18 +201,19 @@ def self_check(model, layers: list[int] | None = None) -> dict:
                 "on them would silently do nothing. This model/TransformerLens version is not "
                 "supported by sitelens."
             )
-        for name in dict.fromkeys([names[0], names[-1]]):
+        for layer, out in outs.items():
+            name, bumped = names[layers.index(layer)], {}
 
             def bump(z, hook):
                 return z + 1.0  # [batch, pos, n_heads, d_head]
 
-            with model.hooks(fwd_hooks=[(name, bump)]):
-                out = model(enc.tokens, attention_mask=enc.attention_mask)  # [1, pos, d_vocab]
-            if torch.equal(out, base):
+            forward_until(model, [(name, bump), (out, keep(bumped, out))], enc.tokens,
+                          attention_mask=enc.attention_mask)
+            if torch.equal(bumped[out], base[out]):
                 raise ModelError(
-                    f"Changing the z hook {name} did not change the logits: the hook's return value "
-                    "is ignored by this model/TransformerLens version, so interventions would "
-                    "silently do nothing."
+                    f"Changing the z hook {name} did not change the logits (the residual stream "
+                    "after its layer is unchanged): the hook's return value is ignored by this "
+                    "model/TransformerLens version, so interventions would silently do nothing."
                 )
     return {"hooks": names, "shape": seen[names[0]]}
 

@@ -29,14 +29,17 @@ from sitelens.errors import ModelError
 from sitelens.models.attention import enable_fast_attention
 from sitelens.models.bridge import _bridge_from_hf
 from sitelens.models.cache import (
+    CACHE_FORMAT,
     _gguf_path,
     dequantized_dir,
+    discard,
     is_cached,
     load_dequantized,
     load_processed,
     processed_dir,
     save_dequantized,
     save_processed,
+    stored_format,
 )
 from sitelens.models.devices import (
     _check_device_map,
@@ -150,8 +153,11 @@ def timed_load(name: str = DEFAULT_MODEL, **kw):
 def _load_bundled(name: str, *, n_ctx: int, use_cache: bool):
     """A bundled model as a ``HookedTransformer``: converted from its GGUF file once, then loaded
     from the processed-weight cache (also right after writing it, so both paths give the same
-    model); ``use_cache=False`` returns the converted model and writes nothing."""
+    model); ``use_cache=False`` returns the converted model and writes nothing. A directory of
+    another cache format (:func:`~sitelens.models.cache.stored_format`) is discarded and rebuilt."""
     target = processed_dir(name, n_ctx)
+    if use_cache and is_cached(target) and stored_format(target) != CACHE_FORMAT:
+        discard(target)
     if not (use_cache and is_cached(target)):
         model, tokenizer = _convert_bundled(name, n_ctx=n_ctx)
         if not use_cache:

@@ -27,6 +27,40 @@ def _finalize(model, *, device=None, dtype=None, n_devices: int = 1, fast_attent
     return model
 
 
+# leaf parameter name -> (its number of dimensions, the permutation that puts its fast layout's
+# memory order first): the parameter is stored as ``w.permute(order).contiguous()`` and used as the
+# inverse permutation of that, a view whose transposed form is contiguous
+FAST_LAYOUT: dict[str, tuple[int, tuple[int, ...]]] = {
+    **{leaf: (3, (0, 2, 1)) for leaf in ("W_Q", "W_K", "W_V", "_W_K", "_W_V")},  # [H, d_head, d_model]
+    "W_O": (3, (2, 0, 1)),  # [d_model, H, d_head]
+    **{leaf: (2, (1, 0)) for leaf in ("W_in", "W_gate", "W_out", "W_U")},  # W.T
+}
+
+
+def _fast_order(name: str, w) -> tuple[int, ...] | None:
+    rule = FAST_LAYOUT.get(name.rsplit(".", 1)[-1])
+    return rule[1] if rule is not None and w.dim() == rule[0] else None
+
+
+def _inverse(order: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(order.index(i) for i in range(len(order)))
+
+
+def fast_memory(name: str, w):
+    """``w`` (parameter ``name`` of a ``HookedTransformer``) as the contiguous tensor that holds
+    its :func:`fast_layout` memory (``w`` itself, contiguous, for other parameters): what the
+    processed-weight cache stores, read back by :func:`from_fast_memory` without a copy."""
+    order = _fast_order(name, w)
+    return (w if order is None else w.permute(order)).contiguous()
+
+
+def from_fast_memory(name: str, stored):
+    """The parameter ``name`` in its :func:`fast_layout` strides, a view of ``stored`` (written by
+    :func:`fast_memory`; its shape is the permuted one)."""
+    order = _fast_order(name, stored)
+    return stored if order is None else stored.permute(_inverse(order))
+
+
 def fast_layout(model) -> None:
     """Store weights in the memory layout that TransformerLens's forward pass asks for.
 
@@ -34,17 +68,13 @@ def fast_layout(model) -> None:
     every forward pass (gated MLP, unembedding, Q/K/V/O projections), which copies the whole model
     each call (for Gemma-3's 262k-token unembedding, 670 MB per call). Re-striding each parameter so
     that the transposed view is already contiguous turns those copies into no-ops; values and shapes
-    are unchanged. Measured in ``benchmarks/``.
+    are unchanged (:data:`FAST_LAYOUT`). A parameter already in that layout (a model read from the
+    processed-weight cache) is left as it is, without a copy. Measured in ``benchmarks/``.
     """
     for name, p in model.named_parameters():
-        leaf = name.rsplit(".", 1)[-1]
-        w = p.data
-        if leaf in ("W_Q", "W_K", "W_V", "_W_K", "_W_V") and w.dim() == 3:
-            p.data = w.transpose(1, 2).contiguous().transpose(1, 2)  # [H, d_head, d_model] in memory
-        elif leaf == "W_O" and w.dim() == 3:
-            p.data = w.permute(2, 0, 1).contiguous().permute(1, 2, 0)  # [d_model, H, d_head]
-        elif leaf in ("W_in", "W_gate", "W_out", "W_U") and w.dim() == 2:
-            p.data = w.T.contiguous().T
+        order = _fast_order(name, p.data)
+        if order is not None:
+            p.data = from_fast_memory(name, p.data.permute(order).contiguous())
 
 
-__all__ = ["fast_layout"]
+__all__ = ["FAST_LAYOUT", "fast_layout", "fast_memory", "from_fast_memory"]
