@@ -156,7 +156,7 @@ def test_bfloat16_close_to_float32_end_to_end(twins, task):
                   scale=scale)
 
 
-def _bf16_running_mean(model, prompts, *, batch_size=8, reduce="mean"):
+def _bf16_running_mean(model, prompts, *, batch_size=8, reduce="mean", **progress_options):
     """A realistic bug: the stage-1 mean accumulated prompt by prompt in the model's dtype."""
     z = _true_last_token_z(model, prompts, batch_size=batch_size, reduce="none")
     acc = torch.zeros(z.shape[1:], dtype=BF16)  # [n_layers, n_heads, d_head]

@@ -123,7 +123,7 @@ def test_cli_eval_prints_intervals_and_warns_on_few_items(tmp_path, monkeypatch)
     f = tmp_path / "continents.json"
     f.write_text(json.dumps([{"input": x, "output": y} for x, y in PAIRS]))
     rc, out, err = _cli(["eval", "--model", "tiny-random", "--task", str(f), "--methods",
-                         "zero-shot", "--n-shots", "2"], tmp_path, monkeypatch)
+                         "zero-shot"], tmp_path, monkeypatch)
     assert rc == 0, err
     row = next(line for line in out.splitlines() if "zero-shot" in line)
     assert row.count("[") == 2 and " 12 " in row  # an interval in both accuracy cells, n = 12

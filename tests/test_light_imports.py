@@ -111,8 +111,7 @@ def test_bad_device_or_adapter_imports_torch_only(argv):
 def test_atlas_from_the_committed_tables_imports_no_model_library(tmp_path):
     """The page inlines plotly.js, read through ``plotly.offline`` (the bundle file); no figure
     code (``plotly.graph_objects``), no torch."""
-    code = cli_code([["atlas", "--out", str(tmp_path / "a.html"), "--data",
-                      str(ROOT / "figures" / "atlas")]])
+    code = cli_code([["atlas", "--out", str(tmp_path / "a.html")]])  # the packaged tables
     r = heavy_after(code + "\nout = (out, 'plotly.graph_objects' in sys.modules)")
     assert r["out"] == [[0], False]
     assert (tmp_path / "a.html").stat().st_size > 0

@@ -96,6 +96,10 @@ class FitResult:
     seconds: float = 0.0
     data: dict = field(default_factory=dict)  # the items used: :func:`data_used`
 
+    def __repr__(self) -> str:
+        return (f"FitResult(alpha={array_summary(self.alpha)}, best_step={self.best_step}, "
+                f"steps={sum(1 for h in self.history if h.get('step'))}, seconds={self.seconds:.1f})")
+
 
 def data_used(task: Task, n_valid_used: int, batches: Sequence[Sequence[int]], n_train_used: int) -> dict:
     """What stage 2 trained and validated on, as recorded in ``adapter.json`` (``meta["data"]``):
@@ -111,10 +115,6 @@ def data_used(task: Task, n_valid_used: int, batches: Sequence[Sequence[int]], n
         "train_items_used": n_train_used, "train_examples": examples,
         "passes": round(examples / max(1, len(task.train)), 3),
     }
-
-    def __repr__(self) -> str:
-        return (f"FitResult(alpha={array_summary(self.alpha)}, best_step={self.best_step}, "
-                f"steps={sum(1 for h in self.history if h.get('step'))}, seconds={self.seconds:.1f})")
 
 
 def fit_alpha(
