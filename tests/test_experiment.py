@@ -2,8 +2,10 @@
 bad input) and its measurement helpers."""
 
 import json
+import subprocess
 
 import pandas as pd
+import pytest
 
 from sitelens.errors import UsageError
 from sitelens.pipelines.experiment import (
@@ -14,6 +16,7 @@ from sitelens.pipelines.experiment import (
     json_lines,
     main,
     md_table,
+    time_commands,
     worker_env,
 )
 
@@ -106,3 +109,18 @@ def test_clocks_and_worker_helpers():
     assert json_lines("noise\n" + json.dumps({"a": 1}) + "\n{\"b\": 2}") == [{"a": 1}, {"b": 2}]
     env = worker_env(3, EXTRA="1")
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "3" and env["EXTRA"] == "1"
+
+
+def test_time_commands_times_each_command_in_fresh_processes_with_the_worker_env(tmp_path):
+    """One row per timed run (the warm-up run is not one), in the children the worker environment
+    (its thread count) reaches; a failing child raises rather than being timed."""
+    log = tmp_path / "runs.txt"
+    count = f"open({str(log)!r}, 'a').write('x')"
+    check = "import os, sys; sys.exit(os.environ['OMP_NUM_THREADS'] != '3')"
+    rows = time_commands({"count": ["-c", count], "threads": ["-c", check]}, repeats=2, threads=3)
+    assert [(r["command"], r["run"]) for r in rows] == [("count", 0), ("count", 1),
+                                                         ("threads", 0), ("threads", 1)]
+    assert log.read_text() == "xxx"  # the warm-up run and the two timed ones
+    assert all(r["wall_s"] > 0 and r["load_average"] >= 0 for r in rows)
+    with pytest.raises(subprocess.CalledProcessError):  # the wrong thread count reaches the child
+        time_commands({"threads": ["-c", check]}, repeats=1, threads=2)

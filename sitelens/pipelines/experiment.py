@@ -18,7 +18,8 @@ the markdown report starts with the command that regenerates it (:func:`write_re
 :meth:`Experiment.configure` (defaults that depend on other flags), :meth:`Experiment.batch`
 (several cells run by one job, e.g. one model build for all its stages). Helpers for measurements:
 :class:`Clock` (wall and CPU seconds), :class:`CallClock`, :class:`PeakRSS`, :func:`host_name`,
-:func:`load_avg`, :func:`worker_env`, :func:`json_lines`, :func:`now`; for fits of how a cost
+:func:`load_avg`, :func:`worker_env`, :func:`json_lines`, :func:`now`, :func:`time_commands`
+(start-up: whole fresh processes); for fits of how a cost
 grows, :func:`fit_power_law` and :func:`predict`.
 
 ``--data-root`` defaults to :data:`DATA_ROOT`, the ``shared/datasets`` folder beside the
@@ -33,6 +34,7 @@ import json
 import math
 import os
 import shlex
+import subprocess
 import sys
 import threading
 import time
@@ -114,6 +116,23 @@ def worker_env(threads: int | None, **extra: str) -> dict:
     """The environment of a measuring child process: ``threads`` BLAS/OpenMP threads, warnings off."""
     t = {} if threads is None else {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     return {**os.environ, **t, "PYTHONWARNINGS": "ignore", **extra}
+
+
+def time_commands(commands: dict[str, Sequence[str]], repeats: int, threads: int | None = None) -> list[dict]:
+    """Wall seconds of each ``python ARGS`` of ``commands`` (name -> ARGS) as a whole fresh process
+    (interpreter start included), ``repeats`` runs after one untimed run (it warms the page cache):
+    one row per run, ``{"command", "run", "wall_s", "load_average"}`` (the load average just
+    before it). A run that fails raises :class:`subprocess.CalledProcessError`."""
+    rows = []
+    for name, args in commands.items():
+        argv = [sys.executable, *args]
+        for i in range(-1, repeats):
+            la, t0 = load_avg(), time.perf_counter()
+            subprocess.run(argv, env=worker_env(threads), capture_output=True, check=True)
+            if i >= 0:
+                rows.append(dict(command=name, run=i, wall_s=round(time.perf_counter() - t0, 3),
+                                 load_average=la))
+    return rows
 
 
 def json_lines(text: str) -> list[dict]:
@@ -411,6 +430,6 @@ def _main(experiment: Experiment, args: argparse.Namespace) -> int:
 
 __all__ = [
     "DATA_ROOT", "RESULTS", "CallClock", "Clock", "Experiment", "Job", "PeakRSS", "host_name", "json_lines",
-    "load_avg", "main", "md_table", "now", "parser", "pct", "plan", "split_list", "worker_env",
-    "write_report",
+    "load_avg", "main", "md_table", "now", "parser", "pct", "plan", "split_list", "time_commands",
+    "worker_env", "write_report",
 ]
