@@ -385,7 +385,7 @@ def report(args, df: pd.DataFrame) -> str:
         df = df.drop_duplicates(["model", "task", "method"], keep="last")
         items = pd.read_csv(out / "cross_model_items.csv")
         ltv = sorted(set(df.ltv_source.dropna()) - {""})
-        lines += ["## Accuracy", "", "%, mean over tasks, 95% bootstrap CI over the pooled items; LTV "
+        lines += ["## Accuracy", "", "%, mean and 95% bootstrap CI over the pooled items of all tasks; LTV "
                   f"version {', '.join(f'`{v}`' for v in ltv) or '–'}.", ""]
         rows = []
         for (coll, metric, col) in (("fv", "exact match", "correct"),
