@@ -82,6 +82,24 @@ def bootstrap_ci(
     return (float(lo), float(hi)) if x.ndim == 1 else (lo, hi)
 
 
+def wilson_interval(successes, n, level: float = 0.95):
+    """Wilson score interval of a proportion ``successes / n`` (``level`` two-sided); arrays
+    broadcast. NaN where ``n`` is 0. Unlike the bootstrap it stays inside [0, 1] and is not
+    degenerate at 0 or n successes."""
+    from scipy import stats
+
+    x, m = np.asarray(successes, dtype=float), np.asarray(n, dtype=float)
+    z = stats.norm.ppf(0.5 + level / 2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = x / m
+        centre = (p + z * z / (2 * m)) / (1 + z * z / m)
+        half = z / (1 + z * z / m) * np.sqrt(p * (1 - p) / m + z * z / (4 * m * m))
+    lo, hi = np.clip(centre - half, 0, 1), np.clip(centre + half, 0, 1)
+    if lo.ndim == 0:
+        return float(lo), float(hi)
+    return lo, hi
+
+
 def mean_over_tasks(df: pd.DataFrame, by: Sequence[str], value: str = "accuracy", *, n_boot: int = 2000,
                     seed: int = 0) -> pd.DataFrame:
     """Per group of ``by`` (in sorted order): the mean over tasks of each task's mean ``value`` (the
