@@ -65,6 +65,7 @@ COLUMNS = [
     "seed",
 ]
 INJECTIONS = ("alpha1", "refit")
+COST = ("forward_passes", "backward_passes", "seconds")
 DEFAULT_BUDGETS = (1, 2, 5, 10, 20, 50)
 DEFAULT_SELECTORS = ("alpha", "alpha-sparse", "alpha-grad", "atp", "effect", "greedy", "sparse")
 THRESHOLD = 0.9  # k*: the fraction of full SITE's accuracy to reach
@@ -124,8 +125,8 @@ class FrontierResult:
     def figure(self, injection: str | None = None):
         """Test accuracy vs k, one line per selector (solid ``alpha1``, dashed ``refit``), 95%
         Wilson bands, full SITE and zero-shot as reference lines. Returns a plotly Figure."""
-        import plotly.graph_objects as go
         import plotly.express as px
+        import plotly.graph_objects as go
 
         t = self.table
         if injection is not None:
@@ -165,7 +166,8 @@ class FrontierResult:
 
         out = ensure_dir(out)
         csv = atomic_write_text(out / "frontier.csv", self.table.to_csv(index=False))
-        js = atomic_write_text(out / "summary.json", json.dumps(_json_safe(self.summary), indent=1, allow_nan=False))
+        text = json.dumps(_json_safe(self.summary), indent=1, allow_nan=False)
+        js = atomic_write_text(out / "summary.json", text)
         return csv, js
 
 
@@ -210,7 +212,7 @@ def _score_seed(ctx: SelectionContext, selections: list[Selection], budgets, inj
     refits: dict[tuple, tuple[Tensor, dict]] = {}
     for s in selections:
         base = dict(fit_cost) if s.selector == "alpha" else {}
-        cost = {key: s.__dict__[key] + base.get(key, 0) for key in ("forward_passes", "backward_passes", "seconds")}
+        cost = {key: getattr(s, key) + base.get(key, 0) for key in COST}
         for k in budgets:
             heads = s.sets.get(k)
             for inj in injections:
@@ -238,7 +240,10 @@ def _score_seed(ctx: SelectionContext, selections: list[Selection], budgets, inj
     rows = []
     for row in conds:
         c = row.pop("_cond", None)
-        get = (lambda x, c=c: float(x[c]) if c is not None else float("nan"))
+
+        def get(x, c=c):
+            return float(x[c]) if c is not None else float("nan")
+
         rows.append({"model": model_name(model), "task": task.name, **row,
                      "first_token_acc": get(acc), "exact_match": get(em), "ci_low": get(lo),
                      "ci_high": get(hi), "full_site": float(acc[1]), "zero_shot": float(acc[0]),
@@ -280,9 +285,7 @@ def _summary(table: pd.DataFrame, selections: list[Selection], boot: dict, budge
         }
     first = [s for s in selections if s.seed == seeds[0]]
     for k in budgets:
-        out["overlap"][str(k)] = {f"{a.selector}|{b.selector}": (jaccard(set(a.sets[k]), set(b.sets[k]))
-                                                              if a.sets[k] is not None and b.sets[k] is not None
-                                                              else float("nan"))
+        out["overlap"][str(k)] = {f"{a.selector}|{b.selector}": mean_jaccard([a.sets[k], b.sets[k]])
                                   for a, b in combinations(first, 2)}
     return out
 

@@ -50,11 +50,11 @@ from sitelens.site.training import (
     training_batches,
     valid_items,
 )
-from sitelens.tasks import Task
+from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
 
 SELECTORS: tuple[str, ...] = ("alpha", "alpha-sparse", "alpha-grad", "atp", "effect", "greedy", "sparse")
 LENS_SELECTORS = ("alpha-grad", "atp", "effect")
-MIN_SPLIT = 2  # items each of train, valid and test need: a selection and an evaluation of one item is no frontier
+MIN_SPLIT = 2  # items each of train, valid and test need (one item selects or scores nothing)
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,12 @@ class FrontierConfig:
     attribution: AttributionConfig = field(default_factory=AttributionConfig)  # alpha-grad, atp, effect
     n_prompts: int = 50  # stage 1 (the task embedding)
     n_shots: int = 10
+    template: Template = DEFAULT_TEMPLATE  # of every prompt and answer token (the fit's)
     sparsity_grid: tuple[float, ...] = (1.0, 5.0)  # alpha-sparse's λ, chosen on valid
     n_valid: int = 64  # valid items of greedy, of alpha-sparse's λ choice
     greedy_max_k: int | None = None  # None: the largest budget
     greedy_pool: int | None = None  # prune greedy's candidates to the top-P of alpha-grad
+    greedy_stop: bool = True  # stop greedy once it reaches full SITE's valid accuracy
     refit: FitConfig | None = None  # the refit injection's fit (None: ``fit``)
     test_limit: int | None = None  # the first test items only
     exact_match: bool = True  # also generate under each set (slow)
@@ -192,7 +194,8 @@ def fit_site_counted(model, task: Task, config: FrontierConfig, seed: int, *, pr
     """Full SITE (both stages) with ``seed``, and its counted cost."""
     with ForwardPassCounter(model) as fwd, BackwardPassCounter(model) as bwd:
         adapter = fit_site(model, task, n_prompts=config.n_prompts, n_shots=config.n_shots,
-                           config=replace(config.fit, seed=seed), progress=progress)
+                           config=replace(config.fit, seed=seed), template=config.template,
+                           progress=progress)
     return adapter, {"forward_passes": fwd.count, "backward_passes": bwd.count, "seconds": fwd.seconds}
 
 
@@ -201,7 +204,7 @@ def _top_sets(order: list[int], budgets: Sequence[int]) -> dict[int, list[int]]:
 
 
 def _lens_sets(ctx: SelectionContext, name: str, budgets) -> tuple[dict, dict]:
-    att = replace(ctx.config.attribution, seed=ctx.seed)
+    att = replace(ctx.config.attribution, seed=ctx.seed, template=ctx.adapter.template)
     inputs = LensInputs(ctx.model, ctx.task, ctx.adapter.embedding, att, progress=ctx.progress)
     scores = get_lens(name).run(inputs).map()  # [n_layers, n_heads]
     return _top_sets(ranking(scores), budgets), {}
@@ -213,6 +216,7 @@ def _alpha_sparse_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
     for lam in cfg.sparsity_grid:
         ad = fit_site(ctx.model, ctx.task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots,
                       config=replace(cfg.fit, seed=ctx.seed, sparsity=float(lam)),
+                      template=ctx.adapter.template,
                       embedding=ctx.adapter.embedding, progress=ctx.progress)
         order = ranking(ad.alpha)
         w = torch.stack([mask_of(order[:k], shape) for k in budgets])  # [n_budgets, L, H]
@@ -261,7 +265,7 @@ def _greedy_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
         b = best_candidate(acc, prob)
         chosen.append(cands[b])
         accs.append(float(acc[b]))
-        if accs[-1] >= target:
+        if cfg.greedy_stop and accs[-1] >= target:
             stop = "reached full SITE's valid accuracy"
             break
     sets = {k: (chosen[:k] if k <= len(chosen) else None) for k in budgets}
