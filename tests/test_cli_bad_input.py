@@ -471,7 +471,7 @@ EXPLICIT = [
     ("heads-duplicate-lens", BASE["heads"] + ["--lenses", "dla,dla"], ["'dla' twice"], None),
     ("heads-empty-lenses", BASE["heads"] + ["--lenses", ","], ["--lenses", "at least one lens"], None),
     ("heads-missing-lenses", ["heads", "--task", "antonym", "--out", "h.csv"],
-     ["required: --lenses", "sitelens heads --help"], None),
+     ["needs --lenses", "--frontier", "sitelens heads --help"], None),
     ("heads-missing-out", ["heads", "--task", "antonym", "--lenses", "atp"], ["required: --out"], None),
     ("heads-seeds-0", BASE["heads"] + ["--seeds", "0"], ["argument --seeds", "'0'"], None),
     ("heads-seeds-negative", BASE["heads"] + ["--seeds=-3"], ["argument --seeds"], None),

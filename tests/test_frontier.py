@@ -254,3 +254,55 @@ def test_bad_input_raises_typed_errors(tiny_mha, task):
     tiny_task = Task("tiny", task.train[:1], task.valid[:3], task.test[:3])
     with pytest.raises(TaskError, match="too small"):
         frontier(tiny_mha, tiny_task, budgets=(1,), config=CFG)
+
+
+# ----------------------------------------------------------------------------------------------
+# the command line
+
+
+def _cli(argv, monkeypatch, tmp_path, *, load_ok=False):
+    import contextlib
+    import io
+
+    import sitelens.models as M
+    from sitelens.cli import main
+
+    if not load_ok:  # bad input must be refused before any model loads
+        monkeypatch.setattr(M, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.chdir(tmp_path)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+TINY_ARGS = ["heads", "--model", "tiny-random", "--task", "antonym", "--frontier", "--out", "fr",
+             "--n-examples", "8", "--n-mean-prompts", "4", "--n-shots", "2", "--n-prompts", "4",
+             "--limit", "6", "--n-boot", "20", "--test-limit", "4"]
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--selectors", "greedyy"], "Did you mean 'greedy'?"),
+    (["--budgets", "1,9"], "outside [1, 8]"),
+    (["--budgets", "1,x"], "--budgets must be"),
+    (["--task", "pairs.json", "--n-shots", "1", "--budgets", "1"], "too small to split"),
+    (["--lenses", "atp"], "drop --lenses"),
+])
+def test_cli_frontier_bad_input_exits_2_before_loading(extra, needle, monkeypatch, tmp_path):
+    (tmp_path / "pairs.json").write_text(json.dumps([{"input": c, "output": c} for c in "abc"]))
+    rc, out, err = _cli(TINY_ARGS + extra, monkeypatch, tmp_path)
+    assert rc == 2 and out == "" and err.count("\n") == 1 and err.startswith("sitelens: error: ")
+    assert needle in err and not (tmp_path / "fr").exists()
+
+
+def test_cli_frontier_writes_the_table_and_summary(monkeypatch, tmp_path):
+    rc, out, err = _cli(TINY_ARGS + ["--budgets", "1,2", "--selectors", "alpha,greedy", "--json",
+                                     "--no-exact-match"], monkeypatch, tmp_path, load_ok=True)
+    assert rc == 0, err
+    summary = json.loads(out)
+    assert set(summary["selectors"]) == {"alpha", "greedy"}
+    import pandas as pd
+
+    t = pd.read_csv(tmp_path / "fr" / "frontier.csv")
+    assert list(t.columns) == COLUMNS and len(t) == 2 * 2 * 2 and set(t.seed) == {0}
+    assert json.loads((tmp_path / "fr" / "summary.json").read_text()) == summary

@@ -33,6 +33,7 @@ import sys
 from sitelens.cli.atlas import cmd_atlas
 from sitelens.cli.common import setup_torch
 from sitelens.cli.fit_eval import cmd_demo, cmd_eval, cmd_fit
+from sitelens.cli.frontier import cmd_frontier
 from sitelens.cli.heads import cmd_heads
 from sitelens.cli.parser import build_parser, one_line
 from sitelens.cli.patch import cmd_patch
@@ -63,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         validate(args)
         setup_torch(args)
         check_outputs(args)
+        if getattr(args, "frontier", False):
+            return cmd_frontier(args)
         return COMMANDS[args.cmd](args)
     except SitelensError as e:
         print(f"sitelens: error: {one_line(e)}", file=sys.stderr)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sitelens.cli.frontier import check_frontier_options
 from sitelens.cli.parser import command_name, split_csv
 from sitelens.errors import UsageError
 from sitelens.io import check_dir, check_output
@@ -239,6 +240,7 @@ def validate(args) -> None:
     _check_n_shots(args, cmd, tasks)
     _check_adapters(args)
     if cmd == "heads":
+        check_frontier_options(args)  # --lenses or --frontier, and --frontier's options
         check_heads_options(args)
     if cmd == "atlas":
         check_atlas_options(args)
@@ -309,7 +311,9 @@ def check_outputs(args) -> None:
     kind lies (:func:`sitelens.io.check_output`); output directories must be writable."""
     if getattr(args, "items", None):
         check_output(args.items, "csv", option="--items")
-    if args.cmd in ("patch", "heads") and getattr(args, "out", None):
+    if getattr(args, "frontier", False):
+        check_dir(args.out)
+    elif args.cmd in ("patch", "heads") and getattr(args, "out", None):
         check_output(args.out, "csv")
     if args.cmd == "atlas":
         check_output(args.out, "html")
