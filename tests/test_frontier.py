@@ -97,6 +97,18 @@ def test_greedy_stops_at_max_k_or_full_site_and_leaves_the_rest_empty(tiny_mha, 
     assert len(sel.sets[1]) == 1 and sel.sets[2] is None and sel.sets[3] is None
 
 
+def test_greedy_pool_prunes_the_candidates_and_measures_it(tiny_mha, task):
+    ctx = _ctx(tiny_mha, task, replace(CFG, greedy_pool=2, greedy_stop=False))
+    sel = select(ctx, "greedy", [1, 2])
+    grad = S.ranking(S.get_lens("alpha-grad").run(S.LensInputs(
+        tiny_mha, task, ctx.adapter.embedding, replace(CFG.attribution, template=BARE))).map())[:2]
+    assert sorted(sel.sets[2]) == sorted(grad) and sel.meta["pool"] == 2  # only the pool's heads
+    pr = sel.meta["pruning"]
+    acc, prob = S.greedy_step_scores(ctx, [], list(range(8)))
+    assert pr["unpruned_first_pick"] == S.best_candidate(acc, prob)
+    assert pr["in_pool"] == (pr["unpruned_first_pick"] in grad)
+
+
 def test_counted_passes_equal_the_observed(tiny_mha, task):
     """A selector's forward/backward counts equal what an independent hook on the model saw."""
     ctx = _ctx(tiny_mha, task)

@@ -12,7 +12,8 @@ S_k of k heads chosen on the train and valid splits only (the test split stays u
   accuracy, then mean answer probability). It stops when the set reaches full SITE's valid
   accuracy or :attr:`FrontierConfig.greedy_max_k` heads; budgets above that are not reached
   (``None``), never guessed. :attr:`FrontierConfig.greedy_pool` prunes the candidates to the
-  top-P heads of ``alpha-grad`` (a fast lens).
+  top-P heads of ``alpha-grad`` (a fast lens); its effect is measured on the first step (the
+  unpruned best head, whether the pool holds it, both valid accuracies: ``meta["pruning"]``).
 - ``sparse``: a learned k-sparse α: logits ``a`` trained on train with a straight-through top-k:
   the forward pass injects α = 1 into exactly the k heads of largest ``a`` (the patching
   convention), the backward pass treats the mask as ``sigmoid(a)``. One fit per budget; S_k is the
@@ -250,9 +251,16 @@ def _greedy_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
     max_k = min(cfg.greedy_max_k or max(budgets), L * H)
     acc_full, _ = ctx.valid_scores(ctx.adapter.alpha.float()[None])
     target = float(acc_full[0])
-    pool = list(range(L * H))
+    pool, meta = list(range(L * H)), {}
     if cfg.greedy_pool:
-        pool = _lens_sets(ctx, "alpha-grad", [min(cfg.greedy_pool, L * H)])[0][min(cfg.greedy_pool, L * H)]
+        p = min(cfg.greedy_pool, L * H)
+        pool = _lens_sets(ctx, "alpha-grad", [p])[0][p]
+        acc, prob = greedy_step_scores(ctx, [], list(range(L * H)))  # the pruning's effect: step 1 unpruned
+        best = best_candidate(acc, prob)
+        in_pool = [acc[j] for j in pool]
+        meta["pruning"] = {"pool": p, "unpruned_first_pick": best, "in_pool": best in pool,
+                           "unpruned_first_valid_acc": float(acc[best]),
+                           "pruned_first_valid_acc": float(max(in_pool))}
     chosen: list[int] = []
     accs: list[float] = []
     stop = "max_k"
@@ -270,7 +278,7 @@ def _greedy_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
             break
     sets = {k: (chosen[:k] if k <= len(chosen) else None) for k in budgets}
     return sets, {"valid_target": target, "valid_acc_by_step": accs, "stop": stop,
-                  "max_k": max_k, "pool": len(pool)}
+                  "max_k": max_k, "pool": len(pool), **meta}
 
 
 def fit_head_weights(
