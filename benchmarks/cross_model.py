@@ -6,9 +6,7 @@ models' α maps compared by relative depth.
     python benchmarks/cross_model.py --report                # cross_model.md from the CSVs only
     python benchmarks/cross_model.py --only sst2,antonym     # some evaluation tasks now, the rest later
     python benchmarks/cross_model.py --tiny --out /tmp/xm    # smoke test on two tiny random models
-
-Every definition (the unlabeled texts, the maps, each transfer method): docs/benchmarks.md,
-"cross_model.py". Fits and states are cached (keyed) under ``runs/cross_model/``.
+Definitions: docs/benchmarks.md, "cross_model.py". Fits and states are cached (keyed) under runs/cross_model/.
 """
 
 from __future__ import annotations
@@ -30,21 +28,18 @@ SRC, DST = "gemma-3-270m", "smollm2-135m-instruct"
 FV_TASKS = ("antonym", "country-capital", "present-past", "english-french", "singular-plural",
             "capitalize_first_letter", "person-occupation", "choose_first_of_3")
 CLS_TASKS = ("sst2", "trec", "agnews")
-DST_METHODS = ("zero-shot", "tv", "ltv", "site", "tv-transfer", "tv-transfer-valid",
-               "tv-transfer-shuffled", "ltv-transfer", "site-transfer", "site-transfer-own-alpha",
-               "site-transfer-shuffled")
+DST_METHODS = ("zero-shot", "tv", "ltv", "site", "tv-transfer", "tv-transfer-valid", "tv-transfer-shuffled",
+               "ltv-transfer", "site-transfer", "site-transfer-own-alpha", "site-transfer-shuffled")
 SRC_METHODS = ("zero-shot", "tv", "ltv", "site")
 COLUMNS = [
     "model", "fingerprint", "source_model", "task", "collection", "task_hash", "method", "settings",
-    "numerics_version", "ltv_source", "key",
-    "n", "first_token_acc", "exact_match", "label_acc_first", "label_acc_full",
-    "label_acc_full_norm", "chance", "layer_src", "layer_dst", "map_r2_heldout", "map_r2_task",
-    "tv_rel_err", "fit_seconds", "seconds_per_item", "error",
-]
+    "numerics_version", "ltv_source", "key", "n", "first_token_acc", "exact_match", "label_acc_first",
+    "label_acc_full", "label_acc_full_norm", "chance", "layer_src", "layer_dst", "map_r2_heldout",
+    "map_r2_task", "tv_rel_err", "fit_seconds", "seconds_per_item", "error"]
 ITEM_COLUMNS = ["key", "model", "task", "method", "item", "correct", "label_correct"]
 R2_TASK_COLUMNS = ["key", "task", "collection", "src_index", "dst_index", "r2_task", "r2_heldout"]
-R2_COLUMNS = ["src_index", "dst_index", "src_depth", "dst_depth", "relative_depth_pair", "rho",
-              "r2_valid", "r2_heldout", "r2_train", "n_fit", "n_heldout", "texts_hash"]
+R2_COLUMNS = ["src_index", "dst_index", "src_depth", "dst_depth", "relative_depth_pair", "rho", "r2_valid",
+              "r2_heldout", "r2_train", "n_fit", "n_heldout", "texts_hash"]
 
 
 class CrossModel(Experiment):

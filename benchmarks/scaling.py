@@ -6,9 +6,7 @@ nothing is downloaded).
     python benchmarks/scaling.py --tiny          # shrunken shapes, about a minute: checks the script
     python benchmarks/scaling.py --report        # rewrite the md / png / html from the CSV
     bash benchmarks/gpu.sh                       # the CUDA run (bfloat16, longer prompts, 8B)
-
-What each stage times and why random weights cost what trained ones do: docs/benchmarks.md.
-"""
+What each stage times and why random weights cost what trained ones do: docs/benchmarks.md."""
 
 from __future__ import annotations
 

@@ -327,11 +327,18 @@ def _choice_options():
 
 
 CASES = [(cmd, opt, kind) for cmd, opts in OPTIONS.items() for opt, kind in opts]
+# heads --frontier's options: explicit cases below (test_frontier_options), bad values under
+# --frontier and any value without it (read only by --frontier: refused, not ignored)
+FRONTIER_BAD = {"--budgets": "0,2", "--selectors": "alpah", "--greedy-max-k": "0", "--greedy-pool": "0",
+                "--test-limit": "0", "--n-bootstrap": "-1"}
+FRONTIER_BASE = ["heads", "--model", "tiny-random", "--task", "antonym", "--frontier", "--budgets", "1,2",
+                 "--out", "fr"]
 
 
 def test_every_option_is_covered():
     """Each option that takes a value is in OPTIONS, PATH_OPTIONS or has choices (generic case)."""
-    covered = {(c, o) for c, o, _ in CASES} | PATH_OPTIONS | {(c, o) for c, o, _ in _choice_options()}
+    covered = ({(c, o) for c, o, _ in CASES} | PATH_OPTIONS | {(c, o) for c, o, _ in _choice_options()}
+               | {("heads", o) for o in FRONTIER_BAD})
     missing = [(cmd, a.option_strings[-1]) for cmd, p in _subparsers().items() for a in p._actions
                if a.option_strings and a.nargs != 0 and (cmd, a.option_strings[-1]) not in covered]
     assert not missing, f"options without a bad-input case: {missing}"
@@ -352,6 +359,18 @@ def test_bad_value(cmd, option, kind, data):
     err = _rejected(BASE[cmd] + [f"{option}={value}"], needle)
     if kind in NAMED_BY_LOADER:
         assert re.search(LOADER_NEEDLE[kind], err), (kind, value, err)
+
+
+@pytest.mark.parametrize("option", list(FRONTIER_BAD))
+def test_frontier_options(option):
+    """A bad value under --frontier is refused naming the option; without --frontier the option
+    (which only the frontier reads) is refused instead of ignored."""
+    # an unknown selector's message names what it is and the closest one
+    needle = "Unknown selector 'alpah'.*Did you mean 'alpha'" if option == "--selectors" else option
+    err = _rejected(FRONTIER_BASE + [option, FRONTIER_BAD[option]])
+    assert re.search(needle, err), err
+    good = "1" if option != "--selectors" else "alpha"
+    _rejected(BASE["heads"] + [option, good], option, "--frontier")
 
 
 @pytest.mark.parametrize("cmd", list(BASE))
@@ -533,7 +552,7 @@ EXPLICIT = [
     ("heads-duplicate-lens", BASE["heads"] + ["--lenses", "dla,dla"], ["'dla' twice"], None),
     ("heads-empty-lenses", BASE["heads"] + ["--lenses", ","], ["--lenses", "at least one lens"], None),
     ("heads-missing-lenses", ["heads", "--task", "antonym", "--out", "h.csv"],
-     ["required: --lenses", "sitelens heads --help"], None),
+     ["needs --lenses", "--frontier", "sitelens heads --help"], None),
     ("heads-missing-out", ["heads", "--task", "antonym", "--lenses", "atp"], ["required: --out"], None),
     ("heads-seeds-0", BASE["heads"] + ["--seeds", "0"], ["argument --seeds", "'0'"], None),
     ("heads-seeds-negative", BASE["heads"] + ["--seeds=-3"], ["argument --seeds"], None),

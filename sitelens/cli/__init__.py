@@ -34,6 +34,7 @@ import sys
 from sitelens.cli.atlas import cmd_atlas
 from sitelens.cli.common import setup_torch
 from sitelens.cli.fit_eval import cmd_demo, cmd_eval, cmd_fit
+from sitelens.cli.frontier import cmd_frontier
 from sitelens.cli.guards import explicit_options
 from sitelens.cli.heads import cmd_heads
 from sitelens.cli.parser import build_parser, one_line
@@ -66,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         validate(args)
         check_outputs(args)
         setup_torch(args)  # after every check: bad input is refused without importing torch
+        if getattr(args, "frontier", False):
+            return cmd_frontier(args)
         return COMMANDS[args.cmd](args)
     except SitelensError as e:
         print(f"sitelens: error: {one_line(e)}", file=sys.stderr)

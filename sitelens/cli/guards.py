@@ -93,7 +93,7 @@ def _heads(args, have: set[str]) -> None:
 def check_ignored_options(args, cmd: str) -> None:
     """Refuse an option given on the command line that ``cmd`` would ignore with the others."""
     have = given(args)
-    if cmd == "heads":
+    if cmd == "heads" and not getattr(args, "frontier", False):  # --frontier: check_frontier_options
         return _heads(args, have)
     if cmd in ("patch intra", "patch inter") and (args.adapters if cmd == "patch inter"
                                                   else args.adapter):
@@ -137,7 +137,9 @@ def check_no_replace(args, cmd: str) -> None:
             raise UsageError(f"{option} {path} already holds an adapter; refusing to replace it: "
                              f"pass --force to replace it, or choose another {option}.")
     files = [("--items", getattr(args, "items", None))]
-    if cmd != "fit" and cmd in FORCE_COMMANDS:
+    if getattr(args, "frontier", False):  # --out is a directory: its frontier.csv is the result
+        files.append(("--out", str(Path(args.out) / "frontier.csv")))
+    elif cmd != "fit" and cmd in FORCE_COMMANDS:
         files.append(("--out", getattr(args, "out", None)))
     for option, path in files:
         if path and Path(path).is_file():

@@ -13,6 +13,7 @@ import argparse
 import math
 from collections.abc import Callable
 
+from sitelens.cli.frontier_options import add_frontier_options
 from sitelens.cli.helptext import document
 from sitelens.cli.options import add_executor_option, add_guard_options, add_label_metrics_option
 from sitelens.models import ATLAS_MODELS, DEFAULT_MODEL, FIGURE_MODELS
@@ -379,10 +380,11 @@ def _add_heads(sub) -> None:
     from sitelens.lenses import ALIASES, available_lenses  # sitelens.cli has imported it already
 
     aliases = "; ".join(f"{a} = {', '.join(names)}" for a, names in ALIASES.items())
-    p.add_argument("--lenses", required=True, type=LENS_NAMES,
+    p.add_argument("--lenses", type=LENS_NAMES,
                    help=f"comma-separated lenses: {', '.join(available_lenses())} ({aliases})")
-    p.add_argument("--seeds", type=POSITIVE_INT, default=5,
-                   help="SITE fits of the alpha lens, seeds SEED, SEED+1, ... (dla alone: one)")
+    p.add_argument("--seeds", type=POSITIVE_INT, default=DefaultInt(5),
+                   help="SITE fits of the alpha lens, seeds SEED, SEED+1, ... (default 5; dla alone: one; "
+                        "--frontier: default 1)")
     p.add_argument("--n-prompts", type=POSITIVE_INT, default=16,
                    help="corrupted prompts (atp, atp-star, effect) and clean prompts (ablation)")
     p.add_argument("--n-shots", type=POSITIVE_INT, default=10)
@@ -404,10 +406,7 @@ def _add_heads(sub) -> None:
     p.add_argument("--adapter", help="adapter directory: its embedding feeds alpha-grad, atp, "
                                      "atp-star and effect, its α alpha and dla, nothing is fitted "
                                      "(default: the first seed's fit, else the task embedding)")
-    p.add_argument("--out", required=True, help="write the HeadScores table to this CSV")
-    p.add_argument("--json", action="store_true",
-                   help='print {"model", "task", "lenses": {lens: {"top": [[layer, head, score], '
-                        '...], "forward_passes", "backward_passes", "seconds"}}, "alpha_stability"}')
+    add_frontier_options(p)  # --out, --json and --frontier's options
 
 
 def _add_atlas(sub) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sitelens.cli.frontier import check_frontier_options
 from sitelens.cli.guards import check_ignored_options, check_no_replace
 from sitelens.cli.parser import command_name, split_csv
 from sitelens.errors import UsageError
@@ -252,6 +253,7 @@ def validate(args) -> None:
     _check_label_metrics(args, cmd)
     _check_adapters(args)
     if cmd == "heads":
+        check_frontier_options(args)  # --lenses or --frontier, and --frontier's options
         check_heads_options(args)
     if cmd == "atlas":
         check_atlas_options(args)
@@ -326,7 +328,9 @@ def check_outputs(args) -> None:
     adapter or result there needs ``--force`` (:func:`sitelens.cli.guards.check_no_replace`)."""
     if getattr(args, "items", None):
         check_output(args.items, "csv", option="--items")
-    if args.cmd in ("patch", "heads") and getattr(args, "out", None):
+    if getattr(args, "frontier", False):
+        check_dir(args.out)
+    elif args.cmd in ("patch", "heads") and getattr(args, "out", None):
         check_output(args.out, "csv")
     if args.cmd == "atlas":
         check_output(args.out, "html")

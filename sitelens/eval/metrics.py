@@ -62,23 +62,28 @@ def accuracy(predictions, targets=None) -> float:
 Z95 = 1.959963984540054
 
 
-def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
+def wilson_interval(successes, n, z: float = Z95):
     """The Wilson score interval of a proportion: ``successes`` hits out of ``n`` items, two-sided
     at the normal quantile ``z`` (default 95%). Unlike the normal-approximation interval it stays
     inside [0, 1] and is not empty at 0 or n hits, so it suits the small item counts of a custom
-    task (12 test items: 10 hits give [0.552, 0.953]). ``(nan, nan)`` for ``n = 0``.
+    task (12 test items: 10 hits give [0.552, 0.953]). NaN for ``n = 0``. Scalars give a pair of
+    floats; arrays broadcast and give a pair of arrays.
 
         centre = (p + z²/2n) / (1 + z²/n),  half = z·sqrt(p(1 − p)/n + z²/4n²) / (1 + z²/n)
     """
-    if n <= 0:
-        return float("nan"), float("nan")
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    lo = 0.0 if successes <= 0 else max(0.0, centre - half)  # exactly 0 / 1 at the ends (the
-    hi = 1.0 if successes >= n else min(1.0, centre + half)  # closed form, without its rounding)
-    return float(lo), float(hi)
+    x, m = np.asarray(successes, dtype=float), np.asarray(n, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = x / m
+        denom = 1 + z * z / m
+        centre = (p + z * z / (2 * m)) / denom
+        half = z * np.sqrt(p * (1 - p) / m + z * z / (4 * m * m)) / denom
+        # exactly 0 / 1 at the ends (the closed form, without its rounding)
+        lo = np.where(x <= 0, 0.0, np.clip(centre - half, 0.0, 1.0))
+        hi = np.where(x >= m, 1.0, np.clip(centre + half, 0.0, 1.0))
+    lo, hi = np.where(m > 0, lo, np.nan), np.where(m > 0, hi, np.nan)
+    if lo.ndim == 0:
+        return float(lo), float(hi)
+    return lo, hi
 
 
 def bootstrap_ci(

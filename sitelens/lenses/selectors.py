@@ -1,0 +1,374 @@
+"""Head-set selectors of the frontier (:mod:`sitelens.lenses.frontier`): for each budget k, a set
+S_k of k heads chosen on the train and valid splits only (the test split stays unseen).
+
+- ``alpha``, ``alpha-sparse``, ``alpha-grad``, ``atp``, ``effect``: the top-k of a lens
+  (:func:`~sitelens.lenses.registry.get_lens`). ``alpha`` is the full SITE fit's α (λ = 0);
+  ``alpha-sparse`` refits α with the sparsity λ of :attr:`FrontierConfig.sparsity_grid` on the
+  same embedding and keeps the λ whose top-k sets (α = 1) score best on valid, on average over the
+  budgets.
+- ``greedy``: forward selection on valid. Each step scores every candidate head added to the set
+  chosen so far, all candidates in batched rows on one prefix KV cache
+  (:func:`~sitelens.patching.engine.run_rows`), and keeps the best by (valid first-token
+  accuracy, then mean answer probability). It stops when the set reaches full SITE's valid
+  accuracy or :attr:`FrontierConfig.greedy_max_k` heads; budgets above that are not reached
+  (``None``), never guessed. :attr:`FrontierConfig.greedy_pool` prunes the candidates to the
+  top-P heads of ``alpha-grad`` (a fast lens); its effect is measured on the first step (the
+  unpruned best head, whether the pool holds it, both valid accuracies: ``meta["pruning"]``).
+- ``sparse``: a learned k-sparse α: logits ``a`` trained on train with a straight-through top-k:
+  the forward pass injects α = 1 into exactly the k heads of largest ``a`` (the patching
+  convention), the backward pass treats the mask as ``sigmoid(a)``. One fit per budget; S_k is the
+  top-k of the kept ``a`` (best valid loss, as SITE's own fit).
+
+:func:`fit_head_weights` is the training loop both ``sparse`` and the frontier's ``refit``
+injection use (SITE's stage 2 with the weights of the mix computed from ``a`` by a function).
+Costs are counted by hooks (:class:`~sitelens.patching.engine.ForwardPassCounter`,
+:class:`~sitelens.patching.engine.BackwardPassCounter`) around each selector.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from sitelens.errors import LensError, TaskError
+from sitelens.lenses.attribution import AttributionConfig
+from sitelens.lenses.registry import LensInputs, get_lens
+from sitelens.models import place_layer_rows
+from sitelens.patching.engine import BackwardPassCounter, ForwardPassCounter, row_grid, run_rows
+from sitelens.site import FitConfig, SiteAdapter, fit_site
+from sitelens.site.alpha import alpha_logit_rows, first_token_loss, site_mix, stack_rows
+from sitelens.site.training import (
+    BatchRows,
+    LastTokenSet,
+    RunConfig,
+    run_training,
+    training_batches,
+    valid_items,
+)
+from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
+
+SELECTORS: tuple[str, ...] = ("alpha", "alpha-sparse", "alpha-grad", "atp", "effect", "greedy", "sparse")
+LENS_SELECTORS = ("alpha-grad", "atp", "effect")
+MIN_SPLIT = 2  # items each of train, valid and test need (one item selects or scores nothing)
+
+
+@dataclass(frozen=True)
+class FrontierConfig:
+    """The knobs of :func:`sitelens.lenses.frontier.frontier` and its selectors."""
+
+    fit: FitConfig = field(default_factory=FitConfig)  # full SITE, alpha-sparse, sparse, refit
+    attribution: AttributionConfig = field(default_factory=AttributionConfig)  # alpha-grad, atp, effect
+    n_prompts: int = 50  # stage 1 (the task embedding)
+    n_shots: int = 10
+    template: Template = DEFAULT_TEMPLATE  # of every prompt and answer token (the fit's)
+    sparsity_grid: tuple[float, ...] = (1.0, 5.0)  # alpha-sparse's λ, chosen on valid
+    n_valid: int = 64  # valid items of greedy, of alpha-sparse's λ choice
+    greedy_max_k: int | None = None  # None: the largest budget
+    greedy_pool: int | None = None  # prune greedy's candidates to the top-P of alpha-grad
+    greedy_stop: bool = True  # stop greedy once it reaches full SITE's valid accuracy
+    refit: FitConfig | None = None  # the refit injection's fit (None: ``fit``)
+    test_limit: int | None = None  # the first test items only
+    exact_match: bool = True  # also generate under each set (slow)
+    n_bootstrap: int = 0  # resamples of the selection items for the stability
+    batch_size: int = 512  # rows per forward pass (bounded by the prefix-cache copy budget)
+
+
+def parse_selectors(names: Sequence[str]) -> list[str]:
+    """Selector names in order, without repeats; an unknown one raises :class:`LensError` naming
+    the closest (difflib)."""
+    out: list[str] = []
+    for n in names:
+        if n not in SELECTORS:
+            close = difflib.get_close_matches(str(n), SELECTORS, n=1, cutoff=0.0)
+            raise LensError(f"Unknown selector {n!r}; use {', '.join(SELECTORS)}."
+                            + (f" Did you mean {close[0]!r}?" if close else ""))
+        if n not in out:
+            out.append(n)
+    if not out:
+        raise LensError(f"No selector given; use some of {', '.join(SELECTORS)}.")
+    return out
+
+
+def check_budgets(budgets: Sequence[int], n_heads_total: int) -> list[int]:
+    """Budgets sorted, without repeats; each must lie in [1, the model's head count]."""
+    try:
+        ks = sorted({int(k) for k in budgets})
+    except (TypeError, ValueError):
+        raise LensError(f"Budgets must be whole numbers, got {list(budgets)!r}.") from None
+    if not ks:
+        raise LensError("No budget given; use e.g. 1,2,5,10.")
+    bad = [k for k in ks if not 1 <= k <= n_heads_total]
+    if bad:
+        raise LensError(f"Budget {bad[0]} is outside [1, {n_heads_total}] (the model's "
+                        f"n_layers × n_heads = {n_heads_total} heads); lower it.")
+    return ks
+
+
+def check_task_splits(task: Task) -> None:
+    """A frontier selects on train and valid and scores on test: each needs :data:`MIN_SPLIT` items."""
+    small = {s: len(task.split(s)) for s in ("train", "valid", "test") if len(task.split(s)) < MIN_SPLIT}
+    if small:
+        raise TaskError(f"Task {task.name!r} is too small to split for a frontier: "
+                        + ", ".join(f"{s} has {n} item(s)" for s, n in small.items())
+                        + f"; each of train, valid and test needs at least {MIN_SPLIT}. Add items.")
+
+
+def head_label(flat: int, n_heads: int) -> str:
+    return f"L{flat // n_heads}H{flat % n_heads}"
+
+
+def mask_of(heads: Sequence[int], shape: tuple[int, int]) -> Float[Tensor, "n_layers n_heads"]:
+    m = torch.zeros(shape[0] * shape[1])
+    m[list(heads)] = 1.0
+    return m.reshape(shape)
+
+
+def ranking(scores: Tensor) -> list[int]:
+    """Flat head indices, highest score first (stable: ties keep index order; NaN last)."""
+    s = torch.nan_to_num(scores.detach().float().flatten().cpu(), nan=-float("inf"))
+    return [int(i) for i in torch.argsort(s, descending=True, stable=True)]
+
+
+def topk_mask(flat: Tensor, k: int) -> Tensor:
+    """A 0/1 vector with ones at the ``k`` largest entries of ``flat`` (ties by index)."""
+    idx = torch.argsort(flat.detach(), descending=True, stable=True)[:k]
+    return torch.zeros_like(flat).index_fill(0, idx, 1.0)
+
+
+@dataclass
+class SelectionContext:
+    """What the selectors of one seed share: the full SITE fit (its embedding, its α) and the
+    valid items."""
+
+    model: object
+    task: Task
+    adapter: SiteAdapter
+    config: FrontierConfig
+    seed: int
+    progress: bool = False
+    _valid: LastTokenSet | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.model.cfg.n_layers, self.model.cfg.n_heads
+
+    @property
+    def valid(self) -> LastTokenSet:
+        if self._valid is None:
+            items = valid_items(self.task, self.config.n_valid)
+            self._valid = LastTokenSet.build(self.model, items, self.adapter.template)
+        return self._valid
+
+    def valid_scores(self, weights: Float[Tensor, "n_cond n_layers n_heads"]) -> tuple[Tensor, Tensor]:
+        """Per condition: valid first-token accuracy and mean answer probability ``[n_cond]``."""
+        v = self.valid
+        n = len(v)
+        item, cond = row_grid(weights.shape[0], n)
+        correct, prob = run_rows(self.model, v.cache, v.last, v.answers, item, cond, weights,
+                                 self.adapter.embedding, batch_size=self.config.batch_size)
+        return (correct.reshape(-1, n).float().mean(1),
+                prob.reshape(-1, n).float().mean(1))  # [n_cond] each
+
+
+@dataclass
+class Selection:
+    """One selector's sets: ``sets[k]`` = the flat head indices of S_k (``None``: not reached);
+    its counted cost and what it chose along the way (``meta``)."""
+
+    selector: str
+    seed: int
+    sets: dict[int, list[int] | None]
+    forward_passes: int = 0
+    backward_passes: int = 0
+    seconds: float = 0.0
+    meta: dict = field(default_factory=dict)
+
+
+def fit_site_counted(model, task: Task, config: FrontierConfig, seed: int, *, progress: bool = False
+                     ) -> tuple[SiteAdapter, dict]:
+    """Full SITE (both stages) with ``seed``, and its counted cost."""
+    with ForwardPassCounter(model) as fwd, BackwardPassCounter(model) as bwd:
+        adapter = fit_site(model, task, n_prompts=config.n_prompts, n_shots=config.n_shots,
+                           config=replace(config.fit, seed=seed), template=config.template,
+                           progress=progress)
+    return adapter, {"forward_passes": fwd.count, "backward_passes": bwd.count, "seconds": fwd.seconds}
+
+
+def _top_sets(order: list[int], budgets: Sequence[int]) -> dict[int, list[int]]:
+    return {k: order[:k] for k in budgets}
+
+
+def _lens_sets(ctx: SelectionContext, name: str, budgets) -> tuple[dict, dict]:
+    att = replace(ctx.config.attribution, seed=ctx.seed, template=ctx.adapter.template)
+    inputs = LensInputs(ctx.model, ctx.task, ctx.adapter.embedding, att, progress=ctx.progress)
+    scores = get_lens(name).run(inputs).map()  # [n_layers, n_heads]
+    return _top_sets(ranking(scores), budgets), {}
+
+
+def _alpha_sparse_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
+    cfg, shape = ctx.config, ctx.shape
+    orders, valid = [], []
+    for lam in cfg.sparsity_grid:
+        ad = fit_site(ctx.model, ctx.task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots,
+                      config=replace(cfg.fit, seed=ctx.seed, sparsity=float(lam)),
+                      template=ctx.adapter.template,
+                      embedding=ctx.adapter.embedding, progress=ctx.progress)
+        order = ranking(ad.alpha)
+        w = torch.stack([mask_of(order[:k], shape) for k in budgets])  # [n_budgets, L, H]
+        acc, _ = ctx.valid_scores(w)
+        orders.append(order)
+        valid.append(float(acc.mean()))
+    best = int(np.argmax(valid))  # ties: the smallest λ (the grid's first)
+    return (_top_sets(orders[best], budgets),
+            {"sparsity": float(cfg.sparsity_grid[best]), "valid_acc_by_sparsity": valid})
+
+
+def greedy_step_scores(ctx: SelectionContext, chosen: list[int], candidates: list[int]
+                       ) -> tuple[Tensor, Tensor]:
+    """Valid accuracy and mean answer probability ``[n_candidates]`` of ``chosen`` + each
+    candidate (α = 1), every candidate in batched rows on one prefix cache."""
+    L, H = ctx.shape
+    w = mask_of(chosen, (L, H)).flatten().repeat(len(candidates), 1)  # [n_cand, L * H]
+    w[torch.arange(len(candidates)), torch.tensor(candidates)] = 1.0
+    return ctx.valid_scores(w.reshape(-1, L, H))
+
+
+def best_candidate(acc: Tensor, prob: Tensor) -> int:
+    """The index of the best candidate: the highest accuracy, then the highest probability, then
+    the first."""
+    top = acc == acc.max()
+    return int(torch.argmax(torch.where(top, prob, torch.full_like(prob, -1.0))))
+
+
+def _greedy_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
+    cfg, (L, H) = ctx.config, ctx.shape
+    max_k = min(cfg.greedy_max_k or max(budgets), L * H)
+    acc_full, _ = ctx.valid_scores(ctx.adapter.alpha.float()[None])
+    target = float(acc_full[0])
+    pool, meta = list(range(L * H)), {}
+    if cfg.greedy_pool:
+        p = min(cfg.greedy_pool, L * H)
+        pool = _lens_sets(ctx, "alpha-grad", [p])[0][p]
+        acc, prob = greedy_step_scores(ctx, [], list(range(L * H)))  # the pruning's effect: step 1 unpruned
+        best = best_candidate(acc, prob)
+        in_pool = [acc[j] for j in pool]
+        meta["pruning"] = {"pool": p, "unpruned_first_pick": best, "in_pool": best in pool,
+                           "unpruned_first_valid_acc": float(acc[best]),
+                           "pruned_first_valid_acc": float(max(in_pool))}
+    chosen: list[int] = []
+    accs: list[float] = []
+    stop = "max_k"
+    while len(chosen) < max_k:
+        cands = [j for j in pool if j not in chosen]
+        if not cands:
+            stop = "pool exhausted"
+            break
+        acc, prob = greedy_step_scores(ctx, chosen, cands)
+        b = best_candidate(acc, prob)
+        chosen.append(cands[b])
+        accs.append(float(acc[b]))
+        if cfg.greedy_stop and accs[-1] >= target:
+            stop = "reached full SITE's valid accuracy"
+            break
+    sets = {k: (chosen[:k] if k <= len(chosen) else None) for k in budgets}
+    return sets, {"valid_target": target, "valid_acc_by_step": accs, "stop": stop,
+                  "max_k": max_k, "pool": len(pool), **meta}
+
+
+def fit_head_weights(
+    model, task: Task, embedding: Float[Tensor, "n_layers n_heads d_head"], config: FitConfig,
+    weights_of: Callable[[Tensor], Tensor], *, template, what: str, init: Tensor | None = None,
+    progress: bool = False,
+) -> Float[Tensor, "n_layers n_heads"]:
+    """SITE's stage 2 with the mix weights ``weights_of(a)`` (``a``: the flat logits
+    ``[n_layers * n_heads]``, differentiable) instead of ``sigmoid(a)``: the same batches, loss,
+    validation and kept logits (best valid loss) as :func:`sitelens.site.fit_alpha`. Returns the
+    kept logits ``[n_layers, n_heads]``."""
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    a = alpha_logit_rows(model, config.init)  # L × [n_heads]
+    if init is not None:
+        with torch.no_grad():
+            for r, row in zip(a, init.reshape(L, H)):
+                r.copy_(row)
+    target = place_layer_rows(embedding, model, dtype=torch.float32)  # L × [n_heads, d_head]
+    valid = LastTokenSet.build(model, valid_items(task, config.n_valid), template)
+    batches = list(training_batches(list(range(len(task.train))), config))
+    rows = BatchRows(batches)
+    train = LastTokenSet.build(model, [task.train[i] for i in rows.used], template)
+
+    def mix(flat_a: Tensor):
+        w = weights_of(flat_a).reshape(L, H)  # [n_layers, n_heads]
+        return site_mix(place_layer_rows(w, model), target)
+
+    def flat() -> Tensor:
+        dev = a[0].device
+        return torch.cat([r.to(dev) for r in a])  # [L * H]
+
+    def objective(batch):
+        b = train.select(rows(batch))
+        loss = first_token_loss(model, b.cache, b.last, b.answers, mix(flat()))
+        return loss, loss.detach()
+
+    def valid_loss() -> float:
+        with torch.no_grad():
+            return first_token_loss(model, valid.cache, valid.last, valid.answers, mix(flat())).item()
+
+    run = run_training(a, batches, objective, valid_loss, snapshot=lambda: stack_rows(a),
+                       config=RunConfig(lr=config.lr, seed=config.seed, eval_every=config.eval_every,
+                                        what=what, task=task.name, progress=progress,
+                                        check_params=True))
+    return run.kept.cpu()
+
+
+def straight_through_topk(k: int) -> Callable[[Tensor], Tensor]:
+    """Forward: the 0/1 top-k mask of ``a`` (exactly k heads at α = 1); backward: ``sigmoid(a)``'s
+    gradient (the straight-through estimator)."""
+    def fn(a: Tensor) -> Tensor:
+        soft = torch.sigmoid(a)
+        return topk_mask(a, k) + soft - soft.detach()
+    return fn
+
+
+def _sparse_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
+    cfg = replace(ctx.config.fit, seed=ctx.seed)
+    gen = torch.Generator().manual_seed(ctx.seed)
+    init = cfg.init + 1e-3 * torch.randn(ctx.shape[0] * ctx.shape[1], generator=gen)  # breaks ties
+    sets = {}
+    for k in budgets:
+        a = fit_head_weights(ctx.model, ctx.task, ctx.adapter.embedding, cfg, straight_through_topk(k),
+                             template=ctx.adapter.template, what=f"{k}-sparse α", init=init,
+                             progress=ctx.progress)
+        sets[k] = ranking(a)[:k]
+    return sets, {}
+
+
+def select(ctx: SelectionContext, selector: str, budgets: Sequence[int]) -> Selection:
+    """Run one selector on one seed's context, its passes and seconds counted."""
+    with ForwardPassCounter(ctx.model) as fwd, BackwardPassCounter(ctx.model) as bwd:
+        if selector == "alpha":
+            sets, meta = _top_sets(ranking(ctx.adapter.alpha), budgets), {}
+        elif selector == "alpha-sparse":
+            sets, meta = _alpha_sparse_sets(ctx, budgets)
+        elif selector in LENS_SELECTORS:
+            sets, meta = _lens_sets(ctx, selector, budgets)
+        elif selector == "greedy":
+            sets, meta = _greedy_sets(ctx, budgets)
+        elif selector == "sparse":
+            sets, meta = _sparse_sets(ctx, budgets)
+        else:
+            parse_selectors([selector])
+            raise AssertionError(selector)  # unreachable: parse_selectors raised
+    return Selection(selector, ctx.seed, sets, fwd.count, bwd.count, fwd.seconds, meta)
+
+
+__all__ = [
+    "SELECTORS", "FrontierConfig", "Selection", "SelectionContext", "best_candidate", "check_budgets",
+    "check_task_splits", "fit_head_weights", "fit_site_counted", "greedy_step_scores", "head_label",
+    "mask_of", "parse_selectors", "ranking", "select", "straight_through_topk", "topk_mask",
+]
