@@ -24,8 +24,8 @@ Modules: :mod:`~sitelens.cli.parser` (the parser: one-line usage errors, typed o
 :mod:`~sitelens.cli.validate` (the checks before a model loads), :mod:`~sitelens.cli.guards`
 (options that would be ignored, results that would be replaced), :mod:`~sitelens.cli.common`
 (loading, fitting from the options, JSON rounding), and the commands: :mod:`~sitelens.cli.fit_eval`
-(fit, eval, demo), :mod:`~sitelens.cli.run` (run), :mod:`~sitelens.cli.patch` (patch), :mod:`~sitelens.cli.heads` (heads),
-:mod:`~sitelens.cli.runners` (bench, figures).
+(fit, eval, demo), :mod:`~sitelens.cli.run` (run), :mod:`~sitelens.cli.patch` (patch),
+:mod:`~sitelens.cli.heads` (heads), :mod:`~sitelens.cli.runners` (bench, figures).
 """
 
 from __future__ import annotations

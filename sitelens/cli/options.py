@@ -34,8 +34,9 @@ def add_guard_options(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parsers = subparsers(ap)
     for cmd in FORCE_COMMANDS:
         parsers[cmd].add_argument(
-            "--force", action="store_true", help=FORCE_HELP.get(cmd) or "replace an earlier result at the output path (without it, an existing adapter "
-                 "or result file is refused)")
+            "--force", action="store_true",
+            help=FORCE_HELP.get(cmd) or "replace an earlier result at the output path (without "
+                 "it, an existing adapter or result file is refused)")
     parsers["patch intra"].add_argument(
         "--save-adapter", metavar="DIR",
         help="keep the adapter fitted here (no --adapter) in DIR, to reuse with --adapter DIR")

@@ -19,8 +19,9 @@ from sitelens.models import ATLAS_MODELS, DEFAULT_MODEL, FIGURE_MODELS
 
 DESCRIPTION = (
     "The sitelens command line. fit: fit a SITE adapter and save it; eval: zero-shot / ICL / SITE on a "
-    "task; run: fit and eval in one process (resumable); demo: fit and compare on a built-in task; bench: models x tasks x methods, one resumable "
-    "table; patch intra|inter|effects: activation patching; heads: which heads matter, by several lenses "
+    "task; run: fit and eval with one model load (resumable); demo: fit and compare on a built-in "
+    "task; bench: models x tasks x methods, one resumable table; patch intra|inter|effects: "
+    "activation patching; heads: which heads matter, by several lenses "
     "(alpha, gradients, attribution patching, ablation, exact effects, direct logit attribution); figures: "
     "reproduce figures/ (resumable); atlas: the head atlas page. Bad input prints one line, `sitelens: "
     "error: ...`, and exits 2. `sitelens COMMAND --help`: every option and its default."
