@@ -92,7 +92,8 @@ def test_a_finished_run_is_reused_without_loading_a_model(done, monkeypatch, cap
     assert "nothing to redo" in err and fits.calls == 0
     assert {p.name: p.stat().st_mtime_ns for p in done.iterdir()} == before
     assert main([*RUN, "--out", str(done)]) == 0  # the table, from items.csv
-    assert "[low, high]" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "[low, high]" in out and "top heads by α: L" in out
 
 
 def test_an_unfinished_evaluation_reuses_the_adapter(done, monkeypatch, capsys):

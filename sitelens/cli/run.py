@@ -148,7 +148,7 @@ def _fit_or_reuse(model, task, args, plan):
 
 def _finished(plan, as_json: bool) -> int:
     """Print the earlier run's summary (``eval.json`` with ``--json``; else the table, from
-    ``items.csv``) without loading a model."""
+    ``items.csv``, and the adapter's top heads) without loading a model."""
     import pandas as pd
 
     from sitelens.eval.evaluate import summarize
@@ -161,6 +161,10 @@ def _finished(plan, as_json: bool) -> int:
         return 0
     items = pd.read_csv(out / ITEMS, keep_default_na=False, na_values=[""])
     _print_summary(summarize(items.drop(columns=["model"], errors="ignore")))
+    if plan["fit"] == "reuse":
+        from sitelens.site import SiteAdapter
+
+        print("top heads by α: " + top_heads_line(SiteAdapter.load(out / ADAPTER)))
     return 0
 
 
