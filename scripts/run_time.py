@@ -25,12 +25,20 @@ MODEL, TASK = "smollm2-135m-instruct", "country-capital"
 BASE = ["--model", MODEL, "--task", f"../shared/datasets/fv/{TASK}", "--threads", "2"]
 
 
-def timed(argv: list[str]) -> tuple[float, str]:
-    """(wall s, stdout) of ``sitelens ARGV`` as a fresh process, by /usr/bin/time -v."""
+def timed(argv: list[str]) -> tuple[float, str, dict]:
+    """(wall s, stdout, stages) of ``sitelens ARGV`` as a fresh process, by /usr/bin/time -v; the
+    stages (seconds) as its stderr reports them: load, stage 1, stage 2, evaluation (all methods)."""
     r = subprocess.run(["/usr/bin/time", "-v", sys.executable, "-m", "sitelens.cli", *argv],
                        capture_output=True, text=True, check=True)
     h, m, s = (["0", "0"] + re.search(r"Elapsed.*: ([\d:.]+)", r.stderr)[1].split(":"))[-3:]
-    return 3600 * float(h) + 60 * float(m) + float(s), r.stdout
+    num = r"([\d.]+)s"
+    stages = {"load_s": re.search(r"^loaded .* in " + num, r.stderr, re.M),
+              "stage1_s": re.search(r"stage1 " + num, r.stderr),
+              "stage2_s": re.search(r"stage2 " + num, r.stderr)}
+    stages = {k: float(v[1]) for k, v in stages.items() if v}
+    evals = re.findall(r"^eval .*done in " + num, r.stderr, re.M)
+    stages.update({"eval_s": round(sum(map(float, evals)), 1)} if evals else {})
+    return 3600 * float(h) + 60 * float(m) + float(s), r.stdout, stages
 
 
 def main(reps: int) -> None:
@@ -41,10 +49,10 @@ def main(reps: int) -> None:
                               ("fit", ["fit", *BASE, "--out", f"{d}/fit"]),
                               ("eval", ["eval", *BASE, "--adapter", f"{d}/fit", "--json"])):
                 load = os.getloadavg()[0]
-                wall, out = timed(argv)
+                wall, out, stages = timed(argv)
                 em = json.loads(out)["site"]["exact_match"] if cmd != "fit" else None
                 rows.append(dict(rep=rep, command=cmd, wall_s=round(wall, 2), load_avg_1min=load,
-                                 site_exact_match=em))
+                                 site_exact_match=em, **stages))
                 print(rows[-1], flush=True)
     df = pd.DataFrame(rows)
     atomic_write_csv(RES / "run_time.csv", df)
@@ -59,6 +67,10 @@ def main(reps: int) -> None:
           "| command | median wall s | min | max |", "|---|---|---|---|"]
     md += [f"| {c} | {w[c].median():.1f} | {w[c].min():.1f} | {w[c].max():.1f} |"
            for c in ("run", "fit", "eval", "fit + eval")]
+    st = df[df.command == "run"][["load_s", "stage1_s", "stage2_s", "eval_s"]].median()
+    md.append("\nInside `sitelens run` (medians, s, as it reports them): " + ", ".join(
+        f"{k[:-2]} {v:.1f}" for k, v in st.items()) + f"; the rest of its wall (start-up, imports, "
+        f"writing): {w['run'].median() - st.sum():.1f}.")
     md.append(f"\nrun / (fit + eval), median: {w['run'].median() / w['fit + eval'].median():.2f}; "
               f"load average (1 min) {df.load_avg_1min.min():.2f}–{df.load_avg_1min.max():.2f}; "
               f"site exact match: run {em['run']}, eval {em['eval']}.")
