@@ -41,6 +41,7 @@ BASE = {
     "fit": ["fit", "--model", "tiny-random", "--task", "antonym", "--out", "ad"],
     "eval": ["eval", "--model", "tiny-random", "--task", "antonym", "--methods", "zero-shot",
              "--items", "items.csv"],
+    "run": ["run", "--model", "tiny-random", "--task", "antonym", "--out", "r"],
     "bench": ["bench", "--models", "tiny-random", "--tasks", "antonym", "--methods", "zero-shot",
               "--out", "b.csv"],
     "demo": ["demo", "--model", "tiny-random", "--task", "antonym"],
@@ -276,6 +277,7 @@ OPTIONS = {
               ("--limit", "pos"), ("--seed", "seed"), ("--threads", "threads"), ("--n-ctx", "pos"),
               ("--executor", "executor")] + DEVICE,
     "demo": COMMON + [("--limit", "pos")],
+    "run": COMMON + FIT + [("--methods", "eval_methods"), ("--limit", "pos")],
     "patch intra": COMMON + FIT + [("--ks", "ks"), ("--n-random-seeds", "pos"), ("--limit", "pos"),
                                    ("--n-boot", "pos")],
     "patch inter": [("--model", "model"), ("--tasks", "task_list"), ("--k", "pos"),
@@ -296,7 +298,8 @@ OPTIONS = {
               ("--threads", "threads"), ("--executor", "executor")] + DEVICE,
 }
 # path options: explicit cases below (test_bad_paths)
-PATH_OPTIONS = {("fit", "--out"), ("eval", "--items"), ("eval", "--adapter"), ("bench", "--out"),
+PATH_OPTIONS = {("fit", "--out"), ("run", "--out"), ("eval", "--items"), ("eval", "--adapter"),
+                ("bench", "--out"),
                 ("bench", "--tasks-dir"), ("patch intra", "--adapter"), ("patch intra", "--out"),
                 ("patch inter", "--adapters"), ("patch inter", "--out"),
                 ("patch effects", "--adapter"), ("patch effects", "--out"), ("heads", "--adapter"),
@@ -430,6 +433,10 @@ def _tables(d: Path):
 # options the command would ignore with the others given (sitelens.cli.guards), and earlier
 # results that only --force replaces
 IGNORED = [
+    ("run-fit-options-without-site", BASE["run"] + ["--methods", "icl", "--sparsity", "1"],
+     ["--sparsity applies only to the fit of the site method", "add site"], None),
+    ("run-n-shots-without-demonstrations", BASE["run"] + ["--methods", "zero-shot", "--n-shots",
+                                                          "3"], ["--n-shots applies only"], None),
     ("intra-adapter-sparsity", BASE["patch intra"] + ["--adapter", "ad", "--sparsity", "5"],
      ["--sparsity applies only when patch intra fits the adapter itself", "drop --sparsity"],
      _adapter),
@@ -594,6 +601,13 @@ PATHS = [
     ("fit-out-empty", BASE["fit"] + ["--out", ""], ["--out is empty"], None),
     ("fit-out-nul", BASE["fit"] + ["--out", "a\0b"], ["NUL"], None),
     ("fit-out-too-long", BASE["fit"] + ["--out", "a" * 5000], ["--out"], None),
+    ("run-out-blocked-by-file", BASE["run"] + ["--out", "f.txt/r"], ["f.txt is a file"],
+     _file("f.txt")),
+    ("run-out-is-file", BASE["run"] + ["--out", "f.txt"], ["f.txt"], _file("f.txt")),
+    ("run-out-empty", BASE["run"] + ["--out", ""], ["--out is empty"], None),
+    ("run-eval-json-is-dir", BASE["run"], ["eval.json", "is a directory"], _dir("r/eval.json")),
+    ("run-earlier-eval-without-record", BASE["run"], ["already holds an evaluation", "--force"],
+     _file("r/items.csv", "a\n1\n")),
     ("figures-out-blocked", BASE["figures"] + ["--out", "f.txt"], ["f.txt"], _file("f.txt")),
     ("bench-out-is-dir", BASE["bench"] + ["--out", "res.csv"], ["is a directory"], _dir("res.csv")),
     ("bench-out-not-csv", BASE["bench"] + ["--out", "res.md"], ["csv"], None),

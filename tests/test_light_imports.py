@@ -37,6 +37,9 @@ BAD = [
     ["eval", "--model", "tiny-random", "--task", "antonym", "--methods", "nope"],
     ["eval", "--model", "tiny-random", "--task", "antonym", "--methods", "icl", "--n-shots",
      "100000"],
+    ["run", "--model", "tiny-random", "--task", "no_such_task"],
+    ["run", "--model", "tiny-random", "--task", "antonym", "--methods", "zero-shot", "--lr", "0.1"],
+    ["run", "--model", "tiny-random", "--task", "antonym", "--out", "r", "--limit", "0"],
     ["bench", "--models", "tiny-random", "--tasks", "antonym", "--methods", "nope", "--out", "b.csv"],
     ["bench", "--models", "tiny-random", "--tasks", "antonym", "--methods", "zero-shot", "--out",
      "b.txt"],
@@ -49,7 +52,7 @@ BAD = [
     ["atlas", "--out", "a.html", "--data", "no_such_dir"],
     ["no-such-command"],
 ]
-HELP = [["--help"]] + [[c, "--help"] for c in ("fit", "eval", "bench", "demo", "heads",
+HELP = [["--help"]] + [[c, "--help"] for c in ("fit", "eval", "run", "bench", "demo", "heads",
                                                  "figures", "atlas", "patch")] + [
     ["patch", c, "--help"] for c in ("intra", "inter", "effects")]
 

@@ -4,6 +4,7 @@ Subcommands:
 
 - ``sitelens fit``: fit a SITE adapter (stage 1 + stage 2) on a task and save it;
 - ``sitelens eval``: evaluate zero-shot / ICL / SITE on a task (``--json``, per-item ``--items``);
+- ``sitelens run``: fit and evaluate with one model load, into one resumable folder;
 - ``sitelens demo``: fit SITE on a built-in task and compare zero-shot / ICL / SITE;
 - ``sitelens bench``: models × tasks × methods into one resumable results table;
 - ``sitelens patch intra | inter | effects``: activation patching (top-k / bottom-k / random-k
@@ -23,8 +24,8 @@ Modules: :mod:`~sitelens.cli.parser` (the parser: one-line usage errors, typed o
 :mod:`~sitelens.cli.validate` (the checks before a model loads), :mod:`~sitelens.cli.guards`
 (options that would be ignored, results that would be replaced), :mod:`~sitelens.cli.common`
 (loading, fitting from the options, JSON rounding), and the commands: :mod:`~sitelens.cli.fit_eval`
-(fit, eval, demo), :mod:`~sitelens.cli.patch` (patch), :mod:`~sitelens.cli.heads` (heads),
-:mod:`~sitelens.cli.runners` (bench, figures).
+(fit, eval, demo), :mod:`~sitelens.cli.run` (run), :mod:`~sitelens.cli.patch` (patch),
+:mod:`~sitelens.cli.heads` (heads), :mod:`~sitelens.cli.runners` (bench, figures).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from sitelens.cli.guards import explicit_options
 from sitelens.cli.heads import cmd_heads
 from sitelens.cli.parser import build_parser, one_line
 from sitelens.cli.patch import cmd_patch
+from sitelens.cli.run import cmd_run
 from sitelens.cli.runners import cmd_bench, cmd_figures
 from sitelens.cli.validate import check_outputs, validate
 from sitelens.errors import SitelensError
@@ -46,6 +48,7 @@ from sitelens.errors import SitelensError
 COMMANDS = {
     "fit": cmd_fit,
     "eval": cmd_eval,
+    "run": cmd_run,
     "bench": cmd_bench,
     "demo": cmd_demo,
     "patch": cmd_patch,
@@ -77,5 +80,5 @@ def main(argv: list[str] | None = None) -> int:
 
 __all__ = [
     "COMMANDS", "build_parser", "check_outputs", "cmd_bench", "cmd_demo", "cmd_eval", "cmd_figures",
-    "cmd_fit", "cmd_heads", "cmd_patch", "main", "validate",
+    "cmd_fit", "cmd_heads", "cmd_patch", "cmd_run", "main", "validate",
 ]

@@ -90,6 +90,19 @@ def _heads(args, have: set[str]) -> None:
                     f"{add} to --lenses or drop {{flags}}")
 
 
+def _run(args, have: set[str]) -> None:
+    """``sitelens run``: fit options need the site method (nothing is fitted without it);
+    ``--n-shots`` needs icl or site (the demonstrations of ICL and of stage 1)."""
+    methods = set(split_csv(args.methods))
+    bad = [d for d in FIT_OPTIONS if d in have and d not in ("n_shots", "protocol")]
+    if bad and "site" not in methods:
+        _refuse(bad, "to the fit of the site method, which --methods does not ask for",
+                "add site to --methods or drop {flags}")
+    if "n_shots" in have and not methods & {"icl", "site"}:
+        _refuse(["n_shots"], "to the demonstrations of icl and of the site fit, which --methods "
+                             "does not ask for", "add icl or site to --methods or drop --n-shots")
+
+
 def check_ignored_options(args, cmd: str) -> None:
     """Refuse an option given on the command line that ``cmd`` would ignore with the others."""
     have = given(args)
@@ -112,6 +125,8 @@ def check_ignored_options(args, cmd: str) -> None:
     if cmd == "eval" and "n_shots" in have and "icl" not in split_csv(args.methods):
         _refuse(["n_shots"], "to the icl method, which --methods does not ask for",
                 "add icl to --methods or drop --n-shots")
+    if cmd == "run":
+        _run(args, have)
     if cmd == "atlas" and not args.refit:
         bad = [d for d in ("tasks_dir", "seeds", "seed", "limit", "cache_dir", "executor", "threads",
                            "device", "dtype", "n_devices", "device_map") if d in have]
@@ -127,7 +142,7 @@ def _adapter_in(path) -> bool:
 
 def check_no_replace(args, cmd: str) -> None:
     """Refuse to replace an earlier adapter or result file unless ``--force``."""
-    if getattr(args, "force", False):
+    if getattr(args, "force", False) or cmd == "run":  # run: sitelens.cli.run.plan_run
         return
     adapters = [("--out", args.out)] if cmd == "fit" else []
     if getattr(args, "save_adapter", None):

@@ -28,6 +28,8 @@ OPTION_HELP: dict[str, str] = {
 }
 COMMAND_HELP: dict[tuple[str, str], str] = {
     ("eval", "--methods"): "comma-separated methods: zero-shot, icl, site",
+    ("run", "--methods"): "comma-separated methods: zero-shot, icl, site (site: fit, or reuse, "
+                          "the adapter in OUT/adapter)",
     ("bench", "--methods"): "comma-separated methods (sitelens.available_methods())",
     ("demo", "--task"): "a built-in task (sitelens.builtin_tasks())",
     ("demo", "--limit"): "test items compared",

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 
-FORCE_COMMANDS = ("fit", "eval", "patch intra", "patch inter", "patch effects", "heads")
+FORCE_COMMANDS = ("fit", "eval", "run", "patch intra", "patch inter", "patch effects", "heads")
+FORCE_HELP = {"run": "replace the parts of an earlier run in --out whose settings differ (without "
+                     "it they are refused); parts with the same settings are reused, never redone"}
 
 
 def children(parser: argparse.ArgumentParser) -> dict:
@@ -33,8 +35,8 @@ def add_guard_options(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     for cmd in FORCE_COMMANDS:
         parsers[cmd].add_argument(
             "--force", action="store_true",
-            help="replace an earlier result at the output path (without it, an existing adapter "
-                 "or result file is refused)")
+            help=FORCE_HELP.get(cmd) or "replace an earlier result at the output path (without "
+                 "it, an existing adapter or result file is refused)")
     parsers["patch intra"].add_argument(
         "--save-adapter", metavar="DIR",
         help="keep the adapter fitted here (no --adapter) in DIR, to reuse with --adapter DIR")

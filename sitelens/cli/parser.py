@@ -20,8 +20,9 @@ from sitelens.models import ATLAS_MODELS, DEFAULT_MODEL, FIGURE_MODELS
 
 DESCRIPTION = (
     "The sitelens command line. fit: fit a SITE adapter and save it; eval: zero-shot / ICL / SITE on a "
-    "task; demo: fit and compare on a built-in task; bench: models x tasks x methods, one resumable "
-    "table; patch intra|inter|effects: activation patching; heads: which heads matter, by several lenses "
+    "task; run: fit and eval with one model load (resumable); demo: fit and compare on a built-in "
+    "task; bench: models x tasks x methods, one resumable table; patch intra|inter|effects: "
+    "activation patching; heads: which heads matter, by several lenses "
     "(alpha, gradients, attribution patching, ablation, exact effects, direct logit attribution); figures: "
     "reproduce figures/ (resumable); atlas: the head atlas page. Bad input prints one line, `sitelens: "
     "error: ...`, and exits 2. `sitelens COMMAND --help`: every option and its default."
@@ -269,16 +270,30 @@ def _add_eval(sub) -> None:
     p = sub.add_parser("eval", help="evaluate zero-shot / ICL / SITE on a task")
     add_common_options(p)
     p.add_argument("--adapter", help="adapter directory (needed for the site method)")
-    p.add_argument("--methods", type=EVAL_METHODS, default="zero-shot,icl,site")
-    p.add_argument("--split", choices=SPLITS, default="test")
-    p.add_argument("--limit", type=POSITIVE_INT, default=None)
+    add_eval_options(p)
     p.add_argument("--n-shots", type=POSITIVE_INT, default=10)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--items", help="also write per-item results to this CSV")
-    add_label_metrics_option(p)
     p.add_argument("--protocol", choices=["default", "official"], default=None,
                    help="generation and scoring: sitelens's or the paper code's (20 tokens, no "
                         "newline stop, '(' cut, St.→Saint); default: the adapter's, else default")
+
+
+def add_eval_options(p: argparse.ArgumentParser) -> None:
+    """``--methods``, ``--split``, ``--limit``, ``--json``, ``--label-metrics`` (eval and run)."""
+    p.add_argument("--methods", type=EVAL_METHODS, default="zero-shot,icl,site")
+    p.add_argument("--split", choices=SPLITS, default="test")
+    p.add_argument("--limit", type=POSITIVE_INT, default=None)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_label_metrics_option(p)
+
+
+def _add_run(sub) -> None:  # the command: sitelens.cli.run
+    p = sub.add_parser("run", help="fit and evaluate with one model load; resumable (--out DIR)")
+    add_common_options(p)
+    add_fit_options(p)
+    add_eval_options(p)
+    p.add_argument("--out", help="the run's folder: adapter/, eval.json, items.csv, run.json "
+                                 "(default: runs/MODEL/TASK)")
 
 
 def _add_bench(sub) -> None:
@@ -462,13 +477,13 @@ def _add_figures(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``sitelens`` parser: subcommands fit, eval, bench, demo, patch (intra, inter, effects),
+    """The ``sitelens`` parser: subcommands fit, eval, run, bench, demo, patch (intra, inter, effects),
     heads, figures and atlas; ``args.cmd`` names the subcommand (``args.patch_cmd`` the patch one)."""
     ap = OneLineErrorParser(prog="sitelens", description=DESCRIPTION)
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=OneLineErrorParser,
                             metavar="COMMAND")
-    for add in (_add_fit, _add_eval, _add_bench, _add_demo, _add_patch, _add_heads, _add_figures,
-                _add_atlas):
+    for add in (_add_fit, _add_eval, _add_run, _add_bench, _add_demo, _add_patch, _add_heads,
+                _add_figures, _add_atlas):
         add(sub)
     # --force, --save-adapter (sitelens.cli.options); then every option with help text and its
     # default (sitelens.cli.helptext)

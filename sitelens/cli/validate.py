@@ -22,7 +22,7 @@ from sitelens.errors import UsageError
 from sitelens.io import check_dir, check_output
 
 # the commands that take one --task
-_ONE_TASK_COMMANDS = ("fit", "eval", "demo", "patch intra", "patch effects", "heads")
+_ONE_TASK_COMMANDS = ("fit", "eval", "run", "demo", "patch intra", "patch effects", "heads")
 
 
 def check_path_arg(value: str, option: str) -> None:
@@ -188,7 +188,9 @@ def _check_n_shots(args, cmd: str, tasks: list) -> None:
     from sitelens.errors import TaskError
 
     n_shots = getattr(args, "n_shots", None)
-    uses_demos = cmd != "bench" and (cmd != "eval" or "icl" in split_csv(args.methods))
+    methods = set(split_csv(getattr(args, "methods", None)))
+    uses_demos = cmd != "bench" and (cmd not in ("eval", "run") or "icl" in methods
+                                     or (cmd == "run" and "site" in methods))
     if not (n_shots and uses_demos):
         return
     for task in tasks:
@@ -204,7 +206,7 @@ def _check_label_metrics(args, cmd: str) -> None:
     """``sitelens eval --label-metrics`` needs a task with a closed label set
     (:func:`sitelens.eval.labels.wanted_label_set` raises a TaskError for an open-ended one). The
     bench ranks the closed-label tasks among its tasks and leaves the others NaN."""
-    if cmd == "eval" and getattr(args, "label_metrics", False):
+    if cmd in ("eval", "run") and getattr(args, "label_metrics", False):
         from sitelens.eval.labels import wanted_label_set
 
         wanted_label_set(args._task, True)
@@ -342,6 +344,10 @@ def check_outputs(args) -> None:
         check_dir(args.out)
     if getattr(args, "save_adapter", None):
         check_dir(args.save_adapter, option="--save-adapter")
+    if args.cmd == "run":  # its folder, and what an earlier run left there (resumed or refused)
+        from sitelens.cli.run import plan_run
+
+        plan_run(args)
     check_no_replace(args, command_name(args))
 
 
