@@ -72,21 +72,32 @@ def _hooked(hook_point) -> bool:
     return bool(hook_point.fwd_hooks) or bool(hook_point.bwd_hooks)
 
 
-def supports_fast_path(attn) -> bool:
-    """Whether ``attn``'s configuration is one the fast path computes exactly (hooks aside)."""
+def slow_path_features(attn) -> list[str]:
+    """The features of ``attn``'s configuration that send every call to TransformerLens's own
+    forward (hooks on scores/patterns aside), named as a user would: empty when the fused path
+    computes the module exactly."""
     cfg = attn.cfg
     softcap = cfg.attn_scores_soft_cap
-    return (
-        cfg.positional_embedding_type in ("rotary", "standard", "shortformer")
-        and (softcap is None or softcap <= 0)
-        and not getattr(cfg, "use_attention_sinks", False)
-        and not getattr(cfg, "use_logn_attn", False)
-        and getattr(cfg, "clip_qkv", None) is None
-        and cfg.original_architecture not in _UNSUPPORTED_ARCHS
-        and not cfg.use_attn_result
-        and not cfg.load_in_4bit
-        and (getattr(attn, "_attention_dir_override", None) or cfg.attention_dir) == "causal"
+    checks = (
+        (cfg.positional_embedding_type not in ("rotary", "standard", "shortformer"),
+         f"{cfg.positional_embedding_type} positions"),
+        (softcap is not None and softcap > 0, "attention score soft-capping"),
+        (getattr(cfg, "use_attention_sinks", False), "attention sinks"),
+        (getattr(cfg, "use_logn_attn", False), "log-n attention scaling"),
+        (getattr(cfg, "clip_qkv", None) is not None, "QKV clipping"),
+        (cfg.original_architecture in _UNSUPPORTED_ARCHS, "full-width QK norm (OLMo)"),
+        (cfg.use_attn_result, "use_attn_result"),
+        (cfg.load_in_4bit, "4-bit weights"),
+        ((getattr(attn, "_attention_dir_override", None) or cfg.attention_dir) != "causal",
+         "bidirectional attention"),
     )
+    return [name for hit, name in checks if hit]
+
+
+def supports_fast_path(attn) -> bool:
+    """Whether ``attn``'s configuration is one the fast path computes exactly (hooks aside):
+    :func:`slow_path_features` names what stops it."""
+    return not slow_path_features(attn)
 
 
 def _fast_forward(
