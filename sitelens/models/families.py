@@ -12,7 +12,8 @@ soft-capping, sliding windows, QK norm, post-norms), copied from what Transforme
 ``loading_from_pretrained.convert_hf_model_config`` writes for the named model, and shrinks the
 rest: 2 layers, 4 query heads of width 8 or 16 (16 where a partial rotary fraction must leave
 an even number of rotated dimensions), ``d_mlp`` 64 or ``4·d_model``, the byte tokenizer's
-259-token vocabulary, windows of 8 tokens (shorter than the test prompts, so they bite).
+259-token vocabulary, windows of 8 tokens (shorter than the test prompts, so they bite), and
+soft-caps at the tiny models' score and logit scale (``_SCORE_CAP``, ``_LOGIT_CAP``).
 
 TransformerLens initialises every bias to zero; the biases a family really has (``biases``) are
 drawn at random (seeded) so their paths carry numbers.
@@ -28,6 +29,9 @@ _ROPE = dict(normalization_type="RMS", positional_embedding_type="rotary", final
              gated_mlp=True, rotary_adjacent_pairs=False)
 _ALL_BIASES = ("b_Q", "b_K", "b_V", "b_O", "b_in", "b_out")
 _WINDOW = 8  # tokens; the real windows (256 to 4096) would never bite on a test prompt
+# Gemma 2's soft-caps (scores 50, logits 30) at the tiny models' scale: their attention scores
+# reach ~3 and their logits ~3.5, where a cap of 50 or 30 is the identity to 1e-4; these bite
+_SCORE_CAP, _LOGIT_CAP = 2.0, 3.0
 
 
 @dataclass(frozen=True)
@@ -108,8 +112,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
          ["RMSNorm", "post-norms", "GQA", "attention soft-cap", "logit soft-cap",
           "local/global layers", "n_heads·d_head ≠ d_model"], (), **_ROPE,
          act_fn="gelu_pytorch_tanh", d_model=48, d_head=16, rotary_dim=16, n_key_value_heads=2,
-         use_normalization_before_and_after=True, attn_scores_soft_cap=50.0,
-         output_logits_soft_cap=30.0, use_local_attn=True, attn_types=["local", "global"],
+         use_normalization_before_and_after=True, attn_scores_soft_cap=_SCORE_CAP,
+         output_logits_soft_cap=_LOGIT_CAP, use_local_attn=True, attn_types=["local", "global"],
          window_size=_WINDOW),
     _fam("gemma3", "Gemma3ForCausalLM", "google/gemma-3-270m",
          ["RMSNorm", "post-norms", "MQA", "per-head QK norm", "local/global layers",

@@ -1,0 +1,217 @@
+"""Planted per-family bugs that tests/test_families.py must catch (issue 35), in the style of
+tests/test_mutations.py: each case builds a fresh tiny model of the family, breaks one path with
+``monkeypatch`` (library code is never edited), runs the SAME check of test_families.py on it and
+requires it to fail with the tolerance helpers' "more than float rounding can explain" message.
+
+The bugs are the ones a family's features invite, and each family gets every bug its
+configuration can have (read from the config, not listed by hand):
+
+- ``rotary fraction ignored``: the fused attention rotates the whole head where the family rotates
+  a fraction (GPT-J, Pythia, Phi) — caught by the fused-vs-TransformerLens attention check;
+- ``attention soft-cap skipped``: the fused path accepts a soft-capped model and computes it
+  without the cap (Gemma 2) — the attention check;
+- ``logit soft-cap skipped``: the last-position unembedding (sitelens.models.kv.unembed_last)
+  drops the final logit soft-cap (Gemma 2) — the injection check's last logits;
+- ``parallel block run serially``: a KV-cached pass runs a parallel attention + MLP block as
+  attention then MLP (GPT-J, Pythia, Phi) — the KV-cached generation check;
+- ``sliding window ignored``: the fused path attends past the window (GPT-Neo, Mistral, Phi-3,
+  Gemma 3) — the attention check;
+- ``GQA groups miswired``: query head h reads key/value head ``h % n_kv`` (Llama, Mistral, Qwen2,
+  Qwen3) — the attention check;
+- ``injection one position early``: every family — the injection check.
+
+``scripts/families_table.py`` lists, per family, the bugs caught from this file's results.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pytest
+import test_families as TF
+import torch
+from test_mutations import CAUGHT, break_fused_attention, inject_one_position_early
+
+import sitelens.models.attention as attention_module
+import sitelens.models.kv as kv_module
+from sitelens.models import has_hooked_transformer
+from sitelens.models.attention import enable_fast_attention
+from sitelens.models.families import FAMILIES, SUPPORTED_FAMILIES, family_model
+
+pytestmark = pytest.mark.skipif(not has_hooked_transformer(), reason="HookedTransformer only (TL 3.x)")
+
+
+# ----------------------------------------------------------------------------------------------
+# the bugs
+
+
+def _in_fused_calls(monkeypatch, model, during):
+    """Run every fused attention call of ``model`` inside the context manager ``during(attn)``
+    (TransformerLens's own forward, the reference, is left alone)."""
+    real = attention_module._fast_forward
+
+    def fast(self, *args, **kwargs):
+        if not attention_module.supports_fast_path(self):
+            return real(self, *args, **kwargs)
+        with during(self):
+            return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(attention_module, "_fast_forward", fast)
+    enable_fast_attention(model, False)
+    enable_fast_attention(model, True)  # rebinds the patched forward
+
+
+@contextmanager
+def _whole_head_rotary(attn):
+    cfg = attn.cfg
+    sin, cos = attn.calculate_sin_cos_rotary(cfg.d_head, cfg.n_ctx, base=cfg.rotary_base,
+                                             dtype=attn.rotary_sin.dtype)
+    saved = cfg.rotary_dim, attn.rotary_sin, attn.rotary_cos
+    cfg.rotary_dim, attn.rotary_sin, attn.rotary_cos = cfg.d_head, sin, cos
+    try:
+        yield
+    finally:
+        cfg.rotary_dim, attn.rotary_sin, attn.rotary_cos = saved
+
+
+@contextmanager
+def _global_attention(attn):
+    saved, attn.attn_type = attn.attn_type, "global"
+    try:
+        yield
+    finally:
+        attn.attn_type = saved
+
+
+def ignore_rotary_fraction(monkeypatch, model):
+    _in_fused_calls(monkeypatch, model, _whole_head_rotary)
+
+
+def ignore_sliding_window(monkeypatch, model):
+    _in_fused_calls(monkeypatch, model, _global_attention)
+
+
+def skip_attention_soft_cap(monkeypatch, model):
+    real = attention_module.slow_path_features
+
+    def features(attn):
+        return [f for f in real(attn) if f != "attention score soft-capping"]
+
+    monkeypatch.setattr(attention_module, "slow_path_features", features)
+    monkeypatch.setattr(TF, "slow_path_features", features)
+
+
+def skip_logit_soft_cap(monkeypatch, model):
+    def unembed_last(model, resid):
+        resid = resid[:, -1:]  # [batch, 1, d_model]
+        if model.cfg.normalization_type is not None:
+            resid = model.ln_final(resid)
+        return model.unembed(resid)  # no apply_softcap
+
+    monkeypatch.setattr(kv_module, "unembed_last", unembed_last)
+
+
+def run_parallel_block_serially(monkeypatch, model):
+    """On a KV-cached pass (prefill or decode step) each block runs attention, then the MLP on
+    the residual stream after attention."""
+    from transformer_lens.hook_points import HookPoint
+
+    for block in model.blocks:
+        block.hook_resid_mid = HookPoint()  # a parallel block has none; the fresh model is dropped
+        def forward(*args, real=block.forward, cfg=block.cfg, **kwargs):
+            if kwargs.get("past_kv_cache_entry") is None:
+                return real(*args, **kwargs)
+            cfg.parallel_attn_mlp = False
+            try:
+                return real(*args, **kwargs)
+            finally:
+                cfg.parallel_attn_mlp = True
+
+        monkeypatch.setattr(block, "forward", forward)
+
+
+def miswire_gqa_groups(monkeypatch, model):
+    break_fused_attention(monkeypatch, "gqa_groups")
+
+
+def inject_early(monkeypatch, model):
+    inject_one_position_early(monkeypatch)
+
+
+# ----------------------------------------------------------------------------------------------
+# which family can have which bug, and which check catches it
+
+
+def _cfg(family: str) -> dict:
+    return FAMILIES[family].config()
+
+
+def _rotary_fraction(c):
+    return c.get("positional_embedding_type") == "rotary" and c.get("rotary_dim", c["d_head"]) < c["d_head"]
+
+
+def _fused(c):
+    return c.get("positional_embedding_type") in ("rotary", "standard") and not c.get(
+        "attn_scores_soft_cap") and c["original_architecture"] != "Olmo2ForCausalLM"
+
+
+@dataclass(frozen=True)
+class Bug:
+    plant: object  # (monkeypatch, model) -> None
+    applies: object  # config dict -> bool
+    check: str  # the test of test_families.py that must catch it
+
+
+def _attention(family):
+    TF.test_fused_attention_equals_transformerlens_or_falls_back(family, lambda *_: None)
+
+
+def _injection(family):
+    TF.test_injection_at_the_last_token(family)
+
+
+def _kv(family):
+    TF.test_kv_cached_generation_equals_uncached(family, False)
+
+
+CHECKS = {"attention": _attention, "injection": _injection, "kv": _kv}
+
+BUGS: dict[str, Bug] = {
+    "rotary fraction ignored": Bug(ignore_rotary_fraction, lambda c: _rotary_fraction(c) and _fused(c),
+                                   "attention"),
+    "attention soft-cap skipped": Bug(skip_attention_soft_cap,
+                                      lambda c: bool(c.get("attn_scores_soft_cap")), "attention"),
+    "logit soft-cap skipped": Bug(skip_logit_soft_cap, lambda c: bool(c.get("output_logits_soft_cap")),
+                                  "injection"),
+    "parallel block run serially": Bug(run_parallel_block_serially,
+                                       lambda c: bool(c.get("parallel_attn_mlp")), "kv"),
+    "sliding window ignored": Bug(ignore_sliding_window,
+                                  lambda c: "local" in (c.get("attn_types") or ()) and _fused(c),
+                                  "attention"),
+    "GQA groups miswired": Bug(miswire_gqa_groups,
+                               lambda c: 1 < (c.get("n_key_value_heads") or c["n_heads"]) < c["n_heads"]
+                               and _fused(c), "attention"),
+    "injection one position early": Bug(inject_early, lambda c: True, "injection"),
+}
+
+CASES = [(bug, fam) for fam in SUPPORTED_FAMILIES for bug, b in BUGS.items() if b.applies(_cfg(fam))]
+
+
+@pytest.mark.parametrize("bug, family", CASES, ids=[f"{f}-{b.replace(' ', '_')}" for b, f in CASES])
+def test_planted_bug_fails_the_family_suite(bug, family, monkeypatch):
+    model = family_model(family)
+    monkeypatch.setattr(TF, "model_of", lambda f, dtype=torch.float32: model)
+    CHECKS[BUGS[bug].check](family)  # the unbroken model passes the check ...
+    BUGS[bug].plant(monkeypatch, model)
+    with pytest.raises(AssertionError, match=CAUGHT):  # ... and the broken one fails it
+        CHECKS[BUGS[bug].check](family)
+
+
+def test_every_family_has_a_planted_bug_and_the_named_ones_are_planted():
+    assert {f for _, f in CASES} == set(SUPPORTED_FAMILIES)
+    named = {"rotary fraction ignored": {"gpt-j", "pythia", "phi"},
+             "attention soft-cap skipped": {"gemma2"}, "parallel block run serially":
+             {"gpt-j", "pythia", "phi"}, "sliding window ignored": {"gpt-neo", "mistral", "phi3", "gemma3"}}
+    for bug, families in named.items():
+        assert {f for b, f in CASES if b == bug} == families, bug
