@@ -175,7 +175,7 @@ def _kv(family):
     TF.test_kv_cached_generation_equals_uncached(family, False)
 
 
-CHECKS = {"attention": _attention, "injection": _injection, "kv": _kv}
+CHECKS = {"attention": _attention, "injection": _injection, "KV cache": _kv}  # table columns
 
 BUGS: dict[str, Bug] = {
     "rotary fraction ignored": Bug(ignore_rotary_fraction, lambda c: _rotary_fraction(c) and _fused(c),
@@ -185,7 +185,7 @@ BUGS: dict[str, Bug] = {
     "logit soft-cap skipped": Bug(skip_logit_soft_cap, lambda c: bool(c.get("output_logits_soft_cap")),
                                   "injection"),
     "parallel block run serially": Bug(run_parallel_block_serially,
-                                       lambda c: bool(c.get("parallel_attn_mlp")), "kv"),
+                                       lambda c: bool(c.get("parallel_attn_mlp")), "KV cache"),
     "sliding window ignored": Bug(ignore_sliding_window,
                                   lambda c: "local" in (c.get("attn_types") or ()) and _fused(c),
                                   "attention"),
@@ -199,7 +199,8 @@ CASES = [(bug, fam) for fam in SUPPORTED_FAMILIES for bug, b in BUGS.items() if 
 
 
 @pytest.mark.parametrize("bug, family", CASES, ids=[f"{f}-{b.replace(' ', '_')}" for b, f in CASES])
-def test_planted_bug_fails_the_family_suite(bug, family, monkeypatch):
+def test_planted_bug_fails_the_family_suite(bug, family, monkeypatch, record_property):
+    record_property("caught_by", BUGS[bug].check)  # the support table names the catching check
     model = family_model(family)
     monkeypatch.setattr(TF, "model_of", lambda f, dtype=torch.float32: model)
     CHECKS[BUGS[bug].check](family)  # the unbroken model passes the check ...

@@ -18,6 +18,8 @@ model classes (with :mod:`sitelens.models.attention`, the fused attention forwar
 - :mod:`sitelens.models.tiny`: tiny random test models (``tiny_model``, ``tiny_tokenizer``).
 - :mod:`sitelens.models.shapes`: published architecture shapes as data (``SHAPES``) and random-weight
   models of them (``random_model``); imported from the submodule.
+- :mod:`sitelens.models.families`: architecture families as data (``FAMILIES``) and tiny
+  random-weight models of them (``family_model``); imported from the submodule.
 - :mod:`sitelens.models.tokens`: ``encode`` (BOS, left padding), memory-bounded batches.
 - :mod:`sitelens.models.hooks`: the hook-name vocabulary (``act_name``, ``z_hook_name``), the z-hook
   self-check, hook functions on a bridge (``wrap_hook``), ``forward_until``.

@@ -78,9 +78,11 @@ def slow_path_features(attn) -> list[str]:
     computes the module exactly."""
     cfg = attn.cfg
     softcap = cfg.attn_scores_soft_cap
+    positions = cfg.positional_embedding_type
     checks = (
-        (cfg.positional_embedding_type not in ("rotary", "standard", "shortformer"),
-         f"{cfg.positional_embedding_type} positions"),
+        (positions not in ("rotary", "standard", "shortformer"),
+         {"alibi": "ALiBi", "relative_positional_bias": "relative position bias"}.get(
+             positions, f"{positions} positions")),
         (softcap is not None and softcap > 0, "attention score soft-capping"),
         (getattr(cfg, "use_attention_sinks", False), "attention sinks"),
         (getattr(cfg, "use_logn_attn", False), "log-n attention scaling"),

@@ -123,7 +123,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
          use_qk_norm=True, use_local_attn=True, attn_types=["local", "global"],
          window_size=_WINDOW),
     _fam("phi", "PhiForCausalLM", "microsoft/phi-2",
-         ["LayerNorm", "parallel attention + MLP", "partial rotary (0.4)", "biases", "no BOS"],
+         ["LayerNorm", "parallel attention + MLP", "partial rotary (2/5)", "biases", "no BOS"],
          _ALL_BIASES, normalization_type="LN", positional_embedding_type="rotary",
          act_fn="gelu_new", d_head=16, d_model=64, d_mlp=256, rotary_dim=6,
          parallel_attn_mlp=True, default_prepend_bos=False),
