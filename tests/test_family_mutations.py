@@ -18,7 +18,11 @@ configuration can have (read from the config, not listed by hand):
   Gemma 3) — the attention check;
 - ``GQA groups miswired``: query head h reads key/value head ``h % n_kv`` (Llama, Mistral, Qwen2,
   Qwen3) — the attention check;
-- ``injection one position early``: every family — the injection check.
+- ``injection one position early``: every family — the injection check;
+- ``effects patched at the next layer``: the per-head effects patch layer l + 1's head (every
+  family) — the check against ``generic_activation_patch``;
+- ``gradient of the wrong metric``: the lenses differentiate the answer's probability where its
+  log-probability is asked (every family) — the α-gradient's finite-difference check.
 
 ``scripts/families_table.py`` lists, per family, the bugs caught from this file's results.
 """
@@ -139,6 +143,24 @@ def inject_early(monkeypatch, model):
     inject_one_position_early(monkeypatch)
 
 
+def patch_the_next_layer(monkeypatch, model):
+    """HeadMix (the patching engine's per-row interventions) hooks layer l + 1's z for layer l."""
+    import sitelens.site.injection as injection
+
+    real = injection.z_hook_name
+    monkeypatch.setattr(injection, "z_hook_name",
+                        lambda m, layer: real(m, (layer + 1) % m.cfg.n_layers))
+
+
+def differentiate_the_wrong_metric(monkeypatch, model):
+    """The lenses differentiate the answer's probability where its log-probability is asked."""
+    import sitelens.lenses.attribution as attribution
+
+    real = attribution._metric
+    monkeypatch.setattr(attribution, "_metric", lambda logits, answers, metric: real(
+        logits, answers, "prob" if metric == "logprob" else metric))
+
+
 # ----------------------------------------------------------------------------------------------
 # which family can have which bug, and which check catches it
 
@@ -175,7 +197,16 @@ def _kv(family):
     TF.test_kv_cached_generation_equals_uncached(family, False)
 
 
-CHECKS = {"attention": _attention, "injection": _injection, "KV cache": _kv}  # table columns
+def _patching(family):
+    TF.test_head_effects_equal_a_generic_activation_patch_reference(family)
+
+
+def _lenses(family):
+    TF.test_alpha_gradient_is_exact_and_lenses_run(family)
+
+
+CHECKS = {"attention": _attention, "injection": _injection, "KV cache": _kv,  # table columns
+          "patching": _patching, "lenses": _lenses}
 
 BUGS: dict[str, Bug] = {
     "rotary fraction ignored": Bug(ignore_rotary_fraction, lambda c: _rotary_fraction(c) and _fused(c),
@@ -193,6 +224,8 @@ BUGS: dict[str, Bug] = {
                                lambda c: 1 < (c.get("n_key_value_heads") or c["n_heads"]) < c["n_heads"]
                                and _fused(c), "attention"),
     "injection one position early": Bug(inject_early, lambda c: True, "injection"),
+    "effects patched at the next layer": Bug(patch_the_next_layer, lambda c: True, "patching"),
+    "gradient of the wrong metric": Bug(differentiate_the_wrong_metric, lambda c: True, "lenses"),
 }
 
 CASES = [(bug, fam) for fam in SUPPORTED_FAMILIES for bug, b in BUGS.items() if b.applies(_cfg(fam))]
@@ -202,7 +235,8 @@ CASES = [(bug, fam) for fam in SUPPORTED_FAMILIES for bug, b in BUGS.items() if 
 def test_planted_bug_fails_the_family_suite(bug, family, monkeypatch, record_property):
     record_property("caught_by", BUGS[bug].check)  # the support table names the catching check
     model = family_model(family)
-    monkeypatch.setattr(TF, "model_of", lambda f, dtype=torch.float32: model)
+    monkeypatch.setattr(TF, "model_of", lambda f, dtype=torch.float32:
+                        model if dtype == torch.float32 else family_model(f, dtype=dtype))
     CHECKS[BUGS[bug].check](family)  # the unbroken model passes the check ...
     BUGS[bug].plant(monkeypatch, model)
     with pytest.raises(AssertionError, match=CAUGHT):  # ... and the broken one fails it
