@@ -5,6 +5,8 @@
   half-written one, and no temporary file on an error.
 - :func:`atomic_write_dir`: a directory of files, filled in a temporary sibling directory and then
   renamed into place (readers never see a half-filled one), e.g. the processed-weight cache.
+- :func:`new_dir_or_nothing`: an output directory made before the work, removed again if the work
+  fails before writing into it.
 - :func:`check_output`: refuse, before any work, an output path whose suffix is not of the kind
   the command writes (``bench --out r.md`` would put CSV rows into a markdown name) or where a
   file of another kind already lies (a markdown file where the results CSV should be).
@@ -131,6 +133,24 @@ def ensure_dir(path: str | Path, *, option: str = "--out") -> Path:
             f"({option})."
         ) from e
     return path
+
+
+@contextlib.contextmanager
+def new_dir_or_nothing(path: str | Path, *, option: str = "--out") -> Iterator[Path]:
+    """:func:`ensure_dir` ``path`` for the body; if the body raises, the directories this call
+    created are removed again while empty, so a failed command leaves no empty output behind."""
+    path = Path(path)
+    created = [p for p in (path, *path.parents) if not p.exists()]
+    ensure_dir(path, option=option)
+    try:
+        yield path
+    except BaseException:
+        for p in created:  # deepest first; stops at the first that is not empty
+            try:
+                p.rmdir()
+            except OSError:
+                break
+        raise
 
 
 def atomic_write(path: str | Path, data: bytes) -> Path:

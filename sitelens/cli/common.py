@@ -22,14 +22,15 @@ def setup_torch(args) -> None:
 
 
 def load_spec(args):
-    """The :class:`~sitelens.models.LoadSpec` of ``--device``, ``--dtype``, ``--n-devices`` and
-    ``--device-map`` (None where a command has no such option): every model the command loads, in
-    this process and in its workers, loads with it."""
+    """The :class:`~sitelens.models.LoadSpec` of ``--device``, ``--dtype``, ``--n-devices``,
+    ``--device-map`` and ``--backend`` (None where a command has no such option): every model the
+    command loads, in this process and in its workers, loads with it."""
     from sitelens.models import LoadSpec
 
     return LoadSpec(device=getattr(args, "device", None), dtype=getattr(args, "dtype", None),
                     n_devices=getattr(args, "n_devices", None),
-                    device_map=getattr(args, "device_map", None))
+                    device_map=getattr(args, "device_map", None),
+                    backend=getattr(args, "backend", None))
 
 
 def load_task_and_model(args, check=None):

@@ -25,13 +25,14 @@ def cmd_fit(args) -> int:
     """Fit SITE (stage 1 + stage 2) on ``--task`` and save the adapter to ``--out``; print the
     timings, the data it used (split sizes, passes; a warning on stderr for a tiny validation
     set) and the top heads."""
-    from sitelens.site import ensure_writable_dir
+    from sitelens.io import new_dir_or_nothing
 
     out = Path(args.out)
-    ensure_writable_dir(out)  # fail before any work if --out cannot be created and written
-    model, task = load_task_and_model(args)
-    adapter = fit_from_args(model, task, args)
-    adapter.save(out)
+    # --out is made first so that a bad path fails before any work, and removed if the work fails
+    with new_dir_or_nothing(out):
+        model, task = load_task_and_model(args)
+        adapter = fit_from_args(model, task, args)
+        adapter.save(out)
     m = adapter.meta
     print(
         f"saved {out}  stage1 {m['stage1_seconds']:.1f}s  stage2 {m['stage2_seconds']:.1f}s  "

@@ -129,7 +129,7 @@ def check_ignored_options(args, cmd: str) -> None:
         _run(args, have)
     if cmd == "atlas" and not args.refit:
         bad = [d for d in ("tasks_dir", "seeds", "seed", "limit", "cache_dir", "executor", "threads",
-                           "device", "dtype", "n_devices", "device_map") if d in have]
+                           "device", "dtype", "n_devices", "device_map", "backend") if d in have]
         if bad:
             _refuse(bad, "with --refit (without it the page is built from the tables under "
                          "--data and nothing is fitted)", "add --refit or drop {flags}")

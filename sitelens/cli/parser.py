@@ -17,6 +17,7 @@ from sitelens.cli.frontier_options import add_frontier_options
 from sitelens.cli.helptext import document
 from sitelens.cli.options import add_executor_option, add_guard_options, add_label_metrics_option
 from sitelens.models import ATLAS_MODELS, DEFAULT_MODEL, FIGURE_MODELS
+from sitelens.models.spec import BACKENDS
 
 DESCRIPTION = (
     "The sitelens command line. fit: fit a SITE adapter and save it; eval: zero-shot / ICL / SITE on a "
@@ -240,8 +241,8 @@ DEVICE_MAP_CHOICES = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
 def add_device_options(p: argparse.ArgumentParser) -> None:
-    """``--device``, ``--dtype``, ``--n-devices``, ``--device-map``: where and in what precision
-    every model the command loads runs (:func:`sitelens.models.load_model`'s arguments)."""
+    """``--device``, ``--dtype``, ``--n-devices``, ``--backend``, ``--device-map``: where, in what
+    precision and on which backend every model the command loads runs (``load_model``'s arguments)."""
     g = p.add_argument_group("device and precision")
     g.add_argument("--device", type=device_name, default=None,
                    help="cpu, cuda, cuda:N or mps (default: cpu for the bundled models)")
@@ -250,6 +251,9 @@ def add_device_options(p: argparse.ArgumentParser) -> None:
                         "means, losses and KL stay float32")
     g.add_argument("--n-devices", type=POSITIVE_INT, default=None,
                    help="split the model over N CUDA GPUs from --device on (pipeline of layers)")
+    g.add_argument("--backend", choices=BACKENDS, default=None,
+                   help="hooked (HookedTransformer, TransformerLens 3.x) or bridge (TransformerBridge, "
+                        "TransformerLens 4) (default: $SITELENS_BACKEND, else hooked)")
     g.add_argument("--device-map", choices=DEVICE_MAP_CHOICES, default=None,
                    help="bridge backend only: Hugging Face's device_map (instead of --device / "
                         "--n-devices)")

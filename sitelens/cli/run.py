@@ -49,7 +49,7 @@ def run_settings(args) -> dict:
 
     task, methods = args._task, split_csv(args.methods)
     base = {"model": args.model, "task": task.name, "task_hash": task_hash(task), "seed": args.seed,
-            "load": {k: getattr(args, k) for k in ("device", "dtype", "n_devices", "device_map")},
+            "load": {k: getattr(args, k) for k in ("device", "dtype", "n_devices", "device_map", "backend")},
             "numerics_version": NUMERICS_VERSION}
     fit = None
     if "site" in methods:

@@ -277,10 +277,15 @@ def check_executor(args) -> None:
 def check_device_options(args) -> None:
     """``--n-devices`` needs that many CUDA GPUs from ``--device`` on; ``--device-map`` is the bridge
     backend's and goes alone (the parser already checked ``--device`` and the choices)."""
-    if all(getattr(args, o, None) is None for o in ("device", "n_devices", "device_map")):
+    if all(getattr(args, o, None) is None for o in ("device", "n_devices", "device_map", "backend")):
         return  # nothing to check (and no torch to import for it)
     from sitelens.errors import ModelError
     from sitelens.models import resolve_backend, resolve_device, resolve_n_devices
+
+    try:
+        backend = resolve_backend(getattr(args, "backend", None))
+    except ModelError as e:
+        raise UsageError(f"--backend: {e}") from None
 
     device = resolve_device(getattr(args, "device", None))
     try:
@@ -289,10 +294,10 @@ def check_device_options(args) -> None:
         raise UsageError(f"--n-devices: {e}") from None
     if getattr(args, "device_map", None) is None:
         return
-    if resolve_backend(None) != "bridge":
+    if backend != "bridge":
         raise UsageError("--device-map places the Hugging Face modules of a TransformerBridge; "
                          "with the hooked backend split the model with --n-devices instead (or "
-                         "set SITELENS_BACKEND=bridge).")
+                         "add --backend bridge).")
     if device is not None or (getattr(args, "n_devices", None) or 1) > 1:
         raise UsageError("--device-map says where every module goes: give it without --device "
                          "and --n-devices.")
