@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # every public name is imported on first access (sitelens.laz
     )
     from sitelens.eval.labels import LabelSet, label_set
     from sitelens.eval.metrics import bootstrap_ci, dntp
-    from sitelens.lenses import HeadScores, head_scores
+    from sitelens.lenses import FrontierResult, HeadScores, frontier, head_scores
     from sitelens.models import (
         DEFAULT_MODEL,
         available_models,
@@ -121,6 +121,8 @@ __all__ = [
     # lenses: which heads matter, several answers (α, gradients, ablation, effects, logit
     # attribution) in one table with their intervals and cost
     "head_scores", "HeadScores",
+    # minimal head sets: the accuracy-vs-heads frontier of several selectors, k* and stability
+    "frontier", "FrontierResult",
     # the head atlas in Jupyter (sitelens.atlas; the page: `sitelens atlas`), on first access
     "explore",
     # bench and figures (the figures names are imported on first access: they load plotly)
