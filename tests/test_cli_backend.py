@@ -36,15 +36,16 @@ def test_backend_defaults_to_the_environment(monkeypatch):
     """Without ``--backend`` the spec leaves it open and ``load_model`` resolves
     ``$SITELENS_BACKEND`` (default hooked); the option wins over the environment."""
     from sitelens.models import resolve_backend
+    from sitelens.models.spec import default_backend
 
     spec = load_spec(build_parser().parse_args(LOADING["fit"]))
     monkeypatch.setenv("SITELENS_BACKEND", "bridge")
     assert spec.backend is None and resolve_backend(spec.backend) == "bridge"
     monkeypatch.delenv("SITELENS_BACKEND")
-    assert resolve_backend(spec.backend) == "hooked"
-    monkeypatch.setenv("SITELENS_BACKEND", "bridge")
-    given = load_spec(build_parser().parse_args(LOADING["fit"] + ["--backend", "hooked"]))
-    assert resolve_backend(given.backend) == "hooked"
+    assert resolve_backend(spec.backend) == default_backend()
+    monkeypatch.setenv("SITELENS_BACKEND", "hooked")
+    given = load_spec(build_parser().parse_args(LOADING["fit"] + ["--backend", "bridge"]))
+    assert resolve_backend(given.backend) == "bridge"
 
 
 def _main(argv, tmp_path, monkeypatch):
@@ -72,10 +73,19 @@ def test_fit_loads_with_the_backend_given(tmp_path, monkeypatch):
     assert seen == ["bridge"] and not (tmp_path / "a").exists()
 
 
+@pytest.mark.skipif(not has_hooked_transformer(),
+                    reason="HookedTransformer only: the hooked backend is the one that refuses --device-map")
 def test_device_map_needs_the_bridge(tmp_path, monkeypatch):
     monkeypatch.delenv("SITELENS_BACKEND", raising=False)
-    rc, err = _main(LOADING["eval"] + ["--device-map", "auto"], tmp_path, monkeypatch)
+    rc, err = _main(LOADING["eval"] + ["--device-map", "auto", "--backend", "hooked"], tmp_path, monkeypatch)
     assert rc == 2 and "--backend bridge" in err and err.count("\n") == 1
+
+
+@pytest.mark.skipif(has_hooked_transformer(),
+                    reason="TransformerBridge job only: TransformerLens 3.x still has HookedTransformer")
+def test_hooked_backend_refused_without_hooked_transformer(tmp_path, monkeypatch):
+    rc, err = _main(LOADING["eval"] + ["--backend", "hooked"], tmp_path, monkeypatch)
+    assert rc == 2 and err.startswith("sitelens: error: --backend:") and err.count("\n") == 1
 
 
 @pytest.mark.skipif(not has_hooked_transformer(),
