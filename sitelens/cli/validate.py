@@ -127,11 +127,19 @@ def _check_fit_options(args) -> None:
 
 
 def _check_models(args) -> None:
+    """Every model name loads from local files; a local Hugging Face directory is of a family the
+    chosen backend loads (resolved only for a directory: it imports TransformerLens)."""
     from sitelens.models import check_model_available
+    from sitelens.models.available import is_local_dir
 
     models = [args.model] if hasattr(args, "model") else split_csv(args.models)
     for name in models:
-        check_model_available(name)
+        backend = getattr(args, "backend", None)
+        if backend is None and is_local_dir(name):
+            from sitelens.models import resolve_backend
+
+            backend = resolve_backend(None)
+        check_model_available(name, backend)
 
 
 def inter_tasks(args) -> list:

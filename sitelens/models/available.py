@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from sitelens.errors import ModelError
+from sitelens.models.hf_arch import check_hf_dir
 from sitelens.models.registry import BUNDLED_MODELS, TINY_MODELS
 
 ALLOW_DOWNLOAD_ENV = "SITELENS_ALLOW_DOWNLOAD"
@@ -23,6 +24,11 @@ def _is_dir(name) -> bool:
         return isinstance(name, str) and bool(name.strip()) and Path(name).expanduser().is_dir()
     except (OSError, RuntimeError):  # a name too long for a path; ~user that does not exist
         return False
+
+
+def is_local_dir(name) -> bool:
+    """Whether ``name`` names an existing directory (a local Hugging Face model directory)."""
+    return _is_dir(name)
 
 
 def _download_allowed() -> bool:
@@ -93,10 +99,12 @@ def hf_cached(repo_id: str) -> bool:
         return False
 
 
-def check_model_available(name: str) -> None:
+def check_model_available(name: str, backend: str | None = None) -> None:
     """Raise :class:`ModelError` at once if :func:`~sitelens.models.load.load_model` cannot load
-    ``name`` from local files: an empty or unknown name, a directory without ``config.json``, or a
-    TransformerLens official model whose weights are not in the local Hugging Face cache. Reads no
+    ``name`` from local files: an empty or unknown name, a directory without ``config.json`` or of
+    an architecture ``backend`` cannot load (:func:`~sitelens.models.hf_arch.check_hf_dir`; the
+    error names the family and what is missing), or a TransformerLens official model whose weights
+    are not in the local Hugging Face cache. Reads no
     weights and makes no network requests (set ``SITELENS_ALLOW_DOWNLOAD=1`` to let TransformerLens
     download uncached official models instead)."""
     name = os.fspath(name) if isinstance(name, os.PathLike) else name
@@ -114,6 +122,7 @@ def check_model_available(name: str) -> None:
                 "pass a directory written by save_pretrained(), or a bundled model: "
                 f"{', '.join(BUNDLED_MODELS)}."
             )
+        check_hf_dir(name, backend=backend)
         return
     official = _official_names()
     if name not in official:
@@ -137,4 +146,4 @@ def check_model_available(name: str) -> None:
     )
 
 
-__all__ = ["ALLOW_DOWNLOAD_ENV", "check_model_available", "hf_cached"]
+__all__ = ["ALLOW_DOWNLOAD_ENV", "check_model_available", "hf_cached", "is_local_dir"]

@@ -21,7 +21,8 @@ from sitelens.models.available import (  # noqa: F401 (re-exported: load.py read
     hf_cached,
 )
 from sitelens.models.bridge import _bridge_from_hf
-from sitelens.models.gguf import _from_llama_hf
+from sitelens.models.hf_arch import architecture_of, check_hf_dir, read_config
+from sitelens.models.hf_convert import hooked_from_hf
 
 
 @contextmanager
@@ -81,13 +82,16 @@ def _load_official(name: str, *, n_ctx: int, backend: str, device=None, dtype=No
 
 def _load_hf_dir(path: Path, *, n_ctx: int, backend: str = "hooked", device=None, dtype=None,
                  n_devices: int = 1, device_map=None):
-    """A local Hugging Face directory: a bridge loads in ``dtype`` with Hugging Face's
-    ``device_map`` (or a balanced one over ``n_devices`` GPUs); a ``HookedTransformer`` is
-    converted from float32 (cast and placed when it is finalized)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    """A local Hugging Face directory of any family sitelens maps, read from the folder's own
+    ``config.json`` (:mod:`sitelens.models.hf_arch`): a bridge loads in ``dtype`` with Hugging
+    Face's ``device_map`` (or a balanced one over ``n_devices`` GPUs); a ``HookedTransformer`` is
+    converted from float32 (:func:`~sitelens.models.hf_convert.hooked_from_hf`; cast and placed
+    when it is finalized). An unsupported architecture: :class:`ModelError` before any weight
+    loads."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    hf_cfg = AutoConfig.from_pretrained(str(path))
-    arch = (getattr(hf_cfg, "architectures", None) or ["?"])[0]
+    check_hf_dir(path, backend=backend)  # before anything loads
+    arch = architecture_of(read_config(path))
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     kw = {}
     if backend == "bridge":
@@ -100,26 +104,13 @@ def _load_hf_dir(path: Path, *, n_ctx: int, backend: str = "hooked", device=None
             kw["max_memory"] = {i: torch.cuda.mem_get_info(i)[0]
                                 for i in range(first, first + n_devices)}
     hf = AutoModelForCausalLM.from_pretrained(str(path), **{"dtype": torch.float32, **kw})
+    if arch is not None and not getattr(hf.config, "architectures", None):
+        hf.config.architectures = [arch]  # a config.json with model_type only
     if backend == "bridge":
         return _bridge_from_hf(
             hf, tokenizer, name=path.name, prepend_bos=tokenizer.bos_token is not None, n_ctx=n_ctx
         )
-    if arch == "LlamaForCausalLM":
-        return _from_llama_hf(hf, tokenizer, n_ctx=n_ctx, prepend_bos=tokenizer.bos_token is not None)
-    from transformer_lens import HookedTransformer
-
-    official = _official_names()
-    guess = getattr(hf_cfg, "_name_or_path", "")
-    if guess in official:
-        return HookedTransformer.from_pretrained(
-            guess, hf_model=hf, tokenizer=tokenizer, n_ctx=n_ctx, default_padding_side="left"
-        )
-    raise ModelError(
-        f"Cannot map the Hugging Face directory {str(path)!r} (architecture {arch}) to a "
-        "TransformerLens architecture. Llama-architecture directories load directly; for others, "
-        "set `_name_or_path` in its config.json to the TransformerLens official model name, or use "
-        "backend='bridge'."
-    )
+    return hooked_from_hf(hf, tokenizer, arch=arch, n_ctx=n_ctx, name=str(path))
 
 
 __all__ = ["ALLOW_DOWNLOAD_ENV", "check_model_available", "hf_cached"]

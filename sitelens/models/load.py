@@ -130,7 +130,7 @@ def load_model(
         else:
             model = _load_bundled(name, n_ctx=ctx, use_cache=use_cache)
     elif _is_dir(name):
-        check_model_available(name)
+        check_model_available(name, backend)
         model = _load_hf_dir(Path(name).expanduser(), n_ctx=ctx, backend=backend, **place)
     else:
         check_model_available(name)
