@@ -8,7 +8,12 @@ with ``--junit``), reads one outcome per (check, family) and the attention path 
 shows –. Families TransformerLens 3.9 cannot build get a row with the reason
 (``sitelens.models.families.FAMILIES``).
 
-Usage: ``python scripts/families_table.py [--junit FILE ...] [--doc docs/models.md] [--check]``;
+The "bridge (TL 4)" column comes from ``tests/test_families_bridge.py`` run by the TransformerLens 4
+venv of the second CI job (``.venv-tl4/bin/python``, ``SITELENS_BACKEND=bridge``; or JUnit files
+given with ``--bridge-junit``).
+
+Usage: ``python scripts/families_table.py [--junit FILE ...] [--bridge-junit FILE ...]
+[--bridge-python PY] [--doc docs/models.md] [--check]``;
 ``--check`` writes nothing and exits 1 when the page's table differs from the results.
 """
 
@@ -40,6 +45,14 @@ COLUMNS = {
     "bfloat16": "test_bfloat16_within_bounds_of_float32",
 }
 MUTATION_TEST = "test_planted_bug_fails_the_family_suite"
+# the bridge column: tests/test_families_bridge.py, run by the TransformerLens 4 venv of the TL 4 job
+BRIDGE_SUITE = "tests/test_families_bridge.py"
+BRIDGE_TESTS = ("test_hooks_and_z_shapes", "test_injection_at_the_last_token",
+                "test_kv_cached_generation_equals_uncached",
+                "test_site_fit_evaluate_and_adapter_round_trip",
+                "test_head_effects_equal_a_generic_activation_patch_reference",
+                "test_bfloat16_within_bounds_of_float32")
+BRIDGE_PYTHON = ROOT / ".venv-tl4" / "bin" / "python"
 CASE = re.compile(r"^(?P<test>\w+)\[(?P<params>.*)\]$")
 
 
@@ -55,6 +68,9 @@ def parse_junit(paths) -> dict:
             tags = {child.tag for child in case}
             ok = None if "skipped" in tags else not ({"failure", "error"} & tags)
             props = {p.get("name"): p.get("value") for p in case.iter("property")}
+            skip = case.find("skipped")
+            if skip is not None:
+                props["skipped"] = (skip.get("message") or "").removeprefix("Skipped: ")
             key = (m["test"], m["params"])
             prev = out.get(key)
             if prev is not None and prev["ok"] is False:
@@ -79,18 +95,37 @@ def _family_cases(results: dict, test: str, family: str) -> list[tuple[str, dict
             if t == test and (params == family or params.endswith(f"-{family}"))]
 
 
-def render(results: dict) -> str:
-    """The markdown table (and its legend) for ``results`` from :func:`parse_junit`."""
+def bridge_cell(bridge: dict | None, family: str) -> str:
+    """The bridge column of ``family`` from the bridge suite's results: ✓ when every check passed,
+    ✗ and the failed checks, "not built: <why>" where the suite skipped the family, – not run."""
+    if bridge is None:
+        return "–"
+    cases = [(t, r) for t in BRIDGE_TESTS for _, r in _family_cases(bridge, t, family)]
+    if not cases:
+        return "–"
+    failed = sorted({t.removeprefix("test_") for t, r in cases if r["ok"] is False})
+    if failed:
+        return "✗ " + ", ".join(failed)
+    skipped = [r["props"].get("skipped", "") for _, r in cases if r["ok"] is None]
+    if skipped and len(skipped) == len(cases):
+        return f"not built: {skipped[0]}"
+    return _mark([r["ok"] for _, r in cases])
+
+
+def render(results: dict, bridge: dict | None = None) -> str:
+    """The markdown table (and its legend) for ``results`` from :func:`parse_junit` (the
+    HookedTransformer suites) and ``bridge`` (the bridge suite on TransformerLens 4)."""
     from sitelens.models.families import FAMILIES
 
-    head = ["family", "architecture (settings of)", "features", *COLUMNS, "planted bugs caught"]
+    head = ["family", "architecture (settings of)", "features", *COLUMNS, "bridge (TL 4)",
+            "planted bugs caught"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for fam in FAMILIES.values():
         first = f"`{fam.name}`"
         arch = f"`{fam.architecture}` (`{fam.source}`)"
         if not fam.supported:
             lines.append(f"| {first} | {arch} | not built: {fam.unsupported} |"
-                         + " |" * (len(COLUMNS) + 1))
+                         + " |" * len(COLUMNS) + f" {bridge_cell(bridge, fam.name)} | |")
             continue
         cells = []
         for col, test in COLUMNS.items():
@@ -107,12 +142,15 @@ def render(results: dict) -> str:
             bugs.append(bug.replace("_", " ") + (f" → {by}" if by else "")
                         + ("" if r["ok"] else " (NOT caught)"))
         lines.append(f"| {first} | {arch} | {', '.join(fam.features)} | " + " | ".join(cells)
-                     + f" | {'; '.join(bugs) or '–'} |")
+                     + f" | {bridge_cell(bridge, fam.name)} | {'; '.join(bugs) or '–'} |")
     legend = ("✓ passed, ✗ failed, – not run. Checks (`tests/test_families.py`): "
               + "; ".join(f"{col}: `{test}`" for col, test in COLUMNS.items())
               + f". Planted bugs (`tests/test_family_mutations.py::{MUTATION_TEST}`): each "
-              "bug → the check it fails. HookedTransformer on TransformerLens 3.9 only; the "
-              "bridge column is not generated yet.")
+              "bug → the check it fails. The check columns: HookedTransformer on TransformerLens "
+              f"3.9. bridge (TL 4): `{BRIDGE_SUITE}` (the tiny Hugging Face model of the family "
+              "from its own config class, saved to a folder and loaded with "
+              "`load_model(DIR, backend=\"bridge\")`) on TransformerLens 4: "
+              + ", ".join(t.removeprefix("test_") for t in BRIDGE_TESTS) + ".")
     return "\n".join(lines) + "\n\n" + legend + "\n"
 
 
@@ -123,6 +161,20 @@ def replace_section(doc: str, table: str) -> str:
     before, rest = doc.split(START, 1)
     _, after = rest.split(END, 1)
     return f"{before}{START}\n{table}{END}{after}"
+
+
+def run_bridge_suite(out_dir: Path, python: Path) -> Path:
+    """Run the bridge suite under ``python`` (the TL 4 job's venv) with ``SITELENS_BACKEND=bridge``,
+    as scripts/test_tl4.sh does; one JUnit file."""
+    if not Path(python).is_file():
+        raise SystemExit(f"{python} not found: the bridge column needs the TransformerLens 4 venv "
+                         "(bash scripts/test_tl4.sh creates it), or pass --bridge-junit FILE")
+    xml = out_dir / "test_families_bridge.xml"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "SITELENS_BACKEND": "bridge"}
+    subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", BRIDGE_SUITE,
+                    f"--junitxml={xml}", "-o", "junit_family=xunit1"], cwd=ROOT, env=env, check=False)
+    return xml
 
 
 def run_suite(out_dir: Path) -> list[Path]:
@@ -141,13 +193,19 @@ def run_suite(out_dir: Path) -> list[Path]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--junit", nargs="*", type=Path, help="JUnit XML files (default: run the suites)")
+    ap.add_argument("--bridge-junit", nargs="*", type=Path,
+                    help="JUnit XML of tests/test_families_bridge.py on TransformerLens 4 (default: "
+                         "run it with --bridge-python)")
+    ap.add_argument("--bridge-python", type=Path, default=BRIDGE_PYTHON,
+                    help="the TransformerLens 4 venv's python (default .venv-tl4/bin/python)")
     ap.add_argument("--doc", type=Path, default=ROOT / "docs" / "models.md")
     ap.add_argument("--check", action="store_true", help="exit 1 if the page differs; write nothing")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     with tempfile.TemporaryDirectory() as tmp:
         paths = args.junit or run_suite(Path(tmp))
-        table = render(parse_junit(paths))
+        bridge = args.bridge_junit or [run_bridge_suite(Path(tmp), args.bridge_python)]
+        table = render(parse_junit(paths), parse_junit(bridge))
     doc = args.doc.read_text(encoding="utf-8")
     new = replace_section(doc, table)
     if args.check:

@@ -49,7 +49,9 @@ def test_render_marks_passes_failures_skips_and_the_attention_path(ft, tmp_path)
     ]))
     table = ft.render(ft.parse_junit([xml]))
     cols = list(ft.COLUMNS)
-    row = dict(zip(["family", "arch", "features", *cols, "bugs"], _row(table, "gpt-j"), strict=True))
+    row = dict(zip(["family", "arch", "features", *cols, "bridge", "bugs"], _row(table, "gpt-j"),
+                   strict=True))
+    assert row["bridge"] == "–"  # no bridge results given
     assert row["hooks"] == "✓" and row["attention"] == "✓ slow path: ALiBi"
     assert row["KV cache"] == "✗"  # one of its two cases failed
     assert row["injection"] == "–" and row["patching"] == "–"  # skipped, not run
@@ -57,6 +59,29 @@ def test_render_marks_passes_failures_skips_and_the_attention_path(ft, tmp_path)
                            "rotary fraction ignored → attention")
     assert _row(table, "gpt-neo")[3] == "✗"  # an error is a failure
     assert "not built:" in _row(table, "falcon")[2]
+
+
+def test_the_bridge_column_from_the_bridge_suite(ft, tmp_path):
+    """✓ when all the bridge checks of a family passed, ✗ naming the failed ones, "not built: why"
+    where the suite skipped the family, – where it did not run; unsupported families get it too."""
+    xml = tmp_path / "b.xml"
+    xml.write_text(_xml([
+        '<testcase name="test_hooks_and_z_shapes[qwen2]"/>',
+        '<testcase name="test_kv_cached_generation_equals_uncached[plain-qwen2]"/>',
+        '<testcase name="test_hooks_and_z_shapes[gpt2]"/>',
+        '<testcase name="test_kv_cached_generation_equals_uncached[injected-gpt2]">'
+        '<failure message="x"/></testcase>',
+        '<testcase name="test_hooks_and_z_shapes[falcon]"/>',
+        '<testcase name="test_hooks_and_z_shapes[bloom]">'
+        '<skipped message="TransformerBridge cannot wrap BloomForCausalLM"/></testcase>',
+    ]))
+    table = ft.render(ft.parse_junit([]), ft.parse_junit([xml]))
+    at = 3 + len(ft.COLUMNS)
+    assert _row(table, "qwen2")[at] == "✓"
+    assert _row(table, "gpt2")[at] == "✗ kv_cached_generation_equals_uncached"
+    assert _row(table, "bloom")[at] == "not built: TransformerBridge cannot wrap BloomForCausalLM"
+    assert _row(table, "opt")[at] == "–"
+    assert _row(table, "falcon")[at] == "✓"  # not built as a HookedTransformer, on the bridge yes
 
 
 def test_the_section_is_replaced_and_nothing_else(ft):
@@ -71,6 +96,8 @@ def test_the_committed_table_is_green_or_says_why_not(ft):
     table = doc.split(ft.START, 1)[1].split(ft.END, 1)[0]
     for name, fam in FAMILIES.items():
         row = _row(table, name)
+        bridge = row[3 + len(ft.COLUMNS)]
+        assert bridge.startswith(("✓", "not built: ")), (name, bridge)
         if not fam.supported:
             assert row[2] == f"not built: {fam.unsupported}"
             continue
