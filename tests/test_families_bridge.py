@@ -64,9 +64,9 @@ def _reference_effects(model, prompts, answers, emb) -> torch.Tensor:
     """tests/test_families.py's reference (one full unpadded pass per head and prompt through
     ``generic_activation_patch``), through :class:`_CanonicalZ`."""
     from transformer_lens.patching import generic_activation_patch
-    from transformer_lens.utils import get_act_name
 
-    clean = {get_act_name("z", layer): emb[layer] for layer in range(model.cfg.n_layers)}
+    # get_act_name("z", layer) (transformer_lens.utils is gone in TL 4)
+    clean = {f"blocks.{layer}.attn.hook_z": emb[layer] for layer in range(model.cfg.n_layers)}
 
     def setter(z, index, clean_z):
         z = z.clone()
@@ -129,5 +129,18 @@ def test_head_effects_equal_a_generic_activation_patch_reference(family, on_brid
     TF.test_head_effects_equal_a_generic_activation_patch_reference(family)
 
 
+# known failures of the installed TransformerBridge, shown in the table's bridge column
+BRIDGE_KNOWN_FAILURES = {
+    ("olmo2", "bfloat16"): "TransformerLens 4.3's bridge multiplies float32 rotary tables with "
+                           "bfloat16 activations on OLMo 2 (position_embeddings_attention.py)",
+}
+
+
 def test_bfloat16_within_bounds_of_float32(family, on_bridge):
-    TF.test_bfloat16_within_bounds_of_float32(family)
+    why = BRIDGE_KNOWN_FAILURES.get((family, "bfloat16"))
+    try:
+        TF.test_bfloat16_within_bounds_of_float32(family)
+    except RuntimeError as e:
+        if why and "same dtype" in str(e):
+            pytest.xfail(f"TransformerBridge known failure: {why}")
+        raise
