@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from sitelens.atlas.data import AtlasData, _cell_store
+from sitelens.tasks import Template
 
 SELECTORS: tuple[str, ...] = ("alpha", "alpha-grad", "atp")  # the fast ones: top-k of stored scores
 BUDGETS: tuple[int, ...] = (1, 2, 5, 10, 20, 50)
@@ -51,6 +52,7 @@ class MinimalConfig:
     selectors: tuple[str, ...] = SELECTORS
     test_limit: int | None = None  # the first test items only (None: the whole test split)
     batch_size: int = 256  # rows per forward pass
+    template: Template | None = None  # of stage 1 and the test prompts (None: the atlas fits' default)
 
 
 def selector_scores(data: AtlasData, task: str, selector: str) -> np.ndarray | None:
@@ -88,7 +90,7 @@ def task_rows(model, task, data: AtlasData, cfg: MinimalConfig) -> pd.DataFrame:
     from sitelens.lenses.selectors import check_budgets, check_task_splits, head_label, mask_of
     from sitelens.site import task_embedding
     from sitelens.site.training import LastTokenSet
-    from sitelens.tasks import DEFAULT_TEMPLATE  # the atlas fits' template
+    from sitelens.tasks import DEFAULT_TEMPLATE
 
     L, H = data.n_layers, data.n_heads
     budgets = check_budgets(cfg.budgets, L * H)
@@ -98,8 +100,9 @@ def task_rows(model, task, data: AtlasData, cfg: MinimalConfig) -> pd.DataFrame:
         return pd.DataFrame([{"task": task.name, "skipped": str(e)}])
     conf = data.summary.get("config", {})
     seeds = conf.get("seeds") or [0]
+    template = cfg.template or DEFAULT_TEMPLATE  # the atlas fits'
     emb = task_embedding(model, task, n_prompts=int(conf.get("n_prompts", 50)),
-                         n_shots=int(conf.get("n_shots", 10)), seed=int(seeds[0]))
+                         n_shots=int(conf.get("n_shots", 10)), seed=int(seeds[0]), template=template)
     weights = [torch.zeros(L, H), torch.tensor(data.alpha_map(task.name), dtype=torch.float32)]
     conds = []
     for sel in cfg.selectors:
@@ -112,7 +115,7 @@ def task_rows(model, task, data: AtlasData, cfg: MinimalConfig) -> pd.DataFrame:
                           "_cond": len(weights)})
             weights.append(mask_of(heads, (L, H)))
     items = task.test[: cfg.test_limit] if cfg.test_limit else task.test
-    test = LastTokenSet.build(model, items, DEFAULT_TEMPLATE)
+    test = LastTokenSet.build(model, items, template)
     correct = inject_scores(model, test, torch.stack(weights), emb, batch_size=cfg.batch_size)
     n = correct.shape[1]
     acc = correct.mean(1)
@@ -175,11 +178,25 @@ def build_minimal(model, data: AtlasData, tasks: Sequence, config: MinimalConfig
         log(f"  {task.name}: {time.perf_counter() - t0:.1f}s")
     out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COLUMNS)
     out = out.reindex(columns=COLUMNS)
-    out["skipped"] = out["skipped"].fillna("")
+    for col in ("selector", "heads", "skipped"):
+        out[col] = out[col].fillna("").astype(str)
+    out["k_star"] = out["k_star"].map(_k_text)  # one type whether computed or read back from a cell
+    for col in ("k", "n_test"):
+        out[col] = pd.to_numeric(out[col]).astype("Int64")
     out["fingerprint"], out["numerics_version"] = fp, NUMERICS_VERSION
     num = ["first_token_acc", "ci_low", "ci_high", "full_site", "zero_shot"]
     out[num] = out[num].astype(float).round(4)
     return out
+
+
+def _k_text(x) -> str:
+    """k* as text: ``"5"``, ``"not reached"``, or ``""`` (a skipped task)."""
+    if x is None or (isinstance(x, float) and np.isnan(x)):
+        return ""
+    try:
+        return str(int(float(x)))
+    except ValueError:
+        return str(x)
 
 
 def k_star_table(minimal: pd.DataFrame) -> pd.DataFrame:

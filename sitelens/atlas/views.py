@@ -42,8 +42,10 @@ def minimal_payload(data: AtlasData) -> dict:
     selector (an int, or ``"not reached"``) and its set S_{k*} (flat head indices; empty when not
     reached), full SITE, zero-shot and the test items; the skipped tasks with their reason;
     ``note``: why there are none (no or a stale ``minimal.csv``), else ``""``."""
-    out = {"note": data.minimal_note, "selectors": [], "budgets": [], "tasks": {}, "skipped": {}}
     df = data.minimal
+    note = data.minimal_note or ("" if df is not None else "No minimal sets for this model (no "
+                                 "minimal.csv): run scripts/atlas_minimal.py to compute them.")
+    out = {"note": note, "selectors": [], "budgets": [], "tasks": {}, "skipped": {}}
     if df is None:
         return out
     skip = df.skipped.fillna("").astype(str) != ""
