@@ -206,6 +206,8 @@ def test_explorer_shows_the_minimal_sets(atlas, rows):
     v = minimal_view(p, data.model)
     assert list(ex.fig_minimal.data[0].y) == v["tasks"]
     assert [list(r) for r in ex.fig_minimal.data[0].z] == v["z"]
+    assert [list(r) for r in ex.fig_minimal.data[1].z] == [[1 if z is None else None for z in row]
+                                                           for row in v["z"]]  # grey: not reached
     marks = [d for d in ex.fig_task.data if d.type == "scatter"]
     assert (len(marks) == 1) == bool(ms)
     if ms:

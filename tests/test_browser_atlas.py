@@ -219,7 +219,10 @@ def test_minimal_sets_draw_on_the_task_map_the_card_and_their_panel(offline_page
     v = minimal_view(p, model)
     shown = page.eval_on_selector("#minimal", "e => ({z: e.data[0].z, y: e.data[0].y, x: e.data[0].x})")
     assert shown == {"z": v["z"], "y": v["tasks"], "x": v["selectors"]}
-    assert page.locator("#minimal g.hm").count() == 1  # the heatmap drew
+    assert page.locator("#minimal g.hm").count() == 2  # k*, and the grey layer of the not reached
+    grey = page.eval_on_selector("#minimal", "e => e.data[1].z")
+    assert grey == [[1 if z is None else None for z in row] for row in v["z"]]
+    assert any(1 in row for row in grey) and any(z is not None for row in v["z"] for z in row)
     task = page.eval_on_selector("#task", "e => e.value")
     want = ";".join(f"L{a}H{b}" for a, b in minimal_set(p, model, task, "alpha"))
     assert page.eval_on_selector("#taskmap", "e => e.dataset.minimal") == want

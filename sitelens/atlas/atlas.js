@@ -151,13 +151,18 @@ function renderMinimal() {
   el.dataset.tasks = v.tasks.length;
   if (!v.tasks.length) { Plotly.purge(el); el.innerHTML = '<p class="note" id="minimal-note">' + v.note + '</p>'; return; }
   el.innerHTML = '';
-  const n = Object.keys(v.skipped).length;
+  const n = Object.keys(v.skipped).length; const b = (M().minimal || {}).budgets || [];
+  const gaps = v.z.map(row => row.map(z => z === null ? 1 : null));  // not reached: a grey cell
   Plotly.newPlot(el, [{type: 'heatmap', z: v.z, x: v.selectors, y: v.tasks, text: v.text, texttemplate: '%{text}',
-      colorscale: 'Viridis', reversescale: true, hoverongaps: true,
-      hovertemplate: '%{y} · %{x}: k* = %{text}<extra></extra>', colorbar: {title: {text: 'k*'}}}],
-    {title: {text: S.model + ': k*, the fewest heads of each selector reaching 90% of full SITE (α = 1 on the set; blank: not reached)' +
+      colorscale: 'Viridis', reversescale: true, hoverongaps: false,
+      hovertemplate: '%{y} · %{x}: k* = %{text}<extra></extra>', colorbar: {title: {text: 'k*'}}},
+    {type: 'heatmap', z: gaps, x: v.selectors, y: v.tasks, text: v.text, texttemplate: '%{text}',
+      colorscale: [[0, '#dddddd'], [1, '#dddddd']], showscale: false, hoverongaps: false,
+      hovertemplate: '%{y} · %{x}: not reached<extra></extra>'}],
+    {title: {text: S.model + ': k*, the fewest heads reaching 90% of full SITE<br>(top-k of each selector, ' +
+       'α = 1 on the set; grey: not reached with k ≤ ' + (b.length ? b[b.length - 1] : '—') + ')' +
        (n ? ' · ' + n + ' task(s) skipped' : ''), font: {size: 13}},
-     height: Math.max(300, 160 + 14 * v.tasks.length), width: 640, margin: {l: 170, r: 20, t: 50, b: 40},
+     height: Math.max(300, 180 + 14 * v.tasks.length), width: 640, margin: {l: 170, r: 20, t: 70, b: 40},
      yaxis: {autorange: 'reversed', tickfont: {size: 9}}}, cfg);
   el.on('plotly_click', ev => { const pt = ev.points[0]; S.task = pt.y;
     document.getElementById('task').value = S.task; lazy('taskmap', renderTask);

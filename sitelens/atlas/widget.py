@@ -209,8 +209,12 @@ class Explorer:
                 self.fig_minimal.add_heatmap(z=v["z"], x=v["selectors"], y=v["tasks"], text=v["text"],
                                              texttemplate="%{text}", colorscale="Viridis",
                                              reversescale=True, colorbar_title="k*")
+                self.fig_minimal.add_heatmap(  # not reached: a grey cell
+                    z=[[1 if z is None else None for z in row] for row in v["z"]], x=v["selectors"],
+                    y=v["tasks"], text=v["text"], texttemplate="%{text}", showscale=False,
+                    colorscale=[[0, "#dddddd"], [1, "#dddddd"]])
             self.fig_minimal.update_layout(
-                title=f"{self.model}: k*, the fewest heads reaching 90% of full SITE (blank: not reached)",
+                title=f"{self.model}: k*, the fewest heads reaching 90% of full SITE (grey: not reached)",
                 height=max(300, 160 + 14 * len(v["tasks"])) if v["tasks"] else 10,
                 yaxis_autorange="reversed")
         if v["tasks"]:
