@@ -10,7 +10,7 @@ import pytest
 from browser_util import file_url, panel_colours
 
 from sitelens.atlas import AtlasConfig, build_atlas_data, build_atlas_html, head_card, pair_view, payload
-from sitelens.atlas.views import overview
+from sitelens.atlas.views import head_minimal, minimal_set, minimal_view, overview
 from sitelens.models import has_hooked_transformer, tiny_model
 from sitelens.tasks import load_task
 
@@ -127,7 +127,7 @@ def test_views_below_the_first_screen_draw_when_scrolled_to(offline_page, page_f
     assert not log.problems(), log.problems()
 
 
-PANELS = ("overview", "taskmap", "card", "sim", "pair", "depth")
+PANELS = ("overview", "taskmap", "card", "minimal", "sim", "pair", "depth")
 DRAWN = "ids => ids.map(id => document.getElementById(id).dataset.drawn || '')"
 
 
@@ -185,4 +185,67 @@ def test_page_with_the_full_plotly_bundle_also_works(offline_page, page_file, tm
     assert page.eval_on_selector('meta[name="plotly-bundle"]', "e => e.content") == "full"
     _click(page, "taskmap", 0, 1)
     page.wait_for_function("document.getElementById('card').dataset.head === 'L1H0'")
+    assert not log.problems(), log.problems()
+
+
+def _with_minimal(p: dict, model: str) -> dict:
+    """``p`` with minimal sets for every task (k* a number, or not reached; distinct sets)."""
+    p = copy.deepcopy(p)
+    m = p["models"][model]
+    n = m["n_layers"] * m["n_heads"]
+    tasks = {}
+    for i, t in enumerate(m["tasks"]):
+        tasks[t] = {"k_star": {"alpha": 1, "alpha-grad": "not reached", "atp": 2},
+                    "sets": {"alpha": [i % n], "alpha-grad": [], "atp": [i % n, (i + 3) % n]},
+                    "full_site": 0.5, "zero_shot": 0.1, "n_test": 20}
+    m["minimal"] = {"note": "", "selectors": ["alpha", "alpha-grad", "atp"], "budgets": [1, 2, 5],
+                    "tasks": tasks, "skipped": {}}
+    return p
+
+
+def test_minimal_sets_draw_on_the_task_map_the_card_and_their_panel(offline_page, page_file, tmp_path):
+    """With minimal sets: the k* panel draws the task × selector matrix of
+    :func:`sitelens.atlas.views.minimal_view`, the task map marks the task's minimal set
+    (:func:`~sitelens.atlas.views.minimal_set`), and the head card lists, per selector, the tasks whose
+    set holds the head (:func:`~sitelens.atlas.views.head_minimal`)."""
+    _, p, model = page_file
+    p = _with_minimal(p, model)
+    path = tmp_path / "atlas.html"
+    path.write_text(build_atlas_html(p), encoding="utf-8")
+    page, log = offline_page.page, offline_page.log
+    page.set_viewport_size({"width": 1400, "height": 900})
+    page.goto(file_url(path) + "?all")
+    page.wait_for_function("window.atlasReady === true")
+    v = minimal_view(p, model)
+    shown = page.eval_on_selector("#minimal", "e => ({z: e.data[0].z, y: e.data[0].y, x: e.data[0].x})")
+    assert shown == {"z": v["z"], "y": v["tasks"], "x": v["selectors"]}
+    assert page.locator("#minimal g.hm").count() == 2  # k*, and the grey layer of the not reached
+    grey = page.eval_on_selector("#minimal", "e => e.data[1].z")
+    assert grey == [[1 if z is None else None for z in row] for row in v["z"]]
+    assert any(1 in row for row in grey) and any(z is not None for row in v["z"] for z in row)
+    task = page.eval_on_selector("#task", "e => e.value")
+    want = ";".join(f"L{a}H{b}" for a, b in minimal_set(p, model, task, "alpha"))
+    assert page.eval_on_selector("#taskmap", "e => e.dataset.minimal") == want
+    assert page.locator("#taskmap g.scatterlayer .point").count() == 1  # the set's one head, marked
+    layer, head = minimal_set(p, model, task, "atp")[1]
+    _click(page, "taskmap", head, layer)
+    page.wait_for_function(f"document.getElementById('card').dataset.head === 'L{layer}H{head}'")
+    rows = page.eval_on_selector_all(
+        "#card-minimal tr", "rs => rs.map(r => [r.dataset.selector, r.querySelector('.tasks').textContent])")
+    assert dict(rows) == {s: ", ".join(ts) for s, ts in head_minimal(p, model, layer, head).items()}
+    assert any(ts for ts in dict(rows).values())  # the clicked head is in some task's set
+    assert not log.problems(), log.problems()
+
+
+def test_page_without_minimal_sets_says_so(offline_page, page_file):
+    """Older tables (no minimal.csv): the panel shows why, and everything else still works."""
+    path, p, model = page_file
+    page, log = offline_page.page, offline_page.log
+    page.goto(file_url(path) + "?all")
+    page.wait_for_function("window.atlasReady === true")
+    note = page.eval_on_selector("#minimal-note", "e => e.textContent")
+    assert note == minimal_view(p, model)["note"] and "minimal.csv" in note
+    assert page.locator("#card-minimal").count() == 0
+    _click(page, "taskmap", 2, 1)
+    page.wait_for_function("document.getElementById('card').dataset.head === 'L1H2'")
     assert not log.problems(), log.problems()

@@ -115,6 +115,11 @@ def test_full_page_screenshot_shows_every_panel(offline_page, built):
     assert ticks == overview(p, DEFAULT_MODEL)["ticks"] == [f"L{layer}H0" for layer in range(30)]
     png = page.screenshot(full_page=True)
     colours = panel_colours(page, png)
-    assert sorted(colours) == sorted(PANELS)
-    assert all(n > 16 for n in colours.values()), colours
+    assert sorted(colours) == sorted((*PANELS, "minimal"))
+    assert all(colours[k] > 16 for k in PANELS), colours
+    # the k* panel: drawn when the tables have a current minimal.csv, else the note saying why
+    if p["models"][DEFAULT_MODEL]["minimal"]["tasks"]:
+        assert colours["minimal"] > 16 and page.locator("#minimal g.hm").count() >= 1
+    else:
+        assert "minimal.csv" in page.eval_on_selector("#minimal-note", "e => e.textContent")
     assert not log.problems(), log.problems()

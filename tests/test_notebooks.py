@@ -12,10 +12,10 @@ pytestmark = pytest.mark.integration
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
-def test_four_notebooks_present():
+def test_notebooks_present():
     names = [p.stem for p in NOTEBOOKS]
     assert names == ["01_head_importance", "02_reproduce_patching_figures", "03_compare_alpha_maps",
-                     "04_head_atlas"]
+                     "04_head_atlas", "05_minimal_heads"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

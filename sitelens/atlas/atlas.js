@@ -20,7 +20,31 @@ function headCard(model, task, l, h) {
   return {head: label(l, h), model: model, task: task, scores: scores,
           alpha_ci: [ci[0][i], ci[1][i]], n_seeds: m.n_seeds[task],
           alpha_across_tasks: m.order.map(t => [t, m.lenses.alpha[t][i]]),
-          tokens: (m.tokens[task] || [])[i] || []};
+          tokens: (m.tokens[task] || [])[i] || [], minimal: headMinimal(model, l, h)};
+}
+function headMinimal(model, l, h) {
+  const m = P.models[model]; const mm = m.minimal || {}; const i = l * m.n_heads + h;
+  const per = mm.tasks || {}; const out = {};
+  for (const sel of (mm.selectors || []))
+    out[sel] = m.order.filter(t => (((per[t] || {}).sets || {})[sel] || []).includes(i));
+  return out;
+}
+function minimalSelector(model, lens) {
+  const sels = (P.models[model].minimal || {}).selectors || [];
+  return sels.includes(lens) ? lens : (sels.includes('alpha') ? 'alpha' : (sels.length ? sels[0] : null));
+}
+function minimalSet(model, task, sel) {
+  const m = P.models[model]; const t = ((m.minimal || {}).tasks || {})[task] || {};
+  return ((t.sets || {})[sel] || []).map(j => [Math.floor(j / m.n_heads), j % m.n_heads]);
+}
+function minimalView(model) {
+  const m = P.models[model]; const mm = m.minimal || {}; const per = mm.tasks || {};
+  const sels = mm.selectors || []; const rows = m.order.filter(t => t in per);
+  const k = (t, s) => per[t].k_star[s];
+  return {tasks: rows, selectors: sels,
+          z: rows.map(t => sels.map(s => Number.isInteger(k(t, s)) ? k(t, s) : null)),
+          text: rows.map(t => sels.map(s => k(t, s) === undefined ? '—' : String(k(t, s)))),
+          note: mm.note || (rows.length ? '' : 'No task has a minimal set.'), skipped: mm.skipped || {}};
 }
 function taskMap(model, task, lens) {
   const m = P.models[model]; const H = m.n_heads;
@@ -78,9 +102,17 @@ function renderTask() {
   const m = M(); const z = taskMap(S.model, S.task, S.lens);
   const text = z.map((row, l) => row.map((v, h) => label(l, h) + ': ' + fmt(v)));
   const el = document.getElementById('taskmap');
-  Plotly.newPlot(el, [Object.assign({type: 'heatmap', z: z, text: text, hovertemplate: '%{text}<extra></extra>',
-      colorscale: colorscale(S.lens), reversescale: S.lens !== 'alpha'}, zrange(S.lens))],
-    {title: {text: S.task + ': ' + S.lens, font: {size: 14}}, width: 120 + 36 * m.n_heads + 120,
+  const sel = minimalSelector(S.model, S.lens); const ms = minimalSet(S.model, S.task, sel);
+  const ks = sel ? ((((m.minimal || {}).tasks || {})[S.task] || {}).k_star || {})[sel] : undefined;
+  el.dataset.minimal = ms.map(([l, h]) => label(l, h)).join(';');
+  const traces = [Object.assign({type: 'heatmap', z: z, text: text, hovertemplate: '%{text}<extra></extra>',
+      colorscale: colorscale(S.lens), reversescale: S.lens !== 'alpha'}, zrange(S.lens))];
+  if (ms.length) traces.push({type: 'scatter', mode: 'markers', x: ms.map(p => p[1]), y: ms.map(p => p[0]),
+      hoverinfo: 'skip', showlegend: false, name: 'minimal set',
+      marker: {symbol: 'x-thin-open', size: 11, color: '#ff00ff', line: {width: 3, color: '#ff00ff'}}});
+  const sub = ks === undefined ? '' : ' · × minimal set of ' + sel + ' (k* = ' + ks + ')';
+  Plotly.newPlot(el, traces,
+    {title: {text: S.task + ': ' + S.lens + sub, font: {size: 14}}, width: 120 + 36 * m.n_heads + 120,
      height: Math.max(320, 100 + 14 * m.n_layers), margin: {l: 50, r: 10, t: 40, b: 40},
      xaxis: {title: 'head', dtick: 1}, yaxis: {title: 'layer', autorange: 'reversed', dtick: 1}}, cfg);
   el.on('plotly_click', ev => { const pt = ev.points[0]; showCard(pt.y, pt.x); });
@@ -100,12 +132,41 @@ function showCard(l, h) {
     fmt(c.alpha_ci[0]) + ', ' + fmt(c.alpha_ci[1]) + ']</span></p>' +
     '<table id="card-scores">' + rows + '</table>' +
     '<p class="note">Top tokens its injected vector promotes (t·W_O → unembedding):</p>' +
-    '<div class="tokens" id="card-tokens">' + toks + '</div><div id="card-across"></div>';
+    '<div class="tokens" id="card-tokens">' + toks + '</div>' + minimalRows(c) + '<div id="card-across"></div>';
   const xs = c.alpha_across_tasks.map(r => r[0]), ys = c.alpha_across_tasks.map(r => r[1]);
   Plotly.newPlot('card-across', [{type: 'bar', x: xs, y: ys, marker: {color: xs.map(t => t === S.task ? '#d62728' : '#1f77b4')}}],
     {title: {text: 'α of ' + c.head + ' in every task', font: {size: 12}}, height: 260,
      margin: {l: 40, r: 10, t: 30, b: 90}, xaxis: {tickfont: {size: 8}}, yaxis: {range: [0, 1]}}, cfg);
   drawn('card');
+}
+function minimalRows(c) {
+  const sels = Object.keys(c.minimal);
+  if (!sels.length) return '';
+  return '<p class="note">Tasks whose minimal set (k*) holds ' + c.head + ':</p><table id="card-minimal">' +
+    sels.map(s => '<tr data-selector="' + s + '"><td>' + s + '</td><td class="v">' + c.minimal[s].length +
+      '</td><td class="tasks">' + c.minimal[s].join(', ') + '</td></tr>').join('') + '</table>';
+}
+function renderMinimal() {
+  const v = minimalView(S.model); const el = document.getElementById('minimal');
+  el.dataset.tasks = v.tasks.length;
+  if (!v.tasks.length) { Plotly.purge(el); el.innerHTML = '<p class="note" id="minimal-note">' + v.note + '</p>'; return; }
+  el.innerHTML = '';
+  const n = Object.keys(v.skipped).length; const b = (M().minimal || {}).budgets || [];
+  const gaps = v.z.map(row => row.map(z => z === null ? 1 : null));  // not reached: a grey cell
+  Plotly.newPlot(el, [{type: 'heatmap', z: v.z, x: v.selectors, y: v.tasks, text: v.text, texttemplate: '%{text}',
+      colorscale: 'Viridis', reversescale: true, hoverongaps: false,
+      hovertemplate: '%{y} · %{x}: k* = %{text}<extra></extra>', colorbar: {title: {text: 'k*'}}},
+    {type: 'heatmap', z: gaps, x: v.selectors, y: v.tasks, text: v.text, texttemplate: '%{text}',
+      colorscale: [[0, '#dddddd'], [1, '#dddddd']], showscale: false, hoverongaps: false,
+      hovertemplate: '%{y} · %{x}: not reached<extra></extra>'}],
+    {title: {text: S.model + ': k*, the fewest heads reaching 90% of full SITE<br>(top-k of each selector, ' +
+       'α = 1 on the set; grey: not reached with k ≤ ' + (b.length ? b[b.length - 1] : '—') + ')' +
+       (n ? ' · ' + n + ' task(s) skipped' : ''), font: {size: 13}},
+     height: Math.max(300, 180 + 14 * v.tasks.length), width: 640, margin: {l: 170, r: 20, t: 70, b: 40},
+     yaxis: {autorange: 'reversed', tickfont: {size: 9}}}, cfg);
+  el.on('plotly_click', ev => { const pt = ev.points[0]; S.task = pt.y;
+    document.getElementById('task').value = S.task; lazy('taskmap', renderTask);
+    if (S.head) showCard(S.head[0], S.head[1]); });
 }
 function renderSimilarity() {
   const m = M(); const idx = m.order.map(t => m.tasks.indexOf(t));
@@ -181,7 +242,7 @@ function renderModel() {
   S.task = M().order[0]; fillSelect('task', M().order, S.task);
   renderSummary(); renderOverview(); drawn('overview');
   lazy('taskmap', renderTask); lazy('card', () => showCard(S.head ? S.head[0] : 0, S.head ? S.head[1] : 0));
-  lazy('sim', renderSimilarity);
+  lazy('minimal', renderMinimal); lazy('sim', renderSimilarity);
   const first = M().order[0], second = M().order[Math.min(1, M().order.length - 1)];
   lazy('pair', () => renderPair(S.pair ? S.pair[0] : first, S.pair ? S.pair[1] : second));
 }

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sitelens.atlas.tables import MINIMAL_FILE, read_minimal
 from sitelens.io import atomic_write_csv, atomic_write_json
 from sitelens.models import LoadSpec
 
@@ -81,6 +82,8 @@ class AtlasData:
     tokens: pd.DataFrame  # task, layer, head, rank, token, logit
     lenses: pd.DataFrame  # task, lens, layer, head, score, ci_low, ci_high (may be empty)
     summary: dict = field(default_factory=dict)
+    minimal: pd.DataFrame | None = None  # minimal.csv (sitelens.atlas.minimal), when made and current
+    minimal_note: str = ""  # why there is no minimal table
 
     @property
     def tasks(self) -> list[str]:
@@ -99,6 +102,8 @@ class AtlasData:
         atomic_write_csv(d / "transfer.csv", self.transfer)
         atomic_write_csv(d / "tokens.csv", self.tokens)
         atomic_write_csv(d / "lenses.csv", self.lenses)
+        if self.minimal is not None:
+            atomic_write_csv(d / MINIMAL_FILE, self.minimal)
         atomic_write_json(d / "summary.json", {"model": self.model, "n_layers": self.n_layers,
                                                "n_heads": self.n_heads, **self.summary})
         return d
@@ -114,13 +119,14 @@ class AtlasData:
                               "Build it with `sitelens atlas --refit`.")
         summary = json.loads((d / "summary.json").read_text())
         sim = pd.read_csv(d / "similarity.csv").set_index("task")
+        minimal, note = read_minimal(d, summary)
         return cls(
             model=summary.pop("model"), n_layers=int(summary.pop("n_layers")),
             n_heads=int(summary.pop("n_heads")), alpha=pd.read_csv(d / "alpha.csv"),
             similarity=sim, transfer=pd.read_csv(d / "transfer.csv"),
             tokens=pd.read_csv(d / "tokens.csv", keep_default_na=False),
-            lenses=pd.read_csv(d / "lenses.csv"), summary=summary,
-        )
+            lenses=pd.read_csv(d / "lenses.csv"), summary=summary, minimal=minimal,
+            minimal_note=note)
 
 
 # ----------------------------------------------------------------------------------------------

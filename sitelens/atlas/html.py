@@ -79,6 +79,7 @@ def build_atlas_html(payload: dict, *, title: str = "sitelens head atlas", plotl
         '<div class="panel" id="overview"></div>',
         '<div class="row"><div class="panel" id="taskmap"></div>'
         '<div class="panel card" id="card"></div></div>',
+        '<div class="panel" id="minimal"></div>',
         '<div class="row"><div class="panel" id="sim"></div><div class="panel" id="pair"></div></div>',
         '<div class="panel" id="depth"></div>',
         '<p class="note">Built by <code>sitelens atlas</code>. Scores: higher = more important in '

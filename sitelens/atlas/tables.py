@@ -57,3 +57,30 @@ def no_tables_message(root: str | Path, missing: Sequence[str] = ()) -> str:
     return (f"No atlas tables {what}under {root} ({where}). {todo[0].upper()}{todo[1:]}; only as a last "
             "resort rebuild them with `sitelens atlas --refit --tasks-dir DIR` (FV-layout task folders, "
             f"e.g. ../shared/datasets/fv), {REFIT_COST}.")
+
+
+MINIMAL_FILE = "minimal.csv"  # the fast selectors' k* (sitelens.atlas.minimal); optional
+
+
+def read_minimal(directory: str | Path, summary: dict):
+    """``(table, note)``: ``minimal.csv`` of an atlas folder when it was made with the weights and
+    numerics of ``summary`` (its ``fingerprint`` and ``numerics_version``), else ``(None, why)``:
+    the page and the widget then say why instead of the minimal sets."""
+    import pandas as pd
+
+    path = Path(directory) / MINIMAL_FILE
+    how = "run scripts/atlas_minimal.py (sitelens.atlas.minimal.build_minimal) to compute it"
+    if not path.is_file():
+        return None, f"No minimal sets for this model (no {MINIMAL_FILE} beside its tables): {how}."
+    try:
+        df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={"k_star": str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        return None, f"{MINIMAL_FILE} is unreadable ({type(e).__name__}); {how}."
+    want = {"fingerprint": str(summary.get("fingerprint")),
+            "numerics_version": str(summary.get("numerics_version"))}
+    for col, v in want.items():
+        got = sorted(set(df[col].astype(str))) if col in df else ["(none)"]
+        if got != [v]:
+            return None, (f"{MINIMAL_FILE} was made with {col} {', '.join(got)}, the atlas tables "
+                          f"with {v}: it is stale and not shown; {how}.")
+    return df, ""

@@ -27,6 +27,45 @@ def cluster_order(similarity) -> list[str]:
     return order(similarity)
 
 
+def _parse_heads(text, n_heads: int) -> list[int]:
+    """``"L1H2;L0H3"`` → flat indices ``[1 * n_heads + 2, 3]``."""
+    out = []
+    for h in str(text or "").split(";"):
+        if h:
+            layer, head = h[1:].split("H")
+            out.append(int(layer) * n_heads + int(head))
+    return out
+
+
+def minimal_payload(data: AtlasData) -> dict:
+    """The minimal sets of ``minimal.csv`` (:mod:`sitelens.atlas.minimal`): per task, k* of each
+    selector (an int, or ``"not reached"``) and its set S_{k*} (flat head indices; empty when not
+    reached), full SITE, zero-shot and the test items; the skipped tasks with their reason;
+    ``note``: why there are none (no or a stale ``minimal.csv``), else ``""``."""
+    df = data.minimal
+    note = data.minimal_note or ("" if df is not None else "No minimal sets for this model (no "
+                                 "minimal.csv): run scripts/atlas_minimal.py to compute them.")
+    out = {"note": note, "selectors": [], "budgets": [], "tasks": {}, "skipped": {}}
+    if df is None:
+        return out
+    skip = df.skipped.fillna("").astype(str) != ""
+    out["skipped"] = {r.task: r.skipped for r in df[skip].itertuples()}
+    done = df[~skip]
+    out["selectors"] = list(dict.fromkeys(done.selector))
+    out["budgets"] = sorted({int(k) for k in done.k})
+    for t, g in done.groupby("task", sort=False):
+        ks, sets = {}, {}
+        for sel, gs in g.groupby("selector", sort=False):
+            k = str(gs.k_star.iloc[0])
+            ks[sel] = int(float(k)) if k.replace(".", "").isdigit() else k
+            hit = gs[gs.k.astype(int) == ks[sel]] if isinstance(ks[sel], int) else gs.iloc[:0]
+            sets[sel] = _parse_heads(hit.heads.iloc[0], data.n_heads) if len(hit) else []
+        r = g.iloc[0]
+        out["tasks"][t] = {"k_star": ks, "sets": sets, "full_site": round_or_none(r.full_site),
+                           "zero_shot": round_or_none(r.zero_shot), "n_test": int(r.n_test)}
+    return out
+
+
 def model_payload(data: AtlasData) -> dict:
     """Everything the views need for one model."""
     tasks = data.tasks
@@ -68,6 +107,7 @@ def model_payload(data: AtlasData) -> dict:
         "transfer": [[round_or_none(v) for v in row] for row in acc.to_numpy(float)],
         "zero_shot": _flat(zs.to_numpy(float)),
         "depth_mass": _flat(prof["mass"].to_numpy()),
+        "minimal": minimal_payload(data),
         "summary": {k: data.summary.get(k) for k in (
             "similarity_vs_transfer", "similarity_vs_transfer_zero_shot_normalized",
             "family_test", "n_tasks", "config")},
@@ -124,7 +164,47 @@ def head_card(p: dict, model: str, task: str, layer: int, head: int) -> dict:
         "alpha_ci": [ci[0][i], ci[1][i]], "n_seeds": m["n_seeds"].get(task),
         "alpha_across_tasks": alpha_across,
         "tokens": m["tokens"].get(task, [[]] * (i + 1))[i],
+        "minimal": head_minimal(p, model, layer, head),
     }
+
+
+def head_minimal(p: dict, model: str, layer: int, head: int) -> dict:
+    """Per selector, the tasks (cluster order) whose minimal set S_{k*} contains the head (``{}``
+    without minimal sets)."""
+    m = p["models"][model]
+    mm = m.get("minimal") or {}
+    i = layer * m["n_heads"] + head
+    per = mm.get("tasks", {})
+    return {sel: [t for t in m["order"] if i in per.get(t, {}).get("sets", {}).get(sel, [])]
+            for sel in mm.get("selectors", [])}
+
+
+def minimal_selector(p: dict, model: str, lens: str) -> str | None:
+    """The selector whose minimal set the task map marks under ``lens``: the lens itself when it
+    is one of the selectors, else ``alpha`` (``None`` without minimal sets)."""
+    sels = (p["models"][model].get("minimal") or {}).get("selectors", [])
+    return lens if lens in sels else ("alpha" if "alpha" in sels else (sels[0] if sels else None))
+
+
+def minimal_set(p: dict, model: str, task: str, selector: str | None) -> list[list[int]]:
+    """``[[layer, head], ...]`` of ``task``'s minimal set under ``selector`` (empty when none)."""
+    m = p["models"][model]
+    t = (m.get("minimal") or {}).get("tasks", {}).get(task, {})
+    return [[j // m["n_heads"], j % m["n_heads"]] for j in t.get("sets", {}).get(selector, [])]
+
+
+def minimal_view(p: dict, model: str) -> dict:
+    """The k* panel: tasks (cluster order, those with minimal sets) × selectors, ``z`` = k*
+    (``None``: not reached), ``text`` its label; ``note`` why there is nothing to show."""
+    mm = p["models"][model].get("minimal") or {}
+    per, sels = mm.get("tasks", {}), mm.get("selectors", [])
+    rows = [t for t in p["models"][model]["order"] if t in per]
+    z = [[per[t]["k_star"].get(s) if isinstance(per[t]["k_star"].get(s), int) else None for s in sels]
+         for t in rows]
+    text = [[str(per[t]["k_star"].get(s, "—")) for s in sels] for t in rows]
+    note = mm.get("note") or ("" if rows else "No task has a minimal set.")
+    return {"tasks": rows, "selectors": sels, "z": z, "text": text, "note": note,
+            "skipped": mm.get("skipped", {})}
 
 
 def task_map(p: dict, model: str, task: str, lens: str = "alpha") -> list[list]:

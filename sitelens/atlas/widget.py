@@ -14,7 +14,16 @@ from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
-from sitelens.atlas.views import head_card, overview, pair_view, payload, task_map
+from sitelens.atlas.views import (
+    head_card,
+    minimal_selector,
+    minimal_set,
+    minimal_view,
+    overview,
+    pair_view,
+    payload,
+    task_map,
+)
 from sitelens.format import fmt_float
 
 _fmt = partial(fmt_float, digits=4, missing="—")  # the card's numbers; null in the payload → a dash
@@ -26,9 +35,14 @@ def card_html(card: dict, lenses: Sequence[str]) -> str:
                    f"{_fmt(card['scores'].get(lens))}</td></tr>" for lens in lenses)
     toks = " ".join(f"<code>{html.escape(t)}</code>" for t in card["tokens"])
     lo, hi = card["alpha_ci"]
+    mins = "".join(f'<tr data-selector="{sel}"><td>{sel}</td><td style="text-align:right">{len(ts)}</td>'
+                   f"<td><small>{html.escape(', '.join(ts))}</small></td></tr>"
+                   for sel, ts in (card.get("minimal") or {}).items())
+    mins = (f"<p>Tasks whose minimal set (k*) holds {card['head']}:</p><table>{mins}</table>"
+            if mins else "")
     return (f"<h3>{card['head']} <small>{card['model']} · {card['task']}</small></h3>"
             f"<p>α 95% interval over {card['n_seeds']} seed(s): [{_fmt(lo)}, {_fmt(hi)}]</p>"
-            f"<table>{rows}</table><p>Top tokens its injected vector promotes: {toks}</p>")
+            f"<table>{rows}</table><p>Top tokens its injected vector promotes: {toks}</p>{mins}")
 
 
 class Explorer:
@@ -54,12 +68,15 @@ class Explorer:
         self.fig_sim = go.FigureWidget()
         self.fig_pair = go.FigureWidget(self._pair_figure())
         self.card = w.HTML()
+        self.fig_minimal = go.FigureWidget()
+        self.minimal_note = w.HTML()
         self.dd_model.observe(lambda c: self.set_model(c["new"]), names="value")
         self.dd_lens.observe(lambda c: self.set_lens(c["new"]), names="value")
         self.dd_task.observe(lambda c: self.set_task(c["new"]), names="value")
         self.widget = w.VBox([
             w.HBox([self.dd_model, self.dd_lens, self.dd_task]), self.fig_overview,
             w.HBox([self.fig_task, w.VBox([self.card, self.fig_across])]),
+            w.VBox([self.minimal_note, self.fig_minimal]),
             w.HBox([self.fig_sim, self.fig_pair])])
         self._render_all()
 
@@ -135,6 +152,7 @@ class Explorer:
         self._render_overview()
         self._render_task()
         self.select_head(*self.head)
+        self._render_minimal()
         self._render_similarity()
         order = self.m["order"]
         self.select_pair(order[0], order[min(1, len(order) - 1)])
@@ -165,11 +183,44 @@ class Explorer:
         with self.fig_task.batch_update():
             self.fig_task.data = []
             self.fig_task.add_heatmap(z=z, colorscale="Viridis" if self.lens == "alpha" else "RdBu")
-            self.fig_task.update_layout(title=f"{self.task}: {self.lens}", xaxis_title="head",
+            sel = minimal_selector(self.p, self.model, self.lens)
+            ms = minimal_set(self.p, self.model, self.task, sel)
+            title = f"{self.task}: {self.lens}"
+            if ms:  # the minimal set S_{k*} of the selector matching the lens (else alpha's)
+                self.fig_task.add_scatter(x=[h for _, h in ms], y=[layer for layer, _ in ms],
+                                          mode="markers", hoverinfo="skip", showlegend=False,
+                                          marker=dict(symbol="x-thin-open", size=11, color="#ff00ff",
+                                                      line=dict(width=3, color="#ff00ff")))
+                k = self.m["minimal"]["tasks"][self.task]["k_star"][sel]
+                title += f" · × minimal set of {sel} (k* = {k})"
+            self.fig_task.update_layout(title=title, xaxis_title="head",
                                         yaxis_title="layer", yaxis_autorange="reversed",
                                         height=max(320, 100 + 14 * self.m["n_layers"]))
         self.fig_task.data[0].on_click(
             lambda trace, points, selector: points.point_inds and self.select_head(*points.point_inds[0]))
+
+    def _render_minimal(self) -> None:
+        """k* per task and selector (the note instead when there are no minimal sets)."""
+        v = minimal_view(self.p, self.model)
+        self.minimal_note.value = f"<p><i>{html.escape(v['note'])}</i></p>" if v["note"] else ""
+        with self.fig_minimal.batch_update():
+            self.fig_minimal.data = []
+            if v["tasks"]:
+                self.fig_minimal.add_heatmap(z=v["z"], x=v["selectors"], y=v["tasks"], text=v["text"],
+                                             texttemplate="%{text}", colorscale="Viridis",
+                                             reversescale=True, colorbar_title="k*")
+                self.fig_minimal.add_heatmap(  # not reached: a grey cell
+                    z=[[1 if z is None else None for z in row] for row in v["z"]], x=v["selectors"],
+                    y=v["tasks"], text=v["text"], texttemplate="%{text}", showscale=False,
+                    colorscale=[[0, "#dddddd"], [1, "#dddddd"]])
+            self.fig_minimal.update_layout(
+                title=f"{self.model}: k*, the fewest heads reaching 90% of full SITE (grey: not reached)",
+                height=max(300, 160 + 14 * len(v["tasks"])) if v["tasks"] else 10,
+                yaxis_autorange="reversed")
+        if v["tasks"]:
+            self.fig_minimal.data[0].on_click(
+                lambda trace, points, selector: points.point_inds
+                and setattr(self.dd_task, "value", v["tasks"][points.point_inds[0][0]]))
 
     def _render_similarity(self) -> None:
         m = self.m
