@@ -40,7 +40,7 @@ class NetworkTouched(Exception):
 @pytest.fixture
 def no_network(monkeypatch):
     """Every HTTP request of this process is recorded and refused at the client's ``send``:
-    huggingface_hub 1.x sends through ``httpx2`` (its own fork of httpx), older ones and
+    huggingface_hub 2.x sends through ``httpx2`` (a fork of httpx), older releases and
     transformers' helpers through ``httpx`` or ``requests``. Returns the list of attempted URLs.
     NetworkTouched is no transport error, so the Hub's retry-with-backoff does not retry it."""
     import importlib
