@@ -38,10 +38,22 @@ def _hub_offline(enabled: bool = True):
         constants.HF_HUB_OFFLINE = old
 
 
+def _capped_n_ctx(name: str, n_ctx: int) -> int:
+    """``n_ctx`` capped at the official model's own context length (read from its cached
+    ``config.json`` by TransformerLens): learned position embeddings (GPT-2's 1024) cannot be
+    stretched, and local directories and bundled models cap it the same way."""
+    from transformer_lens.loading_from_pretrained import get_pretrained_model_config
+
+    own = get_pretrained_model_config(name).n_ctx
+    return min(int(n_ctx), int(own or n_ctx))
+
+
 def _load_official(name: str, *, n_ctx: int, backend: str, device=None, dtype=None,
                    n_devices: int = 1, device_map=None):
     """A TransformerLens official model from the local Hugging Face cache (checked first by
-    :func:`check_model_available`), in Hub offline mode unless downloads are allowed. Loaded in
+    :func:`check_model_available`), in Hub offline mode unless downloads are allowed. As a local
+    directory or a bundled model: LayerNorm folded, writing weights and unembedding not centred
+    (the Hugging Face model's own logits), ``n_ctx`` capped at the model's own. Loaded in
     ``dtype`` (no float32 copy of a large model); a ``HookedTransformer`` goes to ``device`` (one
     device) or stays on the CPU for the finalizing step to split (``n_devices`` > 1); a bridge
     gets ``device`` / ``n_devices`` / ``device_map`` from Hugging Face."""
@@ -57,13 +69,18 @@ def _load_official(name: str, *, n_ctx: int, backend: str, device=None, dtype=No
                     kw = {"device_map": device_map}
                 elif n_devices > 1:
                     kw = {"n_devices": n_devices}
-                model = TransformerBridge.boot_transformers(name, n_ctx=n_ctx, dtype=dtype, **kw)
+                # booted at the model's own context (learned position embeddings cannot be
+                # stretched), then capped as a local directory's bridge is
+                model = TransformerBridge.boot_transformers(name, dtype=dtype, **kw)
+                model.cfg.n_ctx = min(int(n_ctx), int(model.cfg.n_ctx or n_ctx))
             else:
                 from transformer_lens import HookedTransformer
 
+                n_ctx = _capped_n_ctx(name, n_ctx)
                 one = n_devices == 1
                 model = HookedTransformer.from_pretrained(
                     name, n_ctx=n_ctx, default_padding_side="left", dtype=dtype,
+                    center_writing_weights=False, center_unembed=False,  # HF's own logits
                     device=str(device) if (device is not None and one) else "cpu",
                     move_to_device=one,
                 )
