@@ -40,13 +40,13 @@ from tqdm.auto import tqdm
 from sitelens.eval.evaluate import evaluate
 from sitelens.eval.metrics import wilson_interval
 from sitelens.lenses.alpha import jaccard
+from sitelens.lenses.joint_fit import fit_many
 from sitelens.lenses.selectors import (
     FrontierConfig,
     Selection,
     SelectionContext,
     check_budgets,
     check_task_splits,
-    fit_head_weights,
     fit_site_counted,
     head_label,
     mask_of,
@@ -177,19 +177,26 @@ def _resampled(task: Task, b: int) -> Task:
                    valid=[rng.choice(task.valid) for _ in task.valid])
 
 
-def _refit_weights(ctx: SelectionContext, heads: list[int], cfg: FrontierConfig) -> tuple[Tensor, dict]:
-    """α re-fitted on ``heads`` only (the others held at 0) and the fit's counted cost."""
+def _refit_all(ctx: SelectionContext, sets: list[tuple[int, ...]], cfg: FrontierConfig) -> dict:
+    """α re-fitted on each head set (the others held at 0), every set at once
+    (:func:`~sitelens.lenses.joint_fit.fit_many`: the same fits as one
+    :func:`~sitelens.lenses.selectors.fit_head_weights` per set, up to float rounding). Returns
+    ``{set: (weights [L, H], cost)}``; each set's cost is its share of the joint fit's counted
+    passes and seconds (the total over the sets)."""
+    if not sets:
+        return {}
     shape = ctx.shape
-    mask = mask_of(heads, shape).flatten()  # [L * H]
+    masks = torch.stack([mask_of(list(h), shape).flatten() for h in sets])  # [n_sets, L * H]
     fit = replace(cfg.refit or cfg.fit, seed=ctx.seed)
     with ForwardPassCounter(ctx.model) as fwd, BackwardPassCounter(ctx.model) as bwd:
-        a = fit_head_weights(ctx.model, ctx.task, ctx.adapter.embedding, fit,
-                             lambda x: torch.sigmoid(x) * mask.to(x.device),
-                             template=ctx.adapter.template, what=f"α on {len(heads)} heads",
-                             progress=ctx.progress)
-    w = torch.sigmoid(a.flatten()) * mask
-    return w.reshape(shape), {"forward_passes": fwd.count, "backward_passes": bwd.count,
-                              "seconds": fwd.seconds}
+        kept = fit_many(ctx.model, ctx.task, ctx.adapter.embedding, fit,
+                        lambda x: torch.sigmoid(x) * masks.to(x.device), len(sets),
+                        template=ctx.adapter.template, what="α on each head set",
+                        max_rows=cfg.batch_size)
+    n = len(sets)
+    cost = {"forward_passes": fwd.count / n, "backward_passes": bwd.count / n, "seconds": fwd.seconds / n}
+    w = torch.sigmoid(kept.reshape(n, -1)) * masks
+    return {h: (w[i].reshape(shape), cost) for i, h in enumerate(sets)}
 
 
 def _exact_match(model, task, cfg: FrontierConfig, weights: Tensor, embedding, template) -> np.ndarray:
@@ -209,7 +216,9 @@ def _score_seed(ctx: SelectionContext, selections: list[Selection], budgets, inj
     test = LastTokenSet.build(model, items, ctx.adapter.template)
     conds: list[dict] = []
     weights = [torch.zeros(L, H), ctx.adapter.alpha.float().cpu()]
-    refits: dict[tuple, tuple[Tensor, dict]] = {}
+    todo = {tuple(sorted(h)): None for s in selections for h in s.sets.values()
+            if h is not None and "refit" in injections}
+    refits = _refit_all(ctx, list(todo), cfg)
     for s in selections:
         base = dict(fit_cost) if s.selector == "alpha" else {}
         cost = {key: getattr(s, key) + base.get(key, 0) for key in COST}
@@ -222,10 +231,7 @@ def _score_seed(ctx: SelectionContext, selections: list[Selection], budgets, inj
                     if inj == "alpha1":
                         w = mask_of(heads, (L, H))
                     else:
-                        key = tuple(sorted(heads))
-                        if key not in refits:
-                            refits[key] = _refit_weights(ctx, list(heads), cfg)
-                        w, rc = refits[key]
+                        w, rc = refits[tuple(sorted(heads))]
                         row.update({c: row[c] + rc[c] for c in rc})
                     row["_cond"] = len(weights)
                     weights.append(w)

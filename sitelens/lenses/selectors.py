@@ -38,6 +38,7 @@ from torch import Tensor
 
 from sitelens.errors import LensError, TaskError
 from sitelens.lenses.attribution import AttributionConfig
+from sitelens.lenses.joint_fit import fit_many
 from sitelens.lenses.registry import LensInputs, get_lens
 from sitelens.models import place_layer_rows
 from sitelens.patching.engine import BackwardPassCounter, ForwardPassCounter, row_grid, run_rows
@@ -212,14 +213,27 @@ def _lens_sets(ctx: SelectionContext, name: str, budgets) -> tuple[dict, dict]:
 
 
 def _alpha_sparse_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
+    """One α fit per λ of the grid on the full fit's embedding, all λ at once
+    (:func:`~sitelens.lenses.joint_fit.fit_many`: the same fits as
+    :func:`sitelens.site.fit_alpha` with that sparsity, up to float rounding); the λ whose top-k
+    sets score best on valid, on average over the budgets, is kept."""
     cfg, shape = ctx.config, ctx.shape
+    fit = replace(cfg.fit, seed=ctx.seed)
+    lams = torch.tensor([float(x) for x in cfg.sparsity_grid])  # [n_lambda]
+    if fit.protocol == "default":
+        kept = fit_many(ctx.model, ctx.task, ctx.adapter.embedding, fit, torch.sigmoid, len(lams),
+                        template=ctx.adapter.template, what="sparse α",
+                        penalty=lambda a: lams.to(a.device) * torch.sigmoid(a).mean(1),
+                        max_rows=cfg.batch_size)
+        alphas = list(torch.sigmoid(kept))  # n_lambda × [L, H]
+    else:  # the official protocol's own batches and kept α: one fit_site per λ
+        alphas = [fit_site(ctx.model, ctx.task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots,
+                           config=replace(fit, sparsity=float(lam)), template=ctx.adapter.template,
+                           embedding=ctx.adapter.embedding, progress=ctx.progress).alpha
+                  for lam in cfg.sparsity_grid]
     orders, valid = [], []
-    for lam in cfg.sparsity_grid:
-        ad = fit_site(ctx.model, ctx.task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots,
-                      config=replace(cfg.fit, seed=ctx.seed, sparsity=float(lam)),
-                      template=ctx.adapter.template,
-                      embedding=ctx.adapter.embedding, progress=ctx.progress)
-        order = ranking(ad.alpha)
+    for alpha in alphas:
+        order = ranking(alpha)
         w = torch.stack([mask_of(order[:k], shape) for k in budgets])  # [n_budgets, L, H]
         acc, _ = ctx.valid_scores(w)
         orders.append(order)
@@ -335,17 +349,28 @@ def straight_through_topk(k: int) -> Callable[[Tensor], Tensor]:
     return fn
 
 
+def straight_through_topk_rows(ks: Sequence[int]) -> Callable[[Tensor], Tensor]:
+    """:func:`straight_through_topk` per row: row ``r`` of ``a`` ``[R, n]`` keeps its ``ks[r]``
+    largest entries."""
+    def fn(a: Tensor) -> Tensor:
+        soft = torch.sigmoid(a)
+        hard = torch.stack([topk_mask(row, k) for row, k in zip(a, ks)])  # [R, n]
+        return hard + soft - soft.detach()
+    return fn
+
+
 def _sparse_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
+    """One straight-through top-k fit per budget, every budget at once
+    (:func:`~sitelens.lenses.joint_fit.fit_many`: the same fits as :func:`fit_head_weights` with
+    :func:`straight_through_topk`, up to float rounding), all from the same seeded start."""
     cfg = replace(ctx.config.fit, seed=ctx.seed)
     gen = torch.Generator().manual_seed(ctx.seed)
     init = cfg.init + 1e-3 * torch.randn(ctx.shape[0] * ctx.shape[1], generator=gen)  # breaks ties
-    sets = {}
-    for k in budgets:
-        a = fit_head_weights(ctx.model, ctx.task, ctx.adapter.embedding, cfg, straight_through_topk(k),
-                             template=ctx.adapter.template, what=f"{k}-sparse α", init=init,
-                             progress=ctx.progress)
-        sets[k] = ranking(a)[:k]
-    return sets, {}
+    ks = list(budgets)
+    kept = fit_many(ctx.model, ctx.task, ctx.adapter.embedding, cfg, straight_through_topk_rows(ks),
+                    len(ks), template=ctx.adapter.template, what="k-sparse α",
+                    init=init.repeat(len(ks), 1), max_rows=ctx.config.batch_size)
+    return {k: ranking(a)[:k] for k, a in zip(ks, kept)}, {}
 
 
 def select(ctx: SelectionContext, selector: str, budgets: Sequence[int]) -> Selection:
@@ -370,5 +395,6 @@ def select(ctx: SelectionContext, selector: str, budgets: Sequence[int]) -> Sele
 __all__ = [
     "SELECTORS", "FrontierConfig", "Selection", "SelectionContext", "best_candidate", "check_budgets",
     "check_task_splits", "fit_head_weights", "fit_site_counted", "greedy_step_scores", "head_label",
-    "mask_of", "parse_selectors", "ranking", "select", "straight_through_topk", "topk_mask",
+    "mask_of", "parse_selectors", "ranking", "select", "straight_through_topk", "straight_through_topk_rows",
+    "topk_mask",
 ]
