@@ -14,7 +14,9 @@ own fit would take. Validation and the kept logits are per condition (strictly l
 replaces, so ties keep the earlier, as :func:`sitelens.site.training.run_training`).
 
 The numbers equal the separate fits' up to float32 rounding (a larger batch may sum in another
-order); ``tests/test_frontier_pin.py`` checks that the sets and accuracies of a tiny frontier are
+order); where two validation checks tie to within that rounding (e.g. a straight-through top-k
+mask that did not change between them) either fit may keep the other check's logits.
+``tests/test_frontier_pin.py`` checks that the sets and accuracies of a tiny frontier are
 unchanged and ``tests/test_frontier_speed.py`` compares the kept logits with the one-by-one fits.
 """
 
