@@ -209,13 +209,15 @@ def _exact_match(model, task, cfg: FrontierConfig, weights: Tensor, embedding, t
 
 def _score_seed(ctx: SelectionContext, selections: list[Selection], budgets, injections, cfg,
                 fit_cost: dict) -> list[dict]:
-    """The rows of one seed: every (selector, k, injection) set injected on the test items."""
+    """The rows of one seed: every (selector, k, injection) set injected on the test items, all in
+    one batched first-token pass (and one generation per distinct mix for exact match)."""
     model, task = ctx.model, ctx.task
     L, H = ctx.shape
     items = task.test[: cfg.test_limit] if cfg.test_limit else task.test
     test = LastTokenSet.build(model, items, ctx.adapter.template)
     conds: list[dict] = []
     weights = [torch.zeros(L, H), ctx.adapter.alpha.float().cpu()]
+    seen: dict[bytes, int] = {}  # identical mixes (the same set from two selectors) run once
     todo = {tuple(sorted(h)): None for s in selections for h in s.sets.values()
             if h is not None and "refit" in injections}
     refits = _refit_all(ctx, list(todo), cfg)
@@ -233,8 +235,11 @@ def _score_seed(ctx: SelectionContext, selections: list[Selection], budgets, inj
                     else:
                         w, rc = refits[tuple(sorted(heads))]
                         row.update({c: row[c] + rc[c] for c in rc})
-                    row["_cond"] = len(weights)
-                    weights.append(w)
+                    key = w.float().numpy().tobytes()
+                    if key not in seen:
+                        seen[key] = len(weights)
+                        weights.append(w)
+                    row["_cond"] = seen[key]
                 conds.append(row)
     W = torch.stack(weights)  # [n_cond, L, H]
     correct = inject_scores(model, test, W, ctx.adapter.embedding, batch_size=cfg.batch_size)
