@@ -87,3 +87,59 @@ def test_joint_alpha_sparse_fits_equal_fit_site(tiny_mha, task):
     for lam, got in zip(lams.tolist(), joint):
         ad = fit_site(tiny_mha, task, config=replace(FIT, sparsity=lam), template=BARE, embedding=emb)
         assert torch.allclose(torch.sigmoid(got), ad.alpha, atol=ATOL)
+
+
+# ----------------------------------------------------------------------------------------------
+# the study runner and the timing script
+
+
+def _rows(model, task, seed, heads_by_k, acc_by_k, full=0.8):
+    return [{"model": model, "task": task, "selector": "alpha", "injection": "alpha1", "k": k,
+             "heads": h, "first_token_acc": acc_by_k[k], "full_site": full, "zero_shot": 0.1, "seed": seed}
+            for k, h in heads_by_k.items()]
+
+
+def test_study_k_star_and_stability_tables():
+    import pandas as pd
+
+    from sitelens.pipelines.frontier_study import k_star_table, stability_table
+
+    df = pd.DataFrame(_rows("m", "t", 0, {1: "L0H0", 2: "L0H0;L0H1"}, {1: 0.5, 2: 0.75})
+                      + _rows("m", "t", 1, {1: "L0H1", 2: "L0H0;L0H1"}, {1: 0.7, 2: 0.75}))
+    ks = k_star_table(df)
+    assert ks.k_star.item() == 2  # seed means 0.6 and 0.75; 0.75 >= 0.9 × 0.8 = 0.72
+    st = stability_table(df)
+    assert st.jaccard_seeds.item() == pytest.approx((0 + 1) / 2) and st.seeds.item() == 2
+
+
+def test_study_runs_a_cell_resumes_without_recomputing_and_reports(tmp_path, monkeypatch):
+    import sitelens.lenses.frontier as F
+    from sitelens.pipelines.experiment import main
+    from sitelens.pipelines.frontier_study import FrontierStudy
+
+    argv = ["--tiny", "--budgets", "1,2", "--out", str(tmp_path), "--threads", "0"]
+    assert main(FrontierStudy(), argv) == 0
+    csv = tmp_path / "frontier_study.csv"
+    first = csv.read_text()
+    assert (tmp_path / "frontier_study" / "tiny-random" / "antonym_seed0" / "summary.json").exists()
+    monkeypatch.setattr(F, "frontier", lambda *a, **k: pytest.fail("a done cell was recomputed"))
+    assert main(FrontierStudy(), argv) == 0
+    assert csv.read_text() == first
+    md = (tmp_path / "frontier_study.md").read_text()
+    assert "## k* per selector" in md and "alpha/alpha1" in md
+    assert (tmp_path / "frontier_study_kstar.html").exists()
+
+
+def test_frontier_time_smoke(tmp_path):
+    from sitelens.pipelines.experiment import main
+    from sitelens.pipelines.frontier_time import FrontierTime
+
+    assert main(FrontierTime(), ["--tiny", "--budgets", "1,2", "--out", str(tmp_path), "--threads", "0"]) == 0
+    import pandas as pd
+
+    t = pd.read_csv(tmp_path / "frontier_time.csv")
+    assert list(t.part) == ["fit", "alpha", "alpha-sparse", "alpha-grad", "atp", "effect", "greedy", "sparse",
+                            "scoring", "total"]
+    parts = t[t.part != "total"].seconds.sum()
+    total = t[t.part == "total"].seconds.item()
+    assert parts == pytest.approx(total, abs=0.5)  # each of 10 parts rounded to 0.1 s
