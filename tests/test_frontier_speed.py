@@ -143,3 +143,38 @@ def test_frontier_time_smoke(tmp_path):
     parts = t[t.part != "total"].seconds.sum()
     total = t[t.part == "total"].seconds.item()
     assert parts == pytest.approx(total, abs=0.5)  # each of 10 parts rounded to 0.1 s
+
+
+# ----------------------------------------------------------------------------------------------
+# greedy: candidates branched at their own layer
+
+
+def check_branched_equals_full_rows(model, task) -> None:
+    from conftest import needs_hooked
+
+    needs_hooked(model, "the branched rows start the forward pass at a layer (start_at_layer)")
+    emb = _embedding(model, task)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    ad = S.SiteAdapter(torch.zeros(L, H), emb, {"template": BARE.to_dict()})
+    cfg = S.FrontierConfig(n_valid=8, template=BARE)
+    fast = S.SelectionContext(model, task, ad, cfg, 0)
+    slow = S.SelectionContext(model, task, ad, replace(cfg, greedy_branch=False), 0)
+    chosen, cands = [1], [j for j in range(L * H) if j != 1][::-1]  # any order, every layer
+    acc_f, prob_f = S.greedy_step_scores(fast, chosen, cands)
+    acc_s, prob_s = S.greedy_step_scores(slow, chosen, cands)
+    assert torch.equal(acc_f, acc_s)
+    assert torch.allclose(prob_f, prob_s, atol=1e-6)  # the same pass, split in two: float32 rounding
+    assert prob_s.std() > 1e-3  # the candidates differ: the comparison is of distinct rows
+
+
+def test_greedy_branched_rows_equal_the_full_rows(tiny_mha, task):
+    check_branched_equals_full_rows(tiny_mha, task)
+
+
+def test_mutation_branched_rows_with_the_wrong_targets_are_caught(tiny_mha, task, monkeypatch):
+    import sitelens.lenses.greedy_rows as G
+
+    real = G.place_layer_rows
+    monkeypatch.setattr(G, "place_layer_rows", lambda x, m: [r * 0.5 for r in real(x, m)])  # wrong targets
+    with pytest.raises(AssertionError):
+        check_branched_equals_full_rows(tiny_mha, task)

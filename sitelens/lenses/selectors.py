@@ -38,9 +38,10 @@ from torch import Tensor
 
 from sitelens.errors import LensError, TaskError
 from sitelens.lenses.attribution import AttributionConfig
+from sitelens.lenses.greedy_rows import branched_scores
 from sitelens.lenses.joint_fit import fit_many
 from sitelens.lenses.registry import LensInputs, get_lens
-from sitelens.models import place_layer_rows
+from sitelens.models import is_bridge, place_layer_rows
 from sitelens.patching.engine import BackwardPassCounter, ForwardPassCounter, row_grid, run_rows
 from sitelens.site import FitConfig, SiteAdapter, fit_site
 from sitelens.site.alpha import alpha_logit_rows, first_token_loss, site_mix, stack_rows
@@ -73,6 +74,7 @@ class FrontierConfig:
     greedy_max_k: int | None = None  # None: the largest budget
     greedy_pool: int | None = None  # prune greedy's candidates to the top-P of alpha-grad
     greedy_stop: bool = True  # stop greedy once it reaches full SITE's valid accuracy
+    greedy_branch: bool = True  # score each candidate from its own layer up (greedy_rows; hooked only)
     refit: FitConfig | None = None  # the refit injection's fit (None: ``fit``)
     test_limit: int | None = None  # the first test items only
     exact_match: bool = True  # also generate under each set (slow)
@@ -248,6 +250,11 @@ def greedy_step_scores(ctx: SelectionContext, chosen: list[int], candidates: lis
     """Valid accuracy and mean answer probability ``[n_candidates]`` of ``chosen`` + each
     candidate (α = 1), every candidate in batched rows on one prefix cache."""
     L, H = ctx.shape
+    if ctx.config.greedy_branch and not is_bridge(ctx.model):  # each candidate from its own layer up
+        correct, prob = branched_scores(ctx.model, ctx.valid, mask_of(chosen, (L, H)), list(candidates),
+                                        ctx.adapter.embedding, batch_size=ctx.config.batch_size)
+        n = len(ctx.valid)
+        return correct.reshape(-1, n).float().mean(1), prob.reshape(-1, n).mean(1)
     w = mask_of(chosen, (L, H)).flatten().repeat(len(candidates), 1)  # [n_cand, L * H]
     w[torch.arange(len(candidates)), torch.tensor(candidates)] = 1.0
     return ctx.valid_scores(w.reshape(-1, L, H))
