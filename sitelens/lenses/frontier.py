@@ -13,7 +13,9 @@ Accuracy: first-token accuracy with a 95% Wilson interval over items (``ci_low``
 exact match of greedy generation, beside full SITE's and zero-shot first-token accuracy on the same
 items. Cost columns: the selector's counted forward and backward passes and seconds
 (``alpha`` is the full SITE fit: its cost; the other selectors share that fit's embedding and do not
-pay for it); ``refit`` rows add their own fit's.
+pay for it); ``refit`` rows add their share of the refit: every distinct set of every selector is
+re-fitted in one joint fit (:func:`~sitelens.lenses.joint_fit.fit_many`, the same fits as one by
+one up to float rounding), whose counted passes and seconds are split evenly over the sets.
 
 The answer (:attr:`FrontierResult.summary`): per selector and injection, k* = the smallest k whose
 mean test accuracy (over seeds) reaches 90% of full SITE's (:func:`k_star`), else ``"not

@@ -8,7 +8,9 @@ S_k of k heads chosen on the train and valid splits only (the test split stays u
   budgets.
 - ``greedy``: forward selection on valid. Each step scores every candidate head added to the set
   chosen so far, all candidates in batched rows on one prefix KV cache
-  (:func:`~sitelens.patching.engine.run_rows`), and keeps the best by (valid first-token
+  (:func:`~sitelens.patching.engine.run_rows`; on a HookedTransformer each candidate's rows start
+  at its own layer from the chosen set's residual, :mod:`sitelens.lenses.greedy_rows`, about half
+  the layers per row), and keeps the best by (valid first-token
   accuracy, then mean answer probability). It stops when the set reaches full SITE's valid
   accuracy or :attr:`FrontierConfig.greedy_max_k` heads; budgets above that are not reached
   (``None``), never guessed. :attr:`FrontierConfig.greedy_pool` prunes the candidates to the
@@ -17,7 +19,10 @@ S_k of k heads chosen on the train and valid splits only (the test split stays u
 - ``sparse``: a learned k-sparse α: logits ``a`` trained on train with a straight-through top-k:
   the forward pass injects α = 1 into exactly the k heads of largest ``a`` (the patching
   convention), the backward pass treats the mask as ``sigmoid(a)``. One fit per budget; S_k is the
-  top-k of the kept ``a`` (best valid loss, as SITE's own fit).
+  top-k of the kept ``a`` (best valid loss, as SITE's own fit). All budgets are fitted at once
+  (:func:`~sitelens.lenses.joint_fit.fit_many`), as are ``alpha-sparse``'s λ and the frontier's
+  refits: one pass of R × 8 rows instead of R passes of 8 (the same fits up to float rounding;
+  no step caps, warm starts or early stops, so nothing about the fits themselves changed).
 
 :func:`fit_head_weights` is the training loop both ``sparse`` and the frontier's ``refit``
 injection use (SITE's stage 2 with the weights of the mix computed from ``a`` by a function).
