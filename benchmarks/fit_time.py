@@ -28,13 +28,8 @@ FIELDS = ["model", "task", "threads", "load_avg_1min", "stage1_seconds", "stage2
 
 
 class FitTime(Experiment):
-    name = "fit_time"
-    columns = FIELDS
-    key = None
-    per_model = True
-    models = ("smollm2-135m-instruct",)
-    tasks = SAMPLE
-    threads = 2
+    name, columns, key, per_model = "fit_time", FIELDS, None, True
+    models, tasks, threads = ("smollm2-135m-instruct",), SAMPLE, 2
 
     def add_arguments(self, p) -> None:
         p.add_argument("--profile", default="", metavar="TASK", help="time the parts of one fit")

@@ -36,13 +36,8 @@ def em_ft(p: pd.DataFrame) -> pd.DataFrame:
 
 
 class ProtocolCompare(Experiment):
-    name = "protocol_compare"
-    title = "Default protocol vs official (paper-code) protocol"
-    columns = FIELDS
-    key = None
-    models = ("smollm2-135m-instruct",)
-    tasks = TASKS
-    limit = 50
+    name, title = "protocol_compare", "Default protocol vs official (paper-code) protocol"
+    columns, key, models, tasks, limit = FIELDS, None, ("smollm2-135m-instruct",), TASKS, 50
 
     def done_keys(self) -> set[str]:
         df = self.read()

@@ -27,13 +27,8 @@ COMMAND = "python benchmarks/site_fv.py --models MODEL --limit 50 --no-reference
 
 
 class SiteFV(Experiment):
-    name = "site_fv"
-    columns = FIELDS
-    key = None
-    per_model = True
-    models = ("smollm2-135m-instruct",)
-    limit = 50
-    threads = 2
+    name, columns, key, per_model = "site_fv", FIELDS, None, True
+    models, limit, threads = ("smollm2-135m-instruct",), 50, 2
 
     def add_arguments(self, p) -> None:
         p.add_argument("--abstractive", action="store_true", help="the 29 abstractive tasks only")

@@ -13,7 +13,9 @@ Accuracy: first-token accuracy with a 95% Wilson interval over items (``ci_low``
 exact match of greedy generation, beside full SITE's and zero-shot first-token accuracy on the same
 items. Cost columns: the selector's counted forward and backward passes and seconds
 (``alpha`` is the full SITE fit: its cost; the other selectors share that fit's embedding and do not
-pay for it); ``refit`` rows add their own fit's.
+pay for it); ``refit`` rows add their share of the refit: every distinct set of every selector is
+re-fitted in one joint fit (:func:`~sitelens.lenses.joint_fit.fit_many`, the same fits as one by
+one up to float rounding), whose counted passes and seconds are split evenly over the sets.
 
 The answer (:attr:`FrontierResult.summary`): per selector and injection, k* = the smallest k whose
 mean test accuracy (over seeds) reaches 90% of full SITE's (:func:`k_star`), else ``"not
@@ -40,13 +42,13 @@ from tqdm.auto import tqdm
 from sitelens.eval.evaluate import evaluate
 from sitelens.eval.metrics import wilson_interval
 from sitelens.lenses.alpha import jaccard
+from sitelens.lenses.joint_fit import fit_many
 from sitelens.lenses.selectors import (
     FrontierConfig,
     Selection,
     SelectionContext,
     check_budgets,
     check_task_splits,
-    fit_head_weights,
     fit_site_counted,
     head_label,
     mask_of,
@@ -177,19 +179,26 @@ def _resampled(task: Task, b: int) -> Task:
                    valid=[rng.choice(task.valid) for _ in task.valid])
 
 
-def _refit_weights(ctx: SelectionContext, heads: list[int], cfg: FrontierConfig) -> tuple[Tensor, dict]:
-    """α re-fitted on ``heads`` only (the others held at 0) and the fit's counted cost."""
+def _refit_all(ctx: SelectionContext, sets: list[tuple[int, ...]], cfg: FrontierConfig) -> dict:
+    """α re-fitted on each head set (the others held at 0), every set at once
+    (:func:`~sitelens.lenses.joint_fit.fit_many`: the same fits as one
+    :func:`~sitelens.lenses.selectors.fit_head_weights` per set, up to float rounding). Returns
+    ``{set: (weights [L, H], cost)}``; each set's cost is its share of the joint fit's counted
+    passes and seconds (the total over the sets)."""
+    if not sets:
+        return {}
     shape = ctx.shape
-    mask = mask_of(heads, shape).flatten()  # [L * H]
+    masks = torch.stack([mask_of(list(h), shape).flatten() for h in sets])  # [n_sets, L * H]
     fit = replace(cfg.refit or cfg.fit, seed=ctx.seed)
     with ForwardPassCounter(ctx.model) as fwd, BackwardPassCounter(ctx.model) as bwd:
-        a = fit_head_weights(ctx.model, ctx.task, ctx.adapter.embedding, fit,
-                             lambda x: torch.sigmoid(x) * mask.to(x.device),
-                             template=ctx.adapter.template, what=f"α on {len(heads)} heads",
-                             progress=ctx.progress)
-    w = torch.sigmoid(a.flatten()) * mask
-    return w.reshape(shape), {"forward_passes": fwd.count, "backward_passes": bwd.count,
-                              "seconds": fwd.seconds}
+        kept = fit_many(ctx.model, ctx.task, ctx.adapter.embedding, fit,
+                        lambda x: torch.sigmoid(x) * masks.to(x.device), len(sets),
+                        template=ctx.adapter.template, what="α on each head set",
+                        max_rows=cfg.batch_size)
+    n = len(sets)
+    cost = {"forward_passes": fwd.count / n, "backward_passes": bwd.count / n, "seconds": fwd.seconds / n}
+    w = torch.sigmoid(kept.reshape(n, -1)) * masks
+    return {h: (w[i].reshape(shape), cost) for i, h in enumerate(sets)}
 
 
 def _exact_match(model, task, cfg: FrontierConfig, weights: Tensor, embedding, template) -> np.ndarray:
@@ -202,14 +211,18 @@ def _exact_match(model, task, cfg: FrontierConfig, weights: Tensor, embedding, t
 
 def _score_seed(ctx: SelectionContext, selections: list[Selection], budgets, injections, cfg,
                 fit_cost: dict) -> list[dict]:
-    """The rows of one seed: every (selector, k, injection) set injected on the test items."""
+    """The rows of one seed: every (selector, k, injection) set injected on the test items, all in
+    one batched first-token pass (and one generation per distinct mix for exact match)."""
     model, task = ctx.model, ctx.task
     L, H = ctx.shape
     items = task.test[: cfg.test_limit] if cfg.test_limit else task.test
     test = LastTokenSet.build(model, items, ctx.adapter.template)
     conds: list[dict] = []
     weights = [torch.zeros(L, H), ctx.adapter.alpha.float().cpu()]
-    refits: dict[tuple, tuple[Tensor, dict]] = {}
+    seen: dict[bytes, int] = {}  # identical mixes (the same set from two selectors) run once
+    todo = {tuple(sorted(h)): None for s in selections for h in s.sets.values()
+            if h is not None and "refit" in injections}
+    refits = _refit_all(ctx, list(todo), cfg)
     for s in selections:
         base = dict(fit_cost) if s.selector == "alpha" else {}
         cost = {key: getattr(s, key) + base.get(key, 0) for key in COST}
@@ -222,13 +235,13 @@ def _score_seed(ctx: SelectionContext, selections: list[Selection], budgets, inj
                     if inj == "alpha1":
                         w = mask_of(heads, (L, H))
                     else:
-                        key = tuple(sorted(heads))
-                        if key not in refits:
-                            refits[key] = _refit_weights(ctx, list(heads), cfg)
-                        w, rc = refits[key]
+                        w, rc = refits[tuple(sorted(heads))]
                         row.update({c: row[c] + rc[c] for c in rc})
-                    row["_cond"] = len(weights)
-                    weights.append(w)
+                    key = w.float().numpy().tobytes()
+                    if key not in seen:
+                        seen[key] = len(weights)
+                        weights.append(w)
+                    row["_cond"] = seen[key]
                 conds.append(row)
     W = torch.stack(weights)  # [n_cond, L, H]
     correct = inject_scores(model, test, W, ctx.adapter.embedding, batch_size=cfg.batch_size)

@@ -8,7 +8,9 @@ S_k of k heads chosen on the train and valid splits only (the test split stays u
   budgets.
 - ``greedy``: forward selection on valid. Each step scores every candidate head added to the set
   chosen so far, all candidates in batched rows on one prefix KV cache
-  (:func:`~sitelens.patching.engine.run_rows`), and keeps the best by (valid first-token
+  (:func:`~sitelens.patching.engine.run_rows`; on a HookedTransformer each candidate's rows start
+  at its own layer from the chosen set's residual, :mod:`sitelens.lenses.greedy_rows`, about half
+  the layers per row), and keeps the best by (valid first-token
   accuracy, then mean answer probability). It stops when the set reaches full SITE's valid
   accuracy or :attr:`FrontierConfig.greedy_max_k` heads; budgets above that are not reached
   (``None``), never guessed. :attr:`FrontierConfig.greedy_pool` prunes the candidates to the
@@ -17,7 +19,10 @@ S_k of k heads chosen on the train and valid splits only (the test split stays u
 - ``sparse``: a learned k-sparse α: logits ``a`` trained on train with a straight-through top-k:
   the forward pass injects α = 1 into exactly the k heads of largest ``a`` (the patching
   convention), the backward pass treats the mask as ``sigmoid(a)``. One fit per budget; S_k is the
-  top-k of the kept ``a`` (best valid loss, as SITE's own fit).
+  top-k of the kept ``a`` (best valid loss, as SITE's own fit). All budgets are fitted at once
+  (:func:`~sitelens.lenses.joint_fit.fit_many`), as are ``alpha-sparse``'s λ and the frontier's
+  refits: one pass of R × 8 rows instead of R passes of 8 (the same fits up to float rounding;
+  no step caps, warm starts or early stops, so nothing about the fits themselves changed).
 
 :func:`fit_head_weights` is the training loop both ``sparse`` and the frontier's ``refit``
 injection use (SITE's stage 2 with the weights of the mix computed from ``a`` by a function).
@@ -38,8 +43,10 @@ from torch import Tensor
 
 from sitelens.errors import LensError, TaskError
 from sitelens.lenses.attribution import AttributionConfig
+from sitelens.lenses.greedy_rows import branched_scores
+from sitelens.lenses.joint_fit import fit_many
 from sitelens.lenses.registry import LensInputs, get_lens
-from sitelens.models import place_layer_rows
+from sitelens.models import is_bridge, place_layer_rows
 from sitelens.patching.engine import BackwardPassCounter, ForwardPassCounter, row_grid, run_rows
 from sitelens.site import FitConfig, SiteAdapter, fit_site
 from sitelens.site.alpha import alpha_logit_rows, first_token_loss, site_mix, stack_rows
@@ -72,6 +79,7 @@ class FrontierConfig:
     greedy_max_k: int | None = None  # None: the largest budget
     greedy_pool: int | None = None  # prune greedy's candidates to the top-P of alpha-grad
     greedy_stop: bool = True  # stop greedy once it reaches full SITE's valid accuracy
+    greedy_branch: bool = True  # score each candidate from its own layer up (greedy_rows; hooked only)
     refit: FitConfig | None = None  # the refit injection's fit (None: ``fit``)
     test_limit: int | None = None  # the first test items only
     exact_match: bool = True  # also generate under each set (slow)
@@ -212,14 +220,27 @@ def _lens_sets(ctx: SelectionContext, name: str, budgets) -> tuple[dict, dict]:
 
 
 def _alpha_sparse_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
+    """One α fit per λ of the grid on the full fit's embedding, all λ at once
+    (:func:`~sitelens.lenses.joint_fit.fit_many`: the same fits as
+    :func:`sitelens.site.fit_alpha` with that sparsity, up to float rounding); the λ whose top-k
+    sets score best on valid, on average over the budgets, is kept."""
     cfg, shape = ctx.config, ctx.shape
+    fit = replace(cfg.fit, seed=ctx.seed)
+    lams = torch.tensor([float(x) for x in cfg.sparsity_grid])  # [n_lambda]
+    if fit.protocol == "default":
+        kept = fit_many(ctx.model, ctx.task, ctx.adapter.embedding, fit, torch.sigmoid, len(lams),
+                        template=ctx.adapter.template, what="sparse α",
+                        penalty=lambda a: lams.to(a.device) * torch.sigmoid(a).mean(1),
+                        max_rows=cfg.batch_size)
+        alphas = list(torch.sigmoid(kept))  # n_lambda × [L, H]
+    else:  # the official protocol's own batches and kept α: one fit_site per λ
+        alphas = [fit_site(ctx.model, ctx.task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots,
+                           config=replace(fit, sparsity=float(lam)), template=ctx.adapter.template,
+                           embedding=ctx.adapter.embedding, progress=ctx.progress).alpha
+                  for lam in cfg.sparsity_grid]
     orders, valid = [], []
-    for lam in cfg.sparsity_grid:
-        ad = fit_site(ctx.model, ctx.task, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots,
-                      config=replace(cfg.fit, seed=ctx.seed, sparsity=float(lam)),
-                      template=ctx.adapter.template,
-                      embedding=ctx.adapter.embedding, progress=ctx.progress)
-        order = ranking(ad.alpha)
+    for alpha in alphas:
+        order = ranking(alpha)
         w = torch.stack([mask_of(order[:k], shape) for k in budgets])  # [n_budgets, L, H]
         acc, _ = ctx.valid_scores(w)
         orders.append(order)
@@ -234,6 +255,11 @@ def greedy_step_scores(ctx: SelectionContext, chosen: list[int], candidates: lis
     """Valid accuracy and mean answer probability ``[n_candidates]`` of ``chosen`` + each
     candidate (α = 1), every candidate in batched rows on one prefix cache."""
     L, H = ctx.shape
+    if ctx.config.greedy_branch and not is_bridge(ctx.model):  # each candidate from its own layer up
+        correct, prob = branched_scores(ctx.model, ctx.valid, mask_of(chosen, (L, H)), list(candidates),
+                                        ctx.adapter.embedding, batch_size=ctx.config.batch_size)
+        n = len(ctx.valid)
+        return correct.reshape(-1, n).float().mean(1), prob.reshape(-1, n).mean(1)
     w = mask_of(chosen, (L, H)).flatten().repeat(len(candidates), 1)  # [n_cand, L * H]
     w[torch.arange(len(candidates)), torch.tensor(candidates)] = 1.0
     return ctx.valid_scores(w.reshape(-1, L, H))
@@ -335,17 +361,28 @@ def straight_through_topk(k: int) -> Callable[[Tensor], Tensor]:
     return fn
 
 
+def straight_through_topk_rows(ks: Sequence[int]) -> Callable[[Tensor], Tensor]:
+    """:func:`straight_through_topk` per row: row ``r`` of ``a`` ``[R, n]`` keeps its ``ks[r]``
+    largest entries."""
+    def fn(a: Tensor) -> Tensor:
+        soft = torch.sigmoid(a)
+        hard = torch.stack([topk_mask(row, k) for row, k in zip(a, ks)])  # [R, n]
+        return hard + soft - soft.detach()
+    return fn
+
+
 def _sparse_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
+    """One straight-through top-k fit per budget, every budget at once
+    (:func:`~sitelens.lenses.joint_fit.fit_many`: the same fits as :func:`fit_head_weights` with
+    :func:`straight_through_topk`, up to float rounding), all from the same seeded start."""
     cfg = replace(ctx.config.fit, seed=ctx.seed)
     gen = torch.Generator().manual_seed(ctx.seed)
     init = cfg.init + 1e-3 * torch.randn(ctx.shape[0] * ctx.shape[1], generator=gen)  # breaks ties
-    sets = {}
-    for k in budgets:
-        a = fit_head_weights(ctx.model, ctx.task, ctx.adapter.embedding, cfg, straight_through_topk(k),
-                             template=ctx.adapter.template, what=f"{k}-sparse α", init=init,
-                             progress=ctx.progress)
-        sets[k] = ranking(a)[:k]
-    return sets, {}
+    ks = list(budgets)
+    kept = fit_many(ctx.model, ctx.task, ctx.adapter.embedding, cfg, straight_through_topk_rows(ks),
+                    len(ks), template=ctx.adapter.template, what="k-sparse α",
+                    init=init.repeat(len(ks), 1), max_rows=ctx.config.batch_size)
+    return {k: ranking(a)[:k] for k, a in zip(ks, kept)}, {}
 
 
 def select(ctx: SelectionContext, selector: str, budgets: Sequence[int]) -> Selection:
@@ -370,5 +407,6 @@ def select(ctx: SelectionContext, selector: str, budgets: Sequence[int]) -> Sele
 __all__ = [
     "SELECTORS", "FrontierConfig", "Selection", "SelectionContext", "best_candidate", "check_budgets",
     "check_task_splits", "fit_head_weights", "fit_site_counted", "greedy_step_scores", "head_label",
-    "mask_of", "parse_selectors", "ranking", "select", "straight_through_topk", "topk_mask",
+    "mask_of", "parse_selectors", "ranking", "select", "straight_through_topk", "straight_through_topk_rows",
+    "topk_mask",
 ]

@@ -1,6 +1,7 @@
 """The greedy-selection speed benchmark of the frontier (``benchmarks/greedy_speed.py`` runs it):
 one greedy step, every candidate head scored in batched rows on one prefix cache
-(:func:`sitelens.lenses.selectors.greedy_step_scores`) vs one full patched forward pass per
+(:func:`sitelens.lenses.selectors.greedy_step_scores`; on a HookedTransformer each candidate's rows
+start at its own layer, :mod:`sitelens.lenses.greedy_rows`) vs one full patched forward pass per
 candidate. Passes are counted by a forward pre-hook; the valid prefix cache (built once per greedy
 run) is built and both paths are warmed up before the clock starts. Both sides must pick the same
 head (``same_pick``; the max |Δ prob| between them is reported). ``--tiny``: a smoke test on a tiny

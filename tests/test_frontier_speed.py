@@ -1,0 +1,180 @@
+"""The frontier's speed-ups against the slow computations they replace, on tiny random models.
+
+Tolerance of the joint fits (:func:`sitelens.lenses.joint_fit.fit_many`): one pass of R × n rows
+instead of R passes of n rows sums the same float32 terms in another order (about 1e-7 relative
+per pass); over the fit's steps Adam's normalized updates carry that forward, so the kept logits
+(of order 1) agree to 1e-4, far below the gaps that decide a top-k or an argmax in these tests.
+Where two validation checks give the same loss to within that rounding (a straight-through mask
+that did not change between them), either may be kept: the fits here validate only before the
+first and after the last step, so the kept step is decided by a real difference."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from test_frontier_pin import planted
+
+import sitelens.lenses.joint_fit as J
+import sitelens.lenses.selectors as S
+from sitelens import FitConfig, fit_site, load_task
+from sitelens.tasks import Template
+
+BARE = Template(answer_prefix="")
+FIT = FitConfig(n_examples=40, n_valid=8, eval_every=5)  # checks at steps 0 and 5 only (see above)
+ATOL = 1e-4  # see the module docstring
+
+
+@pytest.fixture(scope="module")
+def task(tiny_mha):
+    return planted(tiny_mha, load_task("antonym"))  # answers the model can learn: the fits move
+
+
+def _embedding(model, task):
+    return fit_site(model, task, n_prompts=4, n_shots=2, config=FIT, template=BARE).embedding
+
+
+def check_joint_refits_equal_one_by_one(model, task) -> None:
+    emb = _embedding(model, task)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    sets = [[0], [1, 5], [2, 3, 7]]
+    masks = torch.stack([S.mask_of(h, (L, H)).flatten() for h in sets])  # [3, L * H]
+    joint = J.fit_many(model, task, emb, FIT, lambda a: torch.sigmoid(a) * masks, len(sets),
+                       template=BARE, what="test", max_rows=16)  # 16 rows: the sets run in groups
+    for i, m in enumerate(masks):
+        one = S.fit_head_weights(model, task, emb, FIT, lambda a, m=m: torch.sigmoid(a) * m,
+                                 template=BARE, what="test")  # [L, H]
+        got, want = joint[i].flatten()[m > 0], one.flatten()[m > 0]
+        assert torch.allclose(got, want, atol=ATOL), (i, got, want)
+    assert (joint != FIT.init).any()  # the fits moved: the comparison is not of two starts
+
+
+def test_joint_refits_equal_one_by_one(tiny_mha, task):
+    check_joint_refits_equal_one_by_one(tiny_mha, task)
+
+
+def test_mutation_joint_fit_with_the_wrong_mix_is_caught(tiny_mha, task, monkeypatch):
+    real = J._condition_losses
+
+    def wrong(model, items, conds, w, t):  # each condition's weights halved in the mix
+        return real(model, items, conds, w * 0.5, t)
+
+    monkeypatch.setattr(J, "_condition_losses", wrong)
+    with pytest.raises(AssertionError):
+        check_joint_refits_equal_one_by_one(tiny_mha, task)
+
+
+def test_joint_sparse_fits_equal_one_by_one(tiny_mha, task):
+    emb = _embedding(tiny_mha, task)
+    L, H = tiny_mha.cfg.n_layers, tiny_mha.cfg.n_heads
+    init = 1e-3 * torch.randn(L * H, generator=torch.Generator().manual_seed(0))
+    ks = [1, 3]
+    joint = J.fit_many(tiny_mha, task, emb, FIT, S.straight_through_topk_rows(ks), len(ks),
+                       template=BARE, what="test", init=init.repeat(len(ks), 1))
+    for k, got in zip(ks, joint):
+        one = S.fit_head_weights(tiny_mha, task, emb, FIT, S.straight_through_topk(k), template=BARE,
+                                 what="test", init=init)
+        assert torch.allclose(got, one, atol=ATOL)
+        assert S.ranking(got)[:k] == S.ranking(one)[:k]
+
+
+def test_joint_alpha_sparse_fits_equal_fit_site(tiny_mha, task):
+    emb = _embedding(tiny_mha, task)
+    lams = torch.tensor([0.5, 5.0])
+    joint = J.fit_many(tiny_mha, task, emb, FIT, torch.sigmoid, 2, template=BARE, what="test",
+                       penalty=lambda a: lams * torch.sigmoid(a).mean(1))
+    for lam, got in zip(lams.tolist(), joint):
+        ad = fit_site(tiny_mha, task, config=replace(FIT, sparsity=lam), template=BARE, embedding=emb)
+        assert torch.allclose(torch.sigmoid(got), ad.alpha, atol=ATOL)
+
+
+# ----------------------------------------------------------------------------------------------
+# the study runner and the timing script
+
+
+def _rows(model, task, seed, heads_by_k, acc_by_k, full=0.8):
+    return [{"model": model, "task": task, "selector": "alpha", "injection": "alpha1", "k": k,
+             "heads": h, "first_token_acc": acc_by_k[k], "full_site": full, "zero_shot": 0.1, "seed": seed}
+            for k, h in heads_by_k.items()]
+
+
+def test_study_k_star_and_stability_tables():
+    import pandas as pd
+
+    from sitelens.pipelines.frontier_study import k_star_table, stability_table
+
+    df = pd.DataFrame(_rows("m", "t", 0, {1: "L0H0", 2: "L0H0;L0H1"}, {1: 0.5, 2: 0.75})
+                      + _rows("m", "t", 1, {1: "L0H1", 2: "L0H0;L0H1"}, {1: 0.7, 2: 0.75}))
+    ks = k_star_table(df)
+    assert ks.k_star.item() == 2  # seed means 0.6 and 0.75; 0.75 >= 0.9 × 0.8 = 0.72
+    st = stability_table(df)
+    assert st.jaccard_seeds.item() == pytest.approx((0 + 1) / 2) and st.seeds.item() == 2
+
+
+def test_study_runs_a_cell_resumes_without_recomputing_and_reports(tmp_path, monkeypatch):
+    import sitelens.lenses.frontier as F
+    from sitelens.pipelines.experiment import main
+    from sitelens.pipelines.frontier_study import FrontierStudy
+
+    argv = ["--tiny", "--budgets", "1,2", "--out", str(tmp_path), "--threads", "0"]
+    assert main(FrontierStudy(), argv) == 0
+    csv = tmp_path / "frontier_study.csv"
+    first = csv.read_text()
+    assert (tmp_path / "frontier_study" / "tiny-random" / "antonym_seed0" / "summary.json").exists()
+    monkeypatch.setattr(F, "frontier", lambda *a, **k: pytest.fail("a done cell was recomputed"))
+    assert main(FrontierStudy(), argv) == 0
+    assert csv.read_text() == first
+    md = (tmp_path / "frontier_study.md").read_text()
+    assert "## k* per selector" in md and "alpha/alpha1" in md
+    assert (tmp_path / "frontier_study_kstar.html").exists()
+
+
+def test_frontier_time_smoke(tmp_path):
+    from sitelens.pipelines.experiment import main
+    from sitelens.pipelines.frontier_time import FrontierTime
+
+    assert main(FrontierTime(), ["--tiny", "--budgets", "1,2", "--out", str(tmp_path), "--threads", "0"]) == 0
+    import pandas as pd
+
+    t = pd.read_csv(tmp_path / "frontier_time.csv")
+    assert list(t.part) == ["fit", "alpha", "alpha-sparse", "alpha-grad", "atp", "effect", "greedy", "sparse",
+                            "scoring", "total"]
+    parts = t[t.part != "total"].seconds.sum()
+    total = t[t.part == "total"].seconds.item()
+    assert parts == pytest.approx(total, abs=0.5)  # each of 10 parts rounded to 0.1 s
+
+
+# ----------------------------------------------------------------------------------------------
+# greedy: candidates branched at their own layer
+
+
+def check_branched_equals_full_rows(model, task) -> None:
+    from conftest import needs_hooked
+
+    needs_hooked(model, "the branched rows start the forward pass at a layer (start_at_layer)")
+    emb = _embedding(model, task)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    ad = S.SiteAdapter(torch.zeros(L, H), emb, {"template": BARE.to_dict()})
+    cfg = S.FrontierConfig(n_valid=8, template=BARE)
+    fast = S.SelectionContext(model, task, ad, cfg, 0)
+    slow = S.SelectionContext(model, task, ad, replace(cfg, greedy_branch=False), 0)
+    chosen, cands = [1], [j for j in range(L * H) if j != 1][::-1]  # any order, every layer
+    acc_f, prob_f = S.greedy_step_scores(fast, chosen, cands)
+    acc_s, prob_s = S.greedy_step_scores(slow, chosen, cands)
+    assert torch.equal(acc_f, acc_s)
+    assert torch.allclose(prob_f, prob_s, atol=1e-6)  # the same pass, split in two: float32 rounding
+    assert prob_s.std() > 1e-3  # the candidates differ: the comparison is of distinct rows
+
+
+def test_greedy_branched_rows_equal_the_full_rows(tiny_mha, task):
+    check_branched_equals_full_rows(tiny_mha, task)
+
+
+def test_mutation_branched_rows_with_the_wrong_targets_are_caught(tiny_mha, task, monkeypatch):
+    import sitelens.lenses.greedy_rows as G
+
+    real = G.place_layer_rows
+    monkeypatch.setattr(G, "place_layer_rows", lambda x, m: [r * 0.5 for r in real(x, m)])  # wrong targets
+    with pytest.raises(AssertionError):
+        check_branched_equals_full_rows(tiny_mha, task)
