@@ -48,7 +48,8 @@ if TYPE_CHECKING:  # every public name is imported on first access (sitelens.laz
     )
     from sitelens.eval.labels import LabelSet, label_set
     from sitelens.eval.metrics import bootstrap_ci, dntp
-    from sitelens.lenses import FrontierResult, HeadScores, frontier, head_scores
+    from sitelens.lenses import FrontierResult, HeadScores, head_scores
+    from sitelens.lenses.frontier import frontier
     from sitelens.models import (
         DEFAULT_MODEL,
         available_models,

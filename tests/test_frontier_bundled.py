@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from sitelens import FitConfig, fit_site, load_task
-from sitelens.lenses import frontier, head_scores
+from sitelens.lenses import head_scores
+from sitelens.lenses.frontier import frontier
 from sitelens.lenses.selectors import FrontierConfig
 from sitelens.patching import intra_task
 

@@ -22,7 +22,7 @@ Higher = more important in every lens. :mod:`~sitelens.lenses.registry` holds th
 same corrupted prompts for ``atp`` and ``effect``); :func:`exact_effects` wraps
 :func:`sitelens.patching.effects.head_causal_effects` as a lens;
 :mod:`~sitelens.lenses.compare` compares lenses (rank agreement, verified top-k with a heuristic
-stopping rule); :func:`frontier` answers "how few heads carry the task?" (the accuracy-vs-heads
+stopping rule); :func:`sitelens.lenses.frontier.frontier` (``sitelens.frontier``) answers "how few heads carry the task?" (the accuracy-vs-heads
 frontier of several selectors, with k* and the stability of each set).
 """
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
         exact_effects,
         mix_gradients,
     )
-    from sitelens.lenses.frontier import FrontierResult, frontier, k_star
+    from sitelens.lenses.frontier import FrontierResult, k_star
     from sitelens.lenses.logit_lens import direct_logit_attribution, head_logit_lens, head_write_logits
     from sitelens.lenses.registry import (
         ALIASES,
@@ -63,7 +63,7 @@ __getattr__, __dir__ = attach(__name__, __file__)
 
 __all__ = [
     "ALIASES", "LENSES", "REGISTRY", "SELECTORS", "AblationConfig", "AlphaSeeds", "AttributionConfig",
-    "FrontierConfig", "FrontierResult", "HeadScores", "frontier", "k_star",
+    "FrontierConfig", "FrontierResult", "HeadScores", "k_star",
     "Lens", "LensInputs", "LensRun", "alpha_from_adapter", "alpha_gradient", "alpha_over_seeds",
     "attribution_patching", "available_lenses", "direct_logit_attribution", "exact_effects",
     "get_lens", "head_ablation", "head_logit_lens", "head_scores", "head_write_logits",
