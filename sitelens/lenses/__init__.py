@@ -22,8 +22,9 @@ Higher = more important in every lens. :mod:`~sitelens.lenses.registry` holds th
 same corrupted prompts for ``atp`` and ``effect``); :func:`exact_effects` wraps
 :func:`sitelens.patching.effects.head_causal_effects` as a lens;
 :mod:`~sitelens.lenses.compare` compares lenses (rank agreement, verified top-k with a heuristic
-stopping rule); :func:`sitelens.lenses.frontier.frontier` (``sitelens.frontier``) answers "how few heads carry the task?" (the accuracy-vs-heads
-frontier of several selectors, with k* and the stability of each set).
+stopping rule); :func:`sitelens.lenses.frontier.frontier` (``sitelens.frontier``) answers "how
+few heads carry the task?" (the accuracy-vs-heads frontier of several selectors, with k* and the
+stability of each set).
 """
 
 from __future__ import annotations
