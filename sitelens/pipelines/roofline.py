@@ -210,9 +210,51 @@ class Roofline(Experiment):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--n-ctx", type=int, default=None, help="context length (default: load_model's)")
+        parser.add_argument("--reuse-cells", type=int, default=8,
+                            help="test items per cell of the model-reuse measurement (0: skip it)")
 
     def cells(self, args):
-        return [Job(f"{m}/{t}", f"{m}/{t}", {"model": m, "task": t}) for m in args.models for t in args.tasks]
+        reuse = [Job("model reuse", f"model reuse ({args.models[0]})", {"model": args.models[0]})]
+        stages = [Job(f"{m}/{t}", f"{m}/{t}", {"model": m, "task": t})
+                  for m in args.models for t in args.tasks]
+        return stages + (reuse if args.reuse_cells else [])
+
+    def reuse(self, job: Job) -> list[dict]:
+        """Seconds per ``sitelens bench`` cell on one model, in process: the model reused across
+        the cells (as run_bench runs them) and loaded again for each cell (``run_cell`` wrapped for
+        this measurement only); ``model_reuse.csv``. Tasks country-capital and antonym, methods
+        zero-shot and icl, 2 shots, ``--reuse-cells`` test items (the whole run's wall, one
+        driver load for the fingerprint included, over its 4 cells)."""
+        import tempfile
+
+        from sitelens.models import load_model
+        from sitelens.pipelines import bench
+        from sitelens.pipelines.executors import preloaded
+
+        real = bench.run_cell
+
+        def reloading(j):  # a worker that kept no model: it loads one for every cell
+            load = j.config.load
+            with preloaded(j.model, j.n_ctx, load_model(j.model, n_ctx=j.n_ctx, spec=load), load):
+                return real(j)
+
+        tasks = [self.args.data_root / "fv" / t for t in ("country-capital", "antonym")]
+        rows = []
+        for mode in ("warm-up", "reused", "reloaded", "reused", "reloaded"):  # warm-up: not recorded
+            la = xp.load_avg()
+            bench.run_cell = reloading if mode == "reloaded" else real
+            try:
+                with tempfile.TemporaryDirectory() as d, Clock() as c:
+                    bench.run_bench([job["model"]], tasks, ["zero-shot", "icl"], f"{d}/b.csv",
+                                    limit=self.args.reuse_cells, n_shots=2)
+            finally:
+                bench.run_cell = real
+            rows += [] if mode == "warm-up" else [dict(model=job["model"], mode=mode, cells=4, wall_s=round(c.wall, 2),
+                             s_per_cell=round(c.wall / 4, 2), load_average=la, date=xp.now())]
+        store = self.store("model_reuse", list(rows[0]), key=None)
+        store.path.unlink(missing_ok=True)
+        store.append(rows)
+        return []
 
     def stages(self, model, task):
         """(name, thunk) of each stage, in order; later thunks use what earlier ones made."""
@@ -236,6 +278,8 @@ class Roofline(Experiment):
         from sitelens.models import load_model
         from sitelens.tasks import load_task
 
+        if job.key == "model reuse":
+            return self.reuse(job)
         model = load_model(job["model"], n_ctx=self.args.n_ctx)
         task = load_task(self.args.data_root / "fv" / job["task"])
         machine = self.machine()
@@ -295,7 +339,19 @@ class Roofline(Experiment):
                 "the real shapes; `gbytes`: every non-view op's inputs read and outputs written once (eager "
                 "traffic, an upper bound); `peak_gflops`: torch.matmul at the stage's own top shapes "
                 "(FLOP-weighted); attainable = min(peak, intensity · triad bandwidth).\n\nSplits and shapes "
-                f"(batch x m x k x n, share of FLOPs):\n\n{md_table(df[split])}\n")
+                f"(batch x m x k x n, share of FLOPs):\n\n{md_table(df[split])}\n{self.reuse_report()}")
+
+    def reuse_report(self) -> str:
+        path = self.out / "model_reuse.csv"
+        if not path.exists():
+            return ""
+        df = pd.read_csv(path)
+        med = df.groupby("mode", sort=False).s_per_cell.median()
+        return ("\n## One model per worker\n\nSeconds per `sitelens bench` cell (in process, "
+                f"{df.model.iloc[0]}, 4 cells a run: country-capital and antonym x zero-shot and icl, "
+                "2 shots, `--reuse-cells` items; wall of the whole run over its cells, `model_reuse.csv`): "
+                f"the model reused across cells {med['reused']:.2f} s, loaded again for every cell "
+                f"{med['reloaded']:.2f} s (medians).\n\n{md_table(df)}\n")
 
 
 __all__ = [
