@@ -249,8 +249,9 @@ class Roofline(Experiment):
                                     limit=self.args.reuse_cells, n_shots=2)
             finally:
                 bench.run_cell = real
-            rows += [] if mode == "warm-up" else [dict(model=job["model"], mode=mode, cells=4, wall_s=round(c.wall, 2),
-                             s_per_cell=round(c.wall / 4, 2), load_average=la, date=xp.now())]
+            row = dict(model=job["model"], mode=mode, cells=4, wall_s=round(c.wall, 2),
+                       s_per_cell=round(c.wall / 4, 2), load_average=la, date=xp.now())
+            rows += [] if mode == "warm-up" else [row]
         store = self.store("model_reuse", list(rows[0]), key=None)
         store.path.unlink(missing_ok=True)
         store.append(rows)
