@@ -80,9 +80,9 @@ class OpCounter(TorchDispatchMode):
         if from_weights:  # a view or a copy of parameters is a parameter too
             for t in outs:
                 self._weight[t] = True
+        self.ops += 1  # every aten op, views too: each costs a dispatch
         if func.is_view:
             return out
-        self.ops += 1
         w_in = sum(distinct_bytes(t) for t in ins if self._is_weight(t))
         moved = sum(distinct_bytes(t) for t in ins) + sum(distinct_bytes(t) for t in outs)
         self.bytes += moved
@@ -181,15 +181,28 @@ def stream_gbs(n: int = 1 << 26) -> dict[str, float]:
     return {"copy": 2 * nb / copy / 1e9, "triad": 3 * nb / triad / 1e9}
 
 
-def roofline_row(totals: dict, seconds: float, peak_gflops: float, bandwidth_gbs: float) -> dict:
-    """A stage's intensity (FLOP/byte), attainable and achieved GFLOP/s, % of attainable, and the
-    bound it sits under (``compute`` when intensity · bandwidth ≥ peak, else ``memory``)."""
+def op_seconds(shape=(8, 576)) -> float:
+    """Seconds of one small eager op (``torch.add`` on ``shape`` float32): the dispatch cost that
+    a pass of many small ops pays per op, whatever its FLOPs and bytes."""
+    x, y = torch.rand(shape), torch.rand(shape)
+    return _best_seconds(lambda: [torch.add(x, y) for _ in range(100)], min_time=0.2) / 100
+
+
+def roofline_row(totals: dict, seconds: float, peak_gflops: float, bandwidth_gbs: float,
+                 op_s: float = 0.0) -> dict:
+    """A stage's intensity (FLOP/byte), attainable and achieved GFLOP/s, % of attainable, the
+    bound it sits under (``compute`` when intensity · bandwidth ≥ peak, else ``memory``) and its
+    floors in seconds: compute (FLOPs / peak), memory (bytes / bandwidth) and dispatch (aten ops ·
+    ``op_s``, the cost of one small op)."""
     ai = totals["flops"] / max(1, totals["bytes"])
     attainable = min(peak_gflops, ai * bandwidth_gbs)
     achieved = totals["flops"] / seconds / 1e9
     return dict(intensity=round(ai, 2), attainable_gflops=round(attainable, 1),
                 achieved_gflops=round(achieved, 1), pct_attainable=round(100 * achieved / attainable, 1),
-                bound="compute" if ai * bandwidth_gbs >= peak_gflops else "memory")
+                bound="compute" if ai * bandwidth_gbs >= peak_gflops else "memory",
+                compute_floor_s=round(totals["flops"] / peak_gflops / 1e9, 2),
+                memory_floor_s=round(totals["bytes"] / bandwidth_gbs / 1e9, 2),
+                ops=totals["ops"], dispatch_floor_s=round(totals["ops"] * op_s, 2))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -206,7 +219,8 @@ class Roofline(Experiment):
     columns = ["model", "task", "stage", "seconds", "cpu_seconds", "gflop", "weight_gflop",
                "attention_gflop", "gbytes", "weight_gbytes", "kv_gbytes", "intensity", "peak_gflops",
                "bandwidth_gbs", "attainable_gflops", "achieved_gflops", "pct_attainable", "bound",
-               "top_shapes", "square_gflops", "copy_gbs", "load_average", "threads", "date"]
+               "compute_floor_s", "memory_floor_s", "ops", "dispatch_floor_s", "op_us", "top_shapes",
+               "square_gflops", "copy_gbs", "load_average", "threads", "date"]
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--n-ctx", type=int, default=None, help="context length (default: load_model's)")
@@ -302,7 +316,7 @@ class Roofline(Experiment):
 
     def machine(self) -> dict:
         square = matmul_gflops((1, 2048, 2048, 2048))
-        return {"square": square, **stream_gbs(), "shape_rates": {}}
+        return {"square": square, **stream_gbs(), "op_s": op_seconds(), "shape_rates": {}}
 
     def peak_at(self, shapes, machine) -> float:
         """The stage's matmul rate: its top shapes timed, weighted by their FLOPs (harmonic mean)."""
@@ -316,7 +330,7 @@ class Roofline(Experiment):
     def row(self, job, stage, counter, timed, machine) -> dict:
         tot, shapes = counter.totals(), counter.top_shapes()
         peak = self.peak_at(shapes, machine)
-        r = roofline_row(tot, timed[0], peak, machine["triad"])
+        r = roofline_row(tot, timed[0], peak, machine["triad"], machine["op_s"])
         top = "; ".join(f"{'x'.join(map(str, s))} {100 * f:.0f}%" for s, f in shapes)
         return dict(model=job["model"], task=job["task"], stage=stage,
                     seconds=round(timed[0], 2), cpu_seconds=round(timed[1], 2),
@@ -325,11 +339,14 @@ class Roofline(Experiment):
                     weight_gbytes=round(tot["weight_bytes"] / G, 2), kv_gbytes=round(tot["kv_bytes"] / G, 3),
                     peak_gflops=round(peak, 1), bandwidth_gbs=round(machine["triad"], 1), **r,
                     top_shapes=top, square_gflops=round(machine["square"], 1),
-                    copy_gbs=round(machine["copy"], 1), threads=torch.get_num_threads(), date=xp.now())
+                    copy_gbs=round(machine["copy"], 1), op_us=round(1e6 * machine["op_s"], 2),
+                    threads=torch.get_num_threads(), date=xp.now())
 
     def report(self, df: pd.DataFrame) -> str:
         cols = ["model", "stage", "seconds", "gflop", "gbytes", "intensity", "peak_gflops",
                 "attainable_gflops", "achieved_gflops", "pct_attainable", "bound"]
+        floors = ["model", "stage", "seconds", "compute_floor_s", "memory_floor_s", "ops",
+                  "dispatch_floor_s"]
         split = ["model", "stage", "cpu_seconds", "weight_gflop", "attention_gflop", "weight_gbytes",
                  "kv_gbytes", "top_shapes"]
         m = df.iloc[0]
@@ -339,7 +356,10 @@ class Roofline(Experiment):
                 "`gflop`: matmul FLOPs (2·m·n·k per product, attention's included) counted op by op from "
                 "the real shapes; `gbytes`: every non-view op's inputs read and outputs written once (eager "
                 "traffic, an upper bound); `peak_gflops`: torch.matmul at the stage's own top shapes "
-                "(FLOP-weighted); attainable = min(peak, intensity · triad bandwidth).\n\nSplits and shapes "
+                "(FLOP-weighted); attainable = min(peak, intensity · triad bandwidth).\n\nFloors (seconds "
+                "the stage could not go below): compute = FLOPs / peak, memory = bytes / triad, dispatch = "
+                f"aten ops (views included) x {m.op_us} µs, the cost of one small eager op:\n\n"
+                f"{md_table(df[floors])}\n\nSplits and shapes "
                 f"(batch x m x k x n, share of FLOPs):\n\n{md_table(df[split])}\n{self.reuse_report()}")
 
     def reuse_report(self) -> str:
