@@ -9,9 +9,10 @@ and backward, and counts from the real shapes:
   values) is ``attention_flops``. Element-wise ops count no FLOPs (they are bandwidth, not compute);
 - ``bytes``: every op that is not a view reads each tensor input and writes each output once
   (eager PyTorch, no fusion, no reuse from a cache): the DRAM traffic of eager execution as an
-  upper bound. Split into ``weight_bytes`` (tensors that are parameters of the model, views or
-  copies of them) and the rest (activations; ``kv_bytes``: the key/value operands of the
-  attention products, the KV cache read);
+  upper bound. A gather (an embedding lookup) reads only the rows it returns. Split into
+  ``weight_bytes`` (tensors that are parameters of the model, views or copies of them) and the
+  rest (activations; ``kv_bytes``: the key/value operands of the attention products, the KV
+  cache read);
 - ``shapes``: the FLOPs of each matmul shape, to time the machine at the shapes the work uses.
 
 :func:`matmul_gflops` times ``torch.matmul`` at given shapes, :func:`stream_gbs` a STREAM-like
@@ -36,6 +37,8 @@ from sitelens.pipelines import experiment as xp
 from sitelens.pipelines.experiment import Clock, Experiment, Job, md_table
 
 aten = torch.ops.aten
+# ops that read only the rows they return (an embedding lookup reads a few rows, not the table)
+GATHERS = {aten.index.Tensor, aten.embedding.default, aten.index_select.default, aten.gather.default}
 MATMULS = {aten.mm.default: "mm", aten.addmm.default: "mm", aten.bmm.default: "bmm",
            aten.baddbmm.default: "bmm"}
 
@@ -83,10 +86,16 @@ class OpCounter(TorchDispatchMode):
         self.ops += 1  # every aten op, views too: each costs a dispatch
         if func.is_view:
             return out
-        w_in = sum(distinct_bytes(t) for t in ins if self._is_weight(t))
-        moved = sum(distinct_bytes(t) for t in ins) + sum(distinct_bytes(t) for t in outs)
+        out_bytes = sum(distinct_bytes(t) for t in outs)
+        if func in GATHERS:  # the source (first input): only the gathered elements are read
+            src, rest = ins[0], ins[1:]
+            w_in = out_bytes if self._is_weight(src) else 0
+            moved = 2 * out_bytes + sum(distinct_bytes(t) for t in rest)
+        else:
+            w_in = sum(distinct_bytes(t) for t in ins if self._is_weight(t))
+            moved = sum(distinct_bytes(t) for t in ins) + out_bytes
         self.bytes += moved
-        self.weight_bytes += w_in + (sum(distinct_bytes(t) for t in outs) if from_weights else 0)
+        self.weight_bytes += w_in + (out_bytes if from_weights else 0)
         kind = MATMULS.get(func)
         if kind is not None:
             shape = _matmul_shape(kind, args)
