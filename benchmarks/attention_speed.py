@@ -9,8 +9,6 @@ timed passes (the first included); the median is reported, with the max |Δ log-
 two paths at the last position. Appends to ``results/attention_speed.csv``, rewrites ``.md``.
 """
 
-from __future__ import annotations
-
 import os
 import statistics
 import time

@@ -10,8 +10,6 @@ both modes see the same corrupted prompts, so their effect maps must agree (max 
 Writes ``results/patching_speed.csv`` (the latest run) and ``.md``.
 """
 
-from __future__ import annotations
-
 import pandas as pd
 
 from sitelens.models import DEFAULT_MODEL

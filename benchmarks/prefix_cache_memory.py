@@ -10,8 +10,6 @@ Appends a row to ``results/prefix_cache_memory.csv`` and rewrites ``prefix_cache
 measure another commit, run it with ``PYTHONPATH`` pointing at a worktree of it.
 """
 
-from __future__ import annotations
-
 import time
 from pathlib import Path
 

@@ -5,8 +5,6 @@ mmlu_pro and anli collections and bundled tokenizer (tokenization only).
     python benchmarks/shot_counts.py          # -> results/shot_counts.csv (a row per model × task), .md
 """
 
-from __future__ import annotations
-
 import pandas as pd
 
 from sitelens.models import fingerprint

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from executor_util import KillOnce
+from executor_util import CountLoads, KillOnce
 
 from sitelens.errors import ExecutorError
 from sitelens.pipelines import bench
@@ -187,6 +187,59 @@ def _killed_worker_run(executor, tmp_path, local_rows):
 
 def test_processes_rerun_a_killed_workers_cell(processes, local_rows, tmp_path):
     _killed_worker_run(processes, tmp_path, local_rows)
+
+
+def _count_cells(tmp_path, executor, *, forget: bool = False) -> list[tuple[int, int, int]]:
+    """run_bench over 2 tasks x 2 CountLoads methods (4 cells of one model) on ``executor``:
+    ``(pid, id(model), loads)`` of every cell (see executor_util.CountLoads)."""
+    log = tmp_path / "loads.log"
+    methods = [CountLoads(name=f"count-loads-{i}", log=str(log), forget=forget) for i in range(2)]
+    bench.run_bench(["tiny-random"], TASKS, methods, tmp_path / "bench.csv", **GRID, executor=executor)
+    rows = [tuple(map(int, line.split())) for line in log.read_text().splitlines()]
+    assert len(rows) == 4
+    return rows
+
+
+def _one_model_per_process(rows) -> bool:
+    """Every process used one model object and loaded none after its first cell."""
+    pids = {p for p, _, _ in rows}
+    return all(len({m for p, m, _ in rows if p == pid}) == 1 for pid in pids) and not any(n for *_, n in rows)
+
+
+def test_processes_keep_one_model_per_worker(processes, tmp_path):
+    """Cells of one model on two workers: each worker loads the model once, for its first cell."""
+    rows = _count_cells(tmp_path, processes)
+    assert len({p for p, _, _ in rows}) <= 2 and os.getpid() not in {p for p, _, _ in rows}
+    assert _one_model_per_process(rows)
+
+
+def test_one_model_per_worker_catches_a_worker_that_reloads(tmp_path):
+    """Mutation: a worker that drops its model after each cell loads it again; the check sees it."""
+    with ProcessExecutor(2, threads=1) as ex:
+        rows = _count_cells(tmp_path, ex, forget=True)
+    assert not _one_model_per_process(rows) and any(n > 0 for *_, n in rows)
+
+
+@pytest.mark.parametrize("forget", [False, True], ids=["reused", "mutation-reloads"])
+def test_in_process_cells_reuse_the_drivers_model(monkeypatch, tmp_path, forget):
+    """In this process, run_bench loads the model once (for its fingerprint) and every cell uses
+    that very model; the planted bug (the cached model dropped after a cell) is caught."""
+    import sitelens.models as models
+
+    loads, real = [], models.load_model
+
+    def counted(*a, **kw):
+        loads.append(a[0])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(models, "load_model", counted)  # what cached_model calls
+    monkeypatch.setattr(bench, "load_model", counted)  # the driver's load, for the fingerprint
+    rows = [(p, m, 0) for p, m, _ in _count_cells(tmp_path, None, forget=forget)]
+    assert {p for p, _, _ in rows} == {os.getpid()}
+    if forget:
+        assert len(loads) > 1
+    else:
+        assert loads == ["tiny-random"] and _one_model_per_process(rows)
 
 
 def test_a_worker_with_other_weights_refuses_the_cell(tmp_path):
