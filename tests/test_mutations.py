@@ -796,9 +796,9 @@ def test_bad_value_test_catches_a_loader_message_without_what_it_loads(monkeypat
 
     real = models.check_model_available
 
-    def vague(name):
+    def vague(name, backend=None):
         try:
-            real(name)
+            real(name, backend)
         except ModelError:
             raise ModelError(f"{name!r} cannot be loaded; use one of "
                              f"{', '.join(models.BUNDLED_MODELS)}.") from None
