@@ -178,3 +178,30 @@ def test_mutation_branched_rows_with_the_wrong_targets_are_caught(tiny_mha, task
     monkeypatch.setattr(G, "place_layer_rows", lambda x, m: [r * 0.5 for r in real(x, m)])  # wrong targets
     with pytest.raises(AssertionError):
         check_branched_equals_full_rows(tiny_mha, task)
+
+
+def test_study_report_compares_top10_alpha_and_effect(tmp_path):
+    """The k = 10 comparison (paper's top-10 α, FV's top-10 causal heads) on a written table: the
+    Jaccard of the two 10-head sets and their mean accuracies are the table's, computed by hand."""
+    import pandas as pd
+
+    from sitelens.lenses.frontier import COLUMNS
+    from sitelens.pipelines.experiment import main
+    from sitelens.pipelines.frontier_study import FrontierStudy
+
+    alpha = ";".join(f"L0H{h}" for h in range(10))
+    effect = ";".join(f"L0H{h}" for h in range(5, 15))  # 5 shared of 15: Jaccard 1/3
+    rows = []
+    for task, acc in (("antonym", (0.2, 0.6)), ("present_past", (0.4, 0.8))):
+        for sel, heads, a in (("alpha", alpha, acc[0]), ("effect", effect, acc[1])):
+            rows.append(dict.fromkeys(COLUMNS) | {
+                "key": f"m/{task}/{sel}", "model": "m", "task": task, "selector": sel, "k": 10, "injection": "alpha1", "heads": heads,
+                "first_token_acc": a, "exact_match": a, "ci_low": 0.0, "ci_high": 1.0, "full_site": 0.9,
+                "zero_shot": 0.0, "forward_passes": 1, "backward_passes": 0, "seconds": 1.0, "seed": 0})
+    pd.DataFrame(rows, columns=["key", *COLUMNS]).to_csv(tmp_path / "frontier_study.csv", index=False)
+    assert main(FrontierStudy(), ["--report", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "frontier_study.md").read_text()
+    cmp = md[md.index("## At k = 10"):]
+    line = next(s for s in cmp.splitlines() if s.startswith("| m |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[1:] == ["2", "0.9", "0.3", "0.573", "0.7", "0.333"]

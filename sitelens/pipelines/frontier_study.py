@@ -122,9 +122,9 @@ class FrontierStudy(Experiment):
         for m, d in a1.groupby("model"):
             per_task = d.groupby(["task", "selector"]).first_token_acc.mean().unstack()
             full = df[df.model == m].groupby("task").full_site.mean()
-            over = [_jaccard(x, y) for (_, s), g in d.groupby(["task", "seed"])
-                    for x, y in [(g[g.selector == "alpha"].heads.tolist() or [""])[0],
-                                 (g[g.selector == "effect"].heads.tolist() or [""])[0]] if x and y]
+            over = [_jaccard(x, y) for _, g in d.groupby(["task", "seed"])
+                    for x, y in [((g[g.selector == "alpha"].heads.tolist() or [""])[0],
+                                  (g[g.selector == "effect"].heads.tolist() or [""])[0])] if x and y]
             def mean(sel, per_task=per_task):
                 return round(float(per_task[sel].mean()), 3) if sel in per_task else float("nan")
 
