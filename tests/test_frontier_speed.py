@@ -195,7 +195,8 @@ def test_study_report_compares_top10_alpha_and_effect(tmp_path):
     for task, acc in (("antonym", (0.2, 0.6)), ("present_past", (0.4, 0.8))):
         for sel, heads, a in (("alpha", alpha, acc[0]), ("effect", effect, acc[1])):
             rows.append(dict.fromkeys(COLUMNS) | {
-                "key": f"m/{task}/{sel}", "model": "m", "task": task, "selector": sel, "k": 10, "injection": "alpha1", "heads": heads,
+                "key": f"m/{task}/{sel}", "model": "m", "task": task, "selector": sel, "k": 10,
+                "injection": "alpha1", "heads": heads,
                 "first_token_acc": a, "exact_match": a, "ci_low": 0.0, "ci_high": 1.0, "full_site": 0.9,
                 "zero_shot": 0.0, "forward_passes": 1, "backward_passes": 0, "seconds": 1.0, "seed": 0})
     pd.DataFrame(rows, columns=["key", *COLUMNS]).to_csv(tmp_path / "frontier_study.csv", index=False)
