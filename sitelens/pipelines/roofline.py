@@ -39,6 +39,7 @@ from sitelens.pipelines.experiment import Clock, Experiment, Job, md_table
 aten = torch.ops.aten
 # ops that read only the rows they return (an embedding lookup reads a few rows, not the table)
 GATHERS = {aten.index.Tensor, aten.embedding.default, aten.index_select.default, aten.gather.default}
+G = 1e9
 MATMULS = {aten.mm.default: "mm", aten.addmm.default: "mm", aten.bmm.default: "bmm",
            aten.baddbmm.default: "bmm"}
 
@@ -214,10 +215,20 @@ def roofline_row(totals: dict, seconds: float, peak_gflops: float, bandwidth_gbs
                 ops=totals["ops"], dispatch_floor_s=round(totals["ops"] * op_s, 2))
 
 
+def derive(df: pd.DataFrame) -> pd.DataFrame:
+    """The roofline columns of each stage row from its counts and the machine (:func:`roofline_row`,
+    the compute roof = the 2048³ matmul rate ``square_gflops``): the CSV's derived columns are
+    always recomputed from its raw ones, so ``--report`` and a run agree."""
+    out = []
+    for r in df.to_dict("records"):
+        tot = {"flops": r["gflop"] * G, "bytes": r["gbytes"] * G, "ops": int(r["ops"])}
+        out.append({**r, "peak_gflops": r["square_gflops"], **roofline_row(
+            tot, r["seconds"], r["square_gflops"], r["bandwidth_gbs"], r["op_us"] / 1e6)})
+    return pd.DataFrame(out)
+
+
 # ----------------------------------------------------------------------------------------------
 # the benchmark
-
-G = 1e9
 
 
 class Roofline(Experiment):
@@ -227,7 +238,8 @@ class Roofline(Experiment):
     models, tasks = ("smollm2-135m-instruct", "gemma-3-270m"), ("country-capital",)
     columns = ["model", "task", "stage", "seconds", "cpu_seconds", "gflop", "weight_gflop",
                "attention_gflop", "gbytes", "weight_gbytes", "kv_gbytes", "intensity", "peak_gflops",
-               "bandwidth_gbs", "attainable_gflops", "achieved_gflops", "pct_attainable", "bound",
+               "shape_gflops", "bandwidth_gbs", "attainable_gflops", "achieved_gflops", "pct_attainable",
+               "bound",
                "compute_floor_s", "memory_floor_s", "ops", "dispatch_floor_s", "op_us", "top_shapes",
                "square_gflops", "copy_gbs", "load_average", "threads", "date"]
 
@@ -337,35 +349,38 @@ class Roofline(Experiment):
         return w / sum(f / rates[s] for s, f in shapes)
 
     def row(self, job, stage, counter, timed, machine) -> dict:
+        """A stage's counts, seconds and the machine; the roofline columns by :func:`derive`."""
         tot, shapes = counter.totals(), counter.top_shapes()
-        peak = self.peak_at(shapes, machine)
-        r = roofline_row(tot, timed[0], peak, machine["triad"], machine["op_s"])
         top = "; ".join(f"{'x'.join(map(str, s))} {100 * f:.0f}%" for s, f in shapes)
-        return dict(model=job["model"], task=job["task"], stage=stage,
-                    seconds=round(timed[0], 2), cpu_seconds=round(timed[1], 2),
-                    gflop=round(tot["flops"] / G, 2), weight_gflop=round(tot["weight_flops"] / G, 2),
-                    attention_gflop=round(tot["attention_flops"] / G, 3), gbytes=round(tot["bytes"] / G, 2),
-                    weight_gbytes=round(tot["weight_bytes"] / G, 2), kv_gbytes=round(tot["kv_bytes"] / G, 3),
-                    peak_gflops=round(peak, 1), bandwidth_gbs=round(machine["triad"], 1), **r,
-                    top_shapes=top, square_gflops=round(machine["square"], 1),
-                    copy_gbs=round(machine["copy"], 1), op_us=round(1e6 * machine["op_s"], 2),
-                    threads=torch.get_num_threads(), date=xp.now())
+        raw = dict(model=job["model"], task=job["task"], stage=stage,
+                   seconds=round(timed[0], 2), cpu_seconds=round(timed[1], 2),
+                   gflop=round(tot["flops"] / G, 2), weight_gflop=round(tot["weight_flops"] / G, 2),
+                   attention_gflop=round(tot["attention_flops"] / G, 3), gbytes=round(tot["bytes"] / G, 2),
+                   weight_gbytes=round(tot["weight_bytes"] / G, 2), kv_gbytes=round(tot["kv_bytes"] / G, 3),
+                   ops=tot["ops"], shape_gflops=round(self.peak_at(shapes, machine), 1), top_shapes=top,
+                   square_gflops=round(machine["square"], 1), bandwidth_gbs=round(machine["triad"], 1),
+                   copy_gbs=round(machine["copy"], 1), op_us=round(1e6 * machine["op_s"], 2),
+                   threads=torch.get_num_threads(), date=xp.now())
+        return derive(pd.DataFrame([raw])).iloc[0].to_dict()
 
     def report(self, df: pd.DataFrame) -> str:
+        df = derive(df)
         cols = ["model", "stage", "seconds", "gflop", "gbytes", "intensity", "peak_gflops",
                 "attainable_gflops", "achieved_gflops", "pct_attainable", "bound"]
         floors = ["model", "stage", "seconds", "compute_floor_s", "memory_floor_s", "ops",
                   "dispatch_floor_s"]
-        split = ["model", "stage", "cpu_seconds", "weight_gflop", "attention_gflop", "weight_gbytes",
-                 "kv_gbytes", "top_shapes"]
+        split = ["model", "stage", "cpu_seconds", "shape_gflops", "weight_gflop", "attention_gflop",
+                 "weight_gbytes", "kv_gbytes", "top_shapes"]
         m = df.iloc[0]
         return (f"Machine: {xp.host_name()}, {m.threads} threads; float32 matmul 2048³ {m.square_gflops} "
                 f"GFLOP/s; triad {m.bandwidth_gbs} GB/s, copy {m.copy_gbs} GB/s; load average (1 min) "
                 f"{', '.join(df.load_average.unique())}; {m.date}.\n\n{md_table(df[cols])}\n\n"
                 "`gflop`: matmul FLOPs (2·m·n·k per product, attention's included) counted op by op from "
                 "the real shapes; `gbytes`: every non-view op's inputs read and outputs written once (eager "
-                "traffic, an upper bound); `peak_gflops`: torch.matmul at the stage's own top shapes "
-                "(FLOP-weighted); attainable = min(peak, intensity · triad bandwidth).\n\nFloors (seconds "
+                "traffic, an upper bound); `peak_gflops`: the machine's compute roof, torch.matmul at 2048³; "
+                "attainable = min(peak, intensity · triad bandwidth); `shape_gflops`: torch.matmul timed at "
+                "the stage's top shapes (grouped at their FLOP-weighted mean m, so an estimate: a stage "
+                "can beat it), the rate its shapes allow.\n\nFloors (seconds "
                 "the stage could not go below): compute = FLOPs / peak, memory = bytes / triad, dispatch = "
                 f"aten ops (views included) x {m.op_us} µs, the cost of one small eager op:\n\n"
                 f"{md_table(df[floors])}\n\nSplits and shapes "
