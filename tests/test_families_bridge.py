@@ -4,8 +4,12 @@ class, saved as a user's folder and loaded with ``load_model(DIR, backend="bridg
 that apply to a bridge, run by the same code with the model swapped: the z hook and its shapes,
 injection at the last token, KV-cached = uncached greedy generation, a SITE fit / evaluation /
 adapter round trip, per-head effects against a ``generic_activation_patch`` reference, the lens
-identities (the α-gradient against a central finite difference on the folder loaded in float64,
-AtP against autograd, the atp and alpha-grad lenses run), bfloat16 within its bounds of float32.
+identities, bfloat16 within its bounds of float32. The lens check: the α-gradient against a central
+finite difference on the folder loaded in float64 where the bridge then computes in float64 (GPT-2,
+Pythia, Falcon), else against autograd on full float32 passes (Hugging Face computes the attention
+softmax or RMSNorm of the other families in float32 whatever the model's dtype: a finite
+difference would measure float32 rounding); AtP against autograd; the alpha-grad, atp and effect
+lenses run. Planted lens bugs it catches: tests/test_family_mutations.py.
 The fused-attention check stays HookedTransformer's own: sitelens's fused path replaces
 ``HookedTransformer``'s attention forward, while a bridge always runs Hugging Face's attention.
 
