@@ -266,8 +266,13 @@ def test_alpha_gradient_is_exact_and_lenses_run(family):
     (rounding ~1e-16, truncation ε²/6·|f'''| ~ 1e-9 at ε = 1e-4: the 1e-6 relative bound of
     tests/test_lenses.py is 1000x that and far below a wrong gradient); AtP against the autograd
     gradient of the patched probability; the atp and alpha-grad lenses run, finite."""
-    from sitelens.lenses import AttributionConfig, alpha_gradient, attribution_patching, mix_gradients
-    from sitelens.patching import corrupted_prompts
+    check_alpha_gradient_by_finite_differences(family)
+    check_atp_and_lenses(family)
+
+
+def check_alpha_gradient_by_finite_differences(family):
+    """The α-gradient's float64 check of :func:`test_alpha_gradient_is_exact_and_lenses_run`."""
+    from sitelens.lenses import mix_gradients
 
     m64 = model_of(family, torch.float64)
     t = embedding_of(family).double()  # [L, H, d_head]
@@ -288,7 +293,15 @@ def test_alpha_gradient_is_exact_and_lenses_run(family):
     assert scale > 1e-3
     assert_within(g, fd, 1e-6 * scale, what=f"{family}: α-gradient vs central difference", scale=scale)
 
+
+def check_atp_and_lenses(family):
+    """AtP against autograd and the lenses' run of :func:`test_alpha_gradient_is_exact_and_lenses_run`
+    (float32)."""
+    from sitelens.lenses import AttributionConfig, alpha_gradient, attribution_patching
+    from sitelens.patching import corrupted_prompts
+
     model, t32 = model_of(family), embedding_of(family)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
     cfg = AttributionConfig(n_prompts=N_PROMPTS, n_shots=N_SHOTS, n_boot=20, n_alpha_items=4)
     atp = attribution_patching(model, task(), t32, cfg)
     prompts, answers = corrupted_prompts(model, task(), n_prompts=cfg.n_prompts, n_shots=cfg.n_shots,

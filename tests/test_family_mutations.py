@@ -25,6 +25,15 @@ configuration can have (read from the config, not listed by hand):
   log-probability is asked (every family) — the α-gradient's finite-difference check.
 
 ``scripts/families_table.py`` lists, per family, the bugs caught from this file's results.
+
+On the TransformerBridge (tests/test_families_bridge.py, both TransformerLens versions), the lens
+bugs are planted into that suite's lens check, on the bridge model of Falcon (only the bridge
+builds it; its α-gradient is checked in float64 by finite differences) and of Llama (Hugging
+Face computes its RMSNorm and attention softmax in float32: checked against autograd in float32):
+
+- ``gradient of the wrong metric`` (above) — the α-gradient's check;
+- ``AtP of the wrong metric``: AtP differentiates the answer's log-probability where its
+  probability is asked — the AtP-vs-autograd check.
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ from sitelens.models import has_hooked_transformer
 from sitelens.models.attention import enable_fast_attention
 from sitelens.models.families import FAMILIES, SUPPORTED_FAMILIES, family_model
 
-pytestmark = pytest.mark.skipif(not has_hooked_transformer(), reason="HookedTransformer only (TL 3.x)")
+hooked_only = pytest.mark.skipif(not has_hooked_transformer(), reason="HookedTransformer only (TL 3.x)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -161,6 +170,15 @@ def differentiate_the_wrong_metric(monkeypatch, model):
         logits, answers, "prob" if metric == "logprob" else metric))
 
 
+def differentiate_atp_the_wrong_metric(monkeypatch, model):
+    """AtP (the lenses' "prob" metric) differentiates the answer's log-probability."""
+    import sitelens.lenses.attribution as attribution
+
+    real = attribution._metric
+    monkeypatch.setattr(attribution, "_metric", lambda logits, answers, metric: real(
+        logits, answers, "logprob" if metric == "prob" else metric))
+
+
 # ----------------------------------------------------------------------------------------------
 # which family can have which bug, and which check catches it
 
@@ -231,6 +249,7 @@ BUGS: dict[str, Bug] = {
 CASES = [(bug, fam) for fam in SUPPORTED_FAMILIES for bug, b in BUGS.items() if b.applies(_cfg(fam))]
 
 
+@hooked_only
 @pytest.mark.parametrize("bug, family", CASES, ids=[f"{f}-{b.replace(' ', '_')}" for b, f in CASES])
 def test_planted_bug_fails_the_family_suite(bug, family, monkeypatch, record_property):
     record_property("caught_by", BUGS[bug].check)  # the support table names the catching check
@@ -243,6 +262,7 @@ def test_planted_bug_fails_the_family_suite(bug, family, monkeypatch, record_pro
         CHECKS[BUGS[bug].check](family)
 
 
+@hooked_only
 def test_every_family_has_a_planted_bug_and_the_named_ones_are_planted():
     assert {f for _, f in CASES} == set(SUPPORTED_FAMILIES)
     named = {"rotary fraction ignored": {"gpt-j", "pythia", "phi"},
@@ -250,3 +270,22 @@ def test_every_family_has_a_planted_bug_and_the_named_ones_are_planted():
              {"gpt-j", "pythia", "phi"}, "sliding window ignored": {"gpt-neo", "mistral", "phi3", "gemma3"}}
     for bug, families in named.items():
         assert {f for b, f in CASES if b == bug} == families, bug
+
+
+# the bridge: the lens bugs (they touch sitelens's lens code, not the model, so the suite's cached
+# bridge models serve)
+BRIDGE_BUGS = {"gradient of the wrong metric": differentiate_the_wrong_metric,
+               "AtP of the wrong metric": differentiate_atp_the_wrong_metric}
+BRIDGE_CASES = [(bug, fam) for fam in ("llama", "falcon") for bug in BRIDGE_BUGS]
+
+
+@pytest.mark.parametrize("bug, family", BRIDGE_CASES,
+                         ids=[f"{f}-{b.replace(' ', '_')}" for b, f in BRIDGE_CASES])
+def test_planted_lens_bug_fails_the_bridge_family_suite(bug, family, monkeypatch):
+    import test_families_bridge as TFB
+
+    TFB.use_bridge(monkeypatch)
+    TFB.check_lenses(family)  # the unbroken bridge passes ...
+    BRIDGE_BUGS[bug](monkeypatch, None)
+    with pytest.raises(AssertionError, match=CAUGHT):  # ... and the broken one fails
+        TFB.check_lenses(family)
