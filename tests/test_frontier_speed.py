@@ -149,14 +149,14 @@ def test_frontier_time_smoke(tmp_path):
 # greedy: candidates branched at their own layer
 
 
-def check_branched_equals_full_rows(model, task) -> None:
+def check_branched_equals_full_rows(model, task, batch_size: int = 64) -> None:
     from conftest import needs_hooked
 
     needs_hooked(model, "the branched rows start the forward pass at a layer (start_at_layer)")
     emb = _embedding(model, task)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     ad = S.SiteAdapter(torch.zeros(L, H), emb, {"template": BARE.to_dict()})
-    cfg = S.FrontierConfig(n_valid=8, template=BARE)
+    cfg = S.FrontierConfig(n_valid=8, template=BARE, batch_size=batch_size)
     fast = S.SelectionContext(model, task, ad, cfg, 0)
     slow = S.SelectionContext(model, task, ad, replace(cfg, greedy_branch=False), 0)
     chosen, cands = [1], [j for j in range(L * H) if j != 1][::-1]  # any order, every layer
@@ -167,8 +167,11 @@ def check_branched_equals_full_rows(model, task) -> None:
     assert prob_s.std() > 1e-3  # the candidates differ: the comparison is of distinct rows
 
 
-def test_greedy_branched_rows_equal_the_full_rows(tiny_mha, task):
-    check_branched_equals_full_rows(tiny_mha, task)
+@pytest.mark.parametrize("batch_size", [64, 8, 24])  # one wave; one candidate a wave; 3 a wave
+def test_greedy_branched_rows_equal_the_full_rows(tiny_mha, task, batch_size):
+    """Waves of every size (a wave's rows join at their candidates' layers) give the full rows'
+    accuracy and probabilities."""
+    check_branched_equals_full_rows(tiny_mha, task, batch_size)
 
 
 def test_mutation_branched_rows_with_the_wrong_targets_are_caught(tiny_mha, task, monkeypatch):
