@@ -110,16 +110,31 @@ def test_greedy_pool_prunes_the_candidates_and_measures_it(tiny_mha, task):
 
 
 def test_counted_passes_equal_the_observed(tiny_mha, task):
-    """A selector's forward/backward counts equal what an independent hook on the model saw."""
+    """A selector's forward/backward counts equal what independent hooks on the model saw: calls of
+    the model, plus passes that reach the unembedding outside a call of the model (greedy's waves
+    run the blocks one by one)."""
     ctx = _ctx(tiny_mha, task)
-    seen = {"fwd": 0}
-    h = tiny_mha.register_forward_pre_hook(lambda *a: seen.__setitem__("fwd", seen["fwd"] + 1))
+    seen = {"fwd": 0, "inside": 0}
+
+    def enter(*a):
+        seen["fwd"] += 1
+        seen["inside"] += 1
+
+    def leave(*a):
+        seen["inside"] -= 1
+
+    def unembed(*a):
+        seen["fwd"] += seen["inside"] == 0
+
+    hs = [tiny_mha.register_forward_pre_hook(enter), tiny_mha.register_forward_hook(leave, always_call=True),
+          tiny_mha.unembed.register_forward_pre_hook(unembed)]
     try:
         with BackwardPassCounter(tiny_mha) as bwd:
             sel_g = select(ctx, "greedy", [1, 2])
             sel_a = select(ctx, "alpha-grad", [1, 2])
     finally:
-        h.remove()
+        for h in hs:
+            h.remove()
     assert sel_g.forward_passes > 0 and sel_a.backward_passes > 0
     assert sel_g.forward_passes + sel_a.forward_passes == seen["fwd"]
     assert sel_g.backward_passes == 0 and sel_a.backward_passes == bwd.count

@@ -19,6 +19,7 @@ from test_frontier_pin import planted
 import sitelens.lenses.joint_fit as J
 import sitelens.lenses.selectors as S
 from sitelens import FitConfig, fit_site, load_task
+from sitelens.patching.engine import ForwardPassCounter
 from sitelens.tasks import Template
 
 BARE = Template(answer_prefix="")
@@ -160,7 +161,11 @@ def check_branched_equals_full_rows(model, task, batch_size: int = 64) -> None:
     fast = S.SelectionContext(model, task, ad, cfg, 0)
     slow = S.SelectionContext(model, task, ad, replace(cfg, greedy_branch=False), 0)
     chosen, cands = [1], [j for j in range(L * H) if j != 1][::-1]  # any order, every layer
-    acc_f, prob_f = S.greedy_step_scores(fast, chosen, cands)
+    n = len(fast.valid)  # the prefix cache (built once per greedy run), outside the count
+    with ForwardPassCounter(model) as passes:
+        acc_f, prob_f = S.greedy_step_scores(fast, chosen, cands)
+    per_wave = max(1, batch_size // n)
+    assert passes.count == 1 + -(-len(cands) // per_wave)  # the chosen set's pass + one per wave
     acc_s, prob_s = S.greedy_step_scores(slow, chosen, cands)
     assert torch.equal(acc_f, acc_s)
     assert torch.allclose(prob_f, prob_s, atol=1e-6)  # the same pass, split in two: float32 rounding

@@ -30,6 +30,7 @@ from sitelens.models import (
     place_layer_rows,
     z_hook_name,
 )
+from sitelens.patching.engine import ForwardPassCounter
 from sitelens.site.injection import HeadMix, apply_hooks
 from sitelens.site.training import LastTokenSet
 
@@ -102,6 +103,7 @@ def _wave_logits(model, items: LastTokenSet, chosen: Tensor, heads: list[int], s
         with torch.no_grad(), apply_hooks(model, hook):
             x = block(x.to(next(block.parameters()).device), past_kv_cache_entry=sub,
                       attention_mask=mask)  # [b, 1, d_model]
+    ForwardPassCounter.ran(model)  # one pass up the blocks, not a call of ``model``
     with torch.no_grad():
         x = model.ln_final(x)  # [b, 1, d_model]
         logits = torch.cat([model.unembed(x[s: s + rows])[:, -1].float()

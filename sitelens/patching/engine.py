@@ -128,23 +128,36 @@ def patched_last_logits(
 
 class ForwardPassCounter:
     """Counts the calls of ``model`` (a forward pre-hook on it: every ``model(...)``, including
-    passes that stop early, e.g. :func:`sitelens.models.forward_until`) and times the block.
-    ``.count`` and ``.seconds`` are set on exit."""
+    passes that stop early, e.g. :func:`sitelens.models.forward_until`) and the passes that run its
+    blocks one by one and say so (:meth:`ran`), and times the block. ``.count`` and ``.seconds``
+    are set on exit."""
+
+    _open: list[ForwardPassCounter] = []  # the open counters, of every model
 
     def __init__(self, model):
         self.model, self.count, self.seconds = model, 0, 0.0
+
+    @classmethod
+    def ran(cls, model, n_passes: int = 1) -> None:
+        """Add ``n_passes`` passes that ran ``model``'s blocks without calling ``model`` (e.g.
+        greedy's waves, :mod:`sitelens.lenses.greedy_rows`) to every open counter of ``model``."""
+        for c in cls._open:
+            if c.model is model:
+                c.count += int(n_passes)
 
     def _pre(self, module, args) -> None:
         self.count += 1
 
     def __enter__(self):
         self._handle = self.model.register_forward_pre_hook(self._pre)
+        ForwardPassCounter._open.append(self)
         self._t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc) -> None:
         self.seconds = time.perf_counter() - self._t0
         self._handle.remove()
+        ForwardPassCounter._open.remove(self)
 
 
 class RowCounter:

@@ -72,7 +72,9 @@ class GreedySpeed(Experiment):
         c, b = df.iloc[0], df.iloc[-1]
         return (f"{'**Smoke test (--tiny): not a benchmark.**  ' * self.args.tiny}`{c.model}`, `{c.task}`: "
                 f"{c.n_candidates} candidates × {c.n_valid} valid prompts, {c.n_chosen} heads chosen; "
-                f"{c.threads} thread(s); load average {c.load_avg_1min:.2f} before, "
-                f"{c.load_avg_1min_after:.2f} after (other jobs running).\n\n{md_table(df)}\n\n"
+                f"{c.threads} thread(s); 1-minute load average {c.load_avg_1min:.2f} before, "
+                f"{c.load_avg_1min_after:.2f} after (a moving average: it lags the machine by about a "
+                f"minute). Forward passes: calls of the model plus batched waves up the blocks.\n\n"
+                f"{md_table(df)}\n\n"
                 f"Batched is **{b.speedup}×** faster; same pick: {c.same_pick}.\n")
 
