@@ -10,7 +10,9 @@ shows –. Families TransformerLens 3.9 cannot build get a row with the reason
 
 The "bridge (TL 4)" column comes from ``tests/test_families_bridge.py`` run by the TransformerLens 4
 venv of the second CI job (``.venv-tl4/bin/python``, ``SITELENS_BACKEND=bridge``; or JUnit files
-given with ``--bridge-junit``).
+given with ``--bridge-junit``). The same run covers the bridge's planted bugs
+(``tests/test_family_mutations.py::test_planted_bug_fails_the_bridge_family_suite``): they fill the
+"planted bugs caught" cell of the families only the bridge builds, marked "(bridge)".
 
 Usage: ``python scripts/families_table.py [--junit FILE ...] [--bridge-junit FILE ...]
 [--bridge-python PY] [--doc docs/models.md] [--check]``;
@@ -45,8 +47,11 @@ COLUMNS = {
     "bfloat16": "test_bfloat16_within_bounds_of_float32",
 }
 MUTATION_TEST = "test_planted_bug_fails_the_family_suite"
-# the bridge column: tests/test_families_bridge.py, run by the TransformerLens 4 venv of the TL 4 job
+# the bridge column: tests/test_families_bridge.py, run by the TransformerLens 4 venv of the TL 4 job,
+# with the bridge's planted bugs (the planted-bugs cell of the families only the bridge builds)
 BRIDGE_SUITE = "tests/test_families_bridge.py"
+BRIDGE_MUTATION_TEST = "test_planted_bug_fails_the_bridge_family_suite"
+BRIDGE_SUITES = (BRIDGE_SUITE, f"tests/test_family_mutations.py::{BRIDGE_MUTATION_TEST}")
 BRIDGE_TESTS = ("test_hooks_and_z_shapes", "test_injection_at_the_last_token",
                 "test_kv_cached_generation_equals_uncached",
                 "test_site_fit_evaluate_and_adapter_round_trip",
@@ -89,7 +94,7 @@ def _mark(outcomes: list) -> str:
 def _family_cases(results: dict, test: str, family: str) -> list[tuple[str, dict]]:
     """The cases of ``test`` for ``family``: ids ``family`` or ``other-family`` (checks), or
     ``family-bug`` (the planted bugs)."""
-    if test == MUTATION_TEST:
+    if test in (MUTATION_TEST, BRIDGE_MUTATION_TEST):
         return [(params[len(family) + 1:], r) for (t, params), r in results.items()
                 if t == test and params.startswith(f"{family}-")]
     return [(params, r) for (t, params), r in results.items()
@@ -116,6 +121,18 @@ def bridge_cell(bridge: dict | None, family: str) -> str:
     return mark
 
 
+def bugs_cell(results: dict | None, test: str, family: str, where: str = "") -> str:
+    """The planted bugs of ``family`` in ``results`` of ``test``: "bug → the check that caught it"
+    (its ``caught_by`` property, followed by ``where``), "(NOT caught)" when the bug went unnoticed;
+    – when none ran."""
+    bugs = []
+    for bug, r in sorted(_family_cases(results or {}, test, family)):
+        by = r["props"].get("caught_by")
+        bugs.append(bug.replace("_", " ") + (f" → {by}{where}" if by else "")
+                    + ("" if r["ok"] else " (NOT caught)"))
+    return "; ".join(bugs) or "–"
+
+
 def render(results: dict, bridge: dict | None = None) -> str:
     """The markdown table (and its legend) for ``results`` from :func:`parse_junit` (the
     HookedTransformer suites) and ``bridge`` (the bridge suite on TransformerLens 4)."""
@@ -128,8 +145,9 @@ def render(results: dict, bridge: dict | None = None) -> str:
         first = f"`{fam.name}`"
         arch = f"`{fam.architecture}` (`{fam.source}`)"
         if not fam.supported:
+            bugs = bugs_cell(bridge, BRIDGE_MUTATION_TEST, fam.name, " (bridge)")
             lines.append(f"| {first} | {arch} | not built: {fam.unsupported} |"
-                         + " |" * len(COLUMNS) + f" {bridge_cell(bridge, fam.name)} | |")
+                         + " |" * len(COLUMNS) + f" {bridge_cell(bridge, fam.name)} | {bugs} |")
             continue
         cells = []
         for col, test in COLUMNS.items():
@@ -140,13 +158,9 @@ def render(results: dict, bridge: dict | None = None) -> str:
                              if r["props"].get("attention")), None)
                 mark = f"{mark} {path}" if path else mark
             cells.append(mark)
-        bugs = []
-        for bug, r in sorted(_family_cases(results, MUTATION_TEST, fam.name)):
-            by = r["props"].get("caught_by")
-            bugs.append(bug.replace("_", " ") + (f" → {by}" if by else "")
-                        + ("" if r["ok"] else " (NOT caught)"))
+        bugs = bugs_cell(results, MUTATION_TEST, fam.name)
         lines.append(f"| {first} | {arch} | {', '.join(fam.features)} | " + " | ".join(cells)
-                     + f" | {bridge_cell(bridge, fam.name)} | {'; '.join(bugs) or '–'} |")
+                     + f" | {bridge_cell(bridge, fam.name)} | {bugs} |")
     legend = ("✓ passed, ✗ failed, – not run. Checks (`tests/test_families.py`): "
               + "; ".join(f"{col}: `{test}`" for col, test in COLUMNS.items())
               + f". Planted bugs (`tests/test_family_mutations.py::{MUTATION_TEST}`): each "
@@ -154,7 +168,9 @@ def render(results: dict, bridge: dict | None = None) -> str:
               f"3.9. bridge (TL 4): `{BRIDGE_SUITE}` (the tiny Hugging Face model of the family "
               "from its own config class, saved to a folder and loaded with "
               "`load_model(DIR, backend=\"bridge\")`) on TransformerLens 4: "
-              + ", ".join(t.removeprefix("test_") for t in BRIDGE_TESTS) + ".")
+              + ", ".join(t.removeprefix("test_") for t in BRIDGE_TESTS) + ". Families only the "
+              f"bridge builds: planted bugs of `tests/test_family_mutations.py::{BRIDGE_MUTATION_TEST}`"
+              " on TransformerLens 4, each bug → the bridge check it fails (bridge).")
     return "\n".join(lines) + "\n\n" + legend + "\n"
 
 
@@ -168,15 +184,15 @@ def replace_section(doc: str, table: str) -> str:
 
 
 def run_bridge_suite(out_dir: Path, python: Path) -> Path:
-    """Run the bridge suite under ``python`` (the TL 4 job's venv) with ``SITELENS_BACKEND=bridge``,
-    as scripts/test_tl4.sh does; one JUnit file."""
+    """Run the bridge suite and the bridge's planted bugs under ``python`` (the TL 4 job's venv)
+    with ``SITELENS_BACKEND=bridge``, as scripts/test_tl4.sh does; one JUnit file."""
     if not Path(python).is_file():
         raise SystemExit(f"{python} not found: the bridge column needs the TransformerLens 4 venv "
                          "(bash scripts/test_tl4.sh creates it), or pass --bridge-junit FILE")
     xml = out_dir / "test_families_bridge.xml"
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "SITELENS_BACKEND": "bridge"}
-    subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", BRIDGE_SUITE,
+    subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *BRIDGE_SUITES,
                     f"--junitxml={xml}", "-o", "junit_family=xunit1"], cwd=ROOT, env=env, check=False)
     return xml
 
@@ -198,8 +214,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--junit", nargs="*", type=Path, help="JUnit XML files (default: run the suites)")
     ap.add_argument("--bridge-junit", nargs="*", type=Path,
-                    help="JUnit XML of tests/test_families_bridge.py on TransformerLens 4 (default: "
-                         "run it with --bridge-python)")
+                    help="JUnit XML of tests/test_families_bridge.py and the bridge's planted bugs on "
+                         "TransformerLens 4 (default: run them with --bridge-python)")
     ap.add_argument("--bridge-python", type=Path, default=BRIDGE_PYTHON,
                     help="the TransformerLens 4 venv's python (default .venv-tl4/bin/python)")
     ap.add_argument("--doc", type=Path, default=ROOT / "docs" / "models.md")

@@ -84,6 +84,28 @@ def test_the_bridge_column_from_the_bridge_suite(ft, tmp_path):
     assert _row(table, "falcon")[at] == "✓"  # not built as a HookedTransformer, on the bridge yes
 
 
+def test_bridge_planted_bugs_fill_the_cell_of_the_families_only_the_bridge_builds(ft, tmp_path):
+    """The planted-bugs cell of a family TransformerLens 3.9 cannot build comes from the bridge's
+    planted bugs (marked "(bridge)"); a built family's cell stays the HookedTransformer one's."""
+    xml = tmp_path / "b.xml"
+    case = '<testcase name="test_planted_bug_fails_the_bridge_family_suite[{}]">{}</testcase>'
+    xml.write_text(_xml([
+        case.format("falcon-injection_one_position_early",
+                    '<properties><property name="caught_by" value="injection"/></properties>'),
+        case.format("falcon-AtP_of_the_wrong_metric",
+                    '<properties><property name="caught_by" value="lenses"/></properties>'
+                    '<failure message="x"/>'),
+        case.format("llama-gradient_of_the_wrong_metric",
+                    '<properties><property name="caught_by" value="lenses"/></properties>'),
+    ]))
+    table = ft.render(ft.parse_junit([]), ft.parse_junit([xml]))
+    assert _row(table, "falcon")[-1] == ("AtP of the wrong metric → lenses (bridge) (NOT caught); "
+                                         "injection one position early → injection (bridge)")
+    assert _row(table, "starcoder2")[-1] == "–"  # none ran
+    assert _row(table, "llama")[-1] == "–"  # built: its cell reads the HookedTransformer suite
+    assert ft.BRIDGE_MUTATION_TEST in " ".join(ft.BRIDGE_SUITES)  # the bridge run includes them
+
+
 def test_the_section_is_replaced_and_nothing_else(ft):
     doc = f"intro\n{ft.START}\nold\n{ft.END}\noutro\n"
     assert ft.replace_section(doc, "new\n") == f"intro\n{ft.START}\nnew\n{ft.END}\noutro\n"
@@ -100,6 +122,8 @@ def test_the_committed_table_is_green_or_says_why_not(ft):
         assert bridge.startswith(("✓", "not built: ")), (name, bridge)
         if not fam.supported:
             assert row[2] == f"not built: {fam.unsupported}"
+            assert row[-1] != "–" and "NOT caught" not in row[-1], (name, row[-1])
+            assert all(b.endswith("(bridge)") for b in row[-1].split("; ")), (name, row[-1])
             continue
         checks = row[3:3 + len(ft.COLUMNS)]
         assert all(c.startswith("✓") for c in checks), (name, checks)

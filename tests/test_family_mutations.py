@@ -26,14 +26,22 @@ configuration can have (read from the config, not listed by hand):
 
 ``scripts/families_table.py`` lists, per family, the bugs caught from this file's results.
 
-On the TransformerBridge (tests/test_families_bridge.py, both TransformerLens versions), the lens
-bugs are planted into that suite's lens check, on the bridge model of Falcon (only the bridge
-builds it; its α-gradient is checked in float64 by finite differences) and of Llama (Hugging
-Face computes its RMSNorm and attention softmax in float32: checked against autograd in float32):
+On the TransformerBridge (tests/test_families_bridge.py, both TransformerLens versions),
+``test_planted_bug_fails_the_bridge_family_suite`` plants the bugs that touch sitelens's code (not
+the model's) into that suite's checks on the bridge model: every family only the bridge builds
+(those ``SUPPORTED_FAMILIES`` lacks: Falcon, StarCoder 2) gets all of them, and Llama (Hugging
+Face computes its RMSNorm and attention softmax in float32: its α-gradient is checked against
+autograd in float32, Falcon's in float64 by finite differences) the lens bugs:
 
-- ``gradient of the wrong metric`` (above) — the α-gradient's check;
+- ``injection one position early`` (above) — the bridge's injection check;
+- ``effects patched at the next layer`` (above) — the bridge's check against
+  ``generic_activation_patch`` (``test_head_effects_equal_a_generic_activation_patch_reference``);
+- ``gradient of the wrong metric`` (above) — the bridge's α-gradient check;
 - ``AtP of the wrong metric``: AtP differentiates the answer's log-probability where its
   probability is asked — the AtP-vs-autograd check.
+
+``scripts/families_table.py`` runs it with the bridge suite on TransformerLens 4 and lists its
+results in the planted-bugs cell of the bridge-only families, marked "(bridge)".
 """
 
 from __future__ import annotations
@@ -272,20 +280,56 @@ def test_every_family_has_a_planted_bug_and_the_named_ones_are_planted():
         assert {f for b, f in CASES if b == bug} == families, bug
 
 
-# the bridge: the lens bugs (they touch sitelens's lens code, not the model, so the suite's cached
-# bridge models serve)
-BRIDGE_BUGS = {"gradient of the wrong metric": differentiate_the_wrong_metric,
-               "AtP of the wrong metric": differentiate_atp_the_wrong_metric}
-BRIDGE_CASES = [(bug, fam) for fam in ("llama", "falcon") for bug in BRIDGE_BUGS]
+# the bridge: every family TransformerLens 3.9 builds no HookedTransformer for (only the bridge
+# builds it) gets the bugs above that touch sitelens's code, not the model's (so the bridge suite's
+# cached models serve), each run through the bridge suite's own check; Llama keeps the lens bugs
+# (its α-gradient is checked against autograd in float32, Falcon's by float64 finite differences)
+BRIDGE_ONLY_FAMILIES = tuple(f for f in FAMILIES if f not in SUPPORTED_FAMILIES)
+
+
+def _bridge_injection(family):
+    TF.test_injection_at_the_last_token(family)
+
+
+def _bridge_patching(family):
+    TF.test_head_effects_equal_a_generic_activation_patch_reference(family)
+
+
+def _bridge_lenses(family):
+    import test_families_bridge as TFB
+
+    TFB.check_lenses(family)
+
+
+BRIDGE_CHECKS = {"injection": _bridge_injection, "patching": _bridge_patching,  # table columns
+                 "lenses": _bridge_lenses}
+BRIDGE_BUGS: dict[str, Bug] = {
+    "injection one position early": BUGS["injection one position early"],
+    "effects patched at the next layer": BUGS["effects patched at the next layer"],
+    "gradient of the wrong metric": BUGS["gradient of the wrong metric"],
+    "AtP of the wrong metric": Bug(differentiate_atp_the_wrong_metric, lambda c: True, "lenses"),
+}
+LENS_BUGS = ("gradient of the wrong metric", "AtP of the wrong metric")
+BRIDGE_CASES = ([(bug, fam) for fam in BRIDGE_ONLY_FAMILIES for bug in BRIDGE_BUGS]
+                + [(bug, "llama") for bug in LENS_BUGS])
 
 
 @pytest.mark.parametrize("bug, family", BRIDGE_CASES,
                          ids=[f"{f}-{b.replace(' ', '_')}" for b, f in BRIDGE_CASES])
-def test_planted_lens_bug_fails_the_bridge_family_suite(bug, family, monkeypatch):
+def test_planted_bug_fails_the_bridge_family_suite(bug, family, monkeypatch, record_property):
     import test_families_bridge as TFB
 
+    check = BRIDGE_BUGS[bug].check
+    record_property("caught_by", check)  # the support table names the catching check
     TFB.use_bridge(monkeypatch)
-    TFB.check_lenses(family)  # the unbroken bridge passes ...
-    BRIDGE_BUGS[bug](monkeypatch, None)
-    with pytest.raises(AssertionError, match=CAUGHT):  # ... and the broken one fails
-        TFB.check_lenses(family)
+    BRIDGE_CHECKS[check](family)  # the unbroken bridge passes the check ...
+    BRIDGE_BUGS[bug].plant(monkeypatch, TFB.bridge_of(family))
+    with pytest.raises(AssertionError, match=CAUGHT):  # ... and the broken one fails it
+        BRIDGE_CHECKS[check](family)
+
+
+def test_every_bridge_only_family_has_the_bridge_bugs():
+    assert {"falcon", "starcoder2"} <= set(BRIDGE_ONLY_FAMILIES)  # families.py's unsupported ones
+    for fam in BRIDGE_ONLY_FAMILIES:
+        assert {b for b, f in BRIDGE_CASES if f == fam} == set(BRIDGE_BUGS), fam
+    assert {BRIDGE_BUGS[b].check for b in BRIDGE_BUGS} == set(BRIDGE_CHECKS)
