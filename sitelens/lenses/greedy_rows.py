@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from transformer_lens import TransformerLensKeyValueCacheEntry
 
 from sitelens.models import (
     SELECT_BUDGET_BYTES,
@@ -28,6 +27,7 @@ from sitelens.models import (
     last_token_forward,
     memory_budget,
     place_layer_rows,
+    select_entry,
     z_hook_name,
 )
 from sitelens.patching.engine import ForwardPassCounter
@@ -76,12 +76,11 @@ def _wave_logits(model, items: LastTokenSet, chosen: Tensor, heads: list[int], s
     ``slots[i]``) on every item, its rows joining at the head's layer; with each row's slot and
     item. The unembedding runs ``rows`` rows at a time."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
-    n = len(items)
-    cache = items.cache
+    n, cache = len(items), items.cache
     x, cond, item, w = None, [], [], []
     for layer in range(heads[0] // H, L):
         new = [(slot, head) for slot, head in zip(slots, heads) if head // H == layer]
-        if new:
+        if new:  # this layer's candidates join: the wave's rows, mask and weights change
             it = torch.arange(n).repeat(len(new))  # [len(new) * n]
             wl = chosen.flatten().repeat(len(it), 1)  # [len(new) * n, L * H]
             wl[torch.arange(len(it)), torch.tensor([h for _, h in new]).repeat_interleave(n)] = 1.0
@@ -90,19 +89,14 @@ def _wave_logits(model, items: LastTokenSet, chosen: Tensor, heads: list[int], s
             cond.append(torch.tensor([c for c, _ in new]).repeat_interleave(n))
             item.append(it)
             w.append(wl)
-        rows_item = torch.cat(item)
-        entry = cache.entries[layer]
-        sub = TransformerLensKeyValueCacheEntry(entry.past_keys[rows_item.to(entry.past_keys.device)],
-                                                entry.past_values[rows_item.to(entry.past_values.device)],
-                                                frozen=True)
-        prev = cache.previous_attention_mask[rows_item.to(cache.previous_attention_mask.device)]
-        mask = torch.cat([prev, torch.ones(len(rows_item), 1, dtype=prev.dtype, device=prev.device)], 1)
-        mix = HeadMix(weights=torch.cat(w).reshape(-1, L, H), targets=target, positions=(-1,))
-        hook = [(z_hook_name(model, layer), mix.hook_fn(layer))]
+            rows_item = torch.cat(item)  # [b]
+            prev = cache.previous_attention_mask[rows_item.to(cache.previous_attention_mask.device)]
+            mask = torch.cat([prev, prev.new_ones(len(rows_item), 1)], 1)  # [b, prefix + 1]
+            mix = HeadMix(weights=torch.cat(w).reshape(-1, L, H), targets=target, positions=(-1,))
         block = model.blocks[layer]
-        with torch.no_grad(), apply_hooks(model, hook):
-            x = block(x.to(next(block.parameters()).device), past_kv_cache_entry=sub,
-                      attention_mask=mask)  # [b, 1, d_model]
+        with torch.no_grad(), apply_hooks(model, [(z_hook_name(model, layer), mix.hook_fn(layer))]):
+            x = block(x.to(next(block.parameters()).device), past_kv_cache_entry=select_entry(
+                cache.entries[layer], rows_item), attention_mask=mask)  # [b, 1, d_model]
     ForwardPassCounter.ran(model)  # one pass up the blocks, not a call of ``model``
     with torch.no_grad():
         x = model.ln_final(x)  # [b, 1, d_model]

@@ -90,6 +90,7 @@ if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
         new_kv_cache,
         prefix_cache,
         select_cache,
+        select_entry,
         unembed_last,
     )
     from sitelens.models.load import load_model, timed_load
@@ -147,6 +148,7 @@ __all__ = [
     "SELECT_BUDGET_BYTES", "BridgeKVCache", "RecomputeCache", "cache_rows_per_batch",
     "drive_hf_cache", "kv_forward",
     "last_position_logits", "last_token_forward", "new_kv_cache", "prefix_cache", "select_cache",
+    "select_entry",
     "unembed_last",
     # devices
     "DTYPES", "accumulation_dtype", "dtype_name", "input_device", "is_multi_device",

@@ -413,14 +413,20 @@ def select_cache(cache, idx):
     """Rows ``idx`` of a KV cache, as a new frozen cache (the original is untouched)."""
     if isinstance(cache, (RecomputeCache, BridgeKVCache)):
         return cache.select(idx)
-    from transformer_lens import TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
+    from transformer_lens import TransformerLensKeyValueCache
 
     idx = torch.as_tensor(idx, dtype=torch.long)
-    entries = [
-        TransformerLensKeyValueCacheEntry(e.past_keys[idx], e.past_values[idx], frozen=True)
-        for e in cache.entries
-    ]
+    entries = [select_entry(e, idx) for e in cache.entries]
     return TransformerLensKeyValueCache(entries, cache.previous_attention_mask[idx], frozen=True)
+
+
+def select_entry(entry, idx):
+    """Rows ``idx`` of one layer's HookedTransformer KV cache entry, as a new frozen entry (on the
+    entry's device)."""
+    from transformer_lens import TransformerLensKeyValueCacheEntry
+
+    idx = torch.as_tensor(idx, dtype=torch.long).to(entry.past_keys.device)
+    return TransformerLensKeyValueCacheEntry(entry.past_keys[idx], entry.past_values[idx], frozen=True)
 
 
 SELECT_BUDGET_BYTES = 1 << 30
@@ -450,5 +456,5 @@ __all__ = [
     "SELECT_BUDGET_BYTES", "BridgeKVCache", "RecomputeCache", "cache_rows_per_batch",
     "drive_hf_cache", "hf_seq_length", "kv_forward",
     "last_position_logits", "last_token_forward", "new_kv_cache", "prefix_cache", "select_cache",
-    "unembed_last",
+    "select_entry", "unembed_last",
 ]
