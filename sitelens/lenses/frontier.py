@@ -173,10 +173,37 @@ class FrontierResult:
         return csv, js
 
 
-def _resampled(task: Task, b: int) -> Task:
+def resample_selection_items(task: Task, b: int) -> Task:
+    """Bootstrap resample ``b`` of ``task``: its train and valid items drawn with replacement
+    (seeded by ``b``, so resample b is the same everywhere); test untouched."""
     rng = random.Random(20_000 + b)
     return replace(task, train=[rng.choice(task.train) for _ in task.train],
                    valid=[rng.choice(task.valid) for _ in task.valid])
+
+
+def frontier_sets(
+    model, task: Task, *, budgets: Sequence[int] = DEFAULT_BUDGETS,
+    selectors: Sequence[str] = DEFAULT_SELECTORS, seed: int = 0, bootstrap: int | None = None,
+    config: FrontierConfig | None = None, progress: bool = False,
+) -> list[Selection]:
+    """Only the selection half of :func:`frontier`: full SITE fitted at ``seed``, then every
+    selector's S_k, nothing injected on test. ``bootstrap``: b, fit and select on
+    :func:`resample_selection_items` ``(task, b)`` instead. The replicates whose Jaccard with the
+    first seed's sets is the stability; ``alpha``'s cost includes the fit. Bad input raises before
+    any work, as :func:`frontier` does."""
+    cfg = config or FrontierConfig()
+    selectors = parse_selectors(selectors)
+    budgets = check_budgets(budgets, model.cfg.n_layers * model.cfg.n_heads)
+    check_task_splits(task)
+    t = task if bootstrap is None else resample_selection_items(task, bootstrap)
+    adapter, fit_cost = fit_site_counted(model, t, cfg, seed, progress=progress)
+    ctx = SelectionContext(model, t, adapter, cfg, seed, progress)
+    out = [select(ctx, name, budgets) for name in selectors]
+    for s in out:
+        if s.selector == "alpha":
+            for key in COST:
+                setattr(s, key, getattr(s, key) + fit_cost.get(key, 0))
+    return out
 
 
 def _refit_all(ctx: SelectionContext, sets: list[tuple[int, ...]], cfg: FrontierConfig) -> dict:
@@ -338,15 +365,14 @@ def frontier(
         selections += sel
         rows += _score_seed(ctx, sel, budgets, list(injections), cfg, fit_cost)
     for b in range(cfg.n_bootstrap):  # the same selectors on resampled selection items
-        tb = _resampled(task, b)
-        adapter, _ = fit_site_counted(model, tb, cfg, seed_list[0])
-        ctx = SelectionContext(model, tb, adapter, cfg, seed_list[0])
-        for name in selectors:
-            boot[name].append(select(ctx, name, budgets).sets)
+        for s in frontier_sets(model, task, budgets=budgets, selectors=selectors, seed=seed_list[0],
+                               bootstrap=b, config=cfg):
+            boot[s.selector].append(s.sets)
     full = pd.DataFrame(rows)
     summary = _summary(full, selections, boot, budgets)
     return FrontierResult(full[COLUMNS].copy(), summary, selections)
 
 
 __all__ = ["COLUMNS", "DEFAULT_BUDGETS", "DEFAULT_SELECTORS", "INJECTIONS", "NOT_REACHED",
-           "FrontierResult", "frontier", "inject_scores", "k_star", "mean_jaccard"]
+           "FrontierResult", "frontier", "frontier_sets", "inject_scores", "k_star", "mean_jaccard",
+           "resample_selection_items"]

@@ -11,7 +11,13 @@ from the stored cells: k* per selector and task (smallest k reaching 90% of full
 accuracy, mean over seeds), the stability of each selector's sets (Jaccard over seeds), and the
 comparison at k = 10 of the paper's top-10 α heads (it reports 57.3% for them) and the Function
 Vectors paper's top-10 causal heads (the ``effect`` selector: the same indirect effect) with full
-SITE. ``--tiny``: a smoke test on a tiny random model."""
+SITE. Stability (``--stability-seeds S``, ``--n-bootstrap B``): selection-only cells
+(:func:`sitelens.lenses.frontier.frontier_sets`, nothing scored on test), one per extra fit seed
+1..S and per bootstrap resample 0..B-1 of the train/valid items (fit seed 0), append the sets they
+chose to ``{out}/frontier_study_sets.csv``; the report's stability is the Jaccard of S_k between
+seed 0's cell and each replicate, and a k* whose sets are unstable (mean Jaccard at k* below
+:data:`~sitelens.lenses.frontier.UNSTABLE_BELOW`) is marked so. ``--tiny``: a smoke test on a tiny
+random model."""
 
 from __future__ import annotations
 
@@ -27,6 +33,9 @@ TASKS = ("antonym", "capitalize_first_letter", "choose_first_of_3", "country_cap
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 PAPER_TOP10_ALPHA = 0.573  # the SITE paper's first-token accuracy with its top-10 α heads
 K_CMP = 10
+SETS = "frontier_study_sets"  # the stability cells' table
+SET_COLUMNS = ["key", "model", "task", "replicate", "index", "selector", "k", "heads", "forward_passes",
+               "backward_passes", "seconds"]
 
 
 def _jaccard(a: str, b: str) -> float:
@@ -48,15 +57,50 @@ def k_star_table(df: pd.DataFrame, threshold: float = 0.9) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def stability_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per model, task and selector: mean Jaccard of S_k over pairs of seeds (NaN with one seed)."""
+def stability_table(df: pd.DataFrame, sets: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per model, task, selector and k: the Jaccard of S_k over fit seeds (mean over pairs of
+    the study's seed cells and the selection-only seed replicates in ``sets``) and against
+    bootstrap resamples (seed 0's set vs each resample's); NaN where there is nothing to compare."""
     a1 = df[(df.injection == "alpha1") & (df.heads.fillna("") != "")]
+    main = a1[["model", "task", "selector", "k", "heads", "seed"]].assign(replicate="seed")
+    reps = pd.DataFrame(columns=["model", "task", "selector", "k", "heads", "replicate", "index"])
+    if sets is not None and len(sets):
+        reps = sets[sets.heads.fillna("") != ""]
+    seeds = pd.concat([main.rename(columns={"seed": "index"}), reps[reps.replicate == "seed"]])
     rows = []
-    for (m, t, sel), d in a1.groupby(["model", "task", "selector"], sort=False):
-        js = [_jaccard(x, y) for _, g in d.groupby("k") for x, y in combinations(g.heads.tolist(), 2)]
-        rows.append({"model": m, "task": t, "selector": sel, "seeds": d.seed.nunique(),
-                     "jaccard_seeds": float(np.mean(js)) if js else float("nan")})
-    return pd.DataFrame(rows)
+    for (m, t, sel, k), d in seeds.groupby(["model", "task", "selector", "k"], sort=False):
+        d = d.drop_duplicates("index")
+        js = [_jaccard(x, y) for x, y in combinations(d.heads.tolist(), 2)]
+        first = d[d["index"] == 0].heads.tolist()
+        boot = reps[(reps.replicate == "bootstrap") & (reps.model == m) & (reps.task == t)
+                    & (reps.selector == sel) & (reps.k == k)].heads.tolist()
+        jb = [_jaccard(first[0], b) for b in boot] if first else []
+        rows.append({"model": m, "task": t, "selector": sel, "k": int(k), "seeds": len(d),
+                     "bootstraps": len(jb), "jaccard_seeds": float(np.mean(js)) if js else float("nan"),
+                     "jaccard_bootstrap": float(np.mean(jb)) if jb else float("nan")})
+    cols = ["model", "task", "selector", "k", "seeds", "bootstraps", "jaccard_seeds", "jaccard_bootstrap"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def stability_at(st: pd.DataFrame, model: str, task: str, selector: str, k) -> float:
+    """The mean of the seed and bootstrap Jaccards of S_k (NaN: nothing compared)."""
+    d = st[(st.model == model) & (st.task == task) & (st.selector == selector) & (st.k == k)]
+    v = d[["jaccard_seeds", "jaccard_bootstrap"]].to_numpy(float).ravel()
+    v = v[np.isfinite(v)]
+    return float(v.mean()) if len(v) else float("nan")
+
+
+def mark_unstable(ks: pd.DataFrame, st: pd.DataFrame) -> pd.DataFrame:
+    """``ks`` with a ``stability`` column (the Jaccard at k*) and ``k_star`` written
+    ``"20 (unstable)"`` where it is below :data:`~sitelens.lenses.frontier.UNSTABLE_BELOW`."""
+    from sitelens.lenses.frontier import UNSTABLE_BELOW
+
+    ks = ks.copy()
+    ks["stability"] = [stability_at(st, r.model, r.task, r.selector, r.k_star)
+                       if isinstance(r.k_star, int) else float("nan") for r in ks.itertuples()]
+    ks["k_star_marked"] = [f"{r.k_star} (unstable)" if r.stability < UNSTABLE_BELOW else str(r.k_star)
+                           for r in ks.itertuples()]
+    return ks
 
 
 class FrontierStudy(Experiment):
@@ -73,7 +117,10 @@ class FrontierStudy(Experiment):
     def add_arguments(self, p) -> None:
         p.add_argument("--seeds", type=int, default=1, help="fit seeds per (model, task): cells 0..N-1")
         p.add_argument("--budgets", default="1,2,5,10,20,50")
-        p.add_argument("--n-bootstrap", type=int, default=0, help="bootstrap resamples per cell")
+        p.add_argument("--stability-seeds", type=int, default=0,
+                       help=f"selection-only cells for fit seeds 1..S per (model, task) ({SETS}.csv)")
+        p.add_argument("--n-bootstrap", type=int, default=0,
+                       help=f"selection-only cells for bootstrap resamples 0..B-1 ({SETS}.csv)")
         p.add_argument("--tiny", action="store_true", help="tiny random model, budgets 1,2,5 (smoke test)")
 
     def cells(self, args):
@@ -83,27 +130,54 @@ class FrontierStudy(Experiment):
                 for seed in range(args.seeds):
                     yield Job(f"{m}/{t}/{seed}", f"{m} {t} seed {seed}",
                               {"model": m, "task": t, "seed": seed})
+        for m in models:  # after every scored cell: the stability replicates
+            for t in args.tasks[: 1 if args.tiny else None]:
+                for s in range(1, args.stability_seeds + 1):
+                    yield Job(f"{m}/{t}/select-seed{s}", f"{m} {t} sets of seed {s}",
+                              {"model": m, "task": t, "seed": s, "replicate": "seed", "index": s})
+                for b in range(args.n_bootstrap):
+                    yield Job(f"{m}/{t}/select-boot{b}", f"{m} {t} sets of bootstrap {b}",
+                              {"model": m, "task": t, "seed": 0, "replicate": "bootstrap", "index": b})
+
+    def sets_store(self):
+        return self.store(SETS, SET_COLUMNS)
+
+    def done_keys(self) -> set[str]:
+        return self.store().keys() | self.sets_store().keys()
 
     def config(self):
         from sitelens.lenses.selectors import FrontierConfig
 
         if not self.args.tiny:
-            return FrontierConfig(n_bootstrap=self.args.n_bootstrap)
+            return FrontierConfig()
         from sitelens import FitConfig
         from sitelens.lenses.attribution import AttributionConfig
 
         att = AttributionConfig(n_prompts=4, n_shots=2, n_mean_prompts=4, n_boot=20, n_alpha_items=6)
         return FrontierConfig(fit=FitConfig(n_examples=16, n_valid=8), n_prompts=4, n_shots=2, n_valid=8,
-                              attribution=att, test_limit=6, n_bootstrap=self.args.n_bootstrap)
+                              attribution=att, test_limit=6)
 
     def run(self, job: Job) -> list[dict]:
-        from sitelens.lenses.frontier import frontier
+        from sitelens.lenses.frontier import frontier, frontier_sets
+        from sitelens.lenses.selectors import head_label
         from sitelens.pipelines.executors import cached_model
         from sitelens.tasks import load_task
 
         model, task = cached_model(job["model"]), load_task(job["task"])
         budgets = [int(k) for k in self.args.budgets.split(",")]
         budgets = [k for k in budgets if k <= model.cfg.n_layers * model.cfg.n_heads]
+        if "replicate" in job.params:  # a stability cell: the sets only, in their own table
+            boot = job["index"] if job["replicate"] == "bootstrap" else None
+            sels = frontier_sets(model, task, budgets=budgets, seed=job["seed"], bootstrap=boot,
+                                 config=self.config())
+            H = model.cfg.n_heads
+            self.sets_store().append(
+                {"key": job.key, "model": job["model"], "task": task.name, "replicate": job["replicate"],
+                 "index": job["index"], "selector": s.selector, "k": k,
+                 "heads": "" if h is None else ";".join(head_label(j, H) for j in h),
+                 "forward_passes": s.forward_passes, "backward_passes": s.backward_passes,
+                 "seconds": round(s.seconds, 2)} for s in sels for k, h in s.sets.items())
+            return []
         res = frontier(model, task, budgets=budgets, seeds=[job["seed"]], config=self.config())
         res.to_dir(self.out / "frontier_study" / job["model"] / f"{job['task']}_seed{job['seed']}")
         return res.table.assign(key=job.key).to_dict("records")
@@ -111,12 +185,26 @@ class FrontierStudy(Experiment):
     def report(self, df: pd.DataFrame) -> str:
         from sitelens.viz.export import FigureWriter
 
-        ks, st = k_star_table(df), stability_table(df)
+        st = stability_table(df, self.sets_store().read())
+        ks = mark_unstable(k_star_table(df), st)
         wide = ks.pivot_table(index=["model", "task"], columns=["selector", "injection"],
-                              values="k_star", aggfunc="first").reset_index()
+                              values="k_star_marked", aggfunc="first").reset_index()
         wide.columns = [c if isinstance(c, str) else "/".join(x for x in c if x) for c in wide.columns]
-        stab = st.pivot_table(index=["model", "task"], columns="selector", values="jaccard_seeds",
-                              dropna=False).reset_index()
+        pairs = df[["model", "task"]].drop_duplicates()  # pivot's dropna=False adds every product
+        stab = {c: pairs.merge(st.pivot_table(index=["model", "task"], columns="selector", values=c,
+                                              dropna=False).reset_index().round(3), how="left")
+                for c in ("jaccard_seeds", "jaccard_bootstrap")}
+        per_sel = (st.groupby(["model", "selector"])
+                   .agg(jaccard_seeds=("jaccard_seeds", "mean"),
+                        jaccard_bootstrap=("jaccard_bootstrap", "mean"), seeds=("seeds", "max"),
+                        bootstraps=("bootstraps", "max")).round(3).reset_index())
+        reached = ks[ks.k_star.map(lambda v: isinstance(v, int))]
+        per_sel = per_sel.merge(
+            reached.groupby(["model", "selector"]).agg(
+                k_star_reached=("k_star", "size"),
+                unstable_at_k_star=("k_star_marked", lambda v: int(v.str.endswith("(unstable)").sum())))
+            .reset_index(), on=["model", "selector"], how="left").fillna({"k_star_reached": 0,
+                                                                        "unstable_at_k_star": 0})
         a1 = df[(df.injection == "alpha1") & (df.k == K_CMP)]
         cmp_rows = []
         for m, d in a1.groupby("model"):
@@ -145,8 +233,15 @@ class FrontierStudy(Experiment):
             "k* = the smallest budget whose test accuracy reaches 90% of full SITE's (`not reached` within "
             "the budgets).", "",
             "## k* per selector (alpha1 = α = 1 on S_k; refit = α re-fitted on S_k)", "", md_table(wide),
-            "", "## Stability: mean Jaccard of S_k over fit seeds (NaN: one seed)", "",
-            md_table(stab.round(3)), "",
+            "", "## Stability of S_k (Jaccard, mean over the budgets)", "",
+            "Over fit seeds: mean over pairs of seed sets (seed 0's scored cell and the selection-only "
+            f"seeds in `{SETS}.csv`); over bootstrap: seed 0's set vs each resample's (train/valid items "
+            "drawn with replacement, fit seed 0). NaN: nothing to compare. k* above is marked "
+            "`(unstable)` where the mean of the two at k* is below 0.5 (alpha1 and refit share the "
+            "sets).", "", "Per model and selector (mean over tasks and budgets; k_star_reached and "
+            "unstable_at_k_star count (task, injection) pairs):", "", md_table(per_sel), "",
+            "Over fit seeds, per task:", "", md_table(stab["jaccard_seeds"]), "",
+            "Over bootstrap resamples, per task:", "", md_table(stab["jaccard_bootstrap"]), "",
             f"## At k = {K_CMP}: the paper's top-10 α heads and FV's top-10 causal heads (α = 1, mean "
             "over tasks)",
             "", md_table(pd.DataFrame(cmp_rows)) if cmp_rows else f"(no k = {K_CMP} in the budgets)", "",

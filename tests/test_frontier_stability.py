@@ -1,0 +1,110 @@
+"""The frontier's stability: selection-only replicates (fit seeds, bootstrap resamples of the
+selection items) against the selections of scored frontier cells, and the study's Jaccard tables
+against Jaccards computed by hand. Tiny random models; sets are compared exactly (the same seeds
+run the same float32 operations in the same order)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+from test_frontier import CFG, _ctx
+
+from sitelens import load_task
+from sitelens.lenses.frontier import frontier, frontier_sets, resample_selection_items
+from sitelens.lenses.selectors import select
+from sitelens.pipelines.frontier_study import mark_unstable, stability_table
+
+FAST = ("alpha", "alpha-grad", "atp")
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_task("antonym")
+
+
+def test_selection_only_seed_equals_a_scored_cells_selection(tiny_mha, task):
+    scored = frontier(tiny_mha, task, budgets=(1, 2, 5), seeds=[1], selectors=FAST, injections=("alpha1",),
+                      config=CFG)
+    only = frontier_sets(tiny_mha, task, budgets=(1, 2, 5), seed=1, selectors=FAST, config=CFG)
+    assert [s.sets for s in only] == [s.sets for s in scored.selections]
+    assert only[0].backward_passes > 0  # alpha's cost is the fit's
+
+
+def test_bootstrap_replicate_selects_on_the_resampled_items(tiny_mha, task):
+    rs = resample_selection_items(task, 3)
+    assert len(rs.train) == len(task.train) and rs.test == task.test
+    assert rs.train != task.train and set(map(id, rs.train)) <= set(map(id, task.train))  # drawn from it
+    assert resample_selection_items(task, 3) == rs  # resample b is the same everywhere
+    got = frontier_sets(tiny_mha, task, budgets=(1, 2), seed=0, bootstrap=3, selectors=FAST, config=CFG)
+    ctx = _ctx(tiny_mha, rs, CFG, 0)  # independently: fit and select on the resampled task
+    assert [s.sets for s in got] == [select(ctx, name, (1, 2)).sets for name in FAST]
+
+
+def _main_rows(task, sets):
+    return [{"model": "m", "task": task, "selector": "alpha", "k": k, "injection": inj, "heads": h,
+             "seed": 0} for k, h in sets.items() for inj in ("alpha1", "refit")]
+
+
+def _rep(task, replicate, index, sets):
+    return [{"key": f"m/{task}/{replicate}{index}", "model": "m", "task": task, "replicate": replicate,
+             "index": index, "selector": "alpha", "k": k, "heads": h} for k, h in sets.items()]
+
+
+def test_stability_table_equals_hand_jaccards():
+    df = pd.DataFrame(_main_rows("t", {1: "L0H0", 2: "L0H0;L0H1"}))
+    sets = pd.DataFrame(_rep("t", "seed", 1, {1: "L0H1", 2: "L0H0;L0H1"})
+                        + _rep("t", "seed", 2, {1: "L0H0", 2: "L0H0;L1H0"})
+                        + _rep("t", "bootstrap", 0, {1: "L0H0", 2: "L1H1;L1H0"})
+                        + _rep("t", "bootstrap", 1, {1: "L2H2", 2: "L0H1;L1H0"}))
+    st = stability_table(df, sets).set_index("k")
+    # k = 1: seed sets {H0}, {H1}, {H0}: pairs 0, 1, 0; bootstrap vs seed 0: 1, 0
+    assert st.loc[1, "jaccard_seeds"] == pytest.approx(1 / 3) and st.loc[1, "jaccard_bootstrap"] == 0.5
+    # k = 2: seeds {00,01} {00,01} {00,10}: pairs 1, 1/3, 1/3; bootstrap: 0, 1/3
+    assert st.loc[2, "jaccard_seeds"] == pytest.approx(5 / 9)
+    assert st.loc[2, "jaccard_bootstrap"] == pytest.approx(1 / 6)
+    assert (st.seeds == 3).all() and (st.bootstraps == 2).all()
+    ks = pd.DataFrame([{"model": "m", "task": "t", "selector": "alpha", "injection": "alpha1", "k_star": 1},
+                       {"model": "m", "task": "t", "selector": "alpha", "injection": "refit", "k_star": 2}])
+    marked = mark_unstable(ks, stability_table(df, sets))
+    # at k* = 1 the mean of 1/3 and 1/2 is 0.42 < 0.5: unstable; at k* = 2, (5/9 + 1/6) / 2 = 0.36
+    assert list(marked.k_star_marked) == ["1 (unstable)", "2 (unstable)"]
+    stable = sets.assign(heads=sets.k.map({1: "L0H0", 2: "L0H0;L0H1"}))
+    assert list(mark_unstable(ks, stability_table(df, stable)).k_star_marked) == ["1", "2"]
+
+
+def test_study_stability_cells_run_resume_and_report(tmp_path, monkeypatch):
+    import sitelens.lenses.frontier as F
+    from sitelens.pipelines.experiment import main
+    from sitelens.pipelines.frontier_study import FrontierStudy
+
+    argv = ["--tiny", "--budgets", "1,2", "--out", str(tmp_path), "--threads", "0",
+            "--stability-seeds", "1", "--n-bootstrap", "1"]
+    assert main(FrontierStudy(), argv) == 0
+    sets = pd.read_csv(tmp_path / "frontier_study_sets.csv")
+    assert set(sets.key) == {"tiny-random/antonym/select-seed1", "tiny-random/antonym/select-boot0"}
+    assert len(sets) == 2 * 7 * 2  # replicates × selectors × budgets
+    first = (tmp_path / "frontier_study_sets.csv").read_text()
+    monkeypatch.setattr(F, "frontier_sets", lambda *a, **k: pytest.fail("a done replicate was recomputed"))
+    monkeypatch.setattr(F, "frontier", lambda *a, **k: pytest.fail("a done cell was recomputed"))
+    assert main(FrontierStudy(), argv) == 0
+    assert (tmp_path / "frontier_study_sets.csv").read_text() == first
+    md = (tmp_path / "frontier_study.md").read_text()
+    per_sel = md[md.index("Per model and selector"):md.index("Over fit seeds, per task")]
+    row = next(s for s in per_sel.splitlines() if s.startswith("| tiny-random | alpha |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] != "nan" and cells[3] != "nan"  # seeds and bootstrap Jaccards measured
+    assert cells[4:6] == ["2", "1"]  # two seed sets (the scored cell's and one replicate), one resample
+
+
+def test_config_bootstrap_in_frontier_uses_the_same_replicates(tiny_mha, task):
+    cfg = replace(CFG, n_bootstrap=1)
+    res = frontier(tiny_mha, task, budgets=(1, 2), seeds=[0], selectors=("alpha",), injections=("alpha1",),
+                   config=cfg)
+    rep = frontier_sets(tiny_mha, task, budgets=(1, 2), seed=0, bootstrap=0, selectors=("alpha",), config=CFG)
+    from sitelens.lenses.alpha import jaccard
+
+    want = {k: jaccard(set(res.selections[0].sets[k]), set(rep[0].sets[k])) for k in (1, 2)}
+    got = res.summary["selectors"]["alpha"]["jaccard_bootstrap"]
+    assert {int(k): v for k, v in got.items()} == pytest.approx(want)
