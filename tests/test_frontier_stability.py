@@ -108,3 +108,19 @@ def test_config_bootstrap_in_frontier_uses_the_same_replicates(tiny_mha, task):
     want = {k: jaccard(set(res.selections[0].sets[k]), set(rep[0].sets[k])) for k in (1, 2)}
     got = res.summary["selectors"]["alpha"]["jaccard_bootstrap"]
     assert {int(k): v for k, v in got.items()} == pytest.approx(want)
+
+
+def test_overlap_table_equals_hand_jaccards():
+    from sitelens.pipelines.frontier_study import overlap_table
+
+    def row(task, sel, heads, seed=0, k=10, inj="alpha1"):
+        return {"model": "m", "task": task, "selector": sel, "k": k, "injection": inj, "heads": heads,
+                "seed": seed}
+
+    df = pd.DataFrame([row("t1", "a", "L0H0;L0H1"), row("t1", "b", "L0H1;L0H2"),
+                       row("t2", "a", "L1H0"), row("t2", "b", "L1H0"),
+                       row("t1", "a", "L9H9", seed=1), row("t1", "b", "L5H5", inj="refit"),
+                       row("t1", "c", "")])  # another seed, injection or no set: not counted
+    o = overlap_table(df, "m", k=10).set_index("selector")
+    assert o.loc["a", "b"] == o.loc["b", "a"] == pytest.approx((1 / 3 + 1) / 2, abs=0.005)  # rounded to 0.01
+    assert o.loc["a", "a"] == 1.0 and pd.isna(o.loc["a", "c"])

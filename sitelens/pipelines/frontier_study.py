@@ -82,6 +82,23 @@ def stability_table(df: pd.DataFrame, sets: pd.DataFrame | None = None) -> pd.Da
     return pd.DataFrame(rows, columns=cols)
 
 
+def overlap_table(df: pd.DataFrame, model: str, k: int = K_CMP) -> pd.DataFrame:
+    """Selector × selector: the Jaccard of their S_k (seed 0, α = 1 rows), mean over the model's
+    tasks where both have a set; NaN where they never both do."""
+    d = df[(df.model == model) & (df.injection == "alpha1") & (df.k == k) & (df.seed == 0)
+           & (df.heads.fillna("") != "")]
+    sels = list(dict.fromkeys(df[df.model == model].selector))
+    by = {(t, s): h for t, s, h in zip(d.task, d.selector, d.heads)}
+    tasks = list(dict.fromkeys(d.task))
+    out = pd.DataFrame(index=sels, columns=sels, dtype=float)
+    for a, b in combinations(sels, 2):
+        js = [_jaccard(by[t, a], by[t, b]) for t in tasks if (t, a) in by and (t, b) in by]
+        out.loc[a, b] = out.loc[b, a] = float(np.mean(js)) if js else float("nan")
+    for a in sels:
+        out.loc[a, a] = 1.0
+    return out.round(2).rename_axis("selector").reset_index()
+
+
 def stability_at(st: pd.DataFrame, model: str, task: str, selector: str, k) -> float:
     """The mean of the seed and bootstrap Jaccards of S_k (NaN: nothing compared)."""
     d = st[(st.model == model) & (st.task == task) & (st.selector == selector) & (st.k == k)]
@@ -242,6 +259,9 @@ class FrontierStudy(Experiment):
             "unstable_at_k_star count (task, injection) pairs):", "", md_table(per_sel), "",
             "Over fit seeds, per task:", "", md_table(stab["jaccard_seeds"]), "",
             "Over bootstrap resamples, per task:", "", md_table(stab["jaccard_bootstrap"]), "",
+            f"## Overlap between selectors at k = {K_CMP} (Jaccard of S_{K_CMP}, seed 0, mean over tasks)",
+            "", *[x for m in dict.fromkeys(df.model)
+                  for x in (f"{m}:", "", md_table(overlap_table(df, m)), "")],
             f"## At k = {K_CMP}: the paper's top-10 α heads and FV's top-10 causal heads (α = 1, mean "
             "over tasks)",
             "", md_table(pd.DataFrame(cmp_rows)) if cmp_rows else f"(no k = {K_CMP} in the budgets)", "",
