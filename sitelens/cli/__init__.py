@@ -1,4 +1,4 @@
-"""The ``sitelens`` command line (the console script ``sitelens = sitelens.cli:main``).
+"""The ``sitelens`` command line (the console script ``sitelens = sitelens.cli:entry``).
 
 Subcommands:
 
@@ -30,7 +30,9 @@ Modules: :mod:`~sitelens.cli.parser` (the parser: one-line usage errors, typed o
 
 from __future__ import annotations
 
+import gc
 import sys
+from typing import NoReturn
 
 from sitelens.cli.atlas import cmd_atlas
 from sitelens.cli.common import setup_torch
@@ -78,7 +80,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def entry() -> NoReturn:
+    """The ``sitelens`` console script and ``python -m sitelens.cli``: :func:`main` on the command
+    line, then exit with its status.
+
+    Before the interpreter shuts down, every live object is frozen out of the cyclic garbage
+    collector's sight (:func:`gc.freeze`). Shutdown still runs the atexit handlers, closes files and
+    tears the modules down; only its final collections stop walking the millions of objects torch,
+    TransformerLens and transformers leave behind: measured 1.4 s of exit after ``import
+    transformer_lens`` alone, 0.15 s frozen. Only here, in the process's entry point: a caller of
+    :func:`main` in a long-lived process (a notebook, the tests) keeps its collector."""
+    status = main()
+    gc.freeze()
+    sys.exit(status)
+
+
 __all__ = [
     "COMMANDS", "build_parser", "check_outputs", "cmd_bench", "cmd_demo", "cmd_eval", "cmd_figures",
-    "cmd_fit", "cmd_heads", "cmd_patch", "cmd_run", "main", "validate",
+    "cmd_fit", "cmd_heads", "cmd_patch", "cmd_run", "entry", "main", "validate",
 ]
