@@ -103,13 +103,14 @@ def test_names_used_in_the_docs_are_public():
     assert not missing, "used in the docs but not in sitelens.__all__: " + ", ".join(missing)
 
 
-def test_console_script_is_cli_main():
+def test_console_script_is_cli_entry():
+    # entry() runs main() and exits with its status (tests/test_cli_entry.py)
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     scripts = pyproject.split("[project.scripts]", 1)[1].split("\n[", 1)[0]
-    assert re.search(r'^sitelens\s*=\s*"sitelens\.cli:main"', scripts, re.M), scripts
-    from sitelens.cli import build_parser, main
+    assert re.search(r'^sitelens\s*=\s*"sitelens\.cli:entry"', scripts, re.M), scripts
+    from sitelens.cli import build_parser, entry, main
 
-    assert callable(main) and callable(build_parser)
+    assert callable(entry) and callable(main) and callable(build_parser)
     r = subprocess.run([sys.executable, "-m", "sitelens.cli", "--help"], cwd=ROOT, text=True,
                        capture_output=True, timeout=300)
     assert r.returncode == 0 and "patch" in r.stdout and "figures" in r.stdout, r.stderr
