@@ -39,8 +39,10 @@ SET_COLUMNS = ["key", "model", "task", "replicate", "index", "selector", "k", "h
 
 
 def _jaccard(a: str, b: str) -> float:
-    x, y = set(a.split(";")), set(b.split(";"))
-    return len(x & y) / len(x | y)
+    """The Jaccard of two head sets written as ``L{l}H{h}`` labels joined by ``;``."""
+    from sitelens.lenses.alpha import jaccard
+
+    return jaccard(set(a.split(";")), set(b.split(";")))
 
 
 def k_star_table(df: pd.DataFrame, threshold: float = 0.9) -> pd.DataFrame:
@@ -63,18 +65,17 @@ def stability_table(df: pd.DataFrame, sets: pd.DataFrame | None = None) -> pd.Da
     bootstrap resamples (seed 0's set vs each resample's); NaN where there is nothing to compare."""
     a1 = df[(df.injection == "alpha1") & (df.heads.fillna("") != "")]
     main = a1[["model", "task", "selector", "k", "heads", "seed"]].assign(replicate="seed")
-    reps = pd.DataFrame(columns=["model", "task", "selector", "k", "heads", "replicate", "index"])
-    if sets is not None and len(sets):
-        reps = sets[sets.heads.fillna("") != ""]
+    reps = (pd.DataFrame(columns=[*SET_COLUMNS]) if sets is None else sets)
+    reps = reps[reps.heads.fillna("") != ""]
+    group = ["model", "task", "selector", "k"]
     seeds = pd.concat([main.rename(columns={"seed": "index"}), reps[reps.replicate == "seed"]])
+    boots = {key: g.heads.tolist() for key, g in reps[reps.replicate == "bootstrap"].groupby(group)}
     rows = []
-    for (m, t, sel, k), d in seeds.groupby(["model", "task", "selector", "k"], sort=False):
+    for (m, t, sel, k), d in seeds.groupby(group, sort=False):
         d = d.drop_duplicates("index")
         js = [_jaccard(x, y) for x, y in combinations(d.heads.tolist(), 2)]
         first = d[d["index"] == 0].heads.tolist()
-        boot = reps[(reps.replicate == "bootstrap") & (reps.model == m) & (reps.task == t)
-                    & (reps.selector == sel) & (reps.k == k)].heads.tolist()
-        jb = [_jaccard(first[0], b) for b in boot] if first else []
+        jb = [_jaccard(first[0], b) for b in boots.get((m, t, sel, k), [])] if first else []
         rows.append({"model": m, "task": t, "selector": sel, "k": int(k), "seeds": len(d),
                      "bootstraps": len(jb), "jaccard_seeds": float(np.mean(js)) if js else float("nan"),
                      "jaccard_bootstrap": float(np.mean(jb)) if jb else float("nan")})
@@ -99,21 +100,16 @@ def overlap_table(df: pd.DataFrame, model: str, k: int = K_CMP) -> pd.DataFrame:
     return out.round(2).rename_axis("selector").reset_index()
 
 
-def stability_at(st: pd.DataFrame, model: str, task: str, selector: str, k) -> float:
-    """The mean of the seed and bootstrap Jaccards of S_k (NaN: nothing compared)."""
-    d = st[(st.model == model) & (st.task == task) & (st.selector == selector) & (st.k == k)]
-    v = d[["jaccard_seeds", "jaccard_bootstrap"]].to_numpy(float).ravel()
-    v = v[np.isfinite(v)]
-    return float(v.mean()) if len(v) else float("nan")
-
-
 def mark_unstable(ks: pd.DataFrame, st: pd.DataFrame) -> pd.DataFrame:
     """``ks`` with a ``stability`` column (the Jaccard at k*) and ``k_star`` written
     ``"20 (unstable)"`` where it is below :data:`~sitelens.lenses.frontier.UNSTABLE_BELOW`."""
     from sitelens.lenses.frontier import UNSTABLE_BELOW
 
+    # the mean of the seed and bootstrap Jaccards of S_k (NaN: nothing compared), looked up at k*
+    mean = st[["jaccard_seeds", "jaccard_bootstrap"]].mean(axis=1)
+    at = dict(zip(zip(st.model, st.task, st.selector, st.k), mean))
     ks = ks.copy()
-    ks["stability"] = [stability_at(st, r.model, r.task, r.selector, r.k_star)
+    ks["stability"] = [at.get((r.model, r.task, r.selector, r.k_star), float("nan"))
                        if isinstance(r.k_star, int) else float("nan") for r in ks.itertuples()]
     ks["k_star_marked"] = [f"{r.k_star} (unstable)" if r.stability < UNSTABLE_BELOW else str(r.k_star)
                            for r in ks.itertuples()]
@@ -200,6 +196,7 @@ class FrontierStudy(Experiment):
         return res.table.assign(key=job.key).to_dict("records")
 
     def report(self, df: pd.DataFrame) -> str:
+        from sitelens.lenses.frontier import UNSTABLE_BELOW
         from sitelens.viz.export import FigureWriter
 
         st = stability_table(df, self.sets_store().read())
@@ -254,8 +251,8 @@ class FrontierStudy(Experiment):
             "Over fit seeds: mean over pairs of seed sets (seed 0's scored cell and the selection-only "
             f"seeds in `{SETS}.csv`); over bootstrap: seed 0's set vs each resample's (train/valid items "
             "drawn with replacement, fit seed 0). NaN: nothing to compare. k* above is marked "
-            "`(unstable)` where the mean of the two at k* is below 0.5 (alpha1 and refit share the "
-            "sets).", "", "Per model and selector (mean over tasks and budgets; k_star_reached and "
+            f"`(unstable)` where the mean of the two at k* is below {UNSTABLE_BELOW} (alpha1 and refit "
+            "share the sets).", "", "Per model and selector (mean over tasks and budgets; k_star_reached and "
             "unstable_at_k_star count (task, injection) pairs):", "", md_table(per_sel), "",
             "Over fit seeds, per task:", "", md_table(stab["jaccard_seeds"]), "",
             "Over bootstrap resamples, per task:", "", md_table(stab["jaccard_bootstrap"]), "",
