@@ -22,11 +22,13 @@ from typing import Any, TypeVar
 
 ConfigT = TypeVar("ConfigT")
 
-NUMERICS_VERSION = 2
+NUMERICS_VERSION = 3
 
 NUMERICS_HISTORY = {
     1: "everything before provenance keys existed (fused SDPA attention, batched prefix caches)",
     2: "results keyed on settings + numerics version; no change of numerics from 1",
+    3: "answers scored on their first token that carries text: whitespace-only leading tokens "
+       "(the space of ' 150' under digit-splitting tokenizers) end the prompt instead",
 }
 
 

@@ -44,10 +44,13 @@ def test_atlas_data_tables_and_roundtrip(atlas):
     assert len(data.transfer) == 2 * len(TASKS) ** 2
     back = AtlasData.load(folder)
     pd.testing.assert_frame_equal(back.alpha, data.alpha, check_dtype=False)
-    assert back.similarity.loc["antonym", "synonym"] == pytest.approx(
-        data.similarity.loc["antonym", "synonym"], abs=1e-5)
+    # NaN where a task's α never moved on the random model (a constant has no rank correlation)
+    pd.testing.assert_frame_equal(back.similarity, data.similarity, check_dtype=False, check_names=False,
+                                  atol=1e-5)  # float round trip through CSV
     s = back.summary["similarity_vs_transfer"]["alpha"]
-    assert s["n_pairs"] == len(TASKS) * (len(TASKS) - 1)
+    sim = data.similarity.to_numpy(float)
+    finite_pairs = int(np.isfinite(sim).sum()) - len(TASKS)  # ordered pairs with a defined ρ
+    assert s["n_pairs"] == finite_pairs >= 2
 
 
 def rebuild_without_computing(model, tasks, cache, monkeypatch):

@@ -54,6 +54,7 @@ from sitelens.tasks import (
     few_shot_prompts,
     task_from_pairs,
     zero_shot_prompt,
+    zero_shot_prompts,
 )
 
 N_KV = 2  # grouped-query tiny model: 4 query heads, 2 key/value heads
@@ -128,10 +129,10 @@ def test_zero_shot_and_icl(model, task):
     zs = ZeroShot().fit(model, task)
     assert zs.intervention is None and zs.n_params == 0 and zs.scope == "none"
     items = task.test[:3]
-    assert zs.prompts(items) == [zero_shot_prompt(ex.input) for ex in items]
+    assert zs.prompts(model, items) == zero_shot_prompts(model, items)
     icl = ICL(n_shots=2).fit(model, task, seed=3)
     assert icl.intervention is None and icl.n_params == 0
-    assert icl.prompts(items) == few_shot_prompts(task, list(items), 2, seed=3)
+    assert icl.prompts(model, items) == few_shot_prompts(task, list(items), 2, seed=3, model=model)
 
 
 def test_site_wrapper(model, task):
@@ -153,8 +154,8 @@ def test_ltv_w_is_the_ridge_closed_form(model, task):
     assert f.state["layer"] == L - 1 and f.n_params == d * d
     # X and Y are the last-token states of zero-shot and few-shot prompts of the same queries
     queries = sample_items(task.train, 12, 1)
-    zs = [zero_shot_prompt(q.input) for q in queries]
-    icl = few_shot_prompts(task, queries, 2, seed=2)
+    zs = zero_shot_prompts(model, queries)
+    icl = few_shot_prompts(task, queries, 2, seed=2, model=model)
     hz, _ = _capture(model, zs, [name])
     hi, _ = _capture(model, icl, [name])
     X = hz[name][:, -1]
@@ -223,9 +224,9 @@ def test_ltv_sweep_keeps_the_block_best_on_valid(model, task):
     # each block's map, fitted alone, scored on the valid items by full forward passes (not the
     # sweep's prefix-cache path): the table must hold these accuracies and losses
     valid = task.valid[:SWEEP_N_VALID]
-    prompts = [zero_shot_prompt(ex.input) for ex in valid]
-    answers = torch.tensor([model.tokenizer(" " + ex.output, add_special_tokens=False)["input_ids"][0]
-                            for ex in valid])
+    prompts = zero_shot_prompts(model, valid)  # each ends with the space the answer's tokens split off
+    answers = torch.tensor([model.tokenizer(ex.output, add_special_tokens=False)["input_ids"][0]
+                            for ex in valid])  # the byte-level tokenizer: the output's first byte
     seq = encode(model, prompts).tokens.shape[1]
     maps = {}
     for r in table:
@@ -275,9 +276,9 @@ def test_ltv_valid_keeps_the_block_and_penalty_best_on_valid(model, task):
     # each candidate map scored on the valid items by a full forward pass (not the prefix-cache
     # path the fit uses): the table must hold these accuracies and losses
     valid = task.valid[:SWEEP_N_VALID]
-    prompts = [zero_shot_prompt(ex.input) for ex in valid]
-    answers = torch.tensor([model.tokenizer(" " + ex.output, add_special_tokens=False)["input_ids"][0]
-                            for ex in valid])
+    prompts = zero_shot_prompts(model, valid)  # each ends with the space the answer's tokens split off
+    answers = torch.tensor([model.tokenizer(ex.output, add_special_tokens=False)["input_ids"][0]
+                            for ex in valid])  # the byte-level tokenizer: the output's first byte
     seq = encode(model, prompts).tokens.shape[1]
     from sitelens.baselines.ltv import ltv_intervention
 

@@ -199,7 +199,7 @@ def check_alpha_gradient_against_autograd(family: str) -> None:
     ``z ← (1 − w)·z + w·t`` at the last token and an explicit ``log_softmax``: the same gradient
     computed differently, the 1e-4 relative bound of tests/test_families.py's AtP check."""
     from sitelens.lenses import AttributionConfig, alpha_gradient
-    from sitelens.tasks import DEFAULT_TEMPLATE, answer_token_ids, zero_shot_prompt
+    from sitelens.tasks import DEFAULT_TEMPLATE, answer_token_ids, zero_shot_prompts
 
     model, t = bridge_of(family), bridge_embedding_of(family)
     L, H = model.cfg.n_layers, model.cfg.n_heads
@@ -209,7 +209,7 @@ def check_alpha_gradient_against_autograd(family: str) -> None:
     answers = answer_token_ids(model, [ex.output for ex in items], DEFAULT_TEMPLATE)
     grads = []
     for ex, ans in zip(items, answers, strict=True):
-        tokens = encode(model, [zero_shot_prompt(ex.input, DEFAULT_TEMPLATE)]).tokens
+        tokens = encode(model, zero_shot_prompts(model, [ex], DEFAULT_TEMPLATE)).tokens
         w = torch.zeros(L, H, requires_grad=True)
 
         def mix(layer, w=w):

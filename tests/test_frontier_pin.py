@@ -23,7 +23,7 @@ from sitelens.lenses.attribution import AttributionConfig
 from sitelens.lenses.frontier import frontier
 from sitelens.lenses.selectors import FrontierConfig
 from sitelens.patching import patched_last_logits
-from sitelens.tasks import Example, Task, Template, answer_token_ids, zero_shot_prompt
+from sitelens.tasks import Example, Task, Template, answer_token_ids, zero_shot_prompts
 
 PIN = Path(__file__).parent / "data" / "frontier_pin.json"
 BUDGETS = (1, 2, 5)
@@ -42,7 +42,7 @@ def planted(model, task: Task) -> Task:
     tpl = CFG.template
 
     def split(items):
-        logits = patched_last_logits(model, [zero_shot_prompt(ex.input, tpl) for ex in items])
+        logits = patched_last_logits(model, zero_shot_prompts(model, items, tpl))
         top2 = logits.topk(2, dim=-1).indices  # [n, 2]
         out = []
         for i, ex in enumerate(items):

@@ -43,7 +43,7 @@ from sitelens.models import has_hooked_transformer, tiny_model
 from sitelens.site import task_embedding
 from sitelens.site.injection import HeadMix
 from sitelens.site.training import LastTokenSet
-from sitelens.tasks import zero_shot_prompt
+from sitelens.tasks import zero_shot_prompts
 
 hooked_only = pytest.mark.skipif(
     not has_hooked_transformer(),
@@ -337,7 +337,7 @@ def test_dla_sums_to_the_direct_effect_of_the_injection(task):
     ad.alpha = torch.full_like(ad.alpha, 0.7)
     s, per = direct_logit_attribution(model, task, ad, limit=6, n_boot=20, return_per_item=True)
     items = task.test[:6]
-    prompts = [zero_shot_prompt(ex.input, ad.template) for ex in items]
+    prompts = zero_shot_prompts(model, items, ad.template)
     data = LastTokenSet.build(model, items, ad.template)
     caches = {}
     for name, hooks in (("clean", []), ("inj", ad.mix().hooks(model))):
@@ -372,10 +372,12 @@ def test_alpha_over_seeds_matches_single_fits_and_reports_stability(tiny_mha, ta
     recomputed from those independent fits (mean, t-interval, scipy's Spearman)."""
     from scipy import stats
 
-    cfg = FitConfig(n_examples=8)
+    # 16 examples (2 steps): on the random tiny model a fit of 8 can keep its initial α (no step
+    # improves validation), and constant α has no rank correlation to check
+    cfg = FitConfig(n_examples=16)
     run = alpha_over_seeds(tiny_mha, task, seeds=(0, 1, 2), config=cfg, n_prompts=4, n_shots=2)
     fits = torch.stack([fit_site(tiny_mha, task, n_prompts=4, n_shots=2,
-                                 config=FitConfig(n_examples=8, seed=s)).alpha.float() for s in (0, 1, 2)])
+                                 config=FitConfig(n_examples=16, seed=s)).alpha.float() for s in (0, 1, 2)])
     assert not torch.equal(fits[0], fits[1])  # the seeds differ, so the check below can fail
     assert torch.equal(run.alphas, fits)
     assert torch.allclose(run.scores.map(), fits.mean(0))  # a mean of 3: float32 rounding
@@ -509,7 +511,7 @@ def test_lens_agreement_and_plots():
 def test_alpha_over_seeds_bootstrap_items_resamples_training_items(tiny_mha, task):
     """bootstrap_items: each seed trains on its own seeded resample of the training items, so the
     fits differ from the plain ones and repeat exactly."""
-    cfg = FitConfig(n_examples=8)
+    cfg = FitConfig(n_examples=16)  # 2 steps: α moves on the random model
     plain = alpha_over_seeds(tiny_mha, task, seeds=(0,), config=cfg, n_prompts=4, n_shots=2)
     boot = alpha_over_seeds(tiny_mha, task, seeds=(0,), config=cfg, n_prompts=4, n_shots=2,
                             bootstrap_items=True)

@@ -29,13 +29,13 @@ def test_variants():
 
 def test_first_tokens_matches_a_forward_pass():
     from sitelens.models import tiny_model
-    from sitelens.tasks import Example, zero_shot_prompt
+    from sitelens.tasks import Example, zero_shot_prompts
 
     model = tiny_model(n_layers=2, n_heads=2, d_head=8, seed=0)
     items = [Example(x, y) for x, y in (("ab", "c"), ("de", "f"), ("gh", "i"))]
     ft = FirstTokens(model, items, None)
     with torch.no_grad():
-        ref = torch.stack([model(zero_shot_prompt(ex.input))[0, -1] for ex in items])  # [n, d_vocab]
+        ref = torch.stack([model(p)[0, -1] for p in zero_shot_prompts(model, items)])  # [n, d_vocab]
     out = ft.score([], ref)
     assert out["n"] == 3 and 0.0 <= out["first_token_acc"] <= 1.0
     assert out["dntp"] == pytest.approx(0.0, abs=1e-4)  # unsteered vs its own logits

@@ -15,7 +15,7 @@ from sitelens.models import encode, tiny_model, z_hook_name
 from sitelens.patching import engine
 from sitelens.site import SiteAdapter, task_embedding
 from sitelens.site.injection import HeadMix
-from sitelens.tasks import answer_token_ids, load_task, zero_shot_prompt
+from sitelens.tasks import answer_token_ids, load_task, zero_shot_prompts
 
 torch.set_num_threads(1)
 
@@ -43,9 +43,11 @@ def adapter(model, task):
     return _adapter(model, task)
 
 
-def _prompts(task, n=5):
+def _prompts(task, n=5, model=None):
+    """The scored zero-shot prompts (with ``model``: each ending with its answer's prompt-side
+    whitespace, as patching builds them) and the outputs of the first ``n`` test items."""
     items = task.test[:n]
-    return [zero_shot_prompt(ex.input) for ex in items], [ex.output for ex in items]
+    return zero_shot_prompts(model, items), [ex.output for ex in items]
 
 
 def _answer_prob(model, logits, outputs):
@@ -223,7 +225,7 @@ def test_intra_task_top_equals_bottom_at_all_heads(model, task, intra, adapter):
 
 
 def test_intra_task_matches_direct_patching(model, task, adapter, intra):
-    prompts, outputs = _prompts(task, 6)
+    prompts, outputs = _prompts(task, 6, model)
     # intra_task's batched, cached rows vs direct full passes: mean answer probabilities within
     # prob_tolerance at these prompts' logit scale (|Δp| ≤ |Δ log p|; a mean keeps the bound)
     scale = _scale(model, prompts, adapter)

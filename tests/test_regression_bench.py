@@ -24,7 +24,7 @@ def test_ols_k_fits_the_icl_prompts_demonstrations():
     items = task.test
     assert reference_predictions(task, items, "train-mean", 5, seed=3) == [repr(train_mean(task))] * 6
     preds = reference_predictions(task, items, "ols-k", 5, seed=3)
-    prompts = ICL(n_shots=5).fit(None, task, seed=3).prompts(items)
+    prompts = ICL(n_shots=5).fit(None, task, seed=3).prompts(None, items)
     for prompt, q, pred in zip(prompts, items, preds):
         shots = prompt.split("\n\n")[:-1]  # "Q: x\nA: y" per demonstration, the query last
         X = np.array([[1.0, *parse_point(s.split("\n")[0][3:])] for s in shots])

@@ -25,7 +25,14 @@ from sitelens.errors import FitError, TaskError
 from sitelens.eval.evaluate import evaluate
 from sitelens.models import encode, tiny_model, z_hook_name
 from sitelens.site.injection import HeadMix, apply_hooks
-from sitelens.tasks import DEFAULT_TEMPLATE, Example, Template, task_from_pairs, zero_shot_prompt
+from sitelens.tasks import (
+    DEFAULT_TEMPLATE,
+    Example,
+    Template,
+    task_from_pairs,
+    zero_shot_prompt,
+    zero_shot_prompts,
+)
 
 SMALL = dict(n_shots=6, inner_window=4, momentum_steps=3, n_valid=8)  # 7 states, 5 gradients
 
@@ -202,7 +209,7 @@ def test_evaluate_runs_sv(model, task):
 
     f = SV(**SMALL).fit(model, task)
     items = task.test[:4]
-    prompts = [zero_shot_prompt(ex.input, DEFAULT_TEMPLATE) for ex in items]
+    prompts = zero_shot_prompts(model, items, DEFAULT_TEMPLATE)
     df = evaluate(model, task, methods=["zero-shot", "sv"], interventions={"sv": f.intervention},
                   limit=4, labels=None)
     assert list(df["method"]) == ["zero-shot"] * 4 + ["sv"] * 4

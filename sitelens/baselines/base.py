@@ -48,7 +48,7 @@ from sitelens.models import (
 from sitelens.site import FitConfig
 from sitelens.site.injection import HeadMix, apply_hooks
 from sitelens.site.training import LastTokenSet, RunConfig, run_training, training_batches, valid_items
-from sitelens.tasks import DEFAULT_TEMPLATE, Example, Task, Template, answer_token_ids, zero_shot_prompt
+from sitelens.tasks import DEFAULT_TEMPLATE, Example, Task, Template, answer_token_ids, zero_shot_prompts
 
 Hook = tuple[str, Callable]
 SCOPES = ("none", "prefill", "all")
@@ -85,7 +85,7 @@ class Fitted:
 
     intervention: ``None``, a :class:`HeadMix` (prefill, last token) or a
         :class:`HookIntervention`.
-    prompt_fn: ``items -> prompts`` when the method changes the prompt (ICL); ``None`` means
+    prompt_fn: ``(model, items) -> prompts`` when the method changes the prompt (ICL); ``None`` means
         zero-shot prompts.
     n_params: trainable parameters (gradient- or closed-form-fitted numbers; means of activations
         and a layer index chosen on valid are not counted, see ``meta["stored_numbers"]``).
@@ -95,7 +95,7 @@ class Fitted:
 
     method: str
     intervention: HeadMix | HookIntervention | None = None
-    prompt_fn: Callable[[Sequence[Example]], list[str]] | None = None
+    prompt_fn: Callable[[Any, Sequence[Example]], list[str]] | None = None
     n_params: int = 0
     fit_seconds: float = 0.0
     state: dict[str, Any] = field(default_factory=dict)
@@ -116,11 +116,13 @@ class Fitted:
         return self.scope == "all"
 
     def prompts(
-        self, items: Sequence[Example], template: Template = DEFAULT_TEMPLATE
+        self, model, items: Sequence[Example], template: Template = DEFAULT_TEMPLATE
     ) -> list[str]:
+        """The scored prompt of each item (its answer's prompt-side whitespace included,
+        :func:`sitelens.tasks.answer_parts`)."""
         if self.prompt_fn is not None:
-            return self.prompt_fn(items)
-        return [zero_shot_prompt(ex.input, template) for ex in items]
+            return self.prompt_fn(model, items)
+        return zero_shot_prompts(model, items, template)
 
     def hooks(self, model, seq_len: int | None) -> list[Hook]:
         """The hooks for a prompt batch of ``seq_len`` positions (a HeadMix is pinned to it;
@@ -134,7 +136,7 @@ class FitParts:
     (:meth:`Method.fit` adds the name and the wall time)."""
 
     intervention: HeadMix | HookIntervention | None = None
-    prompt_fn: Callable[[Sequence[Example]], list[str]] | None = None
+    prompt_fn: Callable[[Any, Sequence[Example]], list[str]] | None = None
     n_params: int = 0
     state: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
@@ -363,7 +365,7 @@ def train_hook_params(
               for k, v in params.items()}
 
     def loss_on(items: Sequence[Example]) -> Tensor:
-        enc = encode(model, [zero_shot_prompt(ex.input, template) for ex in items])
+        enc = encode(model, zero_shot_prompts(model, items, template))
         ans = torch.tensor(answer_token_ids(model, [ex.output for ex in items], template))
         with apply_hooks(model, make_hooks(params)):
             logits = last_position_logits(model, enc)  # [batch, d_vocab]

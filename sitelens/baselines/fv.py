@@ -130,7 +130,7 @@ class FV(Method):
     def _fit(self, model, task: Task, seed: int, template: Template, progress: bool) -> FitParts:
         cfg = model.cfg
         prompts = embedding_prompts(task, self.n_prompts, self.n_shots, seed=seed,
-                                    template=template)
+                                    template=template, model=model)
         mean_z, outputs = head_outputs(model, prompts)  # [L, H, d_head], [L, H, d_model]
         if self.effects is not None:
             effects, source = torch.as_tensor(self.effects).float().cpu(), "given"

@@ -18,8 +18,8 @@ class ICL(Method):
     def _fit(self, model, task: Task, seed: int, template: Template, progress: bool) -> FitParts:
         n_shots = self.n_shots
 
-        def prompt_fn(items: Sequence[Example]) -> list[str]:
-            return few_shot_prompts(task, list(items), n_shots, seed=seed, template=template)
+        def prompt_fn(model, items: Sequence[Example]) -> list[str]:
+            return few_shot_prompts(task, list(items), n_shots, seed=seed, template=template, model=model)
 
         meta = {"n_shots": n_shots, "stored_numbers": 0}
         return FitParts(prompt_fn=prompt_fn, meta=meta)

@@ -79,7 +79,7 @@ from sitelens.errors import TaskError
 from sitelens.models import act_name
 from sitelens.site import capture_last
 from sitelens.site.training import valid_items
-from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template, few_shot_prompts, zero_shot_prompt
+from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template, few_shot_prompts, zero_shot_prompts
 
 # The version of LTV's numerics that benchmark rows are keyed on (the ``ltv_source`` column of
 # benchmarks/results/regression.csv and cross_model.csv): the sha256[:12]@commit of this file when
@@ -157,8 +157,8 @@ def ltv_data(
         raise TaskError(f"LTV needs at least 2 training queries; {task.name!r} has "
                         f"{len(queries)}.")
     names = [act_name("resid_post", layer) for layer in layers]
-    zs = [zero_shot_prompt(q.input, template) for q in queries]
-    icl = few_shot_prompts(task, queries, n_shots, seed=seed + 1, template=template)
+    zs = zero_shot_prompts(model, queries, template)
+    icl = few_shot_prompts(task, queries, n_shots, seed=seed + 1, template=template, model=model)
     hz = capture_last(model, zs, names)  # {name: [n, d_model]}
     hi = capture_last(model, icl, names)  # {name: [n, d_model]}
     X = torch.stack([hz[n] for n in names], dim=1)  # [n, n_layers, d_model]

@@ -37,7 +37,7 @@ def task_vectors(
     template: Template = DEFAULT_TEMPLATE,
 ) -> Float[Tensor, "n_layers d_model"]:
     """Mean ``hook_resid_pre`` of every layer at the last token of few-shot prompts."""
-    prompts = embedding_prompts(task, n_prompts, n_shots, seed=seed, template=template)
+    prompts = embedding_prompts(task, n_prompts, n_shots, seed=seed, template=template, model=model)
     names = [act_name("resid_pre", layer) for layer in range(model.cfg.n_layers)]
     acts = capture_last(model, prompts, names)  # {name: [n_prompts, d_model]}
     return torch.stack([acts[n].mean(0) for n in names])  # [n_layers, d_model]

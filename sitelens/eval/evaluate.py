@@ -55,7 +55,8 @@ from sitelens.tasks import (
     Template,
     check_labels,
     few_shot_prompts,
-    zero_shot_prompt,
+    warn_shared_answer_token,
+    zero_shot_prompts,
 )
 
 
@@ -160,7 +161,8 @@ def evaluate(
     template = replace(template, bare_digits=proto.bare_digits)
     items = task.split(split)[:limit] if limit else task.split(split)
     label_space = resolve_labels(task, labels, label_metrics)
-    zs = [zero_shot_prompt(ex.input, template) for ex in items]
+    warn_shared_answer_token(model, task.name, [ex.output for ex in items], template)
+    zs = zero_shot_prompts(model, items, template)
     frames = []
     extra = dict(interventions or {})
     for method in methods:
@@ -169,7 +171,8 @@ def evaluate(
         elif method == "zero-shot":
             prompts, inter = zs, None
         elif method == "icl":
-            prompts = few_shot_prompts(task, list(items), n_shots, seed=seed, template=template)
+            prompts = few_shot_prompts(task, list(items), n_shots, seed=seed, template=template,
+                                       model=model)
             inter = None
         elif method == "site":
             if adapter is None:

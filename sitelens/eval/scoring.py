@@ -227,7 +227,7 @@ def reference_logits(
     """P_icl as logits: the ``n_shots``-shot ICL next-token logits at the answer position (CPU,
     float32), computed on the same code path and batches as :func:`score_items` (so the ICL
     method's dNTP against them is exactly 0)."""
-    prompts = few_shot_prompts(task, list(items), n_shots, seed=seed, template=template)
+    prompts = few_shot_prompts(task, list(items), n_shots, seed=seed, template=template, model=model)
     out: list[Tensor | None] = [None] * len(items)
     for idx in length_batches(model, prompts, batch_size):
         enc = encode(model, [prompts[i] for i in idx])

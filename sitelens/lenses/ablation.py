@@ -36,7 +36,7 @@ from sitelens.tasks import (
     Template,
     answer_token_ids,
     few_shot_prompts,
-    zero_shot_prompt,
+    zero_shot_prompts,
 )
 
 REFERENCES = ("mean", "zero")
@@ -64,8 +64,9 @@ def ablation_prompts(model, task: Task, cfg: AblationConfig) -> tuple[list[str],
     rng = random.Random(cfg.seed)
     queries = rng.sample(pool, cfg.n_prompts) if cfg.n_prompts <= len(pool) else rng.choices(
         pool, k=cfg.n_prompts)
-    clean = few_shot_prompts(task, queries, cfg.n_shots, seed=cfg.seed + 1, template=cfg.template)
-    zs = [zero_shot_prompt(q.input, cfg.template) for q in queries]
+    clean = few_shot_prompts(task, queries, cfg.n_shots, seed=cfg.seed + 1, template=cfg.template,
+                             model=model)
+    zs = zero_shot_prompts(model, queries, cfg.template)
     return clean, zs, answer_token_ids(model, [q.output for q in queries], cfg.template)
 
 

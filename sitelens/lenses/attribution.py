@@ -53,7 +53,7 @@ from sitelens.patching.engine import BackwardPassCounter, ForwardPassCounter
 from sitelens.site import task_embedding
 from sitelens.site.injection import HeadMix
 from sitelens.site.training import LastTokenSet, valid_items
-from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
+from sitelens.tasks import Task, Template
 
 METRICS = ("prob", "logprob", "logit")
 
@@ -151,15 +151,18 @@ def _config_and_embedding(model, task: Task, embedding, config: AttributionConfi
 
 def alpha_gradient(
     model, task: Task, embedding: Float[Tensor, "n_layers n_heads d_head"] | None = None,
-    config: AttributionConfig | None = None, *, template: Template = DEFAULT_TEMPLATE,
+    config: AttributionConfig | None = None, *, template: Template | None = None,
     progress: bool = False, **overrides,
 ) -> HeadScores:
     """Lens ``alpha-grad``: ``−∂CE/∂α[l, h]`` at α = 0 (= ``∂ log p(answer)/∂α``), the first-order
     effect of injecting the task embedding into each head alone, averaged over
     ``n_alpha_items`` zero-shot train items; bootstrap CI over items. ``embedding`` defaults to
-    :func:`~sitelens.site.task_embedding` with the config's ``n_mean_prompts`` and ``seed``."""
+    :func:`~sitelens.site.task_embedding` with the config's ``n_mean_prompts`` and ``seed``.
+    ``template``: of the prompts and answer tokens; ``None`` takes the config's (as every other
+    lens does)."""
     cfg, embedding = _config_and_embedding(model, task, embedding, config, overrides, template,
                                            progress)
+    template = cfg.template if template is None else template
     with ForwardPassCounter(model) as passes, BackwardPassCounter(model) as backward:
         data = LastTokenSet.build(model, list(task.train[: cfg.n_alpha_items]) or
                                   valid_items(task, cfg.n_alpha_items), template)

@@ -74,7 +74,7 @@ def corrupted_prompts(
     else:
         queries = rng.choices(pool, k=n_prompts)
     prompts = few_shot_prompts(
-        task, queries, n_shots, seed=seed + 1, template=template, shuffle_labels=True
+        task, queries, n_shots, seed=seed + 1, template=template, shuffle_labels=True, model=model
     )
     return prompts, answer_token_ids(model, [q.output for q in queries], template)
 

@@ -192,7 +192,7 @@ def score_fitted(
     intervention (:func:`sitelens.eval.scoring.score_items`, default protocol)."""
     # The answer room counts template.answer_prefix before every answer, bare_digits or not: the
     # keyed cells were measured with that room, so another sizing needs a new NUMERICS_VERSION.
-    s = score_items(model, task, items, fitted.prompts(items, template),
+    s = score_items(model, task, items, fitted.prompts(model, items, template),
                     intervention=fitted.intervention, template=template, batch_size=batch_size,
                     reference=reference, labels=labels, bare_digit_room=False)
     return {

@@ -36,7 +36,7 @@ class GreedySpeed(Experiment):
         from sitelens.patching import patched_last_logits
         from sitelens.patching.engine import ForwardPassCounter
         from sitelens.site import SiteAdapter, task_embedding
-        from sitelens.tasks import DEFAULT_TEMPLATE, answer_token_ids, load_task, zero_shot_prompt
+        from sitelens.tasks import DEFAULT_TEMPLATE, answer_token_ids, load_task, zero_shot_prompts
 
         a = self.args
         model = tiny_model(n_layers=2, n_heads=4, d_head=8) if a.tiny else load_model(a.model)
@@ -47,7 +47,7 @@ class GreedySpeed(Experiment):
         ctx = S.SelectionContext(model, task, ad, S.FrontierConfig(n_valid=a.n_valid), seed=0)
         chosen, _ = list(range(a.n_chosen)), ctx.valid  # the prefix cache: once per greedy run
         cands = [j for j in range(L * H) if j not in chosen]
-        prompts = [zero_shot_prompt(ex.input) for ex in task.valid[: a.n_valid]]
+        prompts = zero_shot_prompts(model, task.valid[: a.n_valid])
         ans = torch.tensor(answer_token_ids(model, [ex.output for ex in task.valid[: a.n_valid]]))
         S.greedy_step_scores(ctx, chosen, cands[:2])  # warm-up (first-call allocations), untimed
         patched_last_logits(model, prompts, use_cache=False)

@@ -42,7 +42,7 @@ from sitelens.site.training import (
     training_batches,
     valid_items,
 )
-from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
+from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template, warn_shared_answer_token
 
 
 def site_mix(alpha, embedding, seq_len: int | None = None) -> HeadMix:
@@ -148,6 +148,7 @@ def fit_alpha(
             "loss would be non-finite. Recompute it in float32 (task_embedding) or refit."
         )
     target = place_layer_rows(embedding, model, dtype=torch.float32)  # L × [n_heads, d_head]
+    warn_shared_answer_token(model, task.name, [ex.output for ex in task.train], template)
     checked = valid_items(task, cfg.n_valid)
     valid = LastTokenSet.build(model, checked, template)
     if official:

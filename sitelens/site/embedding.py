@@ -96,6 +96,6 @@ def task_embedding(
 ) -> Float[Tensor, "n_layers n_heads d_head"]:
     """Stage 1: the mean last-token ``hook_z`` over ``n_prompts`` ``n_shots``-shot prompts built
     from the train split. ``progress``: a bar ``task embedding [task]`` over the prompts."""
-    prompts = embedding_prompts(task, n_prompts, n_shots, seed=seed, template=template)
+    prompts = embedding_prompts(task, n_prompts, n_shots, seed=seed, template=template, model=model)
     return last_token_z(model, prompts, batch_size=batch_size, progress=progress,
                         desc=f"task embedding [{task.name}]")  # [n_layers, n_heads, d_head]

@@ -38,7 +38,7 @@ from sitelens.errors import FitError, TaskError
 from sitelens.format import progress_bar
 from sitelens.models import encode, last_token_forward, prefix_cache, select_cache
 from sitelens.site.injection import apply_hooks
-from sitelens.tasks import DEFAULT_TEMPLATE, Example, Task, Template, answer_token_ids, zero_shot_prompt
+from sitelens.tasks import DEFAULT_TEMPLATE, Example, Task, Template, answer_token_ids, zero_shot_prompts
 
 Hook = tuple[str, Callable]
 T = TypeVar("T")
@@ -62,7 +62,7 @@ class LastTokenSet:
         cls, model, items: Sequence[Example], template: Template = DEFAULT_TEMPLATE
     ) -> LastTokenSet:
         """The zero-shot prompts of ``items`` and the first tokens of their answers."""
-        prompts = [zero_shot_prompt(ex.input, template) for ex in items]
+        prompts = zero_shot_prompts(model, items, template)
         answers = answer_token_ids(model, [ex.output for ex in items], template)
         return cls.from_prompts(model, prompts, answers)
 

@@ -9,7 +9,9 @@ directory may also hold ``labels.json``, the task's closed label set (:mod:`site
 
 Prompts: :func:`zero_shot_prompt` (the query alone), :func:`few_shot_prompts` (demonstrations from
 the train split, never the query itself), :func:`embedding_prompts` (stage 1's few-shot prompts),
-all through a :class:`Template`; :func:`answer_token_id` is the answer's first token.
+all through a :class:`Template`. :func:`answer_parts` splits an answer into its prompt-side
+whitespace and its first scored token; :func:`zero_shot_prompts` and ``few_shot_prompts(...,
+model=model)`` end each query with that whitespace, so the answer is scored on its content.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import difflib
 import json
 import random
 import re
+import warnings
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -300,6 +305,8 @@ def load_collection(root: str | Path, *, dedupe: bool = False) -> list[Task]:
 
 
 def zero_shot_prompt(x: str, template: Template = DEFAULT_TEMPLATE) -> str:
+    """The query of ``x`` as the template writes it; the scored prompt of an item also carries its
+    answer's prompt-side whitespace (:func:`zero_shot_prompts`)."""
     return template.format_query(x)
 
 
@@ -317,9 +324,10 @@ def sample_demos(
 
 
 def few_shot_prompt(
-    demos: list[Example], x: str, template: Template = DEFAULT_TEMPLATE
+    demos: list[Example], x: str, template: Template = DEFAULT_TEMPLATE, lead: str = ""
 ) -> str:
-    return "".join(template.format_shot(d) for d in demos) + template.format_query(x)
+    """The demonstrations, then the query of ``x`` and ``lead`` (:func:`answer_parts`)."""
+    return "".join(template.format_shot(d) for d in demos) + template.format_query(x) + lead
 
 
 def few_shot_prompts(
@@ -330,17 +338,21 @@ def few_shot_prompts(
     seed: int = 0,
     template: Template = DEFAULT_TEMPLATE,
     shuffle_labels: bool = False,
+    model=None,
 ) -> list[str]:
     """One ``n_shots``-shot prompt per query, demonstrations from ``task.train`` only, never the
-    query (by input).
+    query (by input). With ``model``, each query is followed by its answer's prompt-side
+    whitespace (:func:`answer_parts`), as in :func:`zero_shot_prompts`: pass it for every prompt
+    that is scored or injected; without it, the prompts are as the template writes them.
 
     ``shuffle_labels`` permutes the demonstration outputs, never leaving all in place (corrupted
     prompts for causal effects).
     """
     rng = random.Random(seed)
     perm_rng = random.Random(seed + 1_000_003)  # separate stream: same demos as the clean prompts
+    leads = answer_leads(model, [q.output for q in queries], template)
     prompts = []
-    for q in queries:
+    for q, lead in zip(queries, leads, strict=True):
         demos = sample_demos(task.train, n_shots, rng, exclude=q.input)
         if shuffle_labels and len(demos) > 1:
             outs = [d.output for d in demos]
@@ -348,7 +360,7 @@ def few_shot_prompts(
             while perm == list(range(len(outs))):
                 perm_rng.shuffle(perm)
             demos = [Example(d.input, outs[j]) for d, j in zip(demos, perm, strict=True)]
-        prompts.append(few_shot_prompt(demos, q.input, template))
+        prompts.append(few_shot_prompt(demos, q.input, template, lead))
     return prompts
 
 
@@ -359,9 +371,11 @@ def embedding_prompts(
     *,
     seed: int = 0,
     template: Template = DEFAULT_TEMPLATE,
+    model=None,
 ) -> list[str]:
     """``n_prompts`` few-shot prompts whose queries and demonstrations come from ``task.train``
-    (the query is never among its own demonstrations)."""
+    (the query is never among its own demonstrations); ``model``: as in :func:`few_shot_prompts`
+    (stage 1 reads the last token, which must be the position stage 2 injects at)."""
     if len(task.train) < n_shots + 1:
         raise TaskError(
             f"Task {task.name!r} has {len(task.train)} training items; {n_shots}-shot prompts need "
@@ -369,19 +383,94 @@ def embedding_prompts(
         )
     rng = random.Random(seed)
     queries = [task.train[rng.randrange(len(task.train))] for _ in range(n_prompts)]
-    return few_shot_prompts(task, queries, n_shots, seed=seed + 1, template=template)
+    return few_shot_prompts(task, queries, n_shots, seed=seed + 1, template=template, model=model)
 
 
-def answer_token_id(model, output: str, template: Template = DEFAULT_TEMPLATE) -> int:
-    """The first token of the answer as the model sees it (with the leading space, unless the
-    template has ``bare_digits`` and the answer is all digits)."""
-    ids = model.tokenizer(template.prefix_for(output) + output, add_special_tokens=False)["input_ids"]
+def answer_parts(model, output: str, template: Template = DEFAULT_TEMPLATE) -> tuple[str, int]:
+    """``(lead, token)``: the answer as the model sees it (``template.prefix_for(output) + output``
+    tokenized alone) split into ``lead``, the whitespace its leading whitespace-only tokens cover,
+    and ``token``, the first token that carries the answer.
+
+    Rule: the answer is scored on its content, never on whitespace. A tokenizer that splits digits
+    (SmolLM2's, Gemma 3's) tokenizes ``" 150"`` as ``' ', '1', '5', '0'``: the bare space would be
+    the scored token of every all-digit answer, so first-token accuracy, the stage-2 objective and
+    every lens would measure how well the model predicts a space. Such whitespace belongs to the
+    prompt side instead (:func:`zero_shot_prompts` appends ``lead``), the way the public SITE code writes
+    an all-digit answer with no space. A template with ``bare_digits`` (the official protocol)
+    keeps the reference's answer token, the first token of the answer whatever it is: ``lead`` is
+    then always empty."""
+    text = template.prefix_for(output) + output
+    tok = model.tokenizer
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=getattr(tok, "is_fast", False))
+    ids = enc["input_ids"]
     if not ids:
         raise TokenizationError(
             f"The answer {output!r} tokenizes to nothing; give a non-empty answer."
         )
-    return ids[0]
+    if template.bare_digits:
+        return "", ids[0]
+    n = 0
+    while n < len(ids) and not tok.decode(ids[n : n + 1]).strip():
+        n += 1
+    if n == len(ids):
+        raise TokenizationError(
+            f"The answer {output!r} is whitespace only; give an answer with visible text."
+        )
+    if n == 0:
+        return "", ids[0]
+    if "offset_mapping" in enc:  # the characters the whitespace tokens cover
+        lead = text[: enc["offset_mapping"][n - 1][1]]
+    else:  # a slow tokenizer: its decode may drop a leading space, so take the text's own
+        lead = text[: len(text) - len(text.lstrip())]
+    return lead, ids[n]
+
+
+def answer_token_id(model, output: str, template: Template = DEFAULT_TEMPLATE) -> int:
+    """The first token that carries the answer (:func:`answer_parts`)."""
+    return answer_parts(model, output, template)[1]
 
 
 def answer_token_ids(model, outputs: list[str], template: Template = DEFAULT_TEMPLATE) -> list[int]:
-    return [answer_token_id(model, o, template) for o in outputs]
+    return [answer_parts(model, o, template)[1] for o in outputs]
+
+
+def answer_leads(model, outputs: Sequence[str], template: Template = DEFAULT_TEMPLATE) -> list[str]:
+    """The prompt-side whitespace of each answer (:func:`answer_parts`); all ``""`` without a
+    model (prompts as the template writes them, e.g. for counting demonstrations' tokens)."""
+    if model is None:
+        return [""] * len(outputs)
+    return [answer_parts(model, o, template)[0] for o in outputs]
+
+
+def zero_shot_prompts(model, items: Sequence[Example], template: Template = DEFAULT_TEMPLATE) -> list[str]:
+    """The scored zero-shot prompt of each item: its query followed by its answer's prompt-side
+    whitespace (:func:`answer_parts`), so the next token is the answer's first scored token."""
+    leads = answer_leads(model, [ex.output for ex in items], template)
+    return [zero_shot_prompt(ex.input, template) + lead for ex, lead in zip(items, leads, strict=True)]
+
+
+class SharedAnswerTokenWarning(UserWarning):
+    """Most of a task's answers share their first scored token: first-token accuracy (and the
+    stage-2 objective) then reward predicting that one token, and exact match says more."""
+
+
+SHARED_TOKEN_SHARE = 0.5  # above this share of items, one first token dominates the task
+
+
+def warn_shared_answer_token(model, task_name: str, outputs: Sequence[str],
+                             template: Template = DEFAULT_TEMPLATE) -> float:
+    """Warn (:class:`SharedAnswerTokenWarning`) when more than :data:`SHARED_TOKEN_SHARE` of
+    ``outputs`` share their first scored token; returns that largest share (0.0 for no outputs)."""
+    if not outputs:
+        return 0.0
+    ids = answer_token_ids(model, list(outputs), template)
+    token, count = Counter(ids).most_common(1)[0]
+    share = count / len(ids)
+    if share > SHARED_TOKEN_SHARE and len(ids) > 1:
+        warnings.warn(
+            f"Task {task_name!r}: {count} of {len(ids)} answers start with the same scored token "
+            f"{model.tokenizer.decode([token])!r}, so first-token accuracy mostly measures that one "
+            "token; read exact match (or label metrics) for this task.",
+            SharedAnswerTokenWarning, stacklevel=3,
+        )
+    return share

@@ -81,7 +81,7 @@ def task_states(
 
     template = template or DEFAULT_TEMPLATE
     c = model.cfg
-    prompts = embedding_prompts(task, n_prompts, n_shots, seed=seed, template=template)
+    prompts = embedding_prompts(task, n_prompts, n_shots, seed=seed, template=template, model=model)
     rnames = [resid_hook(model, i) for i in range(resid_points(model))]
     znames = [z_hook_name(model, layer) for layer in range(c.n_layers)]
     acts = capture_last(model, prompts, [*rnames, *znames], batch_size=batch_size)
