@@ -9,17 +9,16 @@ The modules behind the names hold more (``sitelens.models``, ``sitelens.patching
 
 Every name is imported on first access (PEP 562, :mod:`sitelens.lazy`): ``import sitelens``
 loads none of torch, TransformerLens, transformers or plotly; ``sl.load_model`` imports the model
-code when first used, ``sl.plotting.alpha_heatmap`` plotly.
+code when first used, ``sl.make_figures`` plotly. The plots are :mod:`sitelens.viz.plotting`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sitelens import deprecations
-from sitelens.lazy import attach
+from sitelens.lazy import lazy_names
 
-if TYPE_CHECKING:  # every public name is imported on first access (sitelens.lazy)
+if TYPE_CHECKING:  # for type checkers; at run time each name is imported on first access
     from sitelens import atlas, baselines, lenses, patching
     from sitelens.atlas import explore
     from sitelens.baselines import Fitted, HookIntervention, Method, available_methods, get_method
@@ -37,7 +36,6 @@ if TYPE_CHECKING:  # every public name is imported on first access (sitelens.laz
         TokenizationError,
         UsageError,
     )
-    from sitelens.eval import metrics
     from sitelens.eval.evaluate import (
         Protocol,
         evaluate,
@@ -69,7 +67,6 @@ if TYPE_CHECKING:  # every public name is imported on first access (sitelens.laz
         transfer_similarity_correlation,
     )
     from sitelens.patching.effects import EffectsConfig, head_causal_effects
-    from sitelens.pipelines import figures
     from sitelens.pipelines.bench import BenchConfig, run_bench, summary_markdown
     from sitelens.pipelines.figures import FigureConfig, make_figures
     from sitelens.provenance import NUMERICS_VERSION
@@ -89,13 +86,39 @@ if TYPE_CHECKING:  # every public name is imported on first access (sitelens.laz
         zero_shot_prompt,
     )
     from sitelens.tasks.regression import regression_mse, regression_task
-    from sitelens.viz import plotting
 
 __version__ = "0.1.0"
 
-deprecations.install()  # the old module paths (sitelens.bench, sitelens.plotting, ...) as lazy aliases
-
-__getattr__, __dir__ = attach(__name__, __file__)
+# name -> the module that defines it (PEP 562: imported when first used)
+__getattr__, __dir__ = lazy_names(__name__, {
+    "sitelens": ("atlas", "baselines", "lenses", "patching"),
+    "sitelens.atlas": ("explore",),
+    "sitelens.baselines": ("Fitted", "HookIntervention", "Method", "available_methods", "get_method"),
+    "sitelens.errors": ("AdapterError", "ExecutorError", "FitError", "LensError", "MethodError",
+        "ModelError", "OutputError", "PromptTooLongError", "SitelensError", "TaskError",
+        "TokenizationError", "UsageError"),
+    "sitelens.eval.evaluate": ("Protocol", "evaluate", "exact_match", "greedy_generate", "last_logits",
+        "summarize"),
+    "sitelens.eval.labels": ("LabelSet", "label_set"),
+    "sitelens.eval.metrics": ("bootstrap_ci", "dntp"),
+    "sitelens.lenses": ("FrontierResult", "HeadScores", "head_scores"),
+    "sitelens.lenses.frontier": ("frontier",),
+    "sitelens.models": ("DEFAULT_MODEL", "available_models", "encode", "fingerprint", "load_model",
+        "prepare_bridge", "tiny_model", "z_hook_name"),
+    "sitelens.models.attention": ("enable_fast_attention", "fast_attention_enabled"),
+    "sitelens.patching": ("alpha_similarity", "effect_alpha_correlation", "inter_task", "intra_task",
+        "transfer_similarity_correlation"),
+    "sitelens.patching.effects": ("EffectsConfig", "head_causal_effects"),
+    "sitelens.pipelines.bench": ("BenchConfig", "run_bench", "summary_markdown"),
+    "sitelens.pipelines.figures": ("FigureConfig", "make_figures"),
+    "sitelens.provenance": ("NUMERICS_VERSION",),
+    "sitelens.site": ("FitConfig", "SiteAdapter", "fit_alpha", "fit_site", "task_embedding"),
+    "sitelens.site.injection": ("HeadMix", "apply_hooks", "head_mask"),
+    "sitelens.tasks": ("DEFAULT_TEMPLATE", "Example", "Task", "Template", "answer_token_id",
+        "builtin_tasks", "few_shot_prompts", "load_collection", "load_task", "task_from_pairs",
+        "zero_shot_prompt"),
+    "sitelens.tasks.regression": ("regression_mse", "regression_task"),
+})
 
 __all__ = [
     # models: loading, tiny test models, tokens, the per-head z hook, fused attention
@@ -126,13 +149,13 @@ __all__ = [
     "frontier", "FrontierResult",
     # the head atlas in Jupyter (sitelens.atlas; the page: `sitelens atlas`), on first access
     "explore",
-    # bench and figures (the figures names are imported on first access: they load plotly)
+    # bench and figures (the figures names load plotly, on first access)
     "run_bench", "BenchConfig", "summary_markdown", "make_figures", "FigureConfig",
     # provenance: the version of the numerics that every cached result is keyed on
     "NUMERICS_VERSION",
     # errors: SitelensError and its subclasses, each message naming the fix
     "SitelensError", "AdapterError", "ExecutorError", "FitError", "LensError", "MethodError",
     "ModelError", "OutputError", "PromptTooLongError", "TaskError", "TokenizationError", "UsageError",
-    # submodules (plotting and figures imported on first access)
-    "baselines", "lenses", "metrics", "patching", "plotting", "figures", "atlas",
+    # subpackages
+    "atlas", "baselines", "lenses", "patching",
 ]

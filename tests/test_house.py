@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "sitelens"
 
 # Lowest first; a module may import from its own layer or any layer below it. The leaves are the
-# top-level modules; `sitelens/__init__.py` (the public API) and `deprecations` sit above all.
+# top-level modules; `sitelens/__init__.py` (the public API) sits above all.
 LAYERS = [
     {"errors", "io", "provenance", "format", "lazy"},
     {"models"},
@@ -38,7 +38,7 @@ LAYERS = [
     {"pipelines"},
     {"atlas"},
     {"cli"},
-    {"__init__", "deprecations"},
+    {"__init__"},
 ]
 
 

@@ -1,6 +1,8 @@
 """Light imports (issue 33, item 2): ``import sitelens``, ``sitelens --help`` (and every
 subcommand's), bad command lines and ``sitelens atlas`` from the committed tables import neither
-torch, TransformerLens, transformers nor plotly; the public names still resolve, on first access.
+torch, TransformerLens, transformers nor plotly; the public names still resolve, on first access
+(:mod:`sitelens.lazy`), each to the object its ``TYPE_CHECKING`` import names, and monkeypatching
+a package or a module works as on any module.
 
 Each check runs in a fresh interpreter (``sys.modules`` of this one already holds everything) and
 reports which heavy libraries it found loaded. A copy of the package with one eager import planted
@@ -12,6 +14,8 @@ torch's answer) and ``--adapter`` (an adapter is checked by reading its tensors)
 
 from __future__ import annotations
 
+import ast
+import importlib
 import json
 import os
 import shutil
@@ -22,8 +26,6 @@ import types
 from pathlib import Path
 
 import pytest
-
-from sitelens.lazy import LazyModule, resolve, type_checking_imports
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformer_lens", "transformers", "plotly")
@@ -127,53 +129,78 @@ def test_public_names_resolve_on_first_access():
     from sitelens.models.load import load_model
     from sitelens.site.adapter import fit_site
     from sitelens.viz.plotting import alpha_heatmap
+    from sitelens import viz
     assert sitelens.load_model is load_model and sitelens.fit_site is fit_site
-    assert sitelens.plotting.alpha_heatmap is alpha_heatmap
+    assert viz.plotting.alpha_heatmap is alpha_heatmap
     assert all(getattr(sitelens, n) is not None for n in sitelens.__all__)
     assert set(sitelens.__all__) <= set(dir(sitelens))
-    out = sorted(set(sitelens.__all__) - set(vars(sitelens)))
+    out = sorted(set(sitelens.__all__) & set(vars(sitelens)))
     """)
-    assert r["out"] == []  # each name bound in the package once resolved
+    # the subpackages are bound by the import system; no other name is stored in the package
+    assert r["out"] == ["atlas", "baselines", "lenses", "patching"]
     assert {"torch", "plotly"} <= set(r["heavy"])  # resolving them is what imports the libraries
 
 
 PACKAGES = ["sitelens", "sitelens.models", "sitelens.tasks", "sitelens.site", "sitelens.eval",
-            "sitelens.patching", "sitelens.baselines", "sitelens.lenses"]
+            "sitelens.patching", "sitelens.baselines", "sitelens.lenses", "sitelens.pipelines",
+            "sitelens.viz"]
+
+
+def type_checking_imports(source: str) -> dict[str, tuple[str, str]]:
+    """The names bound by the top-level ``if TYPE_CHECKING:`` block of ``source``:
+    ``from m import a`` gives ``a -> (m, a)``."""
+    out = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for stmt in node.body:
+                assert isinstance(stmt, ast.ImportFrom) and stmt.module, ast.unparse(stmt)
+                out |= {a.asname or a.name: (stmt.module, a.name) for a in stmt.names}
+    return out
+
+
+def submodules(package: types.ModuleType) -> set[str]:
+    folder = Path(package.__file__).parent
+    return {p.stem for p in folder.glob("*.py") if p.stem != "__init__"} | {
+        p.name for p in folder.iterdir() if (p / "__init__.py").is_file()}
 
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_every_lazy_name_is_what_its_import_gives(package):
-    """Each name of a package's ``TYPE_CHECKING`` block is the object its import statement names,
-    and every name of its ``__all__`` resolves."""
-    import importlib
+    """The two lists of a package's names agree: each name of its ``TYPE_CHECKING`` block (what
+    type checkers and the docs read) is, at run time, the object its import statement names, and
+    the package resolves no other name of its own (what ``dir`` lists beyond the package's own
+    globals); every name of ``__all__`` resolves."""
+    mod = importlib.import_module(package)
+    assert type(mod) is types.ModuleType  # nothing overrides a module's attribute setting
+    targets = type_checking_imports(Path(mod.__file__).read_text())
+    for name, (module, attr) in targets.items():
+        want = getattr(importlib.import_module(module), attr) if module != package \
+            else importlib.import_module(f"{module}.{attr}")
+        assert getattr(mod, name) is want, (package, name)
+    assert set(dir(mod)) - set(vars(mod)) - set(targets) == set(), package
+    assert set(targets) <= set(getattr(mod, "__all__", ()))
+    for name in getattr(mod, "__all__", ()):
+        assert getattr(mod, name) is not None, (package, name)
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        mod.no_such_name  # noqa: B018
 
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_name_is_also_a_submodule(package):
+    """A package names nothing after one of its submodules but that submodule: importing the
+    submodule binds it as the package's attribute, which would hide the other object (the function
+    ``evaluate`` is therefore ``sitelens.evaluate``, and ``sitelens.eval.evaluate`` its module)."""
     mod = importlib.import_module(package)
     targets = type_checking_imports(Path(mod.__file__).read_text())
-    assert targets, package
-    for name, (module, attr) in targets.items():
-        assert getattr(mod, name) is resolve(package, module, attr), (package, name)
-    for name in mod.__all__:
-        assert getattr(mod, name) is not None, (package, name)
+    clash = {n: t for n, t in targets.items() if n in submodules(mod) and t != (package, n)}
+    assert clash == {}
 
 
-def test_a_submodule_does_not_shadow_the_function_of_its_name():
-    """``sitelens.eval.evaluate`` (and ``sitelens.evaluate``) stay the function when the module
-    of the same name is imported first; the deprecated module paths still import."""
-    r = heavy_after("""
-    import importlib, types, warnings
-    import sitelens.eval.evaluate
-    module = sys.modules["sitelens.eval.evaluate"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import sitelens.evaluate
-        import sitelens.bench
-        old_metrics = importlib.import_module("sitelens.metrics")
-    import sitelens.pipelines.bench
-    out = [sitelens.eval.evaluate is module.evaluate, sitelens.evaluate is module.evaluate,
-           sys.modules["sitelens.evaluate"] is module, sitelens.bench is sitelens.pipelines.bench,
-           old_metrics is sys.modules["sitelens.eval.metrics"], sitelens.metrics is old_metrics]
-    """)
-    assert r["out"] == [True] * 6
+def test_old_module_paths_are_gone():
+    """One path per module: the paths of modules before they moved into packages do not import."""
+    for old in ("sitelens.plotting", "sitelens.bench", "sitelens.metrics", "sitelens.evaluate"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
 
 
 def test_type_checking_imports_reads_the_block():
@@ -184,27 +211,9 @@ def test_type_checking_imports_reads_the_block():
         if TYPE_CHECKING:
             from pkg.x import f, g as h
             from pkg import sub
-            import pkg.y as y
-            import pkg.z
-        if typing.TYPE_CHECKING:
-            from pkg.w import k
     """)
     assert type_checking_imports(src) == {"f": ("pkg.x", "f"), "h": ("pkg.x", "g"),
-                                          "sub": ("pkg", "sub"), "y": ("pkg.y", None),
-                                          "k": ("pkg.w", "k")}
-
-
-def test_lazy_module_refuses_only_a_shadowing_submodule():
-    m = types.ModuleType("pkg")
-    m.__lazy_targets__ = {"run": ("pkg.run", "run"), "sub": ("pkg", "sub"),
-                          "tool": ("pkg.other", "tool")}
-    m.__class__ = LazyModule
-    m.run = types.ModuleType("pkg.run")  # the submodule pkg.run: its function keeps the name
-    assert "run" not in vars(m)
-    m.sub = sub = types.ModuleType("pkg.sub")  # a submodule named as itself
-    m.tool = tool = types.ModuleType("pkg.other.tool")  # a module re-exported under its name
-    m.run = run = object()  # anything but a module
-    assert (m.sub, m.tool, m.run) == (sub, tool, run)
+                                          "sub": ("pkg", "sub")}
 
 
 def test_an_eager_import_planted_in_the_package_is_caught(tmp_path):
@@ -219,30 +228,22 @@ def test_an_eager_import_planted_in_the_package_is_caught(tmp_path):
         == str(init)
 
 
-def test_a_patch_before_first_use_does_not_reach_the_package():
-    """A package name is bound when its module runs (as the eager import did): patching the
-    module's attribute before the name's first use changes neither ``sitelens.tasks.load_task``
-    nor ``sitelens.load_task``. A submodule is an attribute without an import, as it was."""
-    r = heavy_after("""
+def test_monkeypatching_a_module_or_a_package_works_and_is_undone(monkeypatch):
+    """A package name is looked up in its module at every access: a patch of the module is seen
+    through the package while it lasts, a patch of the package name replaces only that name, and
+    undoing either leaves the real object everywhere."""
+    import sitelens
+    import sitelens.tasks
     import sitelens.tasks.core as core
-    real = core.load_task
-    core.load_task = None  # a monkeypatch, before anything used the package's name
-    import sitelens, sitelens.tasks
-    out = [sitelens.tasks.load_task is real, sitelens.load_task is real,
-           sitelens.tasks.regression is sys.modules["sitelens.tasks.regression"],  # a submodule
-           hasattr(sitelens.tasks, "no_such_module")]
-    """)
-    assert r["out"] == [True, True, True, False]
 
-
-def test_bind_names_of_binds_only_what_the_module_defines(monkeypatch):
-    from sitelens import lazy
-
-    pkg = types.ModuleType("pkg")
-    pkg.__lazy_targets__ = {"f": ("pkg.m", "f"), "g": ("pkg.m", "g"), "m2": ("pkg.m", None),
-                            "h": ("pkg.other", "h")}
-    monkeypatch.setattr(lazy, "PACKAGES", [pkg])
-    m = types.ModuleType("pkg.m")
-    m.f = f = object()
-    lazy.bind_names_of(m)
-    assert (pkg.f, pkg.m2) == (f, m) and not hasattr(pkg, "g") and not hasattr(pkg, "h")
+    real, fake = core.load_task, object()
+    with monkeypatch.context() as m:
+        m.setattr(core, "load_task", fake)
+        assert sitelens.tasks.load_task is fake and sitelens.load_task is fake
+    assert core.load_task is real and sitelens.tasks.load_task is real and sitelens.load_task is real
+    with monkeypatch.context() as m:
+        m.setattr(sitelens.tasks, "load_task", fake)
+        assert sitelens.tasks.load_task is fake and core.load_task is real
+    assert sitelens.tasks.load_task is real and sitelens.load_task is real
+    assert sitelens.tasks.regression is sys.modules["sitelens.tasks.regression"]  # a submodule
+    assert not hasattr(sitelens.tasks, "no_such_module")

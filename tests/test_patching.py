@@ -412,8 +412,6 @@ def test_spearman_and_bootstrap():
     assert correlation(x, x**3, "spearman") == pytest.approx(1.0)
     assert correlation(x, -x, "spearman") == pytest.approx(-1.0)
     assert np.isnan(correlation(x, torch.ones(10), "spearman"))
-    with pytest.warns(DeprecationWarning, match="correlation"):  # the alias, same number
-        assert P.spearman(x, x**3) == correlation(x, x**3, "spearman")
     v = np.array([[1, 0, 1, 1, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0, 1]], dtype=float)
     lo, hi = P.bootstrap_ci(v, n_boot=500, seed=1)
     lo2, hi2 = P.bootstrap_ci(v, n_boot=500, seed=1)

@@ -25,12 +25,13 @@ included (see :mod:`sitelens.baselines.base`).
 from __future__ import annotations
 
 import difflib
+import importlib
 from typing import TYPE_CHECKING
 
 from sitelens.errors import MethodError
-from sitelens.lazy import attach, resolve
+from sitelens.lazy import lazy_names
 
-if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
+if TYPE_CHECKING:  # for type checkers; at run time each name is imported on first access
     from sitelens.baselines.base import FitParts, Fitted, HookIntervention, Method
     from sitelens.baselines.fv import FV, function_vector, head_outputs
     from sitelens.baselines.i2cl import I2CL
@@ -45,7 +46,7 @@ if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
     from sitelens.baselines.tv import TV
     from sitelens.baselines.zero_shot import ZeroShot
 
-# registry name -> (module, class): the classes are imported when a method is first asked for
+# registry name -> (module, class): a class is imported when its method is first asked for
 METHOD_CLASSES: dict[str, tuple[str, str]] = {
     "zero-shot": ("sitelens.baselines.zero_shot", "ZeroShot"),
     "icl": ("sitelens.baselines.icl", "ICL"),
@@ -60,11 +61,6 @@ METHOD_CLASSES: dict[str, tuple[str, str]] = {
     "lora": ("sitelens.baselines.lora", "LoRA"),
     "ia3": ("sitelens.baselines.ia3", "IA3"),
 }
-
-
-def _method_classes() -> dict[str, type[Method]]:
-    """:data:`METHODS`, registry name -> class (built, importing every method, on first access)."""
-    return {name: resolve(__name__, module, cls) for name, (module, cls) in METHOD_CLASSES.items()}
 
 
 def available_methods() -> list[str]:
@@ -91,13 +87,28 @@ def get_method(method: str | Method, /, **kwargs) -> Method:
             f"Unknown method {method!r}; available: {', '.join(METHOD_CLASSES)}."
             + (f" Did you mean: {', '.join(close)}?" if close else "")
         ) from None
-    return resolve(__name__, module, name)(**kwargs)
+    return getattr(importlib.import_module(module), name)(**kwargs)
 
 
-__getattr__, __dir__ = attach(__name__, __file__, {"METHODS": _method_classes})
+# name -> the module that defines it (PEP 562: imported when first used)
+__getattr__, __dir__ = lazy_names(__name__, {
+    "sitelens.baselines.base": ("FitParts", "Fitted", "HookIntervention", "Method"),
+    "sitelens.baselines.fv": ("FV", "function_vector", "head_outputs"),
+    "sitelens.baselines.i2cl": ("I2CL",),
+    "sitelens.baselines.ia3": ("IA3",),
+    "sitelens.baselines.icl": ("ICL",),
+    "sitelens.baselines.lora": ("LoRA",),
+    "sitelens.baselines.ltv": ("LTV", "ridge_closed_form"),
+    "sitelens.baselines.ltv_valid": ("LTVValid",),
+    "sitelens.baselines.mtv": ("MTV",),
+    "sitelens.baselines.site": ("SITE",),
+    "sitelens.baselines.sv": ("SV",),
+    "sitelens.baselines.tv": ("TV",),
+    "sitelens.baselines.zero_shot": ("ZeroShot",),
+})
 
 __all__ = [
-    "FV", "I2CL", "IA3", "ICL", "LTV", "METHODS", "METHOD_CLASSES", "MTV", "SITE", "SV", "TV",
+    "FV", "I2CL", "IA3", "ICL", "LTV", "METHOD_CLASSES", "MTV", "SITE", "SV", "TV",
     "FitParts", "Fitted", "HookIntervention", "LTVValid", "LoRA", "Method", "ZeroShot", "available_methods",
     "function_vector", "get_method", "head_outputs", "ridge_closed_form",
 ]

@@ -33,9 +33,7 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
-from typing_extensions import deprecated
 
-from sitelens import site
 from sitelens.errors import FitError
 from sitelens.eval.evaluate import intervention_hooks
 from sitelens.models import (
@@ -395,10 +393,3 @@ def train_hook_params(
 
 def count_params(params: dict[str, Tensor]) -> int:
     return int(sum(p.numel() for p in params.values()))
-
-
-@deprecated("use sitelens.site.capture_last")
-def capture_last(model, prompts: Sequence[str], hook_names: Sequence[str], *, batch_size: int = 8
-                 ) -> dict[str, Tensor]:
-    """:func:`sitelens.site.capture_last`."""
-    return site.capture_last(model, prompts, hook_names, batch_size=batch_size)

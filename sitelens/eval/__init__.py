@@ -1,18 +1,18 @@
 """Evaluation: the one generate-and-score loop, protocols, closed label sets, metrics (dNTP,
-exact match, Wilson and bootstrap intervals)."""
+exact match, Wilson and bootstrap intervals). The function ``evaluate`` is
+:func:`sitelens.evaluate` (``sitelens.eval.evaluate`` is its module)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sitelens.lazy import attach
+from sitelens.lazy import lazy_names
 
-if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
+if TYPE_CHECKING:  # for type checkers; at run time each name is imported on first access
     from sitelens.eval.evaluate import (
         PROTOCOLS,
         Protocol,
         cut_at_eos,
-        evaluate,
         exact_match,
         first_token_accuracy,
         get_protocol,
@@ -56,7 +56,18 @@ if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
         score_items,
     )
 
-__getattr__, __dir__ = attach(__name__, __file__)
+# name -> the module that defines it (PEP 562: imported when first used)
+__getattr__, __dir__ = lazy_names(__name__, {
+    "sitelens.eval.evaluate": ("PROTOCOLS", "Protocol", "cut_at_eos", "exact_match", "first_token_accuracy",
+        "get_protocol", "greedy_generate", "intervention_hooks", "last_logits", "newline_ids",
+        "official_exact_match", "rank_labels", "resolve_labels", "run_method", "stop_ids", "summarize"),
+    "sitelens.eval.labels": ("LABEL_COLUMNS", "MAX_LABELS", "LabelScores", "LabelSet", "continuation_ids",
+        "item_chance", "label_columns", "label_set", "nan_mean", "score_labels"),
+    "sitelens.eval.methods": ("METHODS",),
+    "sitelens.eval.metrics": ("accuracy", "bootstrap_ci", "correlation", "dntp", "dntp_per_item",
+        "mean_over_tasks", "wilson_interval"),
+    "sitelens.eval.scoring": ("ItemScores", "answer_lengths", "reference_logits", "score_items"),
+})
 
 __all__ = [
     "dntp_per_item",
@@ -95,7 +106,6 @@ __all__ = [
     "rank_labels",
     "resolve_labels",
     "METHODS",
-    "evaluate",
     "summarize",
     "first_token_accuracy",
 ]

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sitelens.lazy import attach
+from sitelens.lazy import lazy_names
 
-if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
+if TYPE_CHECKING:  # for type checkers; at run time each name is imported on first access
     from sitelens.lenses.ablation import AblationConfig, head_ablation
     from sitelens.lenses.alpha import AlphaSeeds, alpha_from_adapter, alpha_over_seeds, rank_stability
     from sitelens.lenses.attribution import (
@@ -60,7 +60,19 @@ if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
     from sitelens.lenses.scores import HeadScores
     from sitelens.lenses.selectors import SELECTORS, FrontierConfig
 
-__getattr__, __dir__ = attach(__name__, __file__)
+# name -> the module that defines it (PEP 562: imported when first used)
+__getattr__, __dir__ = lazy_names(__name__, {
+    "sitelens.lenses.ablation": ("AblationConfig", "head_ablation"),
+    "sitelens.lenses.alpha": ("AlphaSeeds", "alpha_from_adapter", "alpha_over_seeds", "rank_stability"),
+    "sitelens.lenses.attribution": ("AttributionConfig", "alpha_gradient", "attribution_patching",
+        "exact_effects", "mix_gradients"),
+    "sitelens.lenses.frontier": ("FrontierResult", "k_star"),
+    "sitelens.lenses.logit_lens": ("direct_logit_attribution", "head_logit_lens", "head_write_logits"),
+    "sitelens.lenses.registry": ("ALIASES", "LENSES", "REGISTRY", "Lens", "LensInputs", "LensRun",
+        "available_lenses", "get_lens", "head_scores", "parse_lenses"),
+    "sitelens.lenses.scores": ("HeadScores",),
+    "sitelens.lenses.selectors": ("SELECTORS", "FrontierConfig"),
+})
 
 __all__ = [
     "ALIASES", "LENSES", "REGISTRY", "SELECTORS", "AblationConfig", "AlphaSeeds", "AttributionConfig",

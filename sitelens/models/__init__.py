@@ -34,16 +34,16 @@ model classes (with :mod:`sitelens.models.attention`, the fused attention forwar
 Every public name is re-exported here (``from sitelens.models import load_model, encode, ...``);
 private helpers are imported from the submodule that defines them. To monkeypatch a function for
 the code that calls it, patch it in that submodule (``sitelens.models.kv.unembed_last``): the name
-here is bound on first access (:mod:`sitelens.lazy`).
+here is looked up there at every access (:mod:`sitelens.lazy`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sitelens.lazy import attach
+from sitelens.lazy import lazy_names
 
-if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
+if TYPE_CHECKING:  # for type checkers; at run time each name is imported on first access
     from sitelens.models.available import ALLOW_DOWNLOAD_ENV, check_model_available, hf_cached
     from sitelens.models.bridge import prepare_bridge
     from sitelens.models.cache import CACHE_FORMAT, cache_dir
@@ -125,7 +125,32 @@ if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
         token_ids,
     )
 
-__getattr__, __dir__ = attach(__name__, __file__)
+# name -> the module that defines it (PEP 562: imported when first used)
+__getattr__, __dir__ = lazy_names(__name__, {
+    "sitelens.models.available": ("ALLOW_DOWNLOAD_ENV", "check_model_available", "hf_cached"),
+    "sitelens.models.bridge": ("prepare_bridge",),
+    "sitelens.models.cache": ("CACHE_FORMAT", "cache_dir"),
+    "sitelens.models.devices": ("DTYPES", "accumulation_dtype", "dtype_name", "input_device",
+        "is_multi_device", "layer_devices", "memory_budget", "model_devices", "output_device",
+        "pipeline_plan", "place_layer_rows", "place_pipeline", "resolve_device", "resolve_dtype",
+        "resolve_n_devices", "stacked_weight"),
+    "sitelens.models.gguf": ("llama_config_from_hf", "load_hf_reference"),
+    "sitelens.models.hooks": ("act_name", "canonical_hook_name", "check_z_shape", "forward_until",
+        "is_bridge", "position_wise", "self_check", "wrap_hook", "z_hook_name"),
+    "sitelens.models.identity": ("fingerprint", "model_name"),
+    "sitelens.models.kv": ("SELECT_BUDGET_BYTES", "BridgeKVCache", "RecomputeCache", "cache_rows_per_batch",
+        "drive_hf_cache", "kv_forward", "last_position_logits", "last_token_forward", "new_kv_cache",
+        "prefix_cache", "select_cache", "select_entry", "unembed_last"),
+    "sitelens.models.load": ("load_model", "timed_load"),
+    "sitelens.models.prepare": ("fast_layout",),
+    "sitelens.models.registry": ("ATLAS_MODELS", "BUNDLED", "BUNDLED_MODELS", "DEFAULT_MODEL",
+        "DEFAULT_N_CTX", "FIGURE_MODELS", "TINY_MODELS", "BundledModel", "available_models"),
+    "sitelens.models.spec": ("BACKEND_ENV", "BACKENDS", "LoadSpec", "default_backend",
+        "has_hooked_transformer", "resolve_backend"),
+    "sitelens.models.tiny": ("tiny_model", "tiny_tokenizer"),
+    "sitelens.models.tokens": ("ATTENTION_BUDGET_BYTES", "Encoded", "budget_batches", "encode",
+        "length_batches", "prepends_bos", "token_ids"),
+})
 
 __all__ = [
     # registry, spec

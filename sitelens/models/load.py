@@ -189,27 +189,4 @@ def _load_bundled_bridge(name: str, *, n_ctx: int, use_cache: bool = True, devic
     return _bridge_from_hf(hf, tokenizer, name=name, prepend_bos=record.prepend_bos, n_ctx=n_ctx)
 
 
-# deprecated names: public names of other modules of this package, still importable from here with a
-# DeprecationWarning that names their module
-_MOVED = {
-    "ALLOW_DOWNLOAD_ENV": "hf", "check_model_available": "hf", "hf_cached": "hf",
-    "BACKENDS": "spec", "default_backend": "spec", "has_hooked_transformer": "spec",
-    "resolve_backend": "spec", "BUNDLED_MODELS": "registry", "available_models": "registry",
-    "fast_layout": "prepare", "prepare_bridge": "bridge", "fingerprint": "identity",
-    "model_name": "identity",
-}
-
-
-def __getattr__(name: str):
-    if name not in _MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-    import warnings
-
-    home = f"sitelens.models.{_MOVED[name]}"
-    warnings.warn(f"sitelens.models.load.{name} is deprecated; use {home}.{name} (or "
-                  f"sitelens.models.{name})", DeprecationWarning, stacklevel=2)
-    return getattr(importlib.import_module(home), name)
-
-
 __all__ = ["load_model", "timed_load"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sitelens.lazy import attach
+from sitelens.lazy import lazy_names
 
-if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
+if TYPE_CHECKING:  # for type checkers; at run time each name is imported on first access
     from sitelens.patching.analysis import (
         TASK_FAMILIES,
         alpha_similarity,
@@ -15,7 +15,6 @@ if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
         effect_alpha_correlation,
         intra_gaps,
         intra_mean,
-        round_or_none,
         target_centred,
         transfer_matrix,
         transfer_similarity_correlation,
@@ -30,7 +29,6 @@ if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
         intra_task,
         ranked_heads,
         selection_weights,
-        spearman,
     )
     from sitelens.patching.effects import (
         EffectsConfig,
@@ -49,7 +47,18 @@ if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
         serial_answer_probs,
     )
 
-__getattr__, __dir__ = attach(__name__, __file__)
+# name -> the module that defines it (PEP 562: imported when first used)
+__getattr__, __dir__ = lazy_names(__name__, {
+    "sitelens.patching.analysis": ("TASK_FAMILIES", "alpha_similarity", "by_target_family",
+        "effect_alpha_correlation", "intra_gaps", "intra_mean", "target_centred",
+        "transfer_matrix", "transfer_similarity_correlation", "within_between"),
+    "sitelens.patching.core": ("REFERENCES", "SELECTIONS", "bootstrap_ci", "default_ks", "inter_task",
+        "intra_task", "ranked_heads", "selection_weights"),
+    "sitelens.patching.effects": ("EffectsConfig", "corrupted_prompts", "head_causal_effects"),
+    "sitelens.patching.engine": ("BackwardPassCounter", "ForwardPassCounter", "RowCounter",
+        "batched_answer_probs", "patched_last_logits", "prefix_rows", "row_grid", "run_rows",
+        "serial_answer_probs"),
+})
 
 __all__ = [
     "prefix_rows",
@@ -71,10 +80,8 @@ __all__ = [
     "effect_alpha_correlation",
     "intra_mean",
     "intra_gaps",
-    "round_or_none",
     "SELECTIONS",
     "REFERENCES",
-    "spearman",
     "bootstrap_ci",
     "default_ks",
     "ranked_heads",

@@ -25,7 +25,6 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from typing_extensions import deprecated
 
 from sitelens import format as fmt
 from sitelens.eval.metrics import correlation
@@ -55,12 +54,6 @@ TASK_FAMILIES: dict[str, str] = {
 def _ranks(x: np.ndarray) -> np.ndarray:
     """Ranks with ties averaged (as scipy.stats.rankdata)."""
     return pd.Series(np.asarray(x, dtype=float)).rank(method="average").to_numpy()
-
-
-@deprecated("use sitelens.format.round_or_none")
-def round_or_none(x, digits: int = 4):
-    """:func:`sitelens.format.round_or_none`."""
-    return fmt.round_or_none(x, digits)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -310,5 +303,5 @@ def intra_gaps(intra: pd.DataFrame, ks: Sequence[int]) -> pd.DataFrame:
 __all__ = [
     "TASK_FAMILIES", "transfer_matrix", "alpha_similarity", "transfer_similarity_correlation",
     "within_between", "target_centred", "by_target_family", "effect_alpha_correlation",
-    "intra_mean", "intra_gaps", "round_or_none",
+    "intra_mean", "intra_gaps",
 ]

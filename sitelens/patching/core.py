@@ -25,11 +25,10 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from typing_extensions import deprecated
 
 from sitelens.errors import AdapterError, TaskError
 from sitelens.eval.evaluate import evaluate
-from sitelens.eval.metrics import bootstrap_ci, correlation
+from sitelens.eval.metrics import bootstrap_ci
 from sitelens.models import (
     model_name,
 )
@@ -345,14 +344,8 @@ def inter_task(
     return df
 
 
-@deprecated("use sitelens.eval.metrics.correlation(x, y, 'spearman')")
-def spearman(x, y) -> float:
-    """Spearman's ρ: :func:`sitelens.eval.metrics.correlation` with ``method="spearman"``."""
-    return correlation(x, y, "spearman")
-
-
 __all__ = [
     "SELECTIONS", "REFERENCES",
-    "spearman", "bootstrap_ci", "patched_last_logits", "default_ks", "ranked_heads",
+    "bootstrap_ci", "patched_last_logits", "default_ks", "ranked_heads",
     "selection_weights", "intra_task", "inter_task",
 ]

@@ -39,17 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-from jaxtyping import Float, Int
 from torch import Tensor
-from typing_extensions import deprecated
 
 from sitelens.baselines import Fitted, Method, get_method
 from sitelens.errors import ExecutorError, SitelensError
-from sitelens.eval.generation import greedy_generate
 from sitelens.eval.labels import LABEL_METRICS, LabelSet, label_metrics_of, label_set
 from sitelens.eval.scoring import rank_labels, reference_logits, score_items
 from sitelens.format import progress_bar
-from sitelens.models import Encoded, LoadSpec, fingerprint, load_model, model_name
+from sitelens.models import LoadSpec, fingerprint, load_model, model_name
 from sitelens.pipelines.bench_summary import (
     dntp_accuracy_correlation,
     dntp_accuracy_figure,
@@ -161,16 +158,6 @@ def append_row(out_csv: str | Path, row: dict) -> bool:
 # ----------------------------------------------------------------------------------------------
 # ----------------------------------------------------------------------------------------------
 # scoring: the one loop of sitelens.eval.scoring
-
-
-@deprecated("use sitelens.eval.greedy_generate(model, enc, intervention=...)")
-def generate(
-    model, enc: Encoded, hooks: list, *, max_new_tokens: int = 16, stop_at_newline: bool = True,
-) -> tuple[Int[Tensor, "batch new"], Float[Tensor, "batch d_vocab"]]:
-    """Greedy KV-cached decoding with ``hooks`` active on the prefill and every decode step;
-    returns the generated ids and the first-step logits."""
-    return greedy_generate(model, enc, intervention=lambda _model, _seq_len: hooks,
-                           max_new_tokens=max_new_tokens, stop_at_newline=stop_at_newline)
 
 
 def score_fitted(
@@ -424,7 +411,7 @@ def run_cell(job: BenchJob) -> dict:
 
 __all__ = [
     "SETTINGS", "METRICS", "LABEL_METRICS", "COLUMNS", "UNLABELLED_COLUMNS", "LEGACY_COLUMNS",
-    "cell_settings", "cell_key", "read_results", "append_row", "generate", "reference_logits",
+    "cell_settings", "cell_key", "read_results", "append_row", "reference_logits",
     "score_fitted", "label_metrics", "FV_EXTRACTIVE", "BenchConfig", "run_bench", "BenchJob",
     "run_cell", "summary_table", "dntp_accuracy_correlation", "summary_markdown",
     "dntp_accuracy_figure",

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sitelens.lazy import attach
+from sitelens.lazy import lazy_names
 
-if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
+if TYPE_CHECKING:  # for type checkers; at run time each name is imported on first access
     from sitelens.site.adapter import SiteAdapter, ensure_writable_dir, fit_site
     from sitelens.site.alpha import (
         FitResult,
@@ -48,7 +48,19 @@ if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
         valid_items,
     )
 
-__getattr__, __dir__ = attach(__name__, __file__)
+# name -> the module that defines it (PEP 562: imported when first used)
+__getattr__, __dir__ = lazy_names(__name__, {
+    "sitelens.site.adapter": ("SiteAdapter", "ensure_writable_dir", "fit_site"),
+    "sitelens.site.alpha": ("FitResult", "alpha_logit_rows", "first_token_loss", "fit_alpha", "mean_alpha",
+        "site_mix", "stack_rows"),
+    "sitelens.site.config": ("FitConfig", "OfficialFitConfig"),
+    "sitelens.site.embedding": ("capture_last", "last_token_z", "task_embedding"),
+    "sitelens.site.injection": ("HeadMix", "apply_hooks", "head_mask"),
+    "sitelens.site.saturation": ("SATURATION_THRESHOLD", "AlphaSaturation", "AlphaSaturationWarning",
+        "alpha_saturation"),
+    "sitelens.site.training": ("KEEP", "BatchPlan", "BatchRows", "Hook", "LastTokenSet", "RunConfig", "T",
+        "TrainRun", "iid_batches", "run_training", "training_batches", "valid_items"),
+})
 
 __all__ = [
     "HeadMix",

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sitelens.lazy import attach
+from sitelens.lazy import lazy_names
 
-if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
+if TYPE_CHECKING:  # for type checkers; at run time each name is imported on first access
     from sitelens.tasks.core import (
         ANSWER_ROOM,
         CASE_SENSITIVE_MARKERS,
@@ -65,7 +65,20 @@ if TYPE_CHECKING:  # imported on first access (sitelens.lazy)
         shots_that_fit,
     )
 
-__getattr__, __dir__ = attach(__name__, __file__)
+# name -> the module that defines it (PEP 562: imported when first used)
+__getattr__, __dir__ = lazy_names(__name__, {
+    "sitelens.tasks.core": ("ANSWER_ROOM", "CASE_SENSITIVE_MARKERS", "DEFAULT_TEMPLATE", "SPLIT_FRACTIONS",
+        "Example", "Task", "Template", "answer_token_id", "answer_token_ids", "builtin_tasks",
+        "check_labels", "collection_dirs", "embedding_prompts", "few_shot_prompt", "few_shot_prompts",
+        "load_collection", "load_task", "sample_demos", "split_examples", "task_from_pairs",
+        "zero_shot_prompt"),
+    "sitelens.tasks.regression": ("KINDS", "RegressionFunction", "RegressionScore", "format_number",
+        "parse_number", "parse_point", "reference_predictions", "regression_function", "regression_mse",
+        "regression_task", "squared_errors", "task_function", "train_mean"),
+    "sitelens.tasks.shots": ("MAX_SHOTS", "MEASURED", "RESERVE", "ShotFit", "boundary_tokens",
+        "collection_shots", "guaranteed_lengths", "query_lengths", "seeded_lengths", "shot_lengths",
+        "shots_that_fit"),
+})
 
 __all__ = [
     "SPLIT_FRACTIONS",

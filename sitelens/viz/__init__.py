@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sitelens.lazy import attach
+from sitelens.lazy import lazy_names
 
-# no names of its own; lazy so that importing its modules binds the names packages take from them
-__getattr__, __dir__ = attach(__name__, __file__)
+# no names of its own: its modules, imported on first access
+__getattr__, __dir__ = lazy_names(__name__, {})
