@@ -1,7 +1,292 @@
-"""The frontier on the figures' 8 FV tasks, resumable: ``python benchmarks/frontier_study.py``."""
+"""The frontier study (``python benchmarks/frontier_study.py``): :func:`sitelens.lenses.frontier`
+on the figures' 8 FV tasks for both bundled models, one stored cell per (model, task, seed).
 
-from sitelens.pipelines.experiment import main
-from sitelens.pipelines.frontier_study import FrontierStudy
+A cell appends its frontier rows (:data:`sitelens.lenses.frontier.COLUMNS` + ``key``) to
+``{out}/frontier_study.csv`` and writes its summary (k*, stability, overlap, what each selector
+chose) with the cell's own table to ``{out}/frontier_study/{model}/{task}_seed{seed}/``
+(``frontier.csv``, ``summary.json``); a cell whose key is in the CSV
+is done and is not recomputed (run the command again to resume). ``--report`` (also after every
+run) writes ``{out}/frontier_study.md`` and the figure ``{out}/frontier_study_kstar.{html,png,csv}``
+from the stored cells: k* per selector and task (smallest k reaching 90% of full SITE's test
+accuracy, mean over seeds), the stability of each selector's sets (Jaccard over seeds), and the
+comparison at k = 10 of the paper's top-10 α heads (it reports 57.3% for them) and the Function
+Vectors paper's top-10 causal heads (the ``effect`` selector: the same indirect effect) with full
+SITE. Stability (``--stability-seeds S``, ``--n-bootstrap B``): selection-only cells
+(:func:`sitelens.lenses.frontier.frontier_sets`, nothing scored on test), one per extra fit seed
+1..S and per bootstrap resample 0..B-1 of the train/valid items (fit seed 0), append the sets they
+chose to ``{out}/frontier_study_sets.csv``; the report's stability is the Jaccard of S_k between
+seed 0's cell and each replicate, and a k* whose sets are unstable (mean Jaccard at k* below
+:data:`~sitelens.lenses.frontier.UNSTABLE_BELOW`) is marked so. ``--tiny``: a smoke test on a tiny
+random model."""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+import numpy as np
+import pandas as pd
+
+from sitelens.pipelines.experiment import Experiment, Job, main, md_table
+
+TASKS = ("antonym", "capitalize_first_letter", "choose_first_of_3", "country_capital", "english_french",
+         "english_spanish", "first_letter", "present_past")  # the figures' INTRA_TASKS
+MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
+PAPER_TOP10_ALPHA = 0.573  # the SITE paper's first-token accuracy with its top-10 α heads
+K_CMP = 10
+SETS = "frontier_study_sets"  # the stability cells' table
+SET_COLUMNS = ["key", "model", "task", "replicate", "index", "selector", "k", "heads", "forward_passes",
+               "backward_passes", "seconds"]
+
+
+def _jaccard(a: str, b: str) -> float:
+    """The Jaccard of two head sets written as ``L{l}H{h}`` labels joined by ``;``."""
+    from sitelens.lenses.alpha import jaccard
+
+    return jaccard(set(a.split(";")), set(b.split(";")))
+
+
+def k_star_table(df: pd.DataFrame, threshold: float = 0.9) -> pd.DataFrame:
+    """Per model, task, selector and injection: k* from the seed-averaged test accuracy."""
+    from sitelens.lenses.frontier import k_star
+
+    rows = []
+    for (m, t, sel, inj), d in df.groupby(["model", "task", "selector", "injection"], sort=False):
+        acc = d.groupby("k").first_token_acc.mean()
+        rows.append({"model": m, "task": t, "selector": sel, "injection": inj,
+                     "k_star": k_star(acc.index.tolist(), acc.tolist(), float(d.full_site.mean()),
+                                      threshold),
+                     "full_site": float(d.full_site.mean()), "zero_shot": float(d.zero_shot.mean())})
+    return pd.DataFrame(rows)
+
+
+def stability_table(df: pd.DataFrame, sets: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per model, task, selector and k: the Jaccard of S_k over fit seeds (mean over pairs of
+    the study's seed cells and the selection-only seed replicates in ``sets``) and against
+    bootstrap resamples (seed 0's set vs each resample's); NaN where there is nothing to compare."""
+    a1 = df[(df.injection == "alpha1") & (df.heads.fillna("") != "")]
+    main = a1[["model", "task", "selector", "k", "heads", "seed"]].assign(replicate="seed")
+    reps = (pd.DataFrame(columns=[*SET_COLUMNS]) if sets is None else sets)
+    reps = reps[reps.heads.fillna("") != ""]
+    group = ["model", "task", "selector", "k"]
+    seeds = pd.concat([main.rename(columns={"seed": "index"}), reps[reps.replicate == "seed"]])
+    boots = {key: g.heads.tolist() for key, g in reps[reps.replicate == "bootstrap"].groupby(group)}
+    rows = []
+    for (m, t, sel, k), d in seeds.groupby(group, sort=False):
+        d = d.drop_duplicates("index")
+        js = [_jaccard(x, y) for x, y in combinations(d.heads.tolist(), 2)]
+        first = d[d["index"] == 0].heads.tolist()
+        jb = [_jaccard(first[0], b) for b in boots.get((m, t, sel, k), [])] if first else []
+        rows.append({"model": m, "task": t, "selector": sel, "k": int(k), "seeds": len(d),
+                     "bootstraps": len(jb), "jaccard_seeds": float(np.mean(js)) if js else float("nan"),
+                     "jaccard_bootstrap": float(np.mean(jb)) if jb else float("nan")})
+    cols = ["model", "task", "selector", "k", "seeds", "bootstraps", "jaccard_seeds", "jaccard_bootstrap"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def overlap_table(df: pd.DataFrame, model: str, k: int = K_CMP) -> pd.DataFrame:
+    """Selector × selector: the Jaccard of their S_k (seed 0, α = 1 rows), mean over the model's
+    tasks where both have a set; NaN where they never both do."""
+    d = df[(df.model == model) & (df.injection == "alpha1") & (df.k == k) & (df.seed == 0)
+           & (df.heads.fillna("") != "")]
+    sels = list(dict.fromkeys(df[df.model == model].selector))
+    by = {(t, s): h for t, s, h in zip(d.task, d.selector, d.heads)}
+    tasks = list(dict.fromkeys(d.task))
+    out = pd.DataFrame(index=sels, columns=sels, dtype=float)
+    for a, b in combinations(sels, 2):
+        js = [_jaccard(by[t, a], by[t, b]) for t in tasks if (t, a) in by and (t, b) in by]
+        out.loc[a, b] = out.loc[b, a] = float(np.mean(js)) if js else float("nan")
+    for a in sels:
+        out.loc[a, a] = 1.0
+    return out.round(2).rename_axis("selector").reset_index()
+
+
+def mark_unstable(ks: pd.DataFrame, st: pd.DataFrame) -> pd.DataFrame:
+    """``ks`` with a ``stability`` column (the Jaccard at k*) and ``k_star`` written
+    ``"20 (unstable)"`` where it is below :data:`~sitelens.lenses.frontier.UNSTABLE_BELOW`."""
+    from sitelens.lenses.frontier import UNSTABLE_BELOW
+
+    # the mean of the seed and bootstrap Jaccards of S_k (NaN: nothing compared), looked up at k*
+    mean = st[["jaccard_seeds", "jaccard_bootstrap"]].mean(axis=1)
+    at = dict(zip(zip(st.model, st.task, st.selector, st.k), mean))
+    ks = ks.copy()
+    ks["stability"] = [at.get((r.model, r.task, r.selector, r.k_star), float("nan"))
+                       if isinstance(r.k_star, int) else float("nan") for r in ks.itertuples()]
+    ks["k_star_marked"] = [f"{r.k_star} (unstable)" if r.stability < UNSTABLE_BELOW else str(r.k_star)
+                           for r in ks.itertuples()]
+    return ks
+
+
+class FrontierStudy(Experiment):
+    name, title = "frontier_study", "How few heads carry each task? The frontier on the figures' FV tasks"
+    models, tasks, threads = MODELS, TASKS, 2
+    key = "key"
+
+    @property
+    def columns(self):
+        from sitelens.lenses.frontier import COLUMNS
+
+        return ["key", *COLUMNS]
+
+    def add_arguments(self, p) -> None:
+        p.add_argument("--seeds", type=int, default=1, help="fit seeds per (model, task): cells 0..N-1")
+        p.add_argument("--budgets", default="1,2,5,10,20,50")
+        p.add_argument("--stability-seeds", type=int, default=0,
+                       help=f"selection-only cells for fit seeds 1..S per (model, task) ({SETS}.csv)")
+        p.add_argument("--n-bootstrap", type=int, default=0,
+                       help=f"selection-only cells for bootstrap resamples 0..B-1 ({SETS}.csv)")
+        p.add_argument("--tiny", action="store_true", help="tiny random model, budgets 1,2,5 (smoke test)")
+
+    def cells(self, args):
+        models = ["tiny-random"] if args.tiny else args.models
+        for m in models:
+            for t in args.tasks[: 1 if args.tiny else None]:
+                for seed in range(args.seeds):
+                    yield Job(f"{m}/{t}/{seed}", f"{m} {t} seed {seed}",
+                              {"model": m, "task": t, "seed": seed})
+        for m in models:  # after every scored cell: the stability replicates
+            for t in args.tasks[: 1 if args.tiny else None]:
+                for s in range(1, args.stability_seeds + 1):
+                    yield Job(f"{m}/{t}/select-seed{s}", f"{m} {t} sets of seed {s}",
+                              {"model": m, "task": t, "seed": s, "replicate": "seed", "index": s})
+                for b in range(args.n_bootstrap):
+                    yield Job(f"{m}/{t}/select-boot{b}", f"{m} {t} sets of bootstrap {b}",
+                              {"model": m, "task": t, "seed": 0, "replicate": "bootstrap", "index": b})
+
+    def sets_store(self):
+        return self.store(SETS, SET_COLUMNS)
+
+    def done_keys(self) -> set[str]:
+        return self.store().keys() | self.sets_store().keys()
+
+    def config(self):
+        from sitelens.lenses.selectors import FrontierConfig
+
+        if not self.args.tiny:
+            return FrontierConfig()
+        from sitelens import FitConfig
+        from sitelens.lenses.attribution import AttributionConfig
+
+        att = AttributionConfig(n_prompts=4, n_shots=2, n_mean_prompts=4, n_boot=20, n_alpha_items=6)
+        return FrontierConfig(fit=FitConfig(n_examples=16, n_valid=8), n_prompts=4, n_shots=2, n_valid=8,
+                              attribution=att, test_limit=6)
+
+    def run(self, job: Job) -> list[dict]:
+        from sitelens.lenses.frontier import frontier, frontier_sets
+        from sitelens.lenses.selectors import head_label
+        from sitelens.pipelines.executors import cached_model
+        from sitelens.tasks import load_task
+
+        model, task = cached_model(job["model"]), load_task(job["task"])
+        budgets = [int(k) for k in self.args.budgets.split(",")]
+        budgets = [k for k in budgets if k <= model.cfg.n_layers * model.cfg.n_heads]
+        if "replicate" in job.params:  # a stability cell: the sets only, in their own table
+            boot = job["index"] if job["replicate"] == "bootstrap" else None
+            sels = frontier_sets(model, task, budgets=budgets, seed=job["seed"], bootstrap=boot,
+                                 config=self.config())
+            H = model.cfg.n_heads
+            self.sets_store().append(
+                {"key": job.key, "model": job["model"], "task": task.name, "replicate": job["replicate"],
+                 "index": job["index"], "selector": s.selector, "k": k,
+                 "heads": "" if h is None else ";".join(head_label(j, H) for j in h),
+                 "forward_passes": s.forward_passes, "backward_passes": s.backward_passes,
+                 "seconds": round(s.seconds, 2)} for s in sels for k, h in s.sets.items())
+            return []
+        res = frontier(model, task, budgets=budgets, seeds=[job["seed"]], config=self.config())
+        res.to_dir(self.out / "frontier_study" / job["model"] / f"{job['task']}_seed{job['seed']}")
+        return res.table.assign(key=job.key).to_dict("records")
+
+    def report(self, df: pd.DataFrame) -> str:
+        from sitelens.lenses.frontier import UNSTABLE_BELOW
+        from sitelens.viz.export import FigureWriter
+
+        st = stability_table(df, self.sets_store().read())
+        ks = mark_unstable(k_star_table(df), st)
+        wide = ks.pivot_table(index=["model", "task"], columns=["selector", "injection"],
+                              values="k_star_marked", aggfunc="first").reset_index()
+        wide.columns = [c if isinstance(c, str) else "/".join(x for x in c if x) for c in wide.columns]
+        pairs = df[["model", "task"]].drop_duplicates()  # pivot's dropna=False adds every product
+        stab = {c: pairs.merge(st.pivot_table(index=["model", "task"], columns="selector", values=c,
+                                              dropna=False).reset_index().round(3), how="left")
+                for c in ("jaccard_seeds", "jaccard_bootstrap")}
+        per_sel = (st.groupby(["model", "selector"])
+                   .agg(jaccard_seeds=("jaccard_seeds", "mean"),
+                        jaccard_bootstrap=("jaccard_bootstrap", "mean"), seeds=("seeds", "max"),
+                        bootstraps=("bootstraps", "max")).round(3).reset_index())
+        reached = ks[ks.k_star.map(lambda v: isinstance(v, int))]
+        per_sel = per_sel.merge(
+            reached.groupby(["model", "selector"]).agg(
+                k_star_reached=("k_star", "size"),
+                unstable_at_k_star=("k_star_marked", lambda v: int(v.str.endswith("(unstable)").sum())))
+            .reset_index(), on=["model", "selector"], how="left").fillna({"k_star_reached": 0,
+                                                                        "unstable_at_k_star": 0})
+        a1 = df[(df.injection == "alpha1") & (df.k == K_CMP)]
+        cmp_rows = []
+        for m, d in a1.groupby("model"):
+            per_task = d.groupby(["task", "selector"]).first_token_acc.mean().unstack()
+            full = df[df.model == m].groupby("task").full_site.mean()
+            over = [_jaccard(x, y) for _, g in d.groupby(["task", "seed"])
+                    for x, y in [((g[g.selector == "alpha"].heads.tolist() or [""])[0],
+                                  (g[g.selector == "effect"].heads.tolist() or [""])[0])] if x and y]
+            def mean(sel, per_task=per_task):
+                return round(float(per_task[sel].mean()), 3) if sel in per_task else float("nan")
+
+            cmp_rows.append({"model": m, "tasks": len(per_task), "full_site": round(float(full.mean()), 3),
+                             "top10_alpha": mean("alpha"), "paper_top10_alpha": PAPER_TOP10_ALPHA,
+                             "fv_top10_effect": mean("effect"),
+                             "jaccard_alpha_effect": round(float(np.mean(over)), 3) if over else np.nan})
+        fig = self.figure(ks)
+        w = FigureWriter()
+        try:
+            w.write(fig, ks, self.out / "frontier_study_kstar")
+        finally:
+            w.close()
+        n = df.groupby(["model", "task"]).ngroups
+        return "\n".join([
+            f"{n} (model, task) pair(s), {df.seed.nunique()} seed(s); every selector's sets chosen on "
+            "train/valid, accuracy on test (first token; intervals and exact match: `frontier_study.csv`). "
+            "k* = the smallest budget whose test accuracy reaches 90% of full SITE's (`not reached` within "
+            "the budgets).", "",
+            "## k* per selector (alpha1 = α = 1 on S_k; refit = α re-fitted on S_k)", "", md_table(wide),
+            "", "## Stability of S_k (Jaccard, mean over the budgets)", "",
+            "Over fit seeds: mean over pairs of seed sets (seed 0's scored cell and the selection-only "
+            f"seeds in `{SETS}.csv`); over bootstrap: seed 0's set vs each resample's (train/valid items "
+            "drawn with replacement, fit seed 0). NaN: nothing to compare. k* above is marked "
+            f"`(unstable)` where the mean of the two at k* is below {UNSTABLE_BELOW} (alpha1 and refit "
+            "share the sets).", "", "Per model and selector (mean over tasks and budgets; k_star_reached and "
+            "unstable_at_k_star count (task, injection) pairs):", "", md_table(per_sel), "",
+            "Over fit seeds, per task:", "", md_table(stab["jaccard_seeds"]), "",
+            "Over bootstrap resamples, per task:", "", md_table(stab["jaccard_bootstrap"]), "",
+            f"## Overlap between selectors at k = {K_CMP} (Jaccard of S_{K_CMP}, seed 0, mean over tasks)",
+            "", *[x for m in dict.fromkeys(df.model)
+                  for x in (f"{m}:", "", md_table(overlap_table(df, m)), "")],
+            f"## At k = {K_CMP}: the paper's top-10 α heads and FV's top-10 causal heads (α = 1, mean "
+            "over tasks)",
+            "", md_table(pd.DataFrame(cmp_rows)) if cmp_rows else f"(no k = {K_CMP} in the budgets)", "",
+            f"Figure: `frontier_study_kstar.html` (k* per selector and task). The paper reports "
+            f"{PAPER_TOP10_ALPHA:.1%} for its top-10 α heads; `top10_alpha` is ours on the same footing "
+            "(first-token accuracy, α = 1 on the 10 heads of largest α, λ = 0).", ""])
+
+    @staticmethod
+    def figure(ks: pd.DataFrame):
+        """k* per selector (columns) and task (rows), one panel per model (alpha1 injection);
+        'not reached' is blank. Returns a plotly Figure."""
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+
+        d = ks[ks.injection == "alpha1"].copy()
+        d["kv"] = pd.to_numeric(d.k_star, errors="coerce")
+        models = list(dict.fromkeys(d.model))
+        fig = make_subplots(rows=1, cols=max(len(models), 1), subplot_titles=models)
+        for i, m in enumerate(models, start=1):
+            p = d[d.model == m].pivot_table(index="task", columns="selector", values="kv",
+                                            aggfunc="first", dropna=False)
+            fig.add_trace(go.Heatmap(z=np.log10(p.to_numpy(float)), x=list(p.columns), y=list(p.index),
+                                     text=p.to_numpy(), texttemplate="%{text}", colorscale="Viridis",
+                                     showscale=i == 1, colorbar={"title": "log10 k*"}),
+                          row=1, col=i)
+        fig.update_layout(title="k*: the fewest heads reaching 90% of full SITE (α = 1; blank: not reached)")
+        return fig
+
 
 if __name__ == "__main__":
     raise SystemExit(main(FrontierStudy()))

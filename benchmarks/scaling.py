@@ -1,5 +1,5 @@
 """How the cost of every sitelens stage grows with model size and prompt length, on randomly
-initialised models with the exact shapes of real families (:data:`sitelens.models.shapes.SHAPES`;
+initialised models with the exact shapes of real families (:data:`lib.shapes.SHAPES`;
 nothing is downloaded).
 
     python benchmarks/scaling.py --threads 1     # the committed CPU run (resumable; --dry-run lists it)
@@ -24,7 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from sitelens.models.shapes import SHAPES, compute_params, hf_param_count, random_model
+from lib.shapes import SHAPES, compute_params, hf_param_count, random_model
+
 from sitelens.pipelines import experiment as xp
 from sitelens.pipelines.experiment import REPO, CallClock, Clock, Experiment, Job, PeakRSS, main, md_table
 

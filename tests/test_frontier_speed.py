@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from bench_util import bench_module
 from test_frontier_pin import planted
 
 import sitelens.lenses.joint_fit as J
@@ -21,6 +22,8 @@ import sitelens.lenses.selectors as S
 from sitelens import FitConfig, fit_site, load_task
 from sitelens.patching.engine import ForwardPassCounter
 from sitelens.tasks import Template
+
+study = bench_module("frontier_study")  # benchmarks/frontier_study.py
 
 BARE = Template(answer_prefix="")
 FIT = FitConfig(n_examples=40, n_valid=8, eval_every=5)  # checks at steps 0 and 5 only (see above)
@@ -103,28 +106,26 @@ def _rows(model, task, seed, heads_by_k, acc_by_k, full=0.8):
 def test_study_k_star_and_stability_tables():
     import pandas as pd
 
-    from sitelens.pipelines.frontier_study import k_star_table, stability_table
 
     df = pd.DataFrame(_rows("m", "t", 0, {1: "L0H0", 2: "L0H0;L0H1"}, {1: 0.5, 2: 0.75})
                       + _rows("m", "t", 1, {1: "L0H1", 2: "L0H0;L0H1"}, {1: 0.7, 2: 0.75}))
-    ks = k_star_table(df)
+    ks = study.k_star_table(df)
     assert ks.k_star.item() == 2  # seed means 0.6 and 0.75; 0.75 >= 0.9 × 0.8 = 0.72
-    st = stability_table(df).set_index("k")  # k = 1: L0H0 vs L0H1; k = 2: the same set
+    st = study.stability_table(df).set_index("k")  # k = 1: L0H0 vs L0H1; k = 2: the same set
     assert list(st.jaccard_seeds) == [0.0, 1.0] and (st.seeds == 2).all()
 
 
 def test_study_runs_a_cell_resumes_without_recomputing_and_reports(tmp_path, monkeypatch):
     import sitelens.lenses.frontier as F
     from sitelens.pipelines.experiment import main
-    from sitelens.pipelines.frontier_study import FrontierStudy
 
     argv = ["--tiny", "--budgets", "1,2", "--out", str(tmp_path), "--threads", "0"]
-    assert main(FrontierStudy(), argv) == 0
+    assert main(study.FrontierStudy(), argv) == 0
     csv = tmp_path / "frontier_study.csv"
     first = csv.read_text()
     assert (tmp_path / "frontier_study" / "tiny-random" / "antonym_seed0" / "summary.json").exists()
     monkeypatch.setattr(F, "frontier", lambda *a, **k: pytest.fail("a done cell was recomputed"))
-    assert main(FrontierStudy(), argv) == 0
+    assert main(study.FrontierStudy(), argv) == 0
     assert csv.read_text() == first
     md = (tmp_path / "frontier_study.md").read_text()
     assert "## k* per selector" in md and "alpha/alpha1" in md
@@ -133,9 +134,9 @@ def test_study_runs_a_cell_resumes_without_recomputing_and_reports(tmp_path, mon
 
 def test_frontier_time_smoke(tmp_path):
     from sitelens.pipelines.experiment import main
-    from sitelens.pipelines.frontier_time import FrontierTime
 
-    assert main(FrontierTime(), ["--tiny", "--budgets", "1,2", "--out", str(tmp_path), "--threads", "0"]) == 0
+    argv = ["--tiny", "--budgets", "1,2", "--out", str(tmp_path), "--threads", "0"]
+    assert main(bench_module("frontier_time").FrontierTime(), argv) == 0
     import pandas as pd
 
     t = pd.read_csv(tmp_path / "frontier_time.csv")
@@ -195,7 +196,6 @@ def test_study_report_compares_top10_alpha_and_effect(tmp_path):
 
     from sitelens.lenses.frontier import COLUMNS
     from sitelens.pipelines.experiment import main
-    from sitelens.pipelines.frontier_study import FrontierStudy
 
     alpha = ";".join(f"L0H{h}" for h in range(10))
     effect = ";".join(f"L0H{h}" for h in range(5, 15))  # 5 shared of 15: Jaccard 1/3
@@ -208,7 +208,7 @@ def test_study_report_compares_top10_alpha_and_effect(tmp_path):
                 "first_token_acc": a, "exact_match": a, "ci_low": 0.0, "ci_high": 1.0, "full_site": 0.9,
                 "zero_shot": 0.0, "forward_passes": 1, "backward_passes": 0, "seconds": 1.0, "seed": 0})
     pd.DataFrame(rows, columns=["key", *COLUMNS]).to_csv(tmp_path / "frontier_study.csv", index=False)
-    assert main(FrontierStudy(), ["--report", "--out", str(tmp_path)]) == 0
+    assert main(study.FrontierStudy(), ["--report", "--out", str(tmp_path)]) == 0
     md = (tmp_path / "frontier_study.md").read_text()
     cmp = md[md.index("## At k = 10"):]
     line = next(s for s in cmp.splitlines() if s.startswith("| m |"))

@@ -9,13 +9,14 @@ from dataclasses import replace
 
 import pandas as pd
 import pytest
+from bench_util import bench_module
 from test_frontier import CFG, _ctx
 
 from sitelens import load_task
 from sitelens.lenses.frontier import frontier, frontier_sets, resample_selection_items
 from sitelens.lenses.selectors import select
-from sitelens.pipelines.frontier_study import mark_unstable, stability_table
 
+study = bench_module("frontier_study")  # benchmarks/frontier_study.py
 FAST = ("alpha", "alpha-grad", "atp")
 
 
@@ -58,7 +59,7 @@ def test_stability_table_equals_hand_jaccards():
                         + _rep("t", "seed", 2, {1: "L0H0", 2: "L0H0;L1H0"})
                         + _rep("t", "bootstrap", 0, {1: "L0H0", 2: "L1H1;L1H0"})
                         + _rep("t", "bootstrap", 1, {1: "L2H2", 2: "L0H1;L1H0"}))
-    st = stability_table(df, sets).set_index("k")
+    st = study.stability_table(df, sets).set_index("k")
     # k = 1: seed sets {H0}, {H1}, {H0}: pairs 0, 1, 0; bootstrap vs seed 0: 1, 0
     assert st.loc[1, "jaccard_seeds"] == pytest.approx(1 / 3) and st.loc[1, "jaccard_bootstrap"] == 0.5
     # k = 2: seeds {00,01} {00,01} {00,10}: pairs 1, 1/3, 1/3; bootstrap: 0, 1/3
@@ -67,28 +68,27 @@ def test_stability_table_equals_hand_jaccards():
     assert (st.seeds == 3).all() and (st.bootstraps == 2).all()
     ks = pd.DataFrame([{"model": "m", "task": "t", "selector": "alpha", "injection": "alpha1", "k_star": 1},
                        {"model": "m", "task": "t", "selector": "alpha", "injection": "refit", "k_star": 2}])
-    marked = mark_unstable(ks, stability_table(df, sets))
+    marked = study.mark_unstable(ks, study.stability_table(df, sets))
     # at k* = 1 the mean of 1/3 and 1/2 is 0.42 < 0.5: unstable; at k* = 2, (5/9 + 1/6) / 2 = 0.36
     assert list(marked.k_star_marked) == ["1 (unstable)", "2 (unstable)"]
     stable = sets.assign(heads=sets.k.map({1: "L0H0", 2: "L0H0;L0H1"}))
-    assert list(mark_unstable(ks, stability_table(df, stable)).k_star_marked) == ["1", "2"]
+    assert list(study.mark_unstable(ks, study.stability_table(df, stable)).k_star_marked) == ["1", "2"]
 
 
 def test_study_stability_cells_run_resume_and_report(tmp_path, monkeypatch):
     import sitelens.lenses.frontier as F
     from sitelens.pipelines.experiment import main
-    from sitelens.pipelines.frontier_study import FrontierStudy
 
     argv = ["--tiny", "--budgets", "1,2", "--out", str(tmp_path), "--threads", "0",
             "--stability-seeds", "1", "--n-bootstrap", "1"]
-    assert main(FrontierStudy(), argv) == 0
+    assert main(study.FrontierStudy(), argv) == 0
     sets = pd.read_csv(tmp_path / "frontier_study_sets.csv")
     assert set(sets.key) == {"tiny-random/antonym/select-seed1", "tiny-random/antonym/select-boot0"}
     assert len(sets) == 2 * 7 * 2  # replicates × selectors × budgets
     first = (tmp_path / "frontier_study_sets.csv").read_text()
     monkeypatch.setattr(F, "frontier_sets", lambda *a, **k: pytest.fail("a done replicate was recomputed"))
     monkeypatch.setattr(F, "frontier", lambda *a, **k: pytest.fail("a done cell was recomputed"))
-    assert main(FrontierStudy(), argv) == 0
+    assert main(study.FrontierStudy(), argv) == 0
     assert (tmp_path / "frontier_study_sets.csv").read_text() == first
     md = (tmp_path / "frontier_study.md").read_text()
     per_sel = md[md.index("Per model and selector"):md.index("Over fit seeds, per task")]
@@ -111,7 +111,6 @@ def test_config_bootstrap_in_frontier_uses_the_same_replicates(tiny_mha, task):
 
 
 def test_overlap_table_equals_hand_jaccards():
-    from sitelens.pipelines.frontier_study import overlap_table
 
     def row(task, sel, heads, seed=0, k=10, inj="alpha1"):
         return {"model": "m", "task": task, "selector": sel, "k": k, "injection": inj, "heads": heads,
@@ -121,6 +120,6 @@ def test_overlap_table_equals_hand_jaccards():
                        row("t2", "a", "L1H0"), row("t2", "b", "L1H0"),
                        row("t1", "a", "L9H9", seed=1), row("t1", "b", "L5H5", inj="refit"),
                        row("t1", "c", "")])  # another seed, injection or no set: not counted
-    o = overlap_table(df, "m", k=10).set_index("selector")
+    o = study.overlap_table(df, "m", k=10).set_index("selector")
     assert o.loc["a", "b"] == o.loc["b", "a"] == pytest.approx((1 / 3 + 1) / 2, abs=0.005)  # rounded to 0.01
     assert o.loc["a", "a"] == 1.0 and pd.isna(o.loc["a", "c"])

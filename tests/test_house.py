@@ -7,7 +7,9 @@
   ``__init__`` re-exports one (a top-level module counts as its own package);
 - configuration is passed, never written into the environment: no ``os.environ`` write of a
   ``SITELENS_*`` variable;
-- at most 8 modules directly in ``sitelens/`` and none over 500 lines.
+- every committed benchmark report names the command that regenerates it.
+
+No rule counts lines: a module is as long as what it holds needs.
 
 Each checker is also run on a small planted package in a temporary folder, so a checker that
 stopped seeing cycles, private imports or environment writes fails here too.
@@ -233,14 +235,6 @@ def test_no_sitelens_variable_written_into_the_environment():
     assert environ_writes(PKG) == []
 
 
-def test_top_level_is_small_and_modules_are_short():
-    top = [f.name for f in PKG.glob("*.py") if f.name != "__init__.py"]
-    long = {str(f.relative_to(ROOT)): n for f in PKG.rglob("*.py")
-            if (n := len(f.read_text().splitlines())) > 500}
-    assert len(top) <= 8, top
-    assert long == {}
-
-
 # ------------------------------------------------------------------------------------------------
 # the checkers on a planted package: each rule broken once
 
@@ -274,12 +268,9 @@ def test_checkers_catch_planted_breaks(tmp_path):
     assert Graph(clean).cycles() == [] and Graph(clean).private == [] and environ_writes(clean) == []
 
 
-def test_benchmarks_are_thin_and_every_result_names_its_command():
-    """benchmarks/ holds configs of the one harness (at most 3,500 lines of scripts), and every
-    committed results table says in its first lines which command regenerates it."""
-    bench = ROOT / "benchmarks"
-    lines = sum(len(f.read_text().splitlines()) for f in bench.rglob("*") if f.suffix in (".py", ".sh"))
+def test_every_result_names_its_command():
+    """Every committed results table says in its first lines which command regenerates it."""
     command = re.compile(r"python (benchmarks|scripts)/|sitelens [a-z]+|bash benchmarks/")
-    silent = [f.name for f in sorted((bench / "results").glob("*.md"))
+    silent = [f.name for f in sorted((ROOT / "benchmarks" / "results").glob("*.md"))
               if not command.search("\n".join(f.read_text().splitlines()[:5]))]
-    assert lines <= 3500 and silent == []
+    assert silent == []

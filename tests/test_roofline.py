@@ -1,4 +1,4 @@
-"""The roofline counter (sitelens.pipelines.roofline, issue 33 item 4): FLOPs and bytes counted op by
+"""The roofline counter (benchmarks/roofline.py): FLOPs and bytes counted op by
 op from the real shapes.
 
 Exact integer counts, no tolerance: a product of known shapes, a linear layer with a bias
@@ -16,8 +16,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from bench_util import bench_module
 
-from sitelens.pipelines import roofline as rl
+rl = bench_module("roofline")  # benchmarks/roofline.py
 
 
 def _counted(fn, weights=()):

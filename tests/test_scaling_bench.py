@@ -1,17 +1,13 @@
-"""benchmarks/scaling.py: it orders every published shape (:mod:`sitelens.models.shapes`), its synthetic
+"""benchmarks/scaling.py: it orders every published shape (``benchmarks/lib/shapes.py``), its synthetic
 prompts have the requested lengths, and the log-log fit it uses recovers known exponents. (The benchmark
 itself is a script; ``bash benchmarks/gpu.sh --dry-run`` runs it end to end.)"""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
+from bench_util import bench_module
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "scaling.py"
-spec = importlib.util.spec_from_file_location("scaling_bench", SCRIPT)
-scaling = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(scaling)
+scaling = bench_module("scaling")
 
 def test_every_model_is_in_the_order():
     assert sorted(scaling.ORDER) == sorted(scaling.SHAPES)

@@ -1,10 +1,11 @@
-"""sitelens.models.shapes: the shapes are the published models' (their parameter counts match the
+"""benchmarks/lib/shapes.py: the shapes are the published models' (their parameter counts match the
 model cards), a shrunk shape keeps its features, and a random model of one runs."""
 
+import bench_util  # noqa: F401  (benchmarks/ on the path: its package lib)
 import pytest
+from lib.shapes import SHAPES, ModelShape, compute_params, hf_param_count, random_model, shrunk
 
 from sitelens.models import has_hooked_transformer
-from sitelens.models.shapes import SHAPES, ModelShape, compute_params, hf_param_count, random_model, shrunk
 
 # Parameter counts the model cards / Hugging Face checkpoints report (tied embeddings counted
 # once): a shape with a wrong width, depth, head count, vocabulary or MLP size misses them.

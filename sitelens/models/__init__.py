@@ -16,8 +16,6 @@ model classes (with :mod:`sitelens.models.attention`, the fused attention forwar
   attention, left padding, self-check).
 - :mod:`sitelens.models.identity`: ``model_name``, ``fingerprint``.
 - :mod:`sitelens.models.tiny`: tiny random test models (``tiny_model``, ``tiny_tokenizer``).
-- :mod:`sitelens.models.shapes`: published architecture shapes as data (``SHAPES``) and random-weight
-  models of them (``random_model``); imported from the submodule.
 - :mod:`sitelens.models.families`: architecture families as data (``FAMILIES``) and tiny
   random-weight models of them (``family_model``); imported from the submodule.
 - :mod:`sitelens.models.tokens`: ``encode`` (BOS, left padding), memory-bounded batches.

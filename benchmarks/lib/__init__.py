@@ -1,0 +1,7 @@
+"""What the benchmark scripts share and the library does not ship. A script runs as
+``python benchmarks/NAME.py`` from the repository root, so ``benchmarks/`` is first on its path and
+this package imports as ``lib`` (the tests load the scripts the same way: ``tests/bench_util.py``).
+
+- :mod:`lib.shapes`: published architecture shapes as data (``SHAPES``) and random-weight models of
+  them (``random_model``), for ``benchmarks/scaling.py``.
+"""
