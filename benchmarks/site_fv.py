@@ -12,7 +12,7 @@ import json
 import pandas as pd
 
 from sitelens import FitConfig, fit_site, load_task, summarize
-from sitelens.eval import evaluate
+from sitelens.eval.evaluate import evaluate
 from sitelens.pipelines.bench import FV_EXTRACTIVE
 from sitelens.pipelines.executors import cached_model
 from sitelens.pipelines.experiment import Experiment, Job, PeakRSS, main, md_table, pct, write_report
