@@ -36,16 +36,11 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
         TokenizationError,
         UsageError,
     )
-    from sitelens.eval.evaluate import (
-        Protocol,
-        evaluate,
-        exact_match,
-        greedy_generate,
-        last_logits,
-        summarize,
-    )
+    from sitelens.eval.evaluate import evaluate, summarize
+    from sitelens.eval.generation import greedy_generate, last_logits
     from sitelens.eval.labels import LabelSet, label_set
     from sitelens.eval.metrics import bootstrap_ci, dntp
+    from sitelens.eval.scoring import Protocol, exact_match
     from sitelens.lenses import FrontierResult, HeadScores, head_scores
     from sitelens.lenses.frontier import frontier
     from sitelens.models import (
@@ -67,8 +62,10 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
         transfer_similarity_correlation,
     )
     from sitelens.patching.effects import EffectsConfig, head_causal_effects
-    from sitelens.pipelines.bench import BenchConfig, run_bench, summary_markdown
-    from sitelens.pipelines.figures import FigureConfig, make_figures
+    from sitelens.pipelines.bench import BenchConfig, run_bench
+    from sitelens.pipelines.bench_summary import summary_markdown
+    from sitelens.pipelines.figure_config import FigureConfig
+    from sitelens.pipelines.figures import make_figures
     from sitelens.provenance import NUMERICS_VERSION
     from sitelens.site import FitConfig, SiteAdapter, fit_alpha, fit_site, task_embedding
     from sitelens.site.injection import HeadMix, apply_hooks, head_mask
@@ -97,10 +94,11 @@ __getattr__, __dir__ = lazy_names(__name__, {
     "sitelens.errors": ("AdapterError", "ExecutorError", "FitError", "LensError", "MethodError",
         "ModelError", "OutputError", "PromptTooLongError", "SitelensError", "TaskError",
         "TokenizationError", "UsageError"),
-    "sitelens.eval.evaluate": ("Protocol", "evaluate", "exact_match", "greedy_generate", "last_logits",
-        "summarize"),
+    "sitelens.eval.evaluate": ("evaluate", "summarize"),
+    "sitelens.eval.generation": ("greedy_generate", "last_logits"),
     "sitelens.eval.labels": ("LabelSet", "label_set"),
     "sitelens.eval.metrics": ("bootstrap_ci", "dntp"),
+    "sitelens.eval.scoring": ("Protocol", "exact_match"),
     "sitelens.lenses": ("FrontierResult", "HeadScores", "head_scores"),
     "sitelens.lenses.frontier": ("frontier",),
     "sitelens.models": ("DEFAULT_MODEL", "available_models", "encode", "fingerprint", "load_model",
@@ -109,8 +107,10 @@ __getattr__, __dir__ = lazy_names(__name__, {
     "sitelens.patching": ("alpha_similarity", "effect_alpha_correlation", "inter_task", "intra_task",
         "transfer_similarity_correlation"),
     "sitelens.patching.effects": ("EffectsConfig", "head_causal_effects"),
-    "sitelens.pipelines.bench": ("BenchConfig", "run_bench", "summary_markdown"),
-    "sitelens.pipelines.figures": ("FigureConfig", "make_figures"),
+    "sitelens.pipelines.bench": ("BenchConfig", "run_bench"),
+    "sitelens.pipelines.bench_summary": ("summary_markdown",),
+    "sitelens.pipelines.figure_config": ("FigureConfig",),
+    "sitelens.pipelines.figures": ("make_figures",),
     "sitelens.provenance": ("NUMERICS_VERSION",),
     "sitelens.site": ("FitConfig", "SiteAdapter", "fit_alpha", "fit_site", "task_embedding"),
     "sitelens.site.injection": ("HeadMix", "apply_hooks", "head_mask"),

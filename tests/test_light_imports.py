@@ -167,16 +167,19 @@ def submodules(package: types.ModuleType) -> set[str]:
 @pytest.mark.parametrize("package", PACKAGES)
 def test_every_lazy_name_is_what_its_import_gives(package):
     """The two lists of a package's names agree: each name of its ``TYPE_CHECKING`` block (what
-    type checkers and the docs read) is, at run time, the object its import statement names, and
-    the package resolves no other name of its own (what ``dir`` lists beyond the package's own
+    type checkers and the docs read) is, at run time, the object its import statement names (a
+    function or class imported from a module, from the module that defines it), and the package
+    resolves no other name of its own (what ``dir`` lists beyond the package's own
     globals); every name of ``__all__`` resolves."""
     mod = importlib.import_module(package)
     assert type(mod) is types.ModuleType  # nothing overrides a module's attribute setting
     targets = type_checking_imports(Path(mod.__file__).read_text())
     for name, (module, attr) in targets.items():
-        want = getattr(importlib.import_module(module), attr) if module != package \
-            else importlib.import_module(f"{module}.{attr}")
+        source = importlib.import_module(module)
+        want = getattr(source, attr) if module != package else importlib.import_module(f"{module}.{attr}")
         assert getattr(mod, name) is want, (package, name)
+        if isinstance(want, (type, types.FunctionType)) and not hasattr(source, "__path__"):
+            assert want.__module__ == module, (package, name)  # from where it is defined, not a re-export
     assert set(dir(mod)) - set(vars(mod)) - set(targets) == set(), package
     assert set(targets) <= set(getattr(mod, "__all__", ()))
     for name in getattr(mod, "__all__", ()):

@@ -10,7 +10,7 @@ from tolerances import assert_logits_close, assert_probs_close, logit_scale
 
 from sitelens import patching as P
 from sitelens.errors import AdapterError
-from sitelens.eval.metrics import correlation
+from sitelens.eval.metrics import bootstrap_ci, correlation
 from sitelens.models import encode, tiny_model, z_hook_name
 from sitelens.patching import engine
 from sitelens.site import SiteAdapter, task_embedding
@@ -413,11 +413,11 @@ def test_spearman_and_bootstrap():
     assert correlation(x, -x, "spearman") == pytest.approx(-1.0)
     assert np.isnan(correlation(x, torch.ones(10), "spearman"))
     v = np.array([[1, 0, 1, 1, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0, 1]], dtype=float)
-    lo, hi = P.bootstrap_ci(v, n_boot=500, seed=1)
-    lo2, hi2 = P.bootstrap_ci(v, n_boot=500, seed=1)
+    lo, hi = bootstrap_ci(v, n_boot=500, seed=1)
+    lo2, hi2 = bootstrap_ci(v, n_boot=500, seed=1)
     assert np.array_equal(lo, lo2) and np.array_equal(hi, hi2)  # exact: same seed, same ops
     assert (lo <= v.mean(1)).all() and (v.mean(1) <= hi).all()
-    assert np.isnan(P.bootstrap_ci(v, n_boot=0)[0]).all()
+    assert np.isnan(bootstrap_ci(v, n_boot=0)[0]).all()
 
 
 # ----------------------------------------------------------------------------------------------

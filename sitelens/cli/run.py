@@ -124,7 +124,8 @@ def _write_record(out: Path, settings: dict, parts: tuple[str, ...]) -> None:
 def _fit_or_reuse(model, task, args, plan):
     """The adapter of ``OUT/adapter``: fitted and saved (then ``run.json`` records the fit), or
     the earlier one, checked against ``model``."""
-    from sitelens.site import SiteAdapter, ensure_writable_dir
+    from sitelens.io import ensure_dir
+    from sitelens.site import SiteAdapter
 
     out, where = plan["out"], plan["out"] / ADAPTER
     if plan["fit"] == "reuse":
@@ -134,7 +135,7 @@ def _fit_or_reuse(model, task, args, plan):
         print(f"reused the adapter in {where} (same settings; fitted in stage1 "
               f"{m['stage1_seconds']:.1f}s  stage2 {m['stage2_seconds']:.1f}s)", file=sys.stderr)
         return adapter
-    ensure_writable_dir(where)
+    ensure_dir(where)
     adapter = fit_from_args(model, task, args)
     adapter.save(where)
     _write_record(out, plan["settings"], ("fit",))  # the evaluation, if any, is now stale

@@ -9,23 +9,14 @@ from typing import TYPE_CHECKING
 from sitelens.lazy import lazy_names
 
 if TYPE_CHECKING:  # for type checkers; at run time each name is imported on first access
-    from sitelens.eval.evaluate import (
-        PROTOCOLS,
-        Protocol,
+    from sitelens.eval.evaluate import first_token_accuracy, resolve_labels, run_method, summarize
+    from sitelens.eval.generation import (
         cut_at_eos,
-        exact_match,
-        first_token_accuracy,
-        get_protocol,
         greedy_generate,
         intervention_hooks,
         last_logits,
         newline_ids,
-        official_exact_match,
-        rank_labels,
-        resolve_labels,
-        run_method,
         stop_ids,
-        summarize,
     )
     from sitelens.eval.labels import (
         LABEL_COLUMNS,
@@ -50,23 +41,30 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
         wilson_interval,
     )
     from sitelens.eval.scoring import (
+        PROTOCOLS,
         ItemScores,
+        Protocol,
         answer_lengths,
+        exact_match,
+        get_protocol,
+        official_exact_match,
+        rank_labels,
         reference_logits,
         score_items,
     )
 
 # name -> the module that defines it (PEP 562: imported when first used)
 __getattr__, __dir__ = lazy_names(__name__, {
-    "sitelens.eval.evaluate": ("PROTOCOLS", "Protocol", "cut_at_eos", "exact_match", "first_token_accuracy",
-        "get_protocol", "greedy_generate", "intervention_hooks", "last_logits", "newline_ids",
-        "official_exact_match", "rank_labels", "resolve_labels", "run_method", "stop_ids", "summarize"),
+    "sitelens.eval.evaluate": ("first_token_accuracy", "resolve_labels", "run_method", "summarize"),
+    "sitelens.eval.generation": ("cut_at_eos", "greedy_generate", "intervention_hooks", "last_logits",
+        "newline_ids", "stop_ids"),
     "sitelens.eval.labels": ("LABEL_COLUMNS", "MAX_LABELS", "LabelScores", "LabelSet", "continuation_ids",
         "item_chance", "label_columns", "label_set", "nan_mean", "score_labels"),
     "sitelens.eval.methods": ("METHODS",),
     "sitelens.eval.metrics": ("accuracy", "bootstrap_ci", "correlation", "dntp", "dntp_per_item",
         "mean_over_tasks", "wilson_interval"),
-    "sitelens.eval.scoring": ("ItemScores", "answer_lengths", "reference_logits", "score_items"),
+    "sitelens.eval.scoring": ("PROTOCOLS", "ItemScores", "Protocol", "answer_lengths", "exact_match",
+        "get_protocol", "official_exact_match", "rank_labels", "reference_logits", "score_items"),
 })
 
 __all__ = [

@@ -23,18 +23,13 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
     from sitelens.patching.core import (
         REFERENCES,
         SELECTIONS,
-        bootstrap_ci,
         default_ks,
         inter_task,
         intra_task,
         ranked_heads,
         selection_weights,
     )
-    from sitelens.patching.effects import (
-        EffectsConfig,
-        corrupted_prompts,
-        head_causal_effects,
-    )
+    from sitelens.patching.effects import EffectsConfig, corrupted_prompts, head_causal_effects
     from sitelens.patching.engine import (
         BackwardPassCounter,
         ForwardPassCounter,
@@ -50,10 +45,10 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
 # name -> the module that defines it (PEP 562: imported when first used)
 __getattr__, __dir__ = lazy_names(__name__, {
     "sitelens.patching.analysis": ("TASK_FAMILIES", "alpha_similarity", "by_target_family",
-        "effect_alpha_correlation", "intra_gaps", "intra_mean", "target_centred",
-        "transfer_matrix", "transfer_similarity_correlation", "within_between"),
-    "sitelens.patching.core": ("REFERENCES", "SELECTIONS", "bootstrap_ci", "default_ks", "inter_task",
-        "intra_task", "ranked_heads", "selection_weights"),
+        "effect_alpha_correlation", "intra_gaps", "intra_mean", "target_centred", "transfer_matrix",
+        "transfer_similarity_correlation", "within_between"),
+    "sitelens.patching.core": ("REFERENCES", "SELECTIONS", "default_ks", "inter_task", "intra_task",
+        "ranked_heads", "selection_weights"),
     "sitelens.patching.effects": ("EffectsConfig", "corrupted_prompts", "head_causal_effects"),
     "sitelens.patching.engine": ("BackwardPassCounter", "ForwardPassCounter", "RowCounter",
         "batched_answer_probs", "patched_last_logits", "prefix_rows", "row_grid", "run_rows",
@@ -82,7 +77,6 @@ __all__ = [
     "intra_gaps",
     "SELECTIONS",
     "REFERENCES",
-    "bootstrap_ci",
     "default_ks",
     "ranked_heads",
     "selection_weights",

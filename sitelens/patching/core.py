@@ -7,7 +7,8 @@
 3. Per-head causal effects (:func:`head_causal_effects`) live in :mod:`sitelens.patching.effects`; the
    statistics over these results (:func:`transfer_matrix`, :func:`alpha_similarity`,
    :func:`transfer_similarity_correlation`, :func:`within_between`, :data:`TASK_FAMILIES`,
-   :func:`effect_alpha_correlation`) in :mod:`sitelens.patching.analysis`. Both are re-exported here.
+   :func:`effect_alpha_correlation`) in :mod:`sitelens.patching.analysis`; all are names of
+   :mod:`sitelens.patching`.
 
 Every intervention acts only at the last prompt token, so the prompt prefix is encoded once into a
 frozen KV cache (:func:`sitelens.models.prefix_cache`) and only the last token is re-run per
@@ -32,7 +33,7 @@ from sitelens.eval.metrics import bootstrap_ci
 from sitelens.models import (
     model_name,
 )
-from sitelens.patching.engine import patched_last_logits, row_grid, run_rows
+from sitelens.patching.engine import row_grid, run_rows
 from sitelens.site import SiteAdapter
 from sitelens.site.injection import HeadMix
 from sitelens.site.training import LastTokenSet
@@ -346,6 +347,6 @@ def inter_task(
 
 __all__ = [
     "SELECTIONS", "REFERENCES",
-    "bootstrap_ci", "patched_last_logits", "default_ks", "ranked_heads",
+    "default_ks", "ranked_heads",
     "selection_weights", "intra_task", "inter_task",
 ]

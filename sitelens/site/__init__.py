@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from sitelens.lazy import lazy_names
 
 if TYPE_CHECKING:  # for type checkers; at run time each name is imported on first access
-    from sitelens.site.adapter import SiteAdapter, ensure_writable_dir, fit_site
+    from sitelens.site.adapter import SiteAdapter, fit_site
     from sitelens.site.alpha import (
         FitResult,
         alpha_logit_rows,
@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
 
 # name -> the module that defines it (PEP 562: imported when first used)
 __getattr__, __dir__ = lazy_names(__name__, {
-    "sitelens.site.adapter": ("SiteAdapter", "ensure_writable_dir", "fit_site"),
+    "sitelens.site.adapter": ("SiteAdapter", "fit_site"),
     "sitelens.site.alpha": ("FitResult", "alpha_logit_rows", "first_token_loss", "fit_alpha", "mean_alpha",
         "site_mix", "stack_rows"),
     "sitelens.site.config": ("FitConfig", "OfficialFitConfig"),
@@ -91,7 +91,6 @@ __all__ = [
     "FitResult",
     "fit_alpha",
     "SiteAdapter",
-    "ensure_writable_dir",
     "fit_site",
     "SATURATION_THRESHOLD",
     "AlphaSaturation",

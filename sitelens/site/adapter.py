@@ -193,9 +193,6 @@ class SiteAdapter:
         return cls(alpha=alpha, embedding=embedding, meta=meta)
 
 
-ensure_writable_dir = ensure_dir  # `sitelens fit` creates --out before fitting: a bad path fails first
-
-
 def fit_site(
     model,
     task: Task,
