@@ -1,5 +1,6 @@
-"""Runners that write results: the bench table, the figures pipeline, the cell store, executors
-and cross-model transfer."""
+"""Runners that write results: the bench table, the figures pipeline, the cell store, executors,
+cross-model transfer and the benchmark harness (:mod:`~sitelens.pipelines.experiment`; the
+studies themselves are scripts in ``benchmarks/``)."""
 
 from __future__ import annotations
 
