@@ -10,8 +10,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from sitelens.pipelines.bench import dntp_accuracy_figure, read_results
-from sitelens.pipelines.bench_summary import complete_tasks, correlation_rows, summary_markdown
+from sitelens.pipelines.bench import read_results
+from sitelens.pipelines.bench_summary import (
+    complete_tasks,
+    correlation_rows,
+    dntp_accuracy_figure,
+    summary_markdown,
+)
 from sitelens.pipelines.experiment import Experiment, main, md_table, write_report
 from sitelens.viz.export import write_figure_html
 

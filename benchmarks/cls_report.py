@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from sitelens.pipelines.bench import read_results, summary_markdown
-from sitelens.pipelines.bench_summary import complete_tasks, correlation_rows
+from sitelens.pipelines.bench import read_results
+from sitelens.pipelines.bench_summary import complete_tasks, correlation_rows, summary_markdown
 from sitelens.pipelines.experiment import Experiment, main, md_table, pct, write_report
 
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")

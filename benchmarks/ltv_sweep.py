@@ -31,8 +31,9 @@ from sitelens.baselines.ltv import (
 )
 from sitelens.baselines.ltv_variants import FirstTokens, fit_variant, predict, r2
 from sitelens.eval.labels import label_set
+from sitelens.eval.scoring import reference_logits
 from sitelens.models import act_name, fingerprint, model_name
-from sitelens.pipelines.bench import reference_logits, score_fitted
+from sitelens.pipelines.bench import score_fitted
 from sitelens.pipelines.experiment import REPO, Experiment, Job, main, md_table, pct
 from sitelens.pipelines.store import ObjectCache, row_key
 from sitelens.provenance import NUMERICS_VERSION, task_hash

@@ -15,11 +15,11 @@ import numpy as np
 import pandas as pd
 
 from sitelens.baselines import IA3, ICL, SITE, LoRA, ZeroShot
+from sitelens.eval.labels import LABEL_METRICS
 from sitelens.io import atomic_write_csv
 from sitelens.models import token_ids
 from sitelens.pipelines.bench import (
     COLUMNS,
-    LABEL_METRICS,
     BenchConfig,
     BenchJob,
     cell_key,

@@ -4,7 +4,7 @@ import pytest
 import torch
 from tolerances import assert_activations_close, assert_logits_close, assert_logprobs_close
 
-from sitelens.eval.evaluate import greedy_generate
+from sitelens.eval.generation import greedy_generate
 from sitelens.models import (
     encode,
     has_hooked_transformer,

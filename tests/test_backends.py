@@ -9,7 +9,7 @@ import torch
 from tolerances import assert_activations_close, assert_logits_close
 
 from sitelens import HeadMix, ModelError, encode, load_model, tiny_model, z_hook_name
-from sitelens.eval.evaluate import greedy_generate, last_logits
+from sitelens.eval.generation import greedy_generate, last_logits
 from sitelens.models import (
     has_hooked_transformer,
     is_bridge,

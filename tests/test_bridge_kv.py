@@ -21,7 +21,7 @@ from tolerances import assert_activations_close, assert_logits_close
 
 import sitelens.models.kv as KV
 from sitelens import HeadMix, ModelError
-from sitelens.eval.evaluate import greedy_generate
+from sitelens.eval.generation import greedy_generate
 from sitelens.models import (
     BridgeKVCache,
     RecomputeCache,

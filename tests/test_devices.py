@@ -44,7 +44,7 @@ from conftest import BACKENDS
 from tolerances import assert_within, low_activation_bound, low_logprob_bound
 
 import sitelens as sl
-from sitelens.eval.evaluate import last_logits
+from sitelens.eval.generation import last_logits
 from sitelens.eval.metrics import dntp
 from sitelens.models import (
     ATTENTION_BUDGET_BYTES,

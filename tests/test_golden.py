@@ -69,7 +69,8 @@ import pytest
 import torch
 
 from sitelens import provenance
-from sitelens.eval.evaluate import evaluate, newline_ids
+from sitelens.eval.evaluate import evaluate
+from sitelens.eval.generation import newline_ids
 from sitelens.io import atomic_write
 from sitelens.models import encode, fingerprint, kv_forward, new_kv_cache, token_ids
 from sitelens.site import FitConfig, SiteAdapter, fit_alpha, task_embedding

@@ -236,12 +236,13 @@ def test_cli_label_metrics_flag(tmp_path, monkeypatch):
 
 
 def test_bench_ranks_labels_only_with_label_metrics(tiny_mha, tmp_path):
+    from sitelens.eval.labels import LABEL_METRICS
     from sitelens.pipelines import bench
 
     task = _task()
     off = bench.run_bench([tiny_mha], [task], ["zero-shot"], tmp_path / "off.csv", limit=2,
                           n_shots=2, template=TEMPLATE)
-    assert off[bench.LABEL_METRICS].isna().all().all()
+    assert off[LABEL_METRICS].isna().all().all()
     on = bench.run_bench([tiny_mha], [task], ["zero-shot"], tmp_path / "on.csv", limit=2,
                          n_shots=2, template=TEMPLATE, label_metrics=True)
     assert on["chance"].iloc[0] == 1 / 6 and 0 <= on["label_acc_full"].iloc[0] <= 1

@@ -17,7 +17,8 @@ from sitelens.baselines import HookIntervention
 from sitelens.baselines.base import last_add_hook
 from sitelens.cli.validate import _expand_collections
 from sitelens.errors import TaskError
-from sitelens.eval.evaluate import evaluate, intervention_hooks, summarize
+from sitelens.eval.evaluate import evaluate, summarize
+from sitelens.eval.generation import intervention_hooks
 from sitelens.eval.labels import continuation_ids, label_set, score_labels
 from sitelens.models import encode, kv_forward, new_kv_cache, tiny_model
 from sitelens.provenance import task_hash
@@ -312,7 +313,9 @@ def test_shared_collections_are_flat_and_mostly_closed(name, n_tasks, labelled, 
 
 
 def test_bench_rows_carry_label_metrics_and_chance(model, task, tmp_path):
+    from sitelens.eval.labels import LABEL_METRICS
     from sitelens.pipelines import bench
+    from sitelens.pipelines.bench_summary import summary_markdown
 
     words = task_from_pairs("rev", [(w, w[::-1]) for w in (
         "abc", "bcd", "cde", "def", "efg", "fgh", "ghi", "hij", "ijk", "jkl", "klm", "lmn",
@@ -322,11 +325,11 @@ def test_bench_rows_carry_label_metrics_and_chance(model, task, tmp_path):
                          template=TEMPLATE, label_metrics=True)
     closed, open_ = df[df.task == "cls"], df[df.task == "rev"]
     assert (closed["chance"] == 1 / 3).all() and closed["label_acc_full"].between(0, 1).all()
-    assert open_[bench.LABEL_METRICS].isna().all().all()
+    assert open_[LABEL_METRICS].isna().all().all()
     # the bench's numbers are evaluate's label ranks under the same prompts
     ev = evaluate(model, task, methods=["zero-shot"], limit=3, template=TEMPLATE, label_metrics=True)
     assert closed[closed.method == "zero-shot"]["label_acc_full"].iloc[0] == ev["label_rank_full"].mean()
-    md = bench.summary_markdown(df)
+    md = summary_markdown(df)
     assert "Label ranking" in md and "| zero-shot | 1 |" in md
 
 

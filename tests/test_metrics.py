@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import sitelens.pipelines.bench as bench
+import sitelens.pipelines.bench_summary as bench_summary
 from sitelens.baselines import ICL, Fitted, Method, ZeroShot
 from sitelens.errors import ModelError, OutputError, TaskError
 from sitelens.eval.metrics import accuracy, bootstrap_ci, correlation, dntp, dntp_per_item
@@ -159,7 +160,7 @@ def test_bench_writes_tidy_rows_and_resumes_without_refitting(model, tasks, tmp_
     assert icl.calls == ["reverse", "upper", "upper"] and zs.calls == ["reverse", "upper"]
     assert len(df3) == 6
 
-    md = bench.summary_markdown(df3)
+    md = bench_summary.summary_markdown(df3)
     assert f"## {model_name(model)}" in md
     for m in ("zero-shot", "icl", "tv"):
         assert f"| {m} |" in md
@@ -190,7 +191,7 @@ def test_bench_keeps_finished_cells_when_a_run_dies(model, tasks, tmp_path):
     broken = df[df.method == "broken"]
     assert len(broken) == 2 and broken["error"].str.contains("TaskError").all()
     assert broken["exact_match"].isna().all()
-    assert "failed" in bench.summary_markdown(df)
+    assert "failed" in bench_summary.summary_markdown(df)
 
 
 def test_bench_refuses_a_foreign_csv(model, tasks, tmp_path):
@@ -210,22 +211,21 @@ def test_summary_table_and_figure():
         "trainable_params": [0, 0, 0, 0], "fit_seconds": [0.1] * 4,
         "seconds_per_item": [0.01] * 4, "error": [""] * 4,
     })
-    t = bench.summary_table(df)
+    t = bench_summary.summary_table(df)
     fv = t[t.method == "fv"].iloc[0]
     # exact: means of binary fractions (0.5, 0.0 -> 0.25; 1.0, 2.0 -> 1.5) round nothing
     assert fv.exact_match == 0.25 and fv.dntp == 1.5 and fv.n_tasks == 2
     # two tasks: no interval over tasks, in the table and in the report
     assert np.isnan(fv.exact_match_lo) and np.isnan(fv.exact_match_hi)
-    md = bench.summary_markdown(df)
+    md = bench_summary.summary_markdown(df)
     assert "| fv | 2 | 0.250 | 0.250 |" in md and "No interval over tasks" in md
-    fig = bench.dntp_accuracy_figure(df)
+    fig = bench_summary.dntp_accuracy_figure(df)
     assert len(fig.data) == 2
 
 
 def test_summary_table_gives_a_task_interval_from_five_tasks(monkeypatch):
     """From MIN_TASKS_FOR_CI tasks on, exact match carries a bootstrap interval over tasks; below it
     none. A summary that bootstraps 3 tasks (the bug) fails the first half."""
-    from sitelens.pipelines import bench_summary
 
     def table(n_tasks):
         em = [0.1, 0.9, 0.4, 0.6, 0.2, 0.8][:n_tasks]
@@ -235,16 +235,16 @@ def test_summary_table_gives_a_task_interval_from_five_tasks(monkeypatch):
             "fit_seconds": 0.1, "seconds_per_item": 0.01, "error": ""})
 
     assert bench_summary.MIN_TASKS_FOR_CI == 5
-    three = bench.summary_table(table(3)).iloc[0]
+    three = bench_summary.summary_table(table(3)).iloc[0]
     assert three.n_tasks == 3 and np.isnan(three.exact_match_lo)
-    assert "(" not in bench.summary_markdown(table(3)).split("| fv | 3 |")[1].split("\n")[0]
-    five = bench.summary_table(table(5)).iloc[0]
+    assert "(" not in bench_summary.summary_markdown(table(3)).split("| fv | 3 |")[1].split("\n")[0]
+    five = bench_summary.summary_table(table(5)).iloc[0]
     assert five.exact_match_lo < five.exact_match < five.exact_match_hi
-    md5 = bench.summary_markdown(table(5))
+    md5 = bench_summary.summary_markdown(table(5))
     assert "No interval over tasks" not in md5 and f"({five.exact_match_lo:.3f}–" in md5
     # the guard is what removes the interval: with it lowered, 3 tasks get one again
     monkeypatch.setattr(bench_summary, "MIN_TASKS_FOR_CI", 3)
-    assert not np.isnan(bench.summary_table(table(3)).iloc[0].exact_match_lo)
+    assert not np.isnan(bench_summary.summary_table(table(3)).iloc[0].exact_match_lo)
 
 
 def test_mean_over_tasks_averages_each_task_first():
@@ -285,7 +285,7 @@ def test_dntp_accuracy_correlation_pooled_and_within_task():
             acc = 1.0 if m == "icl" else (0.9 if task == "easy" else 0.3) - 0.1 * i
             rows.append({"model": "x", "task": task, "method": m, "exact_match": acc,
                          "dntp": 0.0 if m == "icl" else base + i})
-    c = bench.dntp_accuracy_correlation(pd.DataFrame(rows))["x"]
+    c = bench_summary.dntp_accuracy_correlation(pd.DataFrame(rows))["x"]
     assert c["n_cells"] == 6 and c["n_tasks_within"] == 2
     assert c["within_task_spearman"] == pytest.approx(-1.0)  # a float64 rank correlation, ±1 exactly
     assert c["spearman"] > 0  # pooled: the easy task's cells have both higher dNTP and accuracy

@@ -16,14 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from sitelens.cli import main as cli_main
-from sitelens.eval.evaluate import (
-    Protocol,
-    evaluate,
-    exact_match,
-    get_protocol,
-    greedy_generate,
-    official_exact_match,
-)
+from sitelens.eval.evaluate import evaluate
+from sitelens.eval.generation import greedy_generate
+from sitelens.eval.scoring import Protocol, exact_match, get_protocol, official_exact_match
 from sitelens.models import encode, z_hook_name
 from sitelens.provenance import canonical
 from sitelens.site import FitConfig, OfficialFitConfig, SiteAdapter, fit_alpha, fit_site

@@ -17,7 +17,7 @@ from sitelens import (
     tiny_model,
     z_hook_name,
 )
-from sitelens.eval.evaluate import greedy_generate, last_logits
+from sitelens.eval.generation import greedy_generate, last_logits
 from sitelens.models import Encoded
 from sitelens.site import last_token_z
 

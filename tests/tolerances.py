@@ -316,7 +316,7 @@ def logit_scale(model, prompts, interventions=(None,)) -> float:
     """The largest |logit| at the last prompt position of ``prompts``, unpatched or under any of
     ``interventions`` (the ``S`` of the error model), for comparisons of quantities derived from
     those logits (probabilities, causal effects)."""
-    from sitelens.eval.evaluate import last_logits
+    from sitelens.eval.generation import last_logits
     from sitelens.models import encode
 
     enc = encode(model, list(prompts))

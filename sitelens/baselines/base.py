@@ -35,7 +35,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from sitelens.errors import FitError
-from sitelens.eval.evaluate import intervention_hooks
+from sitelens.eval.generation import intervention_hooks
 from sitelens.models import (
     accumulation_dtype,
     act_name,
@@ -124,7 +124,7 @@ class Fitted:
 
     def hooks(self, model, seq_len: int | None) -> list[Hook]:
         """The hooks for a prompt batch of ``seq_len`` positions (a HeadMix is pinned to it;
-        :func:`sitelens.eval.evaluate.intervention_hooks`)."""
+        :func:`sitelens.eval.generation.intervention_hooks`)."""
         return intervention_hooks(model, self.intervention, seq_len)
 
 

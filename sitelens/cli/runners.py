@@ -15,7 +15,8 @@ def cmd_bench(args) -> int:
     """Run models × tasks × methods into the ``--out`` CSV (resuming: cells already there are
     skipped), then write its markdown summary (``.md``) and dNTP plot (``.dntp.html``) beside it
     and print the summary."""
-    from sitelens.pipelines.bench import dntp_accuracy_figure, run_bench, summary_markdown
+    from sitelens.pipelines.bench import run_bench
+    from sitelens.pipelines.bench_summary import dntp_accuracy_figure, summary_markdown
     from sitelens.pipelines.executors import make_executor
     from sitelens.viz.export import write_figure_html
 

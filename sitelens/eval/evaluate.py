@@ -27,24 +27,14 @@ import pandas as pd
 import torch
 
 from sitelens.eval.generation import (
-    cut_at_eos,
-    greedy_generate,
-    intervention_hooks,
     last_logits,
-    newline_ids,
-    stop_ids,
 )
 from sitelens.eval.labels import LABEL_COLUMNS, LabelSet, label_set, nan_mean, wanted_label_set
 from sitelens.eval.methods import METHODS
 from sitelens.eval.metrics import wilson_interval
 from sitelens.eval.scoring import (
-    PROTOCOLS,
-    ItemScores,
     Protocol,
-    exact_match,
     get_protocol,
-    official_exact_match,
-    rank_labels,
     score_items,
 )
 from sitelens.models import encode
@@ -249,8 +239,6 @@ def first_token_accuracy(model, prompts: list[str], answers: list[int], interven
 
 
 __all__ = [
-    "PROTOCOLS", "ItemScores", "Protocol", "cut_at_eos", "exact_match", "get_protocol",
-    "greedy_generate", "intervention_hooks", "last_logits", "newline_ids", "official_exact_match",
-    "rank_labels", "score_items", "stop_ids", "run_method", "resolve_labels", "METHODS", "evaluate",
-    "summarize", "first_token_accuracy", "ACCURACIES", "LABEL_ACCURACIES",
+    "run_method", "resolve_labels", "evaluate", "summarize", "first_token_accuracy", "ACCURACIES",
+    "LABEL_ACCURACIES",
 ]

@@ -18,7 +18,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from sitelens.eval.evaluate import last_logits
+from sitelens.eval.generation import last_logits
 from sitelens.format import progress_bar
 from sitelens.models import (
     SELECT_BUDGET_BYTES,

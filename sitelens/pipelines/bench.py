@@ -47,12 +47,6 @@ from sitelens.eval.labels import LABEL_METRICS, LabelSet, label_metrics_of, labe
 from sitelens.eval.scoring import rank_labels, reference_logits, score_items
 from sitelens.format import progress_bar
 from sitelens.models import LoadSpec, fingerprint, load_model, model_name
-from sitelens.pipelines.bench_summary import (
-    dntp_accuracy_correlation,
-    dntp_accuracy_figure,
-    summary_markdown,
-    summary_table,
-)
 from sitelens.pipelines.executors import (
     Cell,
     Executor,
@@ -61,8 +55,8 @@ from sitelens.pipelines.executors import (
     make_executor,
     preloaded,
 )
-from sitelens.pipelines.store import ResultsStore, config_with_overrides
-from sitelens.provenance import NUMERICS_VERSION, canonical, settings_hash, task_hash
+from sitelens.pipelines.store import ResultsStore
+from sitelens.provenance import NUMERICS_VERSION, canonical, config_with_overrides, settings_hash, task_hash
 from sitelens.tasks import DEFAULT_TEMPLATE, Example, Task, Template, load_task
 
 # What made a row (the resume key hashes all of them) ...
@@ -410,9 +404,7 @@ def run_cell(job: BenchJob) -> dict:
 
 
 __all__ = [
-    "SETTINGS", "METRICS", "LABEL_METRICS", "COLUMNS", "UNLABELLED_COLUMNS", "LEGACY_COLUMNS",
-    "cell_settings", "cell_key", "read_results", "append_row", "reference_logits",
-    "score_fitted", "label_metrics", "FV_EXTRACTIVE", "BenchConfig", "run_bench", "BenchJob",
-    "run_cell", "summary_table", "dntp_accuracy_correlation", "summary_markdown",
-    "dntp_accuracy_figure",
+    "SETTINGS", "METRICS", "COLUMNS", "UNLABELLED_COLUMNS", "LEGACY_COLUMNS", "cell_settings", "cell_key",
+    "read_results", "append_row", "score_fitted", "label_metrics", "FV_EXTRACTIVE", "BenchConfig",
+    "run_bench", "BenchJob", "run_cell",
 ]

@@ -84,8 +84,8 @@ from sitelens.pipelines.report import (
     summarize_model,
     summary_rows,
 )
-from sitelens.pipelines.store import CellStore, config_with_overrides, slug
-from sitelens.provenance import NUMERICS_VERSION, task_hash
+from sitelens.pipelines.store import CellStore, slug
+from sitelens.provenance import NUMERICS_VERSION, config_with_overrides, task_hash
 from sitelens.site import SiteAdapter, fit_site, task_embedding
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, load_task
 from sitelens.viz.export import FigureWriter, notebook_renderer, png_export_error

@@ -35,7 +35,7 @@ import pandas as pd
 
 from sitelens.errors import OutputError
 from sitelens.io import atomic_write, atomic_write_csv, atomic_write_text, flocked, locked
-from sitelens.provenance import config_with_overrides, settings_hash
+from sitelens.provenance import settings_hash
 
 ConfigT = TypeVar("ConfigT")
 
@@ -235,4 +235,6 @@ class ObjectCache:
         return value
 
 
-__all__ = ["CellStore", "ObjectCache", "ResultsStore", "config_with_overrides", "row_key", "slug"]
+__all__ = [
+    "CellStore", "ObjectCache", "ResultsStore", "row_key", "slug",
+]
