@@ -20,7 +20,6 @@ from jaxtyping import Float
 from torch import Tensor
 
 from sitelens.errors import AdapterError, TaskError
-from sitelens.patching.analysis import effect_alpha_correlation
 from sitelens.patching.engine import (
     ForwardPassCounter,
     RowCounter,
@@ -161,4 +160,4 @@ def _head_effects(model, task: Task, embedding, cfg: EffectsConfig, progress: bo
     return effects, base, patched, n, N
 
 
-__all__ = ["EffectsConfig", "corrupted_prompts", "head_causal_effects", "effect_alpha_correlation"]
+__all__ = ["EffectsConfig", "corrupted_prompts", "head_causal_effects"]
