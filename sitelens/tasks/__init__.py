@@ -68,10 +68,11 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
 # name -> the module that defines it (PEP 562: imported when first used)
 __getattr__, __dir__ = lazy_names(__name__, {
     "sitelens.tasks.core": ("ANSWER_ROOM", "CASE_SENSITIVE_MARKERS", "DEFAULT_TEMPLATE", "SPLIT_FRACTIONS",
-        "Example", "Task", "Template", "answer_token_id", "answer_token_ids", "builtin_tasks",
-        "check_labels", "collection_dirs", "embedding_prompts", "few_shot_prompt", "few_shot_prompts",
-        "load_collection", "load_task", "sample_demos", "split_examples", "task_from_pairs",
-        "zero_shot_prompt"),
+        "Example", "SharedAnswerTokenWarning", "Task", "Template", "answer_leads", "answer_parts",
+        "answer_token_id", "answer_token_ids", "builtin_tasks", "check_labels", "collection_dirs",
+        "embedding_prompts", "few_shot_prompt", "few_shot_prompts", "load_collection", "load_task",
+        "sample_demos", "split_examples", "task_from_pairs", "warn_shared_answer_token",
+        "zero_shot_prompt", "zero_shot_prompts"),
     "sitelens.tasks.regression": ("KINDS", "RegressionFunction", "RegressionScore", "format_number",
         "parse_number", "parse_point", "reference_predictions", "regression_function", "regression_mse",
         "regression_task", "squared_errors", "task_function", "train_mean"),
