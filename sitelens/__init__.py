@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
     from sitelens.eval.evaluate import evaluate, summarize
     from sitelens.eval.generation import greedy_generate, last_logits
     from sitelens.eval.labels import LabelSet, label_set
-    from sitelens.eval.metrics import bootstrap_ci, dntp
+    from sitelens.eval.metrics import dntp
     from sitelens.eval.scoring import Protocol, exact_match
     from sitelens.lenses import FrontierResult, HeadScores, head_scores
     from sitelens.lenses.frontier import frontier
@@ -69,6 +69,7 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
     from sitelens.provenance import NUMERICS_VERSION
     from sitelens.site import FitConfig, SiteAdapter, fit_alpha, fit_site, task_embedding
     from sitelens.site.injection import HeadMix, apply_hooks, head_mask
+    from sitelens.stats import bootstrap_ci
     from sitelens.tasks import (
         DEFAULT_TEMPLATE,
         Example,
@@ -97,7 +98,8 @@ __getattr__, __dir__ = lazy_names(__name__, {
     "sitelens.eval.evaluate": ("evaluate", "summarize"),
     "sitelens.eval.generation": ("greedy_generate", "last_logits"),
     "sitelens.eval.labels": ("LabelSet", "label_set"),
-    "sitelens.eval.metrics": ("bootstrap_ci", "dntp"),
+    "sitelens.eval.metrics": ("dntp",),
+    "sitelens.stats": ("bootstrap_ci",),
     "sitelens.eval.scoring": ("Protocol", "exact_match"),
     "sitelens.lenses": ("FrontierResult", "HeadScores", "head_scores"),
     "sitelens.lenses.frontier": ("frontier",),

@@ -17,11 +17,11 @@ from sitelens.atlas import minimal as MIN
 from sitelens.atlas.minimal import MinimalConfig, build_minimal, k_star_table, selector_scores
 from sitelens.atlas.views import head_minimal, minimal_set, minimal_view
 from sitelens.errors import OutputError
-from sitelens.eval.metrics import wilson_interval
 from sitelens.lenses.frontier import k_star
 from sitelens.models import has_hooked_transformer, tiny_model
 from sitelens.patching import patched_last_logits
 from sitelens.site import task_embedding
+from sitelens.stats import wilson_interval
 from sitelens.tasks import Example, Task, Template, answer_token_ids, load_task, zero_shot_prompt
 
 if not has_hooked_transformer():  # the atlas's DLA and promoted tokens read W_O / W_U / the norms

@@ -20,8 +20,8 @@ from sitelens.cli.summary import few_items_warning, fit_data_lines, summary_json
 from sitelens.errors import TaskError
 from sitelens.eval.evaluate import evaluate, summarize
 from sitelens.eval.labels import LABEL_COLUMNS
-from sitelens.eval.metrics import wilson_interval
 from sitelens.site import FitConfig, SiteAdapter, fit_site
+from sitelens.stats import wilson_interval
 from sitelens.tasks import Task, Template, task_from_pairs
 
 # the module itself: the package exports a function of the same name

@@ -85,11 +85,11 @@ def task_rows(model, task, data: AtlasData, cfg: MinimalConfig) -> pd.DataFrame:
     import torch
 
     from sitelens.errors import TaskError
-    from sitelens.eval.metrics import wilson_interval
     from sitelens.lenses.frontier import inject_scores, k_star
     from sitelens.lenses.selectors import check_budgets, check_task_splits, head_label, mask_of
     from sitelens.site import task_embedding
     from sitelens.site.training import LastTokenSet
+    from sitelens.stats import wilson_interval
     from sitelens.tasks import DEFAULT_TEMPLATE
 
     L, H = data.n_layers, data.n_heads

@@ -33,12 +33,10 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
     from sitelens.eval.methods import METHODS
     from sitelens.eval.metrics import (
         accuracy,
-        bootstrap_ci,
         correlation,
         dntp,
         dntp_per_item,
         mean_over_tasks,
-        wilson_interval,
     )
     from sitelens.eval.scoring import (
         PROTOCOLS,
@@ -61,8 +59,7 @@ __getattr__, __dir__ = lazy_names(__name__, {
     "sitelens.eval.labels": ("LABEL_COLUMNS", "MAX_LABELS", "LabelScores", "LabelSet", "continuation_ids",
         "item_chance", "label_columns", "label_set", "nan_mean", "score_labels"),
     "sitelens.eval.methods": ("METHODS",),
-    "sitelens.eval.metrics": ("accuracy", "bootstrap_ci", "correlation", "dntp", "dntp_per_item",
-        "mean_over_tasks", "wilson_interval"),
+    "sitelens.eval.metrics": ("accuracy", "correlation", "dntp", "dntp_per_item", "mean_over_tasks"),
     "sitelens.eval.scoring": ("PROTOCOLS", "ItemScores", "Protocol", "answer_lengths", "exact_match",
         "get_protocol", "official_exact_match", "rank_labels", "reference_logits", "score_items"),
 })
@@ -71,10 +68,8 @@ __all__ = [
     "dntp_per_item",
     "dntp",
     "accuracy",
-    "bootstrap_ci",
     "correlation",
     "mean_over_tasks",
-    "wilson_interval",
     "LABEL_COLUMNS",
     "MAX_LABELS",
     "LabelScores",

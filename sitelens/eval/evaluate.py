@@ -9,7 +9,7 @@ classification, multiple choice) under the same intervention (:mod:`sitelens.eva
 chance level beside each item.
 
 :func:`summarize` gives each accuracy with its 95% Wilson score interval over items
-(:func:`sitelens.eval.metrics.wilson_interval`): ``<metric>_ci_low`` and ``<metric>_ci_high``.
+(:func:`sitelens.stats.wilson_interval`): ``<metric>_ci_low`` and ``<metric>_ci_high``.
 
 Every item runs through the one generate-and-score loop, :func:`sitelens.eval.scoring.score_items`.
 Two protocols (:class:`~sitelens.eval.scoring.Protocol`) decide how answers are formatted,
@@ -31,13 +31,13 @@ from sitelens.eval.generation import (
 )
 from sitelens.eval.labels import LABEL_COLUMNS, LabelSet, label_set, nan_mean, wanted_label_set
 from sitelens.eval.methods import METHODS
-from sitelens.eval.metrics import wilson_interval
 from sitelens.eval.scoring import (
     Protocol,
     get_protocol,
     score_items,
 )
 from sitelens.models import encode
+from sitelens.stats import wilson_interval
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,
     Example,
@@ -201,7 +201,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     label ranks, also label_acc_first (over the items where it is defined), label_acc_full,
     label_acc_full_norm and chance (the mean of 1 / n_labels). Then, for every accuracy ``m``
     of these, ``m_ci_low`` and ``m_ci_high``: its 95% Wilson score interval over the items
-    (:func:`sitelens.eval.metrics.wilson_interval`; over the items where it is defined)."""
+    (:func:`sitelens.stats.wilson_interval`; over the items where it is defined)."""
     keys = [k for k in ("model", "task", "method") if k in df.columns]
     g = df.groupby(keys, sort=False)
     aggs = dict(

@@ -1,6 +1,6 @@
-"""Metrics: dNTP (the distribution-alignment criterion of the LTV work), accuracy, the Wilson score
-interval of an accuracy over items, bootstrap CIs (of items, and of task means:
-:func:`mean_over_tasks`) and correlations.
+"""Metrics: dNTP (the distribution-alignment criterion of the LTV work), accuracy, task means with
+their bootstrap CIs (:func:`mean_over_tasks`) and correlations. Intervals and paired comparisons
+live in :mod:`sitelens.stats`.
 
 dNTP = KL(P_icl ‖ P_method) of the next-token distribution at the answer position (the position
 after the prompt), over the full vocabulary, averaged over queries; P_icl is the k-shot (10-shot)
@@ -16,6 +16,8 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
+
+from sitelens.stats import bootstrap_ci
 
 
 def dntp_per_item(
@@ -56,59 +58,6 @@ def accuracy(predictions, targets=None) -> float:
     if pred.size == 0:
         return float("nan")
     return float(np.mean(pred.astype(float)))
-
-
-# the two-sided 95% normal quantile, Φ⁻¹(0.975)
-Z95 = 1.959963984540054
-
-
-def wilson_interval(successes, n, z: float = Z95):
-    """The Wilson score interval of a proportion: ``successes`` hits out of ``n`` items, two-sided
-    at the normal quantile ``z`` (default 95%). Unlike the normal-approximation interval it stays
-    inside [0, 1] and is not empty at 0 or n hits, so it suits the small item counts of a custom
-    task (12 test items: 10 hits give [0.552, 0.953]). NaN for ``n = 0``. Scalars give a pair of
-    floats; arrays broadcast and give a pair of arrays.
-
-        centre = (p + z²/2n) / (1 + z²/n),  half = z·sqrt(p(1 − p)/n + z²/4n²) / (1 + z²/n)
-    """
-    x, m = np.asarray(successes, dtype=float), np.asarray(n, dtype=float)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        p = x / m
-        denom = 1 + z * z / m
-        centre = (p + z * z / (2 * m)) / denom
-        half = z * np.sqrt(p * (1 - p) / m + z * z / (4 * m * m)) / denom
-        # exactly 0 / 1 at the ends (the closed form, without its rounding)
-        lo = np.where(x <= 0, 0.0, np.clip(centre - half, 0.0, 1.0))
-        hi = np.where(x >= m, 1.0, np.clip(centre + half, 0.0, 1.0))
-    lo, hi = np.where(m > 0, lo, np.nan), np.where(m > 0, hi, np.nan)
-    if lo.ndim == 0:
-        return float(lo), float(hi)
-    return lo, hi
-
-
-def bootstrap_ci(
-    values, n_boot: int = 1000, seed: int = 0, *, level: float = 0.95
-):
-    """Percentile bootstrap confidence interval of the mean over the last axis (``level``
-    two-sided).
-
-    1-D ``values``: NaNs are dropped and ``(lo, hi)`` are floats (``(nan, nan)`` when nothing is
-    left). ``values`` of shape ``[..., n_items]``: the same seeded resamples of items are used for
-    every leading index (paired across conditions) and ``(lo, hi)`` are arrays of the leading
-    shape. ``n_boot=0`` gives NaNs."""
-    x = np.asarray(values, dtype=float)
-    if x.ndim == 1:
-        x = x[~np.isnan(x)]
-    lead, n = x.shape[:-1], x.shape[-1]
-    if n_boot <= 0 or n == 0:
-        lo = np.full(lead, np.nan)
-        return (float(lo), float(lo)) if x.ndim == 1 else (lo, lo.copy())
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(n_boot, n))  # [n_boot, n_items]
-    means = x[..., idx].mean(-1)  # [..., n_boot]
-    q = (1 - level) / 2
-    lo, hi = np.quantile(means, q, axis=-1), np.quantile(means, 1 - q, axis=-1)
-    return (float(lo), float(hi)) if x.ndim == 1 else (lo, hi)
 
 
 def mean_over_tasks(df: pd.DataFrame, by: Sequence[str], value: str = "accuracy", *, n_boot: int = 2000,

@@ -25,11 +25,11 @@ from dataclasses import dataclass, replace
 import torch
 
 from sitelens.errors import TaskError
-from sitelens.eval.metrics import bootstrap_ci
 from sitelens.lenses.scores import HeadScores
 from sitelens.models import model_name
 from sitelens.patching.engine import ForwardPassCounter, batched_answer_probs, serial_answer_probs
 from sitelens.site import last_token_z
+from sitelens.stats import bootstrap_ci
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,
     Task,

@@ -44,7 +44,6 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from sitelens.eval.metrics import bootstrap_ci
 from sitelens.format import progress_bar
 from sitelens.lenses.scores import HeadScores
 from sitelens.models import act_name, model_name
@@ -53,6 +52,7 @@ from sitelens.patching.engine import BackwardPassCounter, ForwardPassCounter
 from sitelens.site import task_embedding
 from sitelens.site.injection import HeadMix
 from sitelens.site.training import LastTokenSet, valid_items
+from sitelens.stats import bootstrap_ci
 from sitelens.tasks import Task, Template
 
 METRICS = ("prob", "logprob", "logit")

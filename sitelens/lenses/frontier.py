@@ -40,7 +40,6 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from sitelens.eval.evaluate import evaluate
-from sitelens.eval.metrics import wilson_interval
 from sitelens.lenses.alpha import jaccard
 from sitelens.lenses.joint_fit import fit_many
 from sitelens.lenses.selectors import (
@@ -59,6 +58,7 @@ from sitelens.models import model_name
 from sitelens.patching.engine import BackwardPassCounter, ForwardPassCounter, row_grid, run_rows
 from sitelens.site.injection import HeadMix
 from sitelens.site.training import LastTokenSet
+from sitelens.stats import wilson_interval
 from sitelens.tasks import Task
 
 COLUMNS = [

@@ -28,12 +28,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from sitelens.errors import ModelError
-from sitelens.eval.metrics import bootstrap_ci
 from sitelens.lenses.scores import HeadScores
 from sitelens.models import act_name, is_bridge, model_name, stacked_weight, z_hook_name
 from sitelens.patching.engine import ForwardPassCounter
 from sitelens.site import SiteAdapter
 from sitelens.site.training import LastTokenSet
+from sitelens.stats import bootstrap_ci
 from sitelens.tasks import Task
 
 

@@ -29,7 +29,6 @@ from torch import Tensor
 
 from sitelens.errors import AdapterError, TaskError
 from sitelens.eval.evaluate import evaluate
-from sitelens.eval.metrics import bootstrap_ci
 from sitelens.models import (
     model_name,
 )
@@ -37,6 +36,7 @@ from sitelens.patching.engine import row_grid, run_rows
 from sitelens.site import SiteAdapter
 from sitelens.site.injection import HeadMix
 from sitelens.site.training import LastTokenSet
+from sitelens.stats import bootstrap_ci
 from sitelens.tasks import Task
 
 SELECTIONS = ("top", "bottom", "random", "full_minus_top", "full_minus_bottom")

@@ -14,8 +14,9 @@ import numpy as np
 import pandas as pd
 
 from sitelens.eval.labels import LABEL_METRICS, nan_mean
-from sitelens.eval.metrics import bootstrap_ci, correlation
+from sitelens.eval.metrics import correlation
 from sitelens.format import fmt_float, fmt_int
+from sitelens.stats import bootstrap_ci
 
 # A bootstrap over fewer tasks than this resamples too few values to say how the mean would vary
 # over tasks (over 3 tasks it has at most 10 distinct means); such rows get no interval over tasks.
