@@ -13,9 +13,11 @@ import pandas as pd
 
 from sitelens import FitConfig, fit_site, load_task, summarize
 from sitelens.eval.evaluate import evaluate
+from sitelens.io import atomic_write_csv
 from sitelens.pipelines.bench import FV_EXTRACTIVE
 from sitelens.pipelines.executors import cached_model
 from sitelens.pipelines.experiment import Experiment, Job, PeakRSS, main, md_table, pct, write_report
+from sitelens.stats import paired_difference
 
 # Tasks where the reference schedule (400 steps of batch 1) is also run.
 REFERENCE_SAMPLE = ["antonym", "country-capital", "english-french", "present-past", "singular-plural",
@@ -81,23 +83,84 @@ class SiteFV(Experiment):
     def write_report(self) -> str:
         body = [f"Cells: `{COMMAND}` per model; the `site-ref` rows (400 steps of batch 1) by the same "
                 "command without `--no-reference`, `--tasks` the 8-task sample. EM, FT: exact match and "
-                "first-token accuracy in %; test split capped at 50 items; settings: docs/benchmarks.md.",
+                "first-token accuracy in %; test split capped at 50 items; settings: docs/benchmarks.md. "
+                "Paired differences (`site_fv_paired.csv`): per task, method A − method B on the same "
+                "items, then the mean over tasks with its 95% percentile bootstrap interval over tasks "
+                "(sitelens.stats.paired_difference, 10,000 resamples). Costs (`site_fv_cost.csv`): "
+                "per task, SITE's fit (stage 1 + stage 2) plus its evaluation against ICL's evaluation "
+                "on the same items, and the items at which SITE starts to pay.",
                 ""]
-        for path in sorted(self.out.glob("site_fv_*.csv")):
-            body += model_section(pd.read_csv(path))
+        paired, cost = [], []
+        for path in sorted(p for p in self.out.glob("site_fv_*.csv") if is_model_table(p)):
+            df = pd.read_csv(path)
+            paired.append(paired_table(df))
+            cost.append(cost_table(df))
+            body += model_section(df, paired[-1], cost[-1])
+        atomic_write_csv(self.out / "site_fv_paired.csv", pd.concat(paired, ignore_index=True))
+        atomic_write_csv(self.out / "site_fv_cost.csv", pd.concat(cost, ignore_index=True))
         return write_report(self.out / "site_fv.md", "SITE on the FV benchmark tasks",
                             "python benchmarks/site_fv.py --report", "\n".join(body))
 
 
-def model_section(df: pd.DataFrame) -> list[str]:
+def is_model_table(path) -> bool:
+    """``site_fv_{model}.csv``, not a derived table (paired, cost) or a saved copy."""
+    return not any(path.stem.endswith(x) for x in ("_paired", "_cost", ".before"))
+
+
+PAIRS = (("site", "icl"), ("site", "zero-shot"), ("icl", "zero-shot"))
+
+
+def paired_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per pair of :data:`PAIRS` and metric: A − B over the tasks both ran (the same items)."""
+    rows = []
+    for metric in ("exact_match", "first_token_acc"):
+        wide = df.pivot_table(index="task", columns="method", values=metric)
+        for a, b in PAIRS:
+            if a in wide and b in wide:
+                r = paired_difference(wide[a].to_numpy(), wide[b].to_numpy(), over="tasks")
+                rows.append({"model": df.model.iloc[0], "metric": metric, "a": a, "b": b,
+                             "diff": r.diff, "ci_low": r.ci_low, "ci_high": r.ci_high, "n": r.n,
+                             "over": r.over, "a_ahead": r.a_ahead, "b_ahead": r.b_ahead})
+    return pd.DataFrame(rows)
+
+
+def cost_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per task: SITE's fit + evaluation seconds against ICL's (and zero-shot's) evaluation on the
+    same ``n`` items, and ``break_even_items`` = fit ÷ (ICL s/item − SITE s/item), the item count
+    from which SITE's whole cost is below ICL's (inf when SITE is not cheaper per item)."""
+    w = df.pivot_table(index="task", columns="method", values=["seconds_per_item", "n"])
+    site = df[df.method == "site"].set_index("task")
+    fit = site.stage1_seconds + site.stage2_seconds
+    n = w["n"]["site"]
+    out = pd.DataFrame({
+        "model": df.model.iloc[0], "n": n, "fit_seconds": fit,
+        "site_total_seconds": fit + n * w["seconds_per_item"]["site"],
+        "icl_eval_seconds": n * w["seconds_per_item"]["icl"],
+        "zero_shot_eval_seconds": n * w["seconds_per_item"]["zero-shot"],
+    })
+    saving = w["seconds_per_item"]["icl"] - w["seconds_per_item"]["site"]
+    out["break_even_items"] = (fit / saving).where(saving > 0, float("inf"))
+    return out.reset_index()
+
+
+def model_section(df: pd.DataFrame, paired: pd.DataFrame, cost: pd.DataFrame) -> list[str]:
     means = df.groupby("method")[["exact_match", "first_token_acc", "seconds_per_item"]].mean()
     means = means.loc[[m for m in MAIN if m in means.index]]
     table = pd.DataFrame({"mean EM": means.exact_match.map(pct), "mean FT": means.first_token_acc.map(pct),
                           "mean s/item": means.seconds_per_item.map("{:.3f}".format)})
     lines = [f"## {df.model.iloc[0]} ({df.task.nunique()} tasks)", "", md_table(table.reset_index()), ""]
-    if {"site", "icl"} <= set(means.index):
-        gap = 100 * (means.loc["site", "exact_match"] - means.loc["icl", "exact_match"])
-        lines.append(f"- SITE − 10-shot ICL, mean exact match: {gap:+.1f} points.")
+    em = paired[paired.metric == "exact_match"].set_index(["a", "b"])
+    for (a, b), r in em.iterrows():
+        lines.append(f"- {a} − {b}, exact match, paired over tasks: {100 * r['diff']:+.1f} "
+                     f"[{100 * r.ci_low:.1f}, {100 * r.ci_high:.1f}] points over {r.n} tasks "
+                     f"({a} ahead on {r.a_ahead}, behind on {r.b_ahead}).")
+    slower = int((cost.site_total_seconds > cost.icl_eval_seconds).sum())
+    lines.append(
+        f"- Cost with the fit, {int(cost.n.median())} items per task (median): SITE fit + evaluation "
+        f"took longer than ICL's whole evaluation on {slower} of {len(cost)} tasks (median "
+        f"{cost.site_total_seconds.median():.1f} s vs {cost.icl_eval_seconds.median():.1f} s); SITE "
+        f"starts to pay after a median {cost.break_even_items.median():.0f} items per task "
+        f"(fit ÷ ICL's extra seconds per item).")
     site = df[df.method == "site"]
     spi = {m: df[df.method == m].set_index("task").seconds_per_item for m in MAIN}
     lines += [
@@ -105,8 +168,9 @@ def model_section(df: pd.DataFrame) -> list[str]:
         f"(stage 1 median {site.stage1_seconds.median():.1f} s, stage 2 median "
         f"{site.stage2_seconds.median():.1f} s); peak RSS of a fit: median "
         f"{site.fit_peak_rss_mb.median():.0f} MB, max {site.fit_peak_rss_mb.max():.0f} MB.",
-        f"- SITE s/item ÷ zero-shot s/item: median {(spi['site'] / spi['zero-shot']).median():.2f}; "
-        f"ICL s/item ÷ SITE s/item: median {(spi['icl'] / spi['site']).median():.2f}."]
+        f"- Inference only (the fit not counted): SITE s/item ÷ zero-shot s/item: median "
+        f"{(spi['site'] / spi['zero-shot']).median():.2f}; ICL s/item ÷ SITE s/item: median "
+        f"{(spi['icl'] / spi['site']).median():.2f}."]
     ref = df[df.method == "site-ref"]
     if len(ref):
         sub = df[df.task.isin(ref.task)]
