@@ -1,0 +1,85 @@
+"""Every subcommand keeps its options and their defaults (issue 41, item 1).
+
+``tests/data/cli_options.json`` was written from the parser before the command line was built
+from config dataclasses: for each leaf command (``fit``, ..., ``patch intra``, ..., ``frontier``)
+every option with its flags, default, choices, whether it is required and whether it is a flag.
+The frontier was ``heads --frontier`` then: its entry holds the options that ``heads`` took with
+``--frontier`` (all of ``heads``'s but ``--lenses``, ``--adapter`` and ``--frontier``), with
+``--seeds`` at the default the frontier used (1); ``heads``'s entry holds those ``heads`` took
+without ``--frontier``. Help text may change; options, defaults and choices may not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from sitelens.cli import build_parser
+
+SNAPSHOT = Path(__file__).parent / "data" / "cli_options.json"
+
+
+def leaf_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """``{"fit": parser, ..., "patch intra": parser, ...}``: every leaf command of ``parser``."""
+    def children(p):
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                return dict(a.choices)
+        return {}
+
+    out = {}
+    for name, p in children(parser).items():
+        sub = children(p)
+        out.update({f"{name} {n}": q for n, q in sub.items()} if sub else {name: p})
+    return out
+
+
+def options_of(p: argparse.ArgumentParser) -> dict[str, dict]:
+    """``{"--flag": {"flags", "default", "choices", "required", "switch"}}`` of every option but
+    ``--help``; a default as JSON keeps its value (an int subclass becomes its int)."""
+    out = {}
+    for a in p._actions:
+        if not a.option_strings or isinstance(a, argparse._HelpAction):
+            continue
+        default = a.default
+        if isinstance(default, int) and not isinstance(default, bool):
+            default = int(default)
+        out[a.option_strings[-1]] = {
+            "flags": list(a.option_strings), "default": default,
+            "choices": None if a.choices is None else list(a.choices),
+            "required": bool(a.required), "switch": a.nargs == 0,
+        }
+    return out
+
+
+def current() -> dict[str, dict]:
+    got = {cmd: options_of(p) for cmd, p in sorted(leaf_parsers(build_parser()).items())}
+    if "frontier" not in got:  # still `heads --frontier`: split heads's options as the snapshot did
+        heads = got["heads"]
+        only = ["--budgets", "--selectors", "--greedy-max-k", "--greedy-pool", "--test-limit",
+                "--no-exact-match", "--n-bootstrap", "--frontier"]
+        got["frontier"] = {f: o for f, o in heads.items() if f not in ("--lenses", "--adapter", "--frontier")}
+        got["frontier"]["--seeds"] = dict(heads["--seeds"], default=1)
+        got["heads"] = {f: o for f, o in heads.items() if f not in only}
+    return got
+
+
+def test_every_command_keeps_its_options_and_defaults():
+    want = json.loads(SNAPSHOT.read_text(encoding="utf-8"))
+    got = json.loads(json.dumps(current()))  # tuples as lists, as in the snapshot
+    assert sorted(got) == sorted(want)
+    for cmd in want:
+        assert sorted(got[cmd]) == sorted(want[cmd]), cmd
+        for flag, spec in want[cmd].items():
+            assert got[cmd][flag] == spec, (cmd, flag)
+
+
+def test_the_snapshot_covers_every_command():
+    """The snapshot is not empty or partial: the commands of today and their main options."""
+    want = json.loads(SNAPSHOT.read_text(encoding="utf-8"))
+    assert set(want) == {"atlas", "bench", "demo", "eval", "figures", "fit", "frontier", "heads",
+                         "patch effects", "patch inter", "patch intra", "run"}
+    assert want["fit"]["--lr"]["default"] == 0.2 and want["fit"]["--batch-size"]["default"] == 8
+    assert want["frontier"]["--seeds"]["default"] == 1 and want["heads"]["--seeds"]["default"] == 5
+    assert "--lenses" not in want["frontier"] and "--budgets" not in want["heads"]
