@@ -52,6 +52,8 @@ BASE = {
                       "--out", "e.csv"],
     "heads": ["heads", "--model", "tiny-random", "--task", "antonym", "--lenses", "alpha-grad",
               "--out", "h.csv"],
+    "frontier": ["frontier", "--model", "tiny-random", "--task", "antonym", "--budgets", "1,2",
+                 "--out", "fr"],
     "figures": ["figures", "--models", "tiny-random", "--tasks", "antonym,first_letter",
                 "--out", "figs"],
     "atlas": ["atlas", "--out", "a.html", "--refit",
@@ -289,6 +291,10 @@ OPTIONS = {
                        ("--n-shots", "pos"), ("--n-mean-prompts", "pos"), ("--limit", "pos"),
                        ("--n-boot", "pos"), ("--lr", "lr"), ("--n-examples", "pos"),
                        ("--batch-size", "pos"), ("--sparsity", "finite")],
+    "frontier": COMMON + [("--seeds", "pos"), ("--n-prompts", "pos"), ("--n-shots", "pos"),
+                          ("--n-mean-prompts", "pos"), ("--limit", "pos"), ("--n-boot", "pos"),
+                          ("--lr", "lr"), ("--n-examples", "pos"), ("--batch-size", "pos"),
+                          ("--sparsity", "finite")],
     "figures": [("--models", "models"), ("--tasks", "task_list"), ("--intra-tasks", "subset"),
                 ("--effect-tasks", "subset"), ("--limit", "pos"), ("--sparsity", "lambdas"),
                 ("--n-examples", "pos"), ("--n-prompts", "pos"), ("--n-shots", "pos"),
@@ -303,7 +309,7 @@ PATH_OPTIONS = {("fit", "--out"), ("run", "--out"), ("eval", "--items"), ("eval"
                 ("bench", "--tasks-dir"), ("patch intra", "--adapter"), ("patch intra", "--out"),
                 ("patch inter", "--adapters"), ("patch inter", "--out"),
                 ("patch effects", "--adapter"), ("patch effects", "--out"), ("heads", "--adapter"),
-                ("heads", "--out"), ("figures", "--out"), ("atlas", "--out"), ("atlas", "--data"),
+                ("heads", "--out"), ("frontier", "--out"), ("figures", "--out"), ("atlas", "--out"), ("atlas", "--data"),
                 ("patch intra", "--save-adapter"),
                 ("atlas", "--tasks-dir"), ("atlas", "--cache-dir")}
 
@@ -330,18 +336,15 @@ def _choice_options():
 
 
 CASES = [(cmd, opt, kind) for cmd, opts in OPTIONS.items() for opt, kind in opts]
-# heads --frontier's options: explicit cases below (test_frontier_options), bad values under
-# --frontier and any value without it (read only by --frontier: refused, not ignored)
+# the frontier's own options: explicit cases below (test_frontier_options); heads does not take them
 FRONTIER_BAD = {"--budgets": "0,2", "--selectors": "alpah", "--greedy-max-k": "0", "--greedy-pool": "0",
                 "--test-limit": "0", "--n-bootstrap": "-1"}
-FRONTIER_BASE = ["heads", "--model", "tiny-random", "--task", "antonym", "--frontier", "--budgets", "1,2",
-                 "--out", "fr"]
 
 
 def test_every_option_is_covered():
     """Each option that takes a value is in OPTIONS, PATH_OPTIONS or has choices (generic case)."""
     covered = ({(c, o) for c, o, _ in CASES} | PATH_OPTIONS | {(c, o) for c, o, _ in _choice_options()}
-               | {("heads", o) for o in FRONTIER_BAD})
+               | {("frontier", o) for o in FRONTIER_BAD})
     missing = [(cmd, a.option_strings[-1]) for cmd, p in _subparsers().items() for a in p._actions
                if a.option_strings and a.nargs != 0 and (cmd, a.option_strings[-1]) not in covered]
     assert not missing, f"options without a bad-input case: {missing}"
@@ -366,14 +369,13 @@ def test_bad_value(cmd, option, kind, data):
 
 @pytest.mark.parametrize("option", list(FRONTIER_BAD))
 def test_frontier_options(option):
-    """A bad value under --frontier is refused naming the option; without --frontier the option
-    (which only the frontier reads) is refused instead of ignored."""
+    """A bad value is refused naming the option; heads, which does not read it, does not take it."""
     # an unknown selector's message names what it is and the closest one
     needle = "Unknown selector 'alpah'.*Did you mean 'alpha'" if option == "--selectors" else option
-    err = _rejected(FRONTIER_BASE + [option, FRONTIER_BAD[option]])
+    err = _rejected(BASE["frontier"] + [option, FRONTIER_BAD[option]])
     assert re.search(needle, err), err
     good = "1" if option != "--selectors" else "alpha"
-    _rejected(BASE["heads"] + [option, good], option, "--frontier")
+    _rejected(BASE["heads"] + [option, good], f"unrecognized arguments: {option}")
 
 
 @pytest.mark.parametrize("cmd", list(BASE))
@@ -559,7 +561,7 @@ EXPLICIT = [
     ("heads-duplicate-lens", BASE["heads"] + ["--lenses", "dla,dla"], ["'dla' twice"], None),
     ("heads-empty-lenses", BASE["heads"] + ["--lenses", ","], ["--lenses", "at least one lens"], None),
     ("heads-missing-lenses", ["heads", "--task", "antonym", "--out", "h.csv"],
-     ["needs --lenses", "--frontier", "sitelens heads --help"], None),
+     ["required: --lenses", "sitelens heads --help"], None),
     ("heads-missing-out", ["heads", "--task", "antonym", "--lenses", "atp"], ["required: --out"], None),
     ("heads-seeds-0", BASE["heads"] + ["--seeds", "0"], ["argument --seeds", "'0'"], None),
     ("heads-seeds-negative", BASE["heads"] + ["--seeds=-3"], ["argument --seeds"], None),

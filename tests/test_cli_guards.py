@@ -228,9 +228,9 @@ def test_refused_before_any_model_loads(tiny_adapter, monkeypatch, capsys, argv,
 
 def test_mutation_ignoring_what_was_typed_is_caught(tiny_adapter, monkeypatch, capsys):
     """Break: no option counts as given; the refusal test must fail (the model would load)."""
-    import sitelens.cli.guards as guards
+    import sitelens.cli.options as options
 
-    monkeypatch.setattr(guards, "given", lambda args: set())
+    monkeypatch.setattr(options, "given", lambda args: ())
     with pytest.raises(AssertionError):
         test_refused_before_any_model_loads(tiny_adapter, monkeypatch, capsys, *REFUSED[0])
 

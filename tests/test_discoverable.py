@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import sitelens as sl
-from sitelens.cli import build_parser, helptext
-from sitelens.cli.helptext import has_default, subparsers
+from sitelens.cli import build_parser, options
+from sitelens.cli.options import add_options, has_default, option
 from sitelens.lenses import HeadScores
 from sitelens.site import FitConfig
 
@@ -94,19 +94,29 @@ def option_blocks(help_text: str) -> dict[str, str]:
     return blocks
 
 
+def subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """``parser`` and every subcommand parser under it, depth first."""
+    out = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out += subparsers(sub)
+    return out
+
+
 def help_problems(parser: argparse.ArgumentParser) -> list[str]:
     """Options of any subcommand whose ``--help`` has no help text or does not name its default."""
     bad = []
     for p in subparsers(parser):
         blocks = option_blocks(p.format_help())
         for a in p._actions:
-            if not a.option_strings:
+            if not a.option_strings or a.dest == "help":
                 continue
             block = blocks.get(a.option_strings[0], "")
             flag = f"{p.prog} {a.option_strings[0]}"
             if not a.help:
                 bad.append(f"{flag}: no help")
-            if has_default(a) and str(a.default) not in block:
+            if has_default(a.default) and str(a.default) not in block:
                 bad.append(f"{flag}: default {a.default!r} not named in {block!r}")
     return bad
 
@@ -114,27 +124,29 @@ def help_problems(parser: argparse.ArgumentParser) -> list[str]:
 def test_every_option_has_help_and_names_its_default(monkeypatch):
     monkeypatch.setenv("COLUMNS", "1000")  # one line per option: no wrapping inside a default
     parser = build_parser()
-    assert len(subparsers(parser)) >= 12  # sitelens, 8 commands, 3 patch subcommands
+    assert len(subparsers(parser)) >= 14  # sitelens, 10 commands, 3 patch subcommands
     assert help_problems(parser) == []
     fit = option_blocks(next(p for p in subparsers(parser) if p.prog == "sitelens fit").format_help())
     assert "(default: 0.2)" in fit["--lr"] and "(default: 0)" in fit["--seed"]
 
 
 def test_the_help_check_catches_a_missing_default(monkeypatch):
-    """The planted break: the formatter no longer appends defaults."""
+    """The planted break: the help no longer gets its default appended."""
     monkeypatch.setenv("COLUMNS", "1000")
-    monkeypatch.setattr(helptext.DefaultsHelpFormatter, "_get_help_string",
-                        lambda self, action: action.help or "")
+    monkeypatch.setattr(options, "help_text", lambda text, default: text.replace("%", "%%"))
     problems = help_problems(build_parser())
     assert any("sitelens fit --lr: default 0.2 not named" in p for p in problems), problems
 
 
 def test_an_option_without_help_fails_the_parser_build():
-    p = argparse.ArgumentParser(prog="sitelens")
-    sub = p.add_subparsers().add_parser("fit", prog="sitelens fit")
-    sub.add_argument("--no-such-option", default=3)
+    from dataclasses import dataclass
+
+    @dataclass
+    class Config:
+        no_such_option: int = option(3, help="")
+
     with pytest.raises(RuntimeError, match="sitelens fit --no-such-option` has no help"):
-        helptext.document(p)
+        add_options(argparse.ArgumentParser(prog="sitelens fit"), Config)
 
 
 # ----------------------------------------------------------------------------------------------

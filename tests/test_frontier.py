@@ -309,7 +309,7 @@ def _cli(argv, monkeypatch, tmp_path, *, load_ok=False):
     return rc, out.getvalue(), err.getvalue()
 
 
-TINY_ARGS = ["heads", "--model", "tiny-random", "--task", "antonym", "--frontier", "--out", "fr",
+TINY_ARGS = ["frontier", "--model", "tiny-random", "--task", "antonym", "--out", "fr",
              "--n-examples", "8", "--n-mean-prompts", "4", "--n-shots", "2", "--n-prompts", "4",
              "--limit", "6", "--n-boot", "20", "--test-limit", "4"]
 
@@ -317,9 +317,9 @@ TINY_ARGS = ["heads", "--model", "tiny-random", "--task", "antonym", "--frontier
 @pytest.mark.parametrize("extra, needle", [
     (["--selectors", "greedyy"], "Did you mean 'greedy'?"),
     (["--budgets", "1,9"], "outside [1, 8]"),
-    (["--budgets", "1,x"], "--budgets must be"),
+    (["--budgets", "1,x"], "argument --budgets"),
     (["--task", "pairs.json", "--n-shots", "1", "--budgets", "1"], "too small to split"),
-    (["--lenses", "atp"], "drop --lenses"),
+    (["--lenses", "atp"], "unrecognized arguments: --lenses"),
 ])
 def test_cli_frontier_bad_input_exits_2_before_loading(extra, needle, monkeypatch, tmp_path):
     (tmp_path / "pairs.json").write_text(json.dumps([{"input": c, "output": c} for c in "abc"]))

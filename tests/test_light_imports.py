@@ -50,12 +50,13 @@ BAD = [
     ["patch", "inter", "--model", "tiny-random", "--tasks", "antonym", "--out", "x.csv"],
     ["patch", "effects", "--model", "tiny-random", "--task", "antonym", "--n-prompts", "0"],
     ["heads", "--model", "tiny-random", "--task", "antonym", "--lenses", "nope", "--out", "h.csv"],
+    ["frontier", "--model", "tiny-random", "--task", "antonym", "--budgets", "0", "--out", "fr"],
     ["figures", "--models", "tiny-random", "--tasks", "antonym", "--out", "figs"],
     ["atlas", "--out", "a.html", "--data", "no_such_dir"],
     ["no-such-command"],
 ]
 HELP = [["--help"]] + [[c, "--help"] for c in ("fit", "eval", "run", "bench", "demo", "heads",
-                                                 "figures", "atlas", "patch")] + [
+                                                 "frontier", "figures", "atlas", "patch")] + [
     ["patch", c, "--help"] for c in ("intra", "inter", "effects")]
 
 

@@ -12,6 +12,8 @@ Subcommands:
 - ``sitelens heads``: which heads matter, scored by several lenses (learned α over seeds, α and
   attribution-patching gradients, ablation, exact effects, direct logit attribution) into one
   :class:`~sitelens.lenses.HeadScores` CSV;
+- ``sitelens frontier``: how few heads carry the task (accuracy against the number of heads, per
+  selector);
 - ``sitelens figures``: reproduce ``figures/`` from real runs (resumable);
 - ``sitelens atlas``: the head atlas, one self-contained HTML page (``--refit`` rebuilds its data).
 
@@ -20,12 +22,15 @@ stderr, ``sitelens: error: ...``, and exit status 2. The library returns data; t
 the ``bench`` / ``figures`` runners it calls) prints and writes the files, through
 :mod:`sitelens.io`.
 
-Modules: :mod:`~sitelens.cli.parser` (the parser: one-line usage errors, typed options),
-:mod:`~sitelens.cli.validate` (the checks before a model loads), :mod:`~sitelens.cli.guards`
-(options that would be ignored, results that would be replaced), :mod:`~sitelens.cli.common`
-(loading, fitting from the options, JSON rounding), and the commands: :mod:`~sitelens.cli.fit_eval`
-(fit, eval, demo), :mod:`~sitelens.cli.run` (run), :mod:`~sitelens.cli.patch` (patch),
-:mod:`~sitelens.cli.heads` (heads), :mod:`~sitelens.cli.runners` (bench, figures).
+Modules: :mod:`~sitelens.cli.configs` (one config dataclass per subcommand: its options),
+:mod:`~sitelens.cli.options` (configs into parsers; options that would be ignored),
+:mod:`~sitelens.cli.types` (option types), :mod:`~sitelens.cli.parser` (the parser: one-line usage
+errors), :mod:`~sitelens.cli.validate` (the checks before a model loads),
+:mod:`~sitelens.cli.guards` (results that would be replaced), :mod:`~sitelens.cli.common` (loading,
+fitting from the options), and the commands: :mod:`~sitelens.cli.fit_eval` (fit, eval, demo),
+:mod:`~sitelens.cli.run` (run), :mod:`~sitelens.cli.patch` (patch), :mod:`~sitelens.cli.heads`
+(heads), :mod:`~sitelens.cli.frontier` (frontier), :mod:`~sitelens.cli.runners` (bench, figures),
+:mod:`~sitelens.cli.atlas` (atlas).
 """
 
 from __future__ import annotations
@@ -38,7 +43,6 @@ from sitelens.cli.atlas import cmd_atlas
 from sitelens.cli.common import setup_torch
 from sitelens.cli.fit_eval import cmd_demo, cmd_eval, cmd_fit
 from sitelens.cli.frontier import cmd_frontier
-from sitelens.cli.guards import explicit_options
 from sitelens.cli.heads import cmd_heads
 from sitelens.cli.parser import build_parser, one_line
 from sitelens.cli.patch import cmd_patch
@@ -55,6 +59,7 @@ COMMANDS = {
     "demo": cmd_demo,
     "patch": cmd_patch,
     "heads": cmd_heads,
+    "frontier": cmd_frontier,
     "figures": cmd_figures,
     "atlas": cmd_atlas,
 }
@@ -68,12 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help (0), or a usage error already printed as one line (2)
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     try:
-        args._given = explicit_options(argv)  # what was typed, not defaulted (sitelens.cli.guards)
         validate(args)
         check_outputs(args)
         setup_torch(args)  # after every check: bad input is refused without importing torch
-        if getattr(args, "frontier", False):
-            return cmd_frontier(args)
         return COMMANDS[args.cmd](args)
     except SitelensError as e:
         print(f"sitelens: error: {one_line(e)}", file=sys.stderr)
@@ -97,5 +99,5 @@ def entry() -> NoReturn:
 
 __all__ = [
     "COMMANDS", "build_parser", "check_outputs", "cmd_bench", "cmd_demo", "cmd_eval", "cmd_figures",
-    "cmd_fit", "cmd_heads", "cmd_patch", "cmd_run", "entry", "main", "validate",
+    "cmd_fit", "cmd_frontier", "cmd_heads", "cmd_patch", "cmd_run", "entry", "main", "validate",
 ]

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from sitelens.cli.common import load_spec
-from sitelens.cli.parser import split_csv
+from sitelens.cli.types import split_csv
 from sitelens.io import atomic_write_text
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import sys
 import time
 
-from sitelens.cli.parser import DefaultInt
+from sitelens.cli.options import given
+
+STAGE2 = ("lr", "n_examples", "batch_size", "sparsity")  # FitConfig fields that are options
 
 
 def setup_torch(args) -> None:
@@ -52,34 +54,27 @@ def load_task_and_model(args, check=None):
 
 
 def fit_config_from_args(args):
-    """The :class:`~sitelens.site.FitConfig` of the fit options of ``args`` (defaults where a
-    command has none of them); ``--protocol official`` uses ``FitConfig.official`` and, unless
-    ``--batch-size`` was given, batch size 1."""
-    from sitelens.site import FitConfig
+    """The :class:`~sitelens.site.FitConfig` of the stage-2 options of ``args`` and ``--seed``;
+    with ``--protocol official``, ``FitConfig.official`` with its own defaults for the options not
+    typed on the command line (batch size 1, not 8). A command without these options gets the
+    defaults."""
+    from sitelens.site.config import FitConfig
 
-    official = getattr(args, "protocol", "default") == "official"
-    batch_size = getattr(args, "batch_size", 8)
-    if official and isinstance(batch_size, DefaultInt):
-        batch_size = 1
-    return (FitConfig.official if official else FitConfig)(
-        lr=getattr(args, "lr", 0.2),
-        n_examples=getattr(args, "n_examples", 400),
-        batch_size=int(batch_size),
-        sparsity=getattr(args, "sparsity", 0.0),
-        seed=args.seed,
-    )
+    official = getattr(args, "protocol", None) == "official"
+    typed = given(args)
+    kw = {name: getattr(args, name) for name in STAGE2
+          if hasattr(args, name) and (not official or name in typed)}
+    return (FitConfig.official if official else FitConfig)(**kw, seed=args.seed)
 
 
 def fit_from_args(model, task, args, progress=True):
     """:func:`sitelens.site.fit_site` with the fit options of ``args``
-    (:func:`fit_config_from_args`)."""
+    (:func:`fit_config_from_args`; stage 1's ``--n-prompts`` and ``--n-shots`` where the command
+    has them, else ``fit_site``'s defaults)."""
     from sitelens.site import fit_site
 
-    cfg = fit_config_from_args(args)
-    return fit_site(
-        model, task, n_prompts=getattr(args, "n_prompts", 50),
-        n_shots=getattr(args, "n_shots", 10), config=cfg, progress=progress,
-    )
+    stage1 = {name: getattr(args, name) for name in ("n_prompts", "n_shots") if hasattr(args, name)}
+    return fit_site(model, task, config=fit_config_from_args(args), progress=progress, **stage1)
 
 
 def adapter_or_fit(model, task, args):

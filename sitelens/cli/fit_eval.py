@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 from sitelens.cli.common import fit_from_args, load_task_and_model, top_heads_line
-from sitelens.cli.parser import split_csv
 from sitelens.cli.summary import few_items_warning, fit_data_lines, summary_json, summary_text
+from sitelens.cli.types import split_csv
 from sitelens.io import atomic_write_csv
 
 

@@ -1,84 +1,48 @@
-"""``sitelens heads --frontier``: how few heads carry the task (:func:`sitelens.lenses.frontier.frontier`).
+"""``sitelens frontier``: how few heads carry the task (:func:`sitelens.lenses.frontier.frontier`).
 
 Writes ``--out/frontier.csv`` (one row per selector × k × injection × seed) and
 ``--out/summary.json`` (k* and stability per selector); prints the k* table or, with ``--json``,
 the summary. Bad input (an unknown selector, a budget above the model's head count, a task too small
 to split, a malformed number) exits 2 before any model loads; for a model whose head count is not
-known before loading it, the budgets are checked right after the load, before any work.
+known before loading it (no bundled record), the budgets are checked right after the load, before
+any work.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import sys
 
 from sitelens.cli.common import fit_config_from_args, load_task_and_model
-from sitelens.cli.parser import split_csv
-from sitelens.errors import UsageError
-
-# heads (n_layers × n_heads) of the models whose size is known before loading them
-KNOWN_HEADS = {"smollm2-135m-instruct": 30 * 9, "gemma-3-270m": 18 * 4}
-
-
-def _tiny_heads() -> int:
-    from sitelens.models import tiny_model
-
-    d = inspect.signature(tiny_model).parameters
-    return d["n_layers"].default * d["n_heads"].default
+from sitelens.cli.types import split_csv
 
 
 def known_head_count(model: str) -> int | None:
-    from sitelens.models.registry import TINY_MODELS
+    """``n_layers * n_heads`` of a bundled or tiny test model, from its record; None for another
+    model (known once it is loaded)."""
+    from sitelens.models.registry import BUNDLED, TINY_MODELS
 
-    return _tiny_heads() if model in TINY_MODELS else KNOWN_HEADS.get(model)
+    if model in TINY_MODELS:
+        import inspect
 
+        from sitelens.models import tiny_model
 
-def parse_budgets(text: str) -> list[int]:
-    try:
-        ks = [int(x) for x in split_csv(text)]
-    except ValueError:
-        raise UsageError(f"--budgets must be comma-separated whole numbers, got {text!r}.") from None
-    if not ks or min(ks) < 1:
-        raise UsageError(f"--budgets must be positive whole numbers, got {text!r}.")
-    return ks
-
-
-# the options only --frontier reads (sitelens.cli.frontier_options)
-FRONTIER_DESTS = ("budgets", "selectors", "greedy_max_k", "greedy_pool", "test_limit", "no_exact_match",
-                  "n_bootstrap")
+        d = inspect.signature(tiny_model).parameters
+        kw = {name: TINY_MODELS[model].get(name, d[name].default) for name in ("n_layers", "n_heads")}
+        return kw["n_layers"] * kw["n_heads"]
+    record = BUNDLED.get(model)
+    return None if record is None else record.n_layers * record.n_heads
 
 
 def check_frontier_options(args) -> None:
-    """``sitelens heads``: ``--lenses`` unless ``--frontier``; with ``--frontier``: the selectors,
-    the budgets (against the head count when known before loading), positive sizes, and a task
-    large enough to split (``args._task``, loaded by validate)."""
-    if not getattr(args, "frontier", False):
-        from sitelens.cli.guards import given
-
-        ignored = [f"--{d.replace('_', '-')}" for d in FRONTIER_DESTS if d in given(args)]
-        if ignored:
-            raise UsageError(f"{', '.join(ignored)} apply only with --frontier: add --frontier "
-                             f"(and drop --lenses) or drop {', '.join(ignored)}.")
-        if not args.lenses:
-            raise UsageError("heads needs --lenses (the lenses to score) or --frontier; see "
-                             "sitelens heads --help.")
-        return
-    if args.lenses:
-        raise UsageError("--frontier runs its own selectors (--selectors); drop --lenses.")
+    """``sitelens frontier``: the selectors, the budgets against the head count when it is known
+    before loading, and a task large enough to split (``args._task``, loaded by validate)."""
     from sitelens.lenses.selectors import check_budgets, check_task_splits, parse_selectors
 
     parse_selectors(split_csv(args.selectors))
-    ks = parse_budgets(args.budgets)
     n = known_head_count(args.model)
     if n is not None:
-        check_budgets(ks, n)
-    for opt in ("greedy_max_k", "greedy_pool", "test_limit"):
-        v = getattr(args, opt)
-        if v is not None and v < 1:
-            raise UsageError(f"--{opt.replace('_', '-')} must be at least 1, got {v}.")
-    if args.n_bootstrap < 0:
-        raise UsageError(f"--n-bootstrap must be at least 0, got {args.n_bootstrap}.")
+        check_budgets([int(k) for k in split_csv(args.budgets)], n)
     if getattr(args, "_task", None) is not None:
         check_task_splits(args._task)
 
@@ -101,7 +65,7 @@ def cmd_frontier(args) -> int:
     from sitelens.lenses.selectors import FrontierConfig, check_budgets
     from sitelens.models import model_name
 
-    budgets = parse_budgets(args.budgets)
+    budgets = [int(k) for k in split_csv(args.budgets)]
     model, task = load_task_and_model(
         args, check=lambda m: check_budgets(budgets, m.cfg.n_layers * m.cfg.n_heads))
     att = AttributionConfig(n_prompts=args.n_prompts, n_shots=args.n_shots, seed=args.seed,
@@ -111,9 +75,8 @@ def cmd_frontier(args) -> int:
                          n_shots=args.n_shots, greedy_max_k=args.greedy_max_k,
                          greedy_pool=args.greedy_pool, test_limit=args.test_limit,
                          exact_match=not args.no_exact_match, n_bootstrap=args.n_bootstrap)
-    seeds = 1 if type(args.seeds) is not int else args.seeds  # --seeds given: that many fits
     res = frontier(model, task, budgets=budgets, selectors=split_csv(args.selectors),
-                   seeds=range(args.seed, args.seed + seeds), config=cfg, progress=True)
+                   seeds=range(args.seed, args.seed + args.seeds), config=cfg, progress=True)
     csv, js = res.to_dir(args.out)
     print(f"wrote {csv} ({len(res.table)} rows) and {js}", file=sys.stderr)
     if args.json:

@@ -12,7 +12,7 @@ import json
 import sys
 
 from sitelens.cli.common import fit_config_from_args, load_task_and_model, saturation_notice
-from sitelens.cli.parser import split_csv
+from sitelens.cli.types import split_csv
 from sitelens.format import round_or_none, round_sig_or_none
 
 

@@ -1,77 +1,128 @@
-"""Options that several subcommands share and that need nothing from the parser module: where the
-cells of a sweep run (``--executor``), whether label metrics are computed (``--label-metrics``),
-``--force`` (replace an earlier result) and ``patch intra``'s ``--save-adapter`` (keep the adapter
-it fits), the last two added by :func:`add_guard_options` (what they guard: :mod:`sitelens.cli.guards`)."""
+"""Options from config dataclasses: each subcommand is one dataclass (:mod:`sitelens.cli.configs`)
+whose fields are its options, and :func:`add_options` turns it into the subcommand's parser.
+
+A field made with :func:`option` is the option ``--field-name`` (underscores as dashes):
+
+- its default is the field's default, written once; the help ends with ``(default: X)`` unless it
+  names its default itself; a field whose default is ``False`` is a switch;
+- ``type`` checks and converts the value while parsing (a callable that raises
+  ``argparse.ArgumentTypeError``, printed as one line: :mod:`sitelens.cli.types`);
+- ``read_by`` names what reads the option (``"fit"``, ``"seeds"``, ...). A command maps such a name
+  to the conditions under which it reads it (its ``READ_WHEN``, :class:`When`); an option given on
+  the command line whose conditions fail is refused (:func:`check_ignored`) instead of ignored. A
+  name the command does not map is always read.
+
+Which options were typed (not defaulted) is recorded while parsing: every option's action is
+:class:`Given`, which stores the value and appends the option to ``args._given`` (so ``--sparsity 0``
+counts as typed, and nothing parses the command line twice).
+"""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
 
-FORCE_COMMANDS = ("fit", "eval", "run", "patch intra", "patch inter", "patch effects", "heads")
-FORCE_HELP = {"run": "replace the parts of an earlier run in --out whose settings differ (without "
-                     "it they are refused); parts with the same settings are reused, never redone"}
-
-
-def children(parser: argparse.ArgumentParser) -> dict:
-    """``{name: subparser}`` of ``parser``'s subcommands (``{}`` without any)."""
-    for a in parser._actions:
-        if a.nargs == argparse.PARSER:
-            return dict(a.choices)
-    return {}
+from sitelens.errors import UsageError
 
 
-def subparsers(ap: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    """``{"fit": parser, ..., "patch intra": parser, ...}``: every leaf command of ``ap``."""
-    out = {}
-    for name, p in children(ap).items():
-        sub = children(p)
-        out.update({f"{name} {n}": q for n, q in sub.items()} if sub else {name: p})
-    return out
+def option(default=None, *, help: str, type: Callable | None = None, choices=None,
+           required: bool = False, nargs=None, metavar: str | None = None,
+           read_by: tuple[str, ...] = (), group: str | None = None):
+    """A config field that is a command-line option (the module docstring says how it becomes
+    one)."""
+    return field(default=default, metadata={
+        "help": help, "type": type, "choices": choices, "required": required, "nargs": nargs,
+        "metavar": metavar, "read_by": read_by, "group": group})
 
 
-def add_guard_options(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """``--force`` on :data:`FORCE_COMMANDS` and ``--save-adapter`` on ``patch intra``."""
-    parsers = subparsers(ap)
-    for cmd in FORCE_COMMANDS:
-        parsers[cmd].add_argument(
-            "--force", action="store_true",
-            help=FORCE_HELP.get(cmd) or "replace an earlier result at the output path (without "
-                 "it, an existing adapter or result file is refused)")
-    parsers["patch intra"].add_argument(
-        "--save-adapter", metavar="DIR",
-        help="keep the adapter fitted here (no --adapter) in DIR, to reuse with --adapter DIR")
-    return ap
+@dataclass(frozen=True, eq=False)
+class When:
+    """A condition under which a command reads an option: ``test(args)``, and the words of the
+    refusal, ``{flags} apply only {why}: {fix}.`` (both formatted with ``a``, the parsed options,
+    and ``flags``, the options refused)."""
+
+    test: Callable
+    why: str
+    fix: str = "drop {flags}"
 
 
-def executor_spec(s: str) -> str:
-    """An option type: an ``--executor`` value, ``local``, ``processes:N`` or ``ray[:ADDRESS]``
-    (:func:`sitelens.pipelines.executors.parse_executor`; nothing is started while parsing)."""
-    from sitelens.errors import ExecutorError
-    from sitelens.pipelines.executors import parse_executor
-
-    try:
-        parse_executor(s)
-    except ExecutorError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return s
+def flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
 
 
-executor_spec.__name__ = "executor"
+def has_default(default) -> bool:
+    """Whether a default is worth showing: not None, not False (a switch that is off), not an
+    empty sequence."""
+    return not (default is None or default is False or (isinstance(default, (list, tuple))
+                                                        and not default))
 
 
-def add_executor_option(p: argparse.ArgumentParser, what: str) -> None:
-    """``--executor local|processes:N|ray[:ADDRESS]``: where the cells of a sweep run."""
-    p.add_argument("--executor", type=executor_spec, default="local",
-                   help=f"where {what} run: local (this process, the default), processes:N (N "
-                        "worker processes) or ray[:ADDRESS] (Ray: a local instance, or auto / the "
-                        "HOST:PORT of a running cluster); the results are the same")
+def help_text(text: str, default) -> str:
+    """``text`` with ``(default: X)`` appended where the default is worth showing and ``text``
+    does not name it; ``%`` escaped for argparse's %-formatting."""
+    if has_default(default) and "default" not in text:
+        text += f" (default: {default})"
+    return text.replace("%", "%%")
 
 
-def add_label_metrics_option(p: argparse.ArgumentParser) -> None:
-    """``--label-metrics``: also rank the labels of a task with a closed label set
-    (:func:`sitelens.eval.labels.wanted_label_set`); without it only a task that declares its
-    labels (``labels.json``) is ranked."""
-    p.add_argument("--label-metrics", action="store_true",
-                   help="also score by ranking the labels of a closed label set (label_acc_first, "
-                        "label_acc_full, label_acc_full_norm, chance; docs/tasks.md); without it "
-                        "only tasks with a labels.json get them")
+class Given(argparse.Action):
+    """Store the option's value (``const`` for a switch) and record the option as typed, in the
+    order typed, in ``namespace._given``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if self.nargs is None and isinstance(values, list):  # Python < 3.12: `--opt=--` gives []
+            parser.error(f"argument {'/'.join(self.option_strings)}: expected one argument, got '--'")
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+        namespace._given = (*getattr(namespace, "_given", ()), self.dest)
+
+
+def add_options(p: argparse.ArgumentParser, config: type) -> argparse.ArgumentParser:
+    """Add every field of the dataclass ``config`` to ``p`` as an option; a field without help
+    text raises ``RuntimeError`` (so the tests catch it at build time)."""
+    groups: dict[str | None, object] = {None: p}
+    for f in fields(config):
+        m = f.metadata
+        if not m.get("help"):
+            raise RuntimeError(f"`{p.prog} {flag(f.name)}` has no help text: give it one in "
+                               f"{config.__name__} (sitelens/cli/configs.py).")
+        default = f.default if f.default is not MISSING else f.default_factory()
+        if m["group"] not in groups:
+            groups[m["group"]] = p.add_argument_group(m["group"])
+        kw = dict(dest=f.name, action=Given, default=default, help=help_text(m["help"], default))
+        if default is False:
+            kw.update(nargs=0, const=True)
+        else:
+            kw.update(type=m["type"], choices=m["choices"], required=m["required"],
+                      nargs=m["nargs"], metavar=m["metavar"])
+        groups[m["group"]].add_argument(flag(f.name), **kw)
+    return p
+
+
+def given(args) -> tuple[str, ...]:
+    """The options typed on the command line (their ``dest``), in the order typed."""
+    return tuple(dict.fromkeys(getattr(args, "_given", ())))
+
+
+def check_ignored(args, config: type) -> None:
+    """Refuse the options typed on the command line that the command ``config`` would not read
+    with the others given: for each, the first of its conditions that fails (the ``read_by`` names
+    through ``config.READ_WHEN``); the options failing the same condition are named together."""
+    read_when: dict[str, tuple[When, ...]] = getattr(config, "READ_WHEN", {})
+    read_by = {f.name: f.metadata.get("read_by", ()) for f in fields(config)}
+    refused: dict[When, list[str]] = {}
+    for dest in given(args):
+        conditions = [w for name in read_by.get(dest, ()) for w in read_when.get(name, ())]
+        failed = next((w for w in conditions if not w.test(args)), None)
+        if failed is not None:
+            refused.setdefault(failed, []).append(dest)
+    if refused:
+        when, dests = next(iter(refused.items()))
+        flags = ", ".join(flag(d) for d in dests)
+        verb = "applies" if len(dests) == 1 else "apply"
+        raise UsageError(f"{flags} {verb} only {when.why.format(a=args, flags=flags)}: "
+                         f"{when.fix.format(a=args, flags=flags)}.")
+
+
+__all__ = ["Given", "When", "add_options", "check_ignored", "flag", "given", "has_default",
+           "help_text", "option"]

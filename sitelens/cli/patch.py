@@ -16,7 +16,7 @@ from sitelens.cli.common import (
     load_task_and_model,
     saturation_notice,
 )
-from sitelens.cli.parser import split_csv
+from sitelens.cli.types import split_csv
 from sitelens.cli.validate import check_heads, inter_tasks
 from sitelens.format import round_or_none, round_values
 from sitelens.io import atomic_write_csv

