@@ -309,7 +309,8 @@ PATH_OPTIONS = {("fit", "--out"), ("run", "--out"), ("eval", "--items"), ("eval"
                 ("bench", "--tasks-dir"), ("patch intra", "--adapter"), ("patch intra", "--out"),
                 ("patch inter", "--adapters"), ("patch inter", "--out"),
                 ("patch effects", "--adapter"), ("patch effects", "--out"), ("heads", "--adapter"),
-                ("heads", "--out"), ("frontier", "--out"), ("figures", "--out"), ("atlas", "--out"), ("atlas", "--data"),
+                ("heads", "--out"), ("frontier", "--out"), ("figures", "--out"), ("atlas", "--out"),
+                ("atlas", "--data"),
                 ("patch intra", "--save-adapter"),
                 ("atlas", "--tasks-dir"), ("atlas", "--cache-dir")}
 
