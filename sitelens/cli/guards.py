@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sitelens.cli.configs import CONFIGS
+from sitelens.cli.options import paths
 from sitelens.errors import UsageError
 
 
@@ -21,22 +23,15 @@ def _adapter_in(path) -> bool:
 
 def check_no_replace(args, cmd: str) -> None:
     """Refuse to replace an earlier adapter or result file unless ``--force`` (commands without
-    the option are not checked)."""
+    the option are not checked): an adapter in a path option of kind ``"adapter"``, a file at one
+    of kind ``"csv"`` or at the ``result`` of a directory (:func:`sitelens.cli.options.paths`)."""
     if not hasattr(args, "force") or args.force or cmd == "run":
         return
-    adapters = [("--out", args.out)] if cmd == "fit" else []
-    if getattr(args, "save_adapter", None):
-        adapters.append(("--save-adapter", args.save_adapter))
-    for option, path in adapters:
-        if _adapter_in(path):
-            raise UsageError(f"{option} {path} already holds an adapter; refusing to replace it: "
+    for option, value, kind, result in paths(args, CONFIGS[cmd]):
+        if kind == "adapter" and _adapter_in(value):
+            raise UsageError(f"{option} {value} already holds an adapter; refusing to replace it: "
                              f"pass --force to replace it, or choose another {option}.")
-    files = [("--items", getattr(args, "items", None))]
-    if cmd == "frontier":  # --out is a directory: its frontier.csv is the result
-        files.append(("--out", str(Path(args.out) / "frontier.csv")))
-    elif cmd != "fit":
-        files.append(("--out", getattr(args, "out", None)))
-    for option, path in files:
-        if path and Path(path).is_file():
+        path = Path(value) / result if result else Path(value) if kind == "csv" else None
+        if path is not None and path.is_file():
             raise UsageError(f"{option} {path} already exists (an earlier result); refusing to "
                              f"replace it: pass --force to replace it, or choose another {option}.")

@@ -7,6 +7,9 @@ A field made with :func:`option` is the option ``--field-name`` (underscores as 
   names its default itself; a field whose default is ``False`` is a switch;
 - ``type`` checks and converts the value while parsing (a callable that raises
   ``argparse.ArgumentTypeError``, printed as one line: :mod:`sitelens.cli.types`);
+- ``path``: the option is a path, checked before any work (:func:`sitelens.cli.validate.check_paths`):
+  ``"path"`` any path, ``"csv"`` / ``"html"`` a file of that kind, ``"dir"`` a writable directory
+  (``result``: the result file in it), ``"adapter"`` a directory to save an adapter in;
 - ``read_by`` names what reads the option (``"fit"``, ``"seeds"``, ...). A command maps such a name
   to the conditions under which it reads it (its ``READ_WHEN``, :class:`When`); an option given on
   the command line whose conditions fail is refused (:func:`check_ignored`) instead of ignored. A
@@ -28,12 +31,13 @@ from sitelens.errors import UsageError
 
 def option(default=None, *, help: str, type: Callable | None = None, choices=None,
            required: bool = False, nargs=None, metavar: str | None = None,
-           read_by: tuple[str, ...] = (), group: str | None = None):
+           read_by: tuple[str, ...] = (), group: str | None = None, path: str | None = None,
+           result: str | None = None):
     """A config field that is a command-line option (the module docstring says how it becomes
     one)."""
     return field(default=default, metadata={
         "help": help, "type": type, "choices": choices, "required": required, "nargs": nargs,
-        "metavar": metavar, "read_by": read_by, "group": group})
+        "metavar": metavar, "read_by": read_by, "group": group, "path": path, "result": result})
 
 
 @dataclass(frozen=True, eq=False)
@@ -104,16 +108,32 @@ def given(args) -> tuple[str, ...]:
     return tuple(dict.fromkeys(getattr(args, "_given", ())))
 
 
+def paths(args, config: type):
+    """``(flag, value, kind, result)`` of every path option of ``config`` that has a value in
+    ``args`` (``kind`` and ``result``: the field's ``path`` and ``result``)."""
+    for f in fields(config):
+        if f.metadata.get("path") and getattr(args, f.name, None) is not None:
+            yield flag(f.name), getattr(args, f.name), f.metadata["path"], f.metadata["result"]
+
+
+def _failed(args, config: type, dest: str) -> When | None:
+    """The first condition under which ``config`` reads ``dest`` that fails for ``args``."""
+    read_by = next((f.metadata.get("read_by", ()) for f in fields(config) if f.name == dest), ())
+    read_when = getattr(config, "READ_WHEN", {})
+    return next((w for name in read_by for w in read_when.get(name, ()) if not w.test(args)), None)
+
+
+def is_read(args, config: type, dest: str) -> bool:
+    """Whether the command ``config`` reads the option ``dest`` with the others in ``args``."""
+    return hasattr(args, dest) and _failed(args, config, dest) is None
+
+
 def check_ignored(args, config: type) -> None:
     """Refuse the options typed on the command line that the command ``config`` would not read
-    with the others given: for each, the first of its conditions that fails (the ``read_by`` names
-    through ``config.READ_WHEN``); the options failing the same condition are named together."""
-    read_when: dict[str, tuple[When, ...]] = getattr(config, "READ_WHEN", {})
-    read_by = {f.name: f.metadata.get("read_by", ()) for f in fields(config)}
+    with the others given (:func:`is_read`); those failing the same condition are named together."""
     refused: dict[When, list[str]] = {}
     for dest in given(args):
-        conditions = [w for name in read_by.get(dest, ()) for w in read_when.get(name, ())]
-        failed = next((w for w in conditions if not w.test(args)), None)
+        failed = _failed(args, config, dest)
         if failed is not None:
             refused.setdefault(failed, []).append(dest)
     if refused:
@@ -125,4 +145,4 @@ def check_ignored(args, config: type) -> None:
 
 
 __all__ = ["Given", "When", "add_options", "check_ignored", "flag", "given", "has_default",
-           "help_text", "option"]
+           "help_text", "is_read", "option", "paths"]

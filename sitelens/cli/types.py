@@ -50,15 +50,17 @@ def finite_float(what: str) -> Callable:
     return _named(parse, what)
 
 
-def _library_check(check: Callable[[str], object], what: str, strip: bool = False) -> Callable:
-    """A value that ``check`` (a library function raising a SitelensError) accepts; the library's
-    message is the option's error."""
+def _library_check(module: str, function: str, what: str, strip: bool = False) -> Callable:
+    """A value that ``module.function`` (a library check raising a SitelensError, imported on first
+    use) accepts; the library's message is the option's error."""
 
     def parse(s: str) -> str:
+        import importlib
+
         from sitelens.errors import SitelensError
 
         try:
-            check(s)
+            getattr(importlib.import_module(module), function)(s)
         except SitelensError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
         return s.strip() if strip else s
@@ -66,22 +68,10 @@ def _library_check(check: Callable[[str], object], what: str, strip: bool = Fals
     return _named(parse, what)
 
 
-def _resolve_device(s: str):
-    from sitelens.models.devices import resolve_device
-
-    return resolve_device(s)
-
-
-def _parse_executor(s: str):
-    from sitelens.pipelines.executors import parse_executor
-
-    return parse_executor(s)
-
-
 # cpu, cuda, cuda:N or mps that exists here (e.g. no cuda where torch sees no GPU)
-DEVICE = _library_check(_resolve_device, "device", strip=True)
+DEVICE = _library_check("sitelens.models.devices", "resolve_device", "device", strip=True)
 # local, processes:N or ray[:ADDRESS] (nothing is started while parsing)
-EXECUTOR = _library_check(_parse_executor, "executor")
+EXECUTOR = _library_check("sitelens.pipelines.executors", "parse_executor", "executor")
 POSITIVE_INT = int_in_range(1)
 SEED = int_in_range(0, 2**32 - 1, "an integer seed in [0, 4294967295]")
 THREADS = int_in_range(1, 1024, "a number of threads in [1, 1024]")

@@ -18,15 +18,11 @@ from pathlib import Path
 from sitelens.cli.configs import CONFIGS
 from sitelens.cli.frontier import check_frontier_options
 from sitelens.cli.guards import check_no_replace
-from sitelens.cli.options import check_ignored
+from sitelens.cli.options import check_ignored, is_read, paths
 from sitelens.cli.parser import command_name
 from sitelens.cli.types import split_csv
 from sitelens.errors import UsageError
 from sitelens.io import check_dir, check_output
-
-# the commands that take one --task
-_ONE_TASK_COMMANDS = ("fit", "eval", "run", "demo", "patch intra", "patch effects", "heads",
-                      "frontier")
 
 
 def check_path_arg(value: str, option: str) -> None:
@@ -113,12 +109,9 @@ def bench_tasks(args) -> list:
 
 
 def _check_path_args(args) -> None:
-    for option in ("out", "items", "adapter", "tasks_dir", "data", "cache_dir", "save_adapter"):
-        value = getattr(args, option, None)
-        if value is not None:
-            check_path_arg(value, "--" + option.replace("_", "-"))
-    for value in split_csv(getattr(args, "adapters", None)):
-        check_path_arg(value, "--adapters")
+    for option, value, _, _ in paths(args, CONFIGS[command_name(args)]):
+        for v in split_csv(value) if option == "--adapters" else [value]:
+            check_path_arg(v, option)
 
 
 def _check_fit_options(args) -> None:
@@ -179,7 +172,7 @@ def _figures_tasks(args) -> list:
 def _load_tasks(args, cmd: str) -> list:
     """Every task the command will use, loaded; the one task of a single-task command is kept as
     ``args._task`` and bench's list as ``args._tasks``."""
-    if cmd in _ONE_TASK_COMMANDS:
+    if hasattr(args, "task"):
         args._task = load_task_checked(args.task, seed=args.seed,
                                        dedupe=getattr(args, "dedupe", False))
         return [args._task]
@@ -190,19 +183,16 @@ def _load_tasks(args, cmd: str) -> list:
         return args._tasks
     if cmd == "figures":
         return _figures_tasks(args)
-    return []  # pragma: no cover - every command is listed above
+    return []  # atlas: its tasks are read with --refit
 
 
 def _check_n_shots(args, cmd: str, tasks: list) -> None:
-    """``--n-shots`` demonstrations fit in every task's train split (where demonstrations are
-    used: not by bench, and by eval only with the icl method)."""
+    """``--n-shots`` demonstrations fit in every task's train split, where the command reads
+    ``--n-shots`` (eval only with the icl method, ...: :func:`sitelens.cli.options.is_read`)."""
     from sitelens.errors import TaskError
 
     n_shots = getattr(args, "n_shots", None)
-    methods = set(split_csv(getattr(args, "methods", None)))
-    uses_demos = cmd != "bench" and (cmd not in ("eval", "run") or "icl" in methods
-                                     or (cmd == "run" and "site" in methods))
-    if not (n_shots and uses_demos):
+    if not (n_shots and is_read(args, CONFIGS[cmd], "n_shots")):
         return
     for task in tasks:
         if n_shots > len(task.train):
@@ -343,29 +333,24 @@ def check_atlas_options(args) -> None:
 
 def check_outputs(args) -> None:
     """Refuse, before any work, every output path of the wrong kind or where a file of another
-    kind lies (:func:`sitelens.io.check_output`); output directories must be writable; an earlier
-    adapter or result there needs ``--force`` (:func:`sitelens.cli.guards.check_no_replace`)."""
-    if getattr(args, "items", None):
-        check_output(args.items, "csv", option="--items")
-    if args.cmd == "frontier":
-        check_dir(args.out)
-    elif args.cmd in ("patch", "heads") and getattr(args, "out", None):
-        check_output(args.out, "csv")
-    if args.cmd == "atlas":
-        check_output(args.out, "html")
-    if args.cmd == "bench":  # the CSV and the summary and plot beside it (cmd_bench checks again)
+    kind lies (:func:`sitelens.io.check_output`; the kinds: the options' ``path``); output
+    directories must be writable; an earlier adapter or result there needs ``--force``
+    (:func:`sitelens.cli.guards.check_no_replace`)."""
+    cmd = command_name(args)
+    for option, value, kind, _ in paths(args, CONFIGS[cmd]):
+        if kind in ("csv", "html"):
+            check_output(value, kind, option=option)
+        elif kind in ("dir", "adapter"):
+            check_dir(value, option=option)
+    if cmd == "bench":  # the summary and plot beside the CSV (cmd_bench checks again)
         out = check_output(args.out, "csv")
         check_output(out.with_suffix(".md"), "md", option="--out (its .md summary)")
         check_output(out.with_suffix(".dntp.html"), "html", option="--out (its .dntp.html plot)")
-    if args.cmd in ("fit", "figures"):
-        check_dir(args.out)
-    if getattr(args, "save_adapter", None):
-        check_dir(args.save_adapter, option="--save-adapter")
-    if args.cmd == "run":  # its folder, and what an earlier run left there (resumed or refused)
+    if cmd == "run":  # its folder, and what an earlier run left there (resumed or refused)
         from sitelens.cli.run import plan_run
 
         plan_run(args)
-    check_no_replace(args, command_name(args))
+    check_no_replace(args, cmd)
 
 
 def check_heads(model, ks: list[int], option: str) -> None:
