@@ -25,6 +25,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_cli_options import leaf_parsers
 
 from sitelens.cli import build_parser, main
 from sitelens.lenses import ALIASES, LENSES
@@ -317,17 +318,7 @@ PATH_OPTIONS = {("fit", "--out"), ("run", "--out"), ("eval", "--items"), ("eval"
 
 def _subparsers():
     """{"fit": parser, ..., "patch intra": parser, ...} from the real parser."""
-    def children(parser):
-        for a in parser._actions:
-            if a.__class__.__name__ == "_SubParsersAction":
-                return a.choices
-        return {}
-
-    out = {}
-    for name, p in children(build_parser()).items():
-        sub = children(p)
-        out.update({f"{name} {n}": q for n, q in sub.items()} if sub else {name: p})
-    return out
+    return leaf_parsers(build_parser())
 
 
 def _choice_options():

@@ -16,6 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
+import pytest
+
 from sitelens.cli import build_parser
 
 SNAPSHOT = Path(__file__).parent / "data" / "cli_options.json"
@@ -89,3 +91,32 @@ def test_frontier_selectors_default_is_the_selector_registry():
     from sitelens.lenses.selectors import SELECTORS
 
     assert current()["frontier"]["--selectors"]["default"] == ",".join(SELECTORS)
+
+
+@pytest.mark.parametrize("model, n", [("smollm2-135m-instruct", 30 * 9), ("gemma-3-270m", 18 * 4),
+                                      ("tiny-random", 2 * 4)])
+def test_frontier_budgets_meet_the_head_count_of_the_record_before_any_load(model, n, monkeypatch,
+                                                                            tmp_path, capsys):
+    """A budget above ``n_layers * n_heads`` of a bundled model's record (or of a tiny model's
+    arguments) is refused before the model loads; the largest one passes the check."""
+    import sitelens.models
+    from sitelens.cli import main
+    from sitelens.cli.frontier import known_head_count
+
+    assert known_head_count(model) == n and known_head_count("some/other-model") is None
+    monkeypatch.setattr(sitelens.models, "load_model", lambda *a, **k: pytest.fail("a model loaded"))
+    monkeypatch.chdir(tmp_path)
+    argv = ["frontier", "--model", model, "--task", "antonym", "--out", "fr", "--budgets"]
+    assert main([*argv, f"1,{n + 1}"]) == 2
+    assert f"Budget {n + 1} is outside [1, {n}]" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("fixture, name", [("smollm2", "smollm2-135m-instruct"),
+                                           ("gemma", "gemma-3-270m")])
+def test_bundled_records_hold_the_loaded_head_counts(fixture, name, request):
+    from sitelens.models import BUNDLED
+
+    model = request.getfixturevalue(fixture)
+    record = BUNDLED[name]
+    assert (record.n_layers, record.n_heads) == (model.cfg.n_layers, model.cfg.n_heads)
