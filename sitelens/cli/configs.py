@@ -12,11 +12,11 @@ whose ``read_by`` names it (an option typed that would not be read is refused:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import ClassVar
 
 from sitelens.cli import types as T
-from sitelens.cli.options import When, option
+from sitelens.cli.options import When, config, option
 from sitelens.lenses.registry import ALIASES, available_lenses
 from sitelens.models.registry import ATLAS_MODELS, DEFAULT_MODEL, FIGURE_MODELS
 from sitelens.models.spec import BACKENDS
@@ -54,7 +54,7 @@ LABEL_METRICS = ("also score by ranking the labels of a closed label set (label_
 # option groups
 
 
-@dataclass
+@config
 class Compute:
     """Where and how every model of the command runs (``read_by="compute"``)."""
 
@@ -77,24 +77,24 @@ class Compute:
                                     "Hugging Face's device_map (instead of --device / --n-devices)")
 
 
-@dataclass
+@config
 class Model:
     model: str = option(DEFAULT_MODEL, help="bundled name, TL name or HF dir")
 
 
-@dataclass
+@config
 class OneTask(Compute, Model):
     task: str | None = option(required=True, help="built-in name, FV-layout dir, or JSON file")
     dedupe: bool = option(False, help="drop duplicate items in the task file")
 
 
-@dataclass
+@config
 class Force:
     force: bool = option(False, help="replace an earlier result at the output path (without it, an "
                                      "existing adapter or result file is refused)")
 
 
-@dataclass
+@config
 class Stage2:
     """Stage 2 of a SITE fit (``read_by="fit"``; ``--protocol``: ``"protocol"``)."""
 
@@ -110,19 +110,19 @@ class Stage2:
                            "(400 i.i.d. steps of batch 1, final α, no space before digits)")
 
 
-@dataclass
+@config
 class FitOptions(Stage2):
     n_prompts: int = count(50, "few-shot prompts for stage 1", read_by=("fit",))
     n_shots: int = count(10, SHOTS, read_by=("shots",))
 
 
-@dataclass
+@config
 class Scored:
     split: str = option("test", choices=SPLITS, help="the split scored")
     limit: int | None = count(None, "the first N items of the split (default: all of them)")
 
 
-@dataclass
+@config
 class EvalOptions(Scored):
     methods: str = option("zero-shot,icl,site", type=T.EVAL_METHODS,
                           help="comma-separated methods: zero-shot, icl, site")
@@ -134,7 +134,7 @@ class EvalOptions(Scored):
 # fit, eval, run, demo, bench
 
 
-@dataclass
+@config
 class FitCommand(Force, FitOptions, OneTask):
     """fit a SITE adapter (stage 1 + stage 2) and save it"""
 
@@ -142,7 +142,7 @@ class FitCommand(Force, FitOptions, OneTask):
     out: str | None = option(required=True, path="adapter", help="output directory for the adapter")
 
 
-@dataclass
+@config
 class EvalCommand(Force, EvalOptions, OneTask):
     """evaluate zero-shot / ICL / SITE on a task"""
 
@@ -158,7 +158,7 @@ class EvalCommand(Force, EvalOptions, OneTask):
                                   "default: the adapter's, else default")
 
 
-@dataclass
+@config
 class RunCommand(EvalOptions, FitOptions, OneTask):
     """fit and evaluate with one model load; resumable (--out DIR)"""
 
@@ -179,7 +179,7 @@ class RunCommand(EvalOptions, FitOptions, OneTask):
                          "reused, never redone")
 
 
-@dataclass
+@config
 class DemoCommand(Compute, Model):
     """fit SITE on a built-in task, compare zero-shot / ICL / SITE"""
 
@@ -188,7 +188,7 @@ class DemoCommand(Compute, Model):
     limit: int = count(50, "test items compared")
 
 
-@dataclass
+@config
 class BenchCommand(Compute):
     """models × tasks × methods → one resumable results table"""
 
@@ -222,12 +222,12 @@ def _fits_itself(cmd: str, opt: str) -> dict:
     return {"fit": (no_adapter,), "shots": (no_adapter,), "protocol": (no_adapter,), "save": (save,)}
 
 
-@dataclass
+@config
 class PatchOptions(Force, Scored):
     n_boot: int = count(1000, "bootstrap resamples of the 95% intervals")
 
 
-@dataclass
+@config
 class PatchIntraCommand(PatchOptions, FitOptions, OneTask):
     """inject into the top-k / bottom-k / random-k heads by α"""
 
@@ -245,7 +245,7 @@ class PatchIntraCommand(PatchOptions, FitOptions, OneTask):
                                       "--adapter DIR")
 
 
-@dataclass
+@config
 class PatchInterCommand(PatchOptions, FitOptions, Compute, Model):
     """inject task B's embedding through task A's α, all pairs"""
 
@@ -261,7 +261,7 @@ class PatchInterCommand(PatchOptions, FitOptions, Compute, Model):
     out: str | None = option(path="csv", help="write the long result to this CSV")
 
 
-@dataclass
+@config
 class PatchEffectsCommand(Force, OneTask):
     """per-head causal effects (Function Vectors style)"""
 
@@ -286,7 +286,7 @@ class PatchEffectsCommand(Force, OneTask):
 # heads and frontier
 
 
-@dataclass
+@config
 class HeadOptions(Force, Stage2, OneTask):
     """The lenses' and the fits' options of heads and frontier."""
 
@@ -324,7 +324,7 @@ _FITS = _lenses_read(lambda ls: bool(ls & {"alpha", "dla"}), "to the fits of the
                      "add alpha")
 
 
-@dataclass
+@config
 class HeadsCommand(HeadOptions):
     """which heads matter: per-head scores of several lenses"""
 
@@ -352,7 +352,7 @@ class HeadsCommand(HeadOptions):
                              '"forward_passes", "backward_passes", "seconds"}}, "alpha_stability"}')
 
 
-@dataclass
+@config
 class FrontierCommand(HeadOptions):
     """how few heads carry the task: accuracy against the number of heads, per selector"""
 
@@ -377,7 +377,7 @@ class FrontierCommand(HeadOptions):
 # figures, atlas
 
 
-@dataclass
+@config
 class FiguresCommand(Compute):
     """reproduce figures/ from real runs (resumable)"""
 
@@ -401,7 +401,7 @@ class FiguresCommand(Compute):
     executor: str = executor_option("the fits and patching cells")
 
 
-@dataclass
+@config
 class AtlasCommand(Compute):
     """the head atlas: one self-contained HTML page (no server)"""
 

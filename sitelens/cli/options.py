@@ -29,6 +29,13 @@ from dataclasses import MISSING, dataclass, field, fields
 from sitelens.errors import UsageError
 
 
+def config(cls: type) -> type:
+    """A command's config: a dataclass whose fields are its options. Only the fields are made
+    (no ``__init__``, ``__repr__`` or ``__eq__``: the parsed options are an argparse namespace),
+    which keeps ``import sitelens.cli``, and so every ``--help``, about 15 ms faster."""
+    return dataclass(cls, init=False, repr=False, eq=False)
+
+
 def option(default=None, *, help: str, type: Callable | None = None, choices=None,
            required: bool = False, nargs=None, metavar: str | None = None,
            read_by: tuple[str, ...] = (), group: str | None = None, path: str | None = None,
@@ -144,5 +151,5 @@ def check_ignored(args, config: type) -> None:
                          f"{when.fix.format(a=args, flags=flags)}.")
 
 
-__all__ = ["Given", "When", "add_options", "check_ignored", "flag", "given", "has_default",
+__all__ = ["Given", "When", "add_options", "config", "check_ignored", "flag", "given", "has_default",
            "help_text", "is_read", "option", "paths"]
