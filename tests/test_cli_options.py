@@ -120,3 +120,32 @@ def test_bundled_records_hold_the_loaded_head_counts(fixture, name, request):
     model = request.getfixturevalue(fixture)
     record = BUNDLED[name]
     assert (record.n_layers, record.n_heads) == (model.cfg.n_layers, model.cfg.n_heads)
+
+
+def documented_command_lines() -> list[tuple[str, str, list[str]]]:
+    """``(page, command, [--flag, ...])`` of every ``sitelens ...`` line in the bash blocks of the
+    README and docs/ (continuation lines joined)."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    out = []
+    for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                words = line.split("#")[0].split()
+                if words[:1] != ["sitelens"] or len(words) < 2:
+                    continue
+                cmd = " ".join(words[1:3]) if words[1] == "patch" else words[1]
+                out.append((page.name, cmd, re.findall(r"(?<![\w-])--[a-z][\w-]*", line)))
+    return out
+
+
+def test_documented_command_lines_use_real_commands_and_options():
+    """Every command and option in the README's and docs' command lines exists (values are not
+    parsed: the docs use placeholders such as HEAD_IP and devices this machine may not have)."""
+    parsers = leaf_parsers(build_parser())
+    lines = documented_command_lines()
+    assert any(cmd == "frontier" for _, cmd, _ in lines) and len(lines) >= 20
+    bad = [(page, cmd, flag) for page, cmd, flags in lines for flag in flags
+           if cmd not in parsers or flag not in parsers[cmd]._option_string_actions]
+    assert bad == []
