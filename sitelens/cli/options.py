@@ -7,7 +7,8 @@ A field made with :func:`option` is the option ``--field-name`` (underscores as 
   names its default itself; a field whose default is ``False`` is a switch;
 - ``type`` checks and converts the value while parsing (a callable that raises
   ``argparse.ArgumentTypeError``, printed as one line: :mod:`sitelens.cli.types`);
-- ``path``: the option is a path, checked before any work (:func:`sitelens.cli.validate.check_paths`):
+- ``path``: the option is a path, checked before any work (:func:`sitelens.cli.validate.validate`,
+  :func:`~sitelens.cli.validate.check_outputs`, :func:`~sitelens.cli.guards.check_no_replace`):
   ``"path"`` any path, ``"csv"`` / ``"html"`` a file of that kind, ``"dir"`` a writable directory
   (``result``: the result file in it), ``"adapter"`` a directory to save an adapter in;
 - ``read_by`` names what reads the option (``"fit"``, ``"seeds"``, ...). A command maps such a name
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 from sitelens.errors import UsageError
 
@@ -97,7 +98,7 @@ def add_options(p: argparse.ArgumentParser, config: type) -> argparse.ArgumentPa
         if not m.get("help"):
             raise RuntimeError(f"`{p.prog} {flag(f.name)}` has no help text: give it one in "
                                f"{config.__name__} (sitelens/cli/configs.py).")
-        default = f.default if f.default is not MISSING else f.default_factory()
+        default = f.default
         if m["group"] not in groups:
             groups[m["group"]] = p.add_argument_group(m["group"])
         kw = dict(dest=f.name, action=Given, default=default, help=help_text(m["help"], default))
