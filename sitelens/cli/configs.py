@@ -79,17 +79,23 @@ class Compute:
 
 @config
 class Model:
+    """The model a command loads."""
+
     model: str = option(DEFAULT_MODEL, help="bundled name, TL name or HF dir")
 
 
 @config
 class OneTask(Compute, Model):
+    """A command on one model and one task."""
+
     task: str | None = option(required=True, help="built-in name, FV-layout dir, or JSON file")
     dedupe: bool = option(False, help="drop duplicate items in the task file")
 
 
 @config
 class Force:
+    """A command that writes a result of its own (replaced only with ``--force``)."""
+
     force: bool = option(False, help="replace an earlier result at the output path (without it, an "
                                      "existing adapter or result file is refused)")
 
@@ -112,18 +118,24 @@ class Stage2:
 
 @config
 class FitOptions(Stage2):
+    """Stage 1 and stage 2 of a SITE fit."""
+
     n_prompts: int = count(50, "few-shot prompts for stage 1", read_by=("fit",))
     n_shots: int = count(10, SHOTS, read_by=("shots",))
 
 
 @config
 class Scored:
+    """The items scored."""
+
     split: str = option("test", choices=SPLITS, help="the split scored")
     limit: int | None = count(None, "the first N items of the split (default: all of them)")
 
 
 @config
 class EvalOptions(Scored):
+    """The evaluation of eval and run."""
+
     methods: str = option("zero-shot,icl,site", type=T.EVAL_METHODS,
                           help="comma-separated methods: zero-shot, icl, site")
     json: bool = json_option("one JSON object")
@@ -224,6 +236,8 @@ def _fits_itself(cmd: str, opt: str) -> dict:
 
 @config
 class PatchOptions(Force, Scored):
+    """What intra- and inter-task patching share."""
+
     n_boot: int = count(1000, "bootstrap resamples of the 95% intervals")
 
 
