@@ -214,16 +214,17 @@ def test_deferred_reads_give_the_same_run(monkeypatch, keep):
     def run(bad_step=None):
         p = torch.zeros(3)
 
-        def objective(batch):
+        def objective(batch, conds):
             loss = ((p - torch.tensor(batch, dtype=torch.float32)) ** 2).sum()
             if batch[0] == bad_step:
                 loss = loss * float("nan")
             return loss, loss.detach()
 
-        return training.run_training(
+        (one,) = training.run_training(
             [p], [[i, i, i] for i in range(1, 8)], objective,
-            valid_loss=lambda: float((p - 3).pow(2).sum()), snapshot=lambda: p.detach().clone(),
+            valid_loss=lambda: float((p - 3).pow(2).sum()), snapshot=lambda r: p.detach().clone(),
             config=training.RunConfig(lr=0.5, eval_every=3, keep=keep, check_params=True))
+        return one
 
     eager = run()
     monkeypatch.setattr(training, "_read_every_step", lambda params: False)

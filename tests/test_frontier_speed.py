@@ -1,7 +1,7 @@
 """The frontier's speed-ups against the slow computations they replace, on tiny random models.
 
-Tolerance of the joint fits (:func:`sitelens.lenses.joint_fit.fit_many`): one pass of R × n rows
-instead of R passes of n rows sums the same float32 terms in another order (about 1e-7 relative
+Tolerance of the joint fits (:func:`sitelens.lenses.joint_fit.fit_many` with R conditions against
+R runs of one condition): one pass of R × n rows instead of R passes of n rows sums the same float32 terms in another order (about 1e-7 relative
 per pass); over the fit's steps Adam's normalized updates carry that forward, so the kept logits
 (of order 1) agree to 1e-4, far below the gaps that decide a top-k or an argmax in these tests.
 Where two validation checks give the same loss to within that rounding (a straight-through mask
@@ -47,8 +47,8 @@ def check_joint_refits_equal_one_by_one(model, task) -> None:
     joint = J.fit_many(model, task, emb, FIT, lambda a: torch.sigmoid(a) * masks, len(sets),
                        template=BARE, what="test", max_rows=16)  # 16 rows: the sets run in groups
     for i, m in enumerate(masks):
-        one = S.fit_head_weights(model, task, emb, FIT, lambda a, m=m: torch.sigmoid(a) * m,
-                                 template=BARE, what="test")  # [L, H]
+        one = J.fit_many(model, task, emb, FIT, lambda a, m=m: torch.sigmoid(a) * m, 1,
+                         template=BARE, what="test")[0]  # [L, H]: the same fit alone
         got, want = joint[i].flatten()[m > 0], one.flatten()[m > 0]
         assert torch.allclose(got, want, atol=ATOL), (i, got, want)
     assert (joint != FIT.init).any()  # the fits moved: the comparison is not of two starts
@@ -77,8 +77,8 @@ def test_joint_sparse_fits_equal_one_by_one(tiny_mha, task):
     joint = J.fit_many(tiny_mha, task, emb, FIT, S.straight_through_topk_rows(ks), len(ks),
                        template=BARE, what="test", init=init.repeat(len(ks), 1))
     for k, got in zip(ks, joint):
-        one = S.fit_head_weights(tiny_mha, task, emb, FIT, S.straight_through_topk(k), template=BARE,
-                                 what="test", init=init)
+        one = J.fit_many(tiny_mha, task, emb, FIT, S.straight_through_topk(k), 1, template=BARE,
+                         what="test", init=init)[0]
         assert torch.allclose(got, one, atol=ATOL)
         assert S.ranking(got)[:k] == S.ranking(one)[:k]
 

@@ -378,13 +378,13 @@ def train_hook_params(
                 for s in range(0, len(valid), 32)
             ) / len(valid))
 
-    def objective(batch: list[int]) -> tuple[Tensor, Tensor]:
+    def objective(batch: list[int], conds: range) -> tuple[Tensor, Tensor]:  # one condition
         loss = loss_on([task.train[i] for i in batch])
         return loss, loss.detach()
 
-    run = run_training(
+    (run,) = run_training(
         list(params.values()), batches, objective, valid_loss,
-        snapshot=lambda: {k: v.detach().clone() for k, v in params.items()},
+        snapshot=lambda r: {k: v.detach().clone() for k, v in params.items()},
         config=RunConfig(lr=lr, seed=seed, eval_every=eval_every, what=what, task=task.name,
                          progress=progress),
     )

@@ -70,8 +70,9 @@ class MTV(Method):
         def valid_loss() -> float:
             return valid.score(model, HeadMix(hard().to(dev), mean_z).hooks(model))[1]
 
-        def objective(batch: list[int]) -> tuple[Tensor, float]:
-            """REINFORCE: ``S`` masks scored on the batch (reward = −first-token CE)."""
+        def objective(batch: list[int], conds: range) -> tuple[Tensor, float]:
+            """REINFORCE (one condition): ``S`` masks scored on the batch (reward = −first-token
+            CE)."""
             p = torch.sigmoid(theta)  # [n_layers, n_heads]
             masks = torch.bernoulli(p.detach().expand(S, L, H), generator=gen)  # [S, L, H]
             b = rows(batch)  # [B]
@@ -89,8 +90,8 @@ class MTV(Method):
             adv = reward - reward.mean()  # [S]
             return -(adv * logp).mean(), float(reward.mean())
 
-        run = run_training(
-            [theta], batches, objective, valid_loss, snapshot=hard,
+        (run,) = run_training(
+            [theta], batches, objective, valid_loss, snapshot=lambda r: hard(),
             config=RunConfig(lr=self.lr, seed=seed, eval_every=self.eval_every,
                              metric="mean_reward", what=self.name, task=task.name,
                              progress=progress),

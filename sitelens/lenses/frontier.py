@@ -208,8 +208,8 @@ def frontier_sets(
 
 def _refit_all(ctx: SelectionContext, sets: list[tuple[int, ...]], cfg: FrontierConfig) -> dict:
     """α re-fitted on each head set (the others held at 0), every set at once
-    (:func:`~sitelens.lenses.joint_fit.fit_many`: the same fits as one
-    :func:`~sitelens.lenses.selectors.fit_head_weights` per set, up to float rounding). Returns
+    (:func:`~sitelens.lenses.joint_fit.fit_many`: the same fits as one ``fit_many`` per set, up
+    to float rounding). Returns
     ``{set: (weights [L, H], cost)}``; each set's cost is its share of the joint fit's counted
     passes and seconds (the total over the sets)."""
     if not sets:

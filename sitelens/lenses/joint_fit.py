@@ -2,22 +2,22 @@
 condition's rows in the same forward and backward passes.
 
 The frontier fits many small α's on the same task, embedding and seed: the ``refit`` injection
-(one per distinct head set), ``sparse`` (one per budget) and ``alpha-sparse`` (one per λ). Each fit
-on its own is :func:`sitelens.lenses.selectors.fit_head_weights`: the same seeded batches, Adam,
-validation every ``eval_every`` steps and at the end, the logits of the best validation loss kept.
-Run one after another, each spends most of its time reading the model's weights for a pass of 8
-rows. :func:`fit_many` runs them together: row ``r·n + i`` of a pass is item ``i`` under
-condition ``r``'s weights; the loss is the sum over conditions of each condition's mean
-cross-entropy (+ its own penalty), so condition r's logits get exactly the gradient of its own
-loss (the others do not depend on them), and Adam, being elementwise, takes for each the step its
-own fit would take. Validation and the kept logits are per condition (strictly lower valid loss
-replaces, so ties keep the earlier, as :func:`sitelens.site.training.run_training`).
+(one per distinct head set), ``sparse`` (one per budget) and ``alpha-sparse`` (one per λ). Each is
+SITE's stage 2 with the mix weights computed from the logits ``a`` by a function: the same seeded
+batches, Adam, validation every ``eval_every`` steps and at the end, the logits of the best
+validation loss kept. Run one after another, each spends most of its time reading the model's
+weights for a pass of 8 rows. :func:`fit_many` runs them as the R conditions of
+:func:`sitelens.site.training.run_training`: row ``r·n + i`` of a pass is item ``i`` under
+condition ``r``'s weights, and condition r's loss reads only its own row of logits, so each fit
+gets exactly its own gradient, Adam step and kept logits (strictly lower valid loss replaces, so
+ties keep the earlier).
 
-The numbers equal the separate fits' up to float32 rounding (a larger batch may sum in another
-order); where two validation checks tie to within that rounding (e.g. a straight-through top-k
-mask that did not change between them) either fit may keep the other check's logits.
-``tests/test_frontier_pin.py`` checks that the sets and accuracies of a tiny frontier are
-unchanged and ``tests/test_frontier_speed.py`` compares the kept logits with the one-by-one fits.
+The numbers equal the separate fits' (``fit_many`` with one condition) up to float32 rounding (a
+larger batch may sum in another order); where two validation checks tie to within that rounding
+(e.g. a straight-through top-k mask that did not change between them) either fit may keep the
+other check's logits. ``tests/test_frontier_pin.py`` checks that the sets and accuracies of a tiny
+frontier are unchanged and ``tests/test_frontier_speed.py`` compares the kept logits with the
+one-by-one fits.
 """
 
 from __future__ import annotations
@@ -29,11 +29,17 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from sitelens.errors import FitError
 from sitelens.models import layer_devices, place_layer_rows
 from sitelens.site import FitConfig
 from sitelens.site.alpha import site_mix
-from sitelens.site.training import BatchRows, LastTokenSet, training_batches, valid_items
+from sitelens.site.training import (
+    BatchRows,
+    LastTokenSet,
+    RunConfig,
+    run_training,
+    training_batches,
+    valid_items,
+)
 from sitelens.tasks import Task
 
 
@@ -58,20 +64,20 @@ def fit_many(
     model, task: Task, embedding: Float[Tensor, "n_layers n_heads d_head"], config: FitConfig,
     weights_of: Callable[[Tensor], Tensor], n_fits: int, *, template, what: str,
     init: Tensor | None = None, penalty: Callable[[Tensor], Tensor] | None = None,
-    max_rows: int = 512,
+    max_rows: int = 512, progress: bool = False,
 ) -> Float[Tensor, "n_fits n_layers n_heads"]:
     """``n_fits`` stage-2 fits at once (see the module docstring). ``weights_of(a)``: the mix
     weights ``[n_fits, n_layers * n_heads]`` of the flat logits ``a`` (same shape,
-    differentiable); ``init``: starting logits ``[n_fits, L * H]`` (default ``config.init``);
-    ``penalty(a)``: a per-condition term ``[n_fits]`` added to the training loss (not to the
-    validation loss, as SITE's sparsity); ``max_rows``: rows per forward pass (conditions are
-    grouped to fit it; the gradients of the groups add up before the step). Returns the kept
-    logits ``[n_fits, n_layers, n_heads]`` on the CPU."""
+    differentiable; row r may read only row r); ``init``: starting logits ``[n_fits, L * H]``
+    (default ``config.init``); ``penalty(a)``: a per-condition term ``[n_fits]`` added to the
+    training loss (not to the validation loss, as SITE's sparsity); ``max_rows``: rows per forward
+    pass (conditions are grouped to fit it; the gradients of the groups add up before the step).
+    Returns the kept logits ``[n_fits, n_layers, n_heads]`` on the CPU."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
     devs = layer_devices(model)
     start = (torch.full((n_fits, L * H), float(config.init)) if init is None
              else init.detach().float().reshape(n_fits, L * H))
-    a = [start[:, i * H:(i + 1) * H].clone().to(d).requires_grad_(True) for i, d in enumerate(devs)]
+    a = [start[:, i * H:(i + 1) * H].clone().to(d) for i, d in enumerate(devs)]  # L × [n_fits, H]
     target = place_layer_rows(embedding, model, dtype=torch.float32)  # L × [n_heads, d_head]
     valid = LastTokenSet.build(model, valid_items(task, config.n_valid), template)
     batches = list(training_batches(list(range(len(task.train))), config))
@@ -84,37 +90,25 @@ def fit_many(
     def weights() -> Tensor:
         return weights_of(flat()).reshape(n_fits, L, H)
 
-    def valid_losses() -> Tensor:
+    def objective(batch: list[int], conds: range) -> tuple[Tensor, Tensor]:
+        b = train.select(rows(batch))
+        ce = _condition_losses(model, b, conds, weights(), target)  # [len(conds)]
+        if penalty is None:
+            return ce, ce.detach()
+        return ce + penalty(flat())[conds.start:conds.stop].to(ce.device), ce.detach()
+
+    def valid_loss() -> Tensor:
         with torch.no_grad():
             w = weights()
             return torch.cat([_condition_losses(model, valid, c, w, target).cpu()
                               for c in _chunks(n_fits, len(valid), max_rows)])  # [n_fits]
 
-    torch.manual_seed(config.seed)
-    opt = torch.optim.Adam(a, lr=config.lr)
-    best_loss, kept = valid_losses(), flat().detach().cpu().clone()
-    for step, batch in enumerate(batches, start=1):
-        b = train.select(rows(batch))
-        opt.zero_grad()
-        for c in _chunks(n_fits, len(b), max_rows):
-            w = weights()
-            loss = _condition_losses(model, b, c, w, target)  # [len(c)]
-            if penalty is not None:
-                loss = loss + penalty(flat())[c.start:c.stop].to(loss.device)
-            if not bool(torch.isfinite(loss).all()):
-                raise FitError(f"Non-finite loss at step {step} while fitting {what} on {task.name!r}. "
-                               "Lower the learning rate (lr) or use a float32 model.")
-            loss.sum().backward()
-        opt.step()
-        if not all(bool(torch.isfinite(r).all()) for r in a):
-            raise FitError(f"The parameters of {what} became non-finite at step {step} while fitting "
-                           f"{task.name!r}. Lower the learning rate (lr).")
-        if step % config.eval_every == 0 or step == len(batches):
-            v = valid_losses()
-            better = v < best_loss  # strictly: ties keep the earlier
-            best_loss = torch.where(better, v, best_loss)
-            kept[better] = flat().detach().cpu()[better]
-    return kept.reshape(n_fits, L, H)
+    runs = run_training(
+        a, batches, objective, valid_loss, snapshot=lambda r: flat()[r].detach().cpu().clone(),
+        config=RunConfig(lr=config.lr, seed=config.seed, eval_every=config.eval_every, what=what,
+                         task=task.name, progress=progress, check_params=True, conditions=n_fits,
+                         per_pass=max(1, max_rows // config.batch_size)))
+    return torch.stack([run.kept for run in runs]).reshape(n_fits, L, H)
 
 
 __all__ = ["fit_many"]

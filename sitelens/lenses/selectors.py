@@ -24,8 +24,6 @@ S_k of k heads chosen on the train and valid splits only (the test split stays u
   refits: one pass of R × 8 rows instead of R passes of 8 (the same fits up to float rounding;
   no step caps, warm starts or early stops, so nothing about the fits themselves changed).
 
-:func:`fit_head_weights` is the training loop both ``sparse`` and the frontier's ``refit``
-injection use (SITE's stage 2 with the weights of the mix computed from ``a`` by a function).
 Costs are counted by hooks (:class:`~sitelens.patching.engine.ForwardPassCounter`,
 :class:`~sitelens.patching.engine.BackwardPassCounter`) around each selector.
 """
@@ -46,18 +44,10 @@ from sitelens.lenses.attribution import AttributionConfig
 from sitelens.lenses.greedy_rows import branched_scores
 from sitelens.lenses.joint_fit import fit_many
 from sitelens.lenses.registry import LensInputs, get_lens
-from sitelens.models import is_bridge, place_layer_rows
+from sitelens.models import is_bridge
 from sitelens.patching.engine import BackwardPassCounter, ForwardPassCounter, row_grid, run_rows
 from sitelens.site import FitConfig, SiteAdapter, fit_site
-from sitelens.site.alpha import alpha_logit_rows, first_token_loss, site_mix, stack_rows
-from sitelens.site.training import (
-    BatchRows,
-    LastTokenSet,
-    RunConfig,
-    run_training,
-    training_batches,
-    valid_items,
-)
+from sitelens.site.training import LastTokenSet, valid_items
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
 
 SELECTORS: tuple[str, ...] = ("alpha", "alpha-sparse", "alpha-grad", "atp", "effect", "greedy", "sparse")
@@ -307,51 +297,6 @@ def _greedy_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
                   "max_k": max_k, "pool": len(pool), **meta}
 
 
-def fit_head_weights(
-    model, task: Task, embedding: Float[Tensor, "n_layers n_heads d_head"], config: FitConfig,
-    weights_of: Callable[[Tensor], Tensor], *, template, what: str, init: Tensor | None = None,
-    progress: bool = False,
-) -> Float[Tensor, "n_layers n_heads"]:
-    """SITE's stage 2 with the mix weights ``weights_of(a)`` (``a``: the flat logits
-    ``[n_layers * n_heads]``, differentiable) instead of ``sigmoid(a)``: the same batches, loss,
-    validation and kept logits (best valid loss) as :func:`sitelens.site.fit_alpha`. Returns the
-    kept logits ``[n_layers, n_heads]``."""
-    L, H = model.cfg.n_layers, model.cfg.n_heads
-    a = alpha_logit_rows(model, config.init)  # L × [n_heads]
-    if init is not None:
-        with torch.no_grad():
-            for r, row in zip(a, init.reshape(L, H)):
-                r.copy_(row)
-    target = place_layer_rows(embedding, model, dtype=torch.float32)  # L × [n_heads, d_head]
-    valid = LastTokenSet.build(model, valid_items(task, config.n_valid), template)
-    batches = list(training_batches(list(range(len(task.train))), config))
-    rows = BatchRows(batches)
-    train = LastTokenSet.build(model, [task.train[i] for i in rows.used], template)
-
-    def mix(flat_a: Tensor):
-        w = weights_of(flat_a).reshape(L, H)  # [n_layers, n_heads]
-        return site_mix(place_layer_rows(w, model), target)
-
-    def flat() -> Tensor:
-        dev = a[0].device
-        return torch.cat([r.to(dev) for r in a])  # [L * H]
-
-    def objective(batch):
-        b = train.select(rows(batch))
-        loss = first_token_loss(model, b.cache, b.last, b.answers, mix(flat()))
-        return loss, loss.detach()
-
-    def valid_loss() -> float:
-        with torch.no_grad():
-            return first_token_loss(model, valid.cache, valid.last, valid.answers, mix(flat())).item()
-
-    run = run_training(a, batches, objective, valid_loss, snapshot=lambda: stack_rows(a),
-                       config=RunConfig(lr=config.lr, seed=config.seed, eval_every=config.eval_every,
-                                        what=what, task=task.name, progress=progress,
-                                        check_params=True))
-    return run.kept.cpu()
-
-
 def straight_through_topk(k: int) -> Callable[[Tensor], Tensor]:
     """Forward: the 0/1 top-k mask of ``a`` (exactly k heads at α = 1); backward: ``sigmoid(a)``'s
     gradient (the straight-through estimator)."""
@@ -373,8 +318,8 @@ def straight_through_topk_rows(ks: Sequence[int]) -> Callable[[Tensor], Tensor]:
 
 def _sparse_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
     """One straight-through top-k fit per budget, every budget at once
-    (:func:`~sitelens.lenses.joint_fit.fit_many`: the same fits as :func:`fit_head_weights` with
-    :func:`straight_through_topk`, up to float rounding), all from the same seeded start."""
+    (:func:`~sitelens.lenses.joint_fit.fit_many`: the same fits as one ``fit_many`` per budget
+    with :func:`straight_through_topk`, up to float rounding), all from the same seeded start."""
     cfg = replace(ctx.config.fit, seed=ctx.seed)
     gen = torch.Generator().manual_seed(ctx.seed)
     init = cfg.init + 1e-3 * torch.randn(ctx.shape[0] * ctx.shape[1], generator=gen)  # breaks ties
@@ -406,7 +351,7 @@ def select(ctx: SelectionContext, selector: str, budgets: Sequence[int]) -> Sele
 
 __all__ = [
     "SELECTORS", "FrontierConfig", "Selection", "SelectionContext", "best_candidate", "check_budgets",
-    "check_task_splits", "fit_head_weights", "fit_site_counted", "greedy_step_scores", "head_label",
+    "check_task_splits", "fit_site_counted", "greedy_step_scores", "head_label",
     "mask_of", "parse_selectors", "ranking", "select", "straight_through_topk", "straight_through_topk_rows",
     "topk_mask",
 ]

@@ -158,7 +158,7 @@ def fit_alpha(
     rows = BatchRows(batches)  # each training item's prefix is encoded once
     train = LastTokenSet.build(model, [task.train[i] for i in rows.used], template)
 
-    def objective(batch: list[int]) -> tuple[Tensor, Tensor]:
+    def objective(batch: list[int], conds: range) -> tuple[Tensor, Tensor]:  # one condition
         alpha = [torch.sigmoid(r) for r in a]  # L × [n_heads], each on its layer's device
         b = train.select(rows(batch))
         loss = first_token_loss(model, b.cache, b.last, b.answers, site_mix(alpha, target))
@@ -169,8 +169,8 @@ def fit_alpha(
             mix = site_mix([torch.sigmoid(r.detach()) for r in a], target)
             return first_token_loss(model, valid.cache, valid.last, valid.answers, mix).item()
 
-    run = run_training(
-        a, batches, objective, valid_loss, snapshot=lambda: stack_rows(a),
+    (run,) = run_training(
+        a, batches, objective, valid_loss, snapshot=lambda r: stack_rows(a),
         config=RunConfig(
             lr=cfg.lr, seed=cfg.seed, eval_every=cfg.eval_every,
             keep="last_check" if official else "best",  # official: the α of the last check

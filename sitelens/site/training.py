@@ -9,11 +9,13 @@
 - :func:`run_training`: Adam on some parameters (the model frozen), one step per batch, the
   validation loss every ``eval_every`` steps, and the parameters kept by
   :attr:`RunConfig.keep`: the best on validation (``"best"``) or those of the last check
-  (``"last_check"``, the official SITE protocol). A progress bar, a history of every step.
+  (``"last_check"``, the official SITE protocol). A progress bar, a history of every step. It
+  runs R fits ("conditions") at once, each with its own rows, loss, Adam state and kept
+  parameters: one SITE fit or baseline is R = 1, the frontier's joint fits R > 1.
 
-A method hands the runner only what is its own: an ``objective(batch)`` (the loss to minimize,
-e.g. SITE's first-token cross-entropy under the α-mix), a ``valid_loss()`` and a ``snapshot()``
-of what to keep.
+A method hands the runner only what is its own: an ``objective(batch, conds)`` (the loss of each
+condition to minimize, e.g. SITE's first-token cross-entropy under the α-mix), a ``valid_loss()``
+and a ``snapshot(r)`` of what condition ``r`` keeps.
 
 Off the CPU the runner does not wait for the device on every step: the per-step numbers and the
 finiteness checks stay on the device and are read at each validation check and at the end (a
@@ -168,6 +170,20 @@ def _read_every_step(params: Sequence[Tensor]) -> bool:
     return all(p.device.type == "cpu" for p in params)
 
 
+def _per_condition(x, n: int) -> list[float]:
+    """``x`` (a number, a tensor of ``n`` numbers or a sequence of them) as ``n`` floats, each
+    exactly the value given (a float32 number is not rounded again)."""
+    if isinstance(x, Tensor):
+        out = x.detach().reshape(-1).tolist()
+    elif isinstance(x, (int, float)):
+        out = [x]
+    else:
+        out = list(x)
+    if len(out) != n:
+        raise ValueError(f"Expected one number per condition ({n}), got {len(out)}.")
+    return [float(v) for v in out]
+
+
 @dataclass
 class RunConfig:
     """How :func:`run_training` runs.
@@ -176,11 +192,14 @@ class RunConfig:
         step, and keep the parameters with the lowest validation loss (the first on ties).
         ``"last_check"``: validate every ``eval_every`` steps only and keep the parameters of the
         last check (the final ones when no check happens) — the official SITE protocol
-        (:class:`sitelens.site.OfficialFitConfig`).
+        (:class:`sitelens.site.OfficialFitConfig`). With several conditions, each condition
+        keeps its own.
     metric: the name under which each step's number from ``objective`` enters the history.
     what, task: named in the progress bar (``fit {what} [{task}]``) and in errors.
     hint: the fix an error about a non-finite loss suggests.
     check_params: also fail when a step leaves non-finite parameters.
+    conditions: how many fits run at once (R; see :func:`run_training`).
+    per_pass: conditions per forward and backward pass (``None``: all); bounds the rows of a pass.
     """
 
     lr: float
@@ -193,16 +212,26 @@ class RunConfig:
     hint: str = "Lower the learning rate (lr) or use a float32 model."
     check_params: bool = False
     progress: bool = False
+    conditions: int = 1
+    per_pass: int | None = None
 
     def __post_init__(self):
         if self.keep not in KEEP:
             raise ValueError(f"RunConfig.keep must be one of {KEEP}, got {self.keep!r}.")
+        if self.conditions < 1 or (self.per_pass is not None and self.per_pass < 1):
+            raise ValueError("RunConfig.conditions and .per_pass must be at least 1.")
+
+    def groups(self) -> list[range]:
+        """The conditions of each pass: consecutive groups of at most :attr:`per_pass`."""
+        n = self.per_pass or self.conditions
+        return [range(s, min(s + n, self.conditions)) for s in range(0, self.conditions, n)]
 
 
 @dataclass
 class TrainRun(Generic[T]):
-    """What :func:`run_training` kept (``kept``: a ``snapshot()``), when (``best_step``; 0 = before
-    training), its validation loss (NaN when never checked) and a record per step."""
+    """What :func:`run_training` kept for one condition (``kept``: a ``snapshot(r)``), when
+    (``best_step``; 0 = before training), its validation loss (NaN when never checked) and a
+    record per step."""
 
     kept: T
     best_step: int
@@ -213,80 +242,117 @@ class TrainRun(Generic[T]):
 def run_training(
     params: Sequence[Tensor],
     batches: Sequence[Sequence[int]],
-    objective: Callable[[Sequence[int]], tuple[Tensor, float]],
-    valid_loss: Callable[[], float],
-    snapshot: Callable[[], T],
+    objective: Callable[[Sequence[int], range], tuple[Tensor, Any]],
+    valid_loss: Callable[[], Any],
+    snapshot: Callable[[int], T],
     config: RunConfig,
-) -> TrainRun[T]:
-    """Adam (``config.lr``) on ``params``, one step per batch, seeded with ``config.seed``.
+) -> list[TrainRun[T]]:
+    """Adam (``config.lr``) on ``params``, one step per batch, seeded with ``config.seed``, for
+    R = ``config.conditions`` fits at once; returns one :class:`TrainRun` per condition.
 
-    ``objective(batch)`` returns the scalar to minimize and a number for the history (under
-    ``config.metric``; a float or a 0-dim tensor, read when the runner next synchronizes);
-    ``valid_loss()`` scores the current parameters; ``snapshot()`` copies what to keep. Each step:
-    objective, ``zero_grad``, ``backward``, ``step``; then the validation schedule of
-    ``config.keep``. A non-finite loss (or, with ``check_params``, non-finite parameters after a
-    step) raises :class:`FitError` naming the step: at once when every parameter is on the CPU,
-    else at the next validation check or the end (the device is not waited for every step).
-    The history holds ``{"step", metric, "valid_loss"}`` per step (NaN where not checked) and,
-    with ``keep="best"``, a step-0 record of the check before training."""
+    A condition is one fit: its own parameters (its rows of ``params``, or params of its own), its
+    own loss on the batch, its own validation loss and its own kept snapshot. R = 1 is a single
+    fit (:func:`sitelens.site.fit_alpha`, the baselines); R > 1 runs fits that share the model,
+    the batches and the seed in the same passes (:func:`sitelens.lenses.joint_fit.fit_many`).
+
+    ``objective(batch, conds)`` returns the loss of each condition in ``conds`` (a ``range``;
+    ``[len(conds)]``, or a scalar for one condition) and a number per condition for the history
+    (under ``config.metric``; floats or a tensor, read when the runner next synchronizes);
+    ``valid_loss()`` scores the current parameters (a float, or ``[R]``); ``snapshot(r)`` copies
+    what condition ``r`` keeps. Each step: ``zero_grad``; per group of :meth:`RunConfig.groups`
+    the objective and ``backward`` of the sum of its losses (the group's graph is freed before the
+    next is built); one ``step``; then the validation schedule of ``config.keep``, per condition.
+
+    Why R fits at once are R fits: the summed loss gives each condition's parameters exactly the
+    gradient of its own loss, provided condition r's loss reads only r's parameters (the caller's
+    part), and Adam is elementwise, so each parameter's moments and step are its own, whichever
+    tensor holds it. The numbers equal R separate runs up to the float rounding of a pass with more
+    rows (``tests/test_training.py``).
+
+    A non-finite loss (or, with ``check_params``, non-finite parameters after a step) raises
+    :class:`FitError` naming the step: at once when every parameter is on the CPU, else at the
+    next validation check or the end (the device is not waited for every step). Each history holds
+    ``{"step", metric, "valid_loss"}`` per step (NaN where not checked) and, with
+    ``keep="best"``, a step-0 record of the check before training."""
     cfg = config
+    R, groups = cfg.conditions, cfg.groups()
     torch.manual_seed(cfg.seed)
     params = list(params)
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.Adam(params, lr=cfg.lr)
     eager = _read_every_step(params)
-    history: list[dict] = []
-    pending: list[tuple[dict, Tensor, Any, list[Tensor]]] = []  # steps not yet read back
-    best: tuple[float, Any, int] | None = None  # (valid loss, snapshot, step)
+    history: list[list[dict]] = [[] for _ in range(R)]
+    # steps not yet read back: (step, a record per condition, (conds, loss, value) per group, finite)
+    pending: list[tuple[int, list[dict], list[tuple[range, Tensor, Any]], list[Tensor]]] = []
+    kept: list[tuple[float, Any, int] | None] = [None] * R  # per condition (valid loss, snapshot, step)
+
+    def check() -> list[float]:
+        return _per_condition(valid_loss(), R)
+
     if cfg.keep == "best":
-        best = (valid_loss(), snapshot(), 0)
-        history.append({"step": 0, cfg.metric: float("nan"), "valid_loss": best[0]})
+        v = check()
+        kept = [(v[r], snapshot(r), 0) for r in range(R)]
+        for r in range(R):
+            history[r].append({"step": 0, cfg.metric: float("nan"), "valid_loss": v[r]})
 
     def settle(bar) -> None:
         """Read the pending steps back: their numbers, and a FitError at the first bad one."""
-        for rec, total, value, finite in pending:
-            if not bool(torch.isfinite(total)):
-                raise FitError(f"Non-finite loss at step {rec['step']} while fitting {cfg.what} on "
-                               f"{cfg.task!r}. {cfg.hint}")
+        for step, recs, parts, finite in pending:
+            for _, total, _ in parts:
+                if not bool(torch.isfinite(total).all()):
+                    raise FitError(f"Non-finite loss at step {step} while fitting {cfg.what} on "
+                                   f"{cfg.task!r}. {cfg.hint}")
             if not all(bool(f) for f in finite):
-                raise FitError(f"The parameters of {cfg.what} became non-finite at step "
-                               f"{rec['step']} while fitting {cfg.task!r}. Lower the learning "
-                               "rate (lr).")
-            rec[cfg.metric] = float(value)
+                raise FitError(f"The parameters of {cfg.what} became non-finite at step {step} "
+                               f"while fitting {cfg.task!r}. Lower the learning rate (lr).")
+            for conds, _, value in parts:
+                for r, x in zip(conds, _per_condition(value, len(conds))):
+                    recs[r][cfg.metric] = x
         if pending:
-            bar.set_postfix({cfg.metric: f"{pending[-1][0][cfg.metric]:.3f}"})
+            last = [rec[cfg.metric] for rec in pending[-1][1]]
+            bar.set_postfix({cfg.metric: f"{sum(last) / len(last):.3f}"})
         pending.clear()
 
     with progress_bar(total=len(batches), desc=f"fit {cfg.what} [{cfg.task}]",
                       enabled=cfg.progress) as bar:
         for step, batch in enumerate(batches, start=1):
-            total, value = objective(batch)
-            rec = {"step": step, cfg.metric: float("nan"), "valid_loss": float("nan")}
-            if eager and not torch.isfinite(total):  # before the step: a bad loss never moves the params
-                pending.append((rec, total.detach(), value, []))
-                settle(bar)
+            recs = [{"step": step, cfg.metric: float("nan"), "valid_loss": float("nan")} for _ in range(R)]
+            parts = []
             opt.zero_grad()
-            total.backward()
+            for conds in groups:
+                total, value = objective(batch, conds)
+                if eager and not bool(torch.isfinite(total).all()):  # a bad loss never moves the params
+                    pending.append((step, recs, [(conds, total.detach(), value)], []))
+                    settle(bar)
+                total.sum().backward()
+                parts.append((conds, total.detach(), value))
             opt.step()
             finite = [torch.isfinite(p).all() for p in params] if cfg.check_params else []
-            pending.append((rec, total.detach(), value, finite))
+            pending.append((step, recs, parts, finite))
             bar.update(1)
             checking = step % cfg.eval_every == 0 or (cfg.keep == "best" and step == len(batches))
             if eager or checking:
                 settle(bar)
             if cfg.keep == "last_check":
                 if step % cfg.eval_every == 0:  # every check replaces what is kept
-                    rec["valid_loss"] = valid_loss()
-                    best = (rec["valid_loss"], snapshot(), step)
+                    v = check()
+                    for r in range(R):
+                        recs[r]["valid_loss"] = v[r]
+                        kept[r] = (v[r], snapshot(r), step)
             elif checking:
-                rec["valid_loss"] = valid_loss()
-                if rec["valid_loss"] < best[0]:
-                    best = (rec["valid_loss"], snapshot(), step)
-            history.append(rec)
+                v = check()
+                for r in range(R):
+                    recs[r]["valid_loss"] = v[r]
+                    if v[r] < kept[r][0]:  # strictly lower: ties keep the earlier
+                        kept[r] = (v[r], snapshot(r), step)
+            for r in range(R):
+                history[r].append(recs[r])
         settle(bar)
     for p in params:
         p.requires_grad_(False)
-    if best is None:  # "last_check" and no check happened: the final parameters
-        best = (float("nan"), snapshot(), len(batches))
-    return TrainRun(kept=best[1], best_step=best[2], valid_loss=best[0], history=history)
+    runs = []
+    for r in range(R):  # "last_check" and no check happened: the final parameters
+        loss, snap, step = kept[r] or (float("nan"), snapshot(r), len(batches))
+        runs.append(TrainRun(kept=snap, best_step=step, valid_loss=loss, history=history[r]))
+    return runs

@@ -1,0 +1,122 @@
+"""The training runner with R conditions (:func:`sitelens.site.training.run_training`): R fits run
+at once equal the same R fits run one by one, on a toy problem with no model.
+
+Each condition r pulls its parameters ``w_r`` toward ``x_i + c_r`` (a squared error over the
+batch's items) and is validated against ``c_r / 2``, so the validation loss falls and then rises:
+with targets of different sizes each condition keeps a different step, and a rule that kept one
+step for all would show. Everything is float64 and elementwise but for each condition's own sum
+and mean over its rows, which a joint pass computes on the same numbers as a single one; the
+tolerance ``ATOL`` = 1e-12 (about 1e4 float64 ulps at the values' size, ~1) leaves room only for a
+reduction that sums in another order, while the broken variants below move the kept parameters
+by more than 1e-3."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sitelens.errors import FitError
+from sitelens.site import training
+
+N_DIM, N_ITEMS, STEPS = 4, 12, 40
+X = torch.randn(N_ITEMS, N_DIM, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 0.1
+C = torch.tensor([1.0, 3.0, 6.0], dtype=torch.float64)[:, None] * torch.ones(N_DIM, dtype=torch.float64)
+ATOL = 1e-12  # see the module docstring
+
+
+def run(targets: torch.Tensor, per_pass: int | None = None, keep: str = "best", bad_step: int | None = None):
+    """One runner call over ``len(targets)`` conditions (one row of ``w`` each)."""
+    w = torch.zeros(len(targets), N_DIM, dtype=torch.float64)  # [R, n_dim]
+    batches = [[(3 * s + j) % N_ITEMS for j in range(3)] for s in range(STEPS)]
+
+    def objective(batch, conds):
+        x = X[torch.tensor(batch)]  # [batch, n_dim]
+        diff = w[conds.start:conds.stop, None] - x[None] - targets[conds.start:conds.stop, None]
+        loss = diff.pow(2).sum(-1).mean(-1)  # [len(conds)]
+        if batch[0] == bad_step:
+            loss = loss * float("nan")
+        return loss, loss.detach()
+
+    def valid_loss():
+        return (w.detach() - targets / 2).pow(2).sum(-1)  # [R]
+
+    return training.run_training(
+        [w], batches, objective, valid_loss, snapshot=lambda r: w[r].detach().clone(),
+        config=training.RunConfig(lr=0.1, eval_every=2, keep=keep, conditions=len(targets),
+                                  per_pass=per_pass, check_params=True))
+
+
+def check_joint_equals_one_by_one(keep: str = "best") -> None:
+    joint = run(C, per_pass=2, keep=keep)  # two passes a step: conditions {0, 1} and {2}
+    alone = [run(C[r:r + 1], keep=keep)[0] for r in range(len(C))]
+    assert len(joint) == len(C)
+    for j, a in zip(joint, alone):
+        assert torch.allclose(j.kept, a.kept, rtol=0, atol=ATOL), (j.kept, a.kept)
+        assert j.best_step == a.best_step
+        assert j.valid_loss == pytest.approx(a.valid_loss, rel=0, abs=ATOL)
+        assert [h["step"] for h in j.history] == [h["step"] for h in a.history]
+        for key in ("train_loss", "valid_loss"):
+            assert [h[key] for h in j.history] == pytest.approx(
+                [h[key] for h in a.history], rel=0, abs=ATOL, nan_ok=True)
+    assert len({a.best_step for a in alone}) == len(C)  # each condition keeps its own step
+    assert all(0 < a.best_step < STEPS for a in alone)
+
+
+@pytest.mark.parametrize("keep", ["best", "last_check"])
+def test_r_conditions_equal_r_runs_of_one(keep):
+    if keep == "best":
+        check_joint_equals_one_by_one(keep)
+    else:  # every check replaces what is kept: the final parameters, per condition
+        joint = run(C, per_pass=2, keep=keep)
+        for r, j in enumerate(joint):
+            (a,) = run(C[r:r + 1], keep=keep)
+            assert j.best_step == a.best_step == STEPS
+            assert torch.allclose(j.kept, a.kept, rtol=0, atol=ATOL)
+
+
+class SharedAdam(torch.optim.Adam):
+    """A broken runner's optimizer: one second moment shared by every condition (each
+    parameter's ``exp_avg_sq`` pooled over its rows after every step)."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        out = super().step(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                v = self.state[p]["exp_avg_sq"]
+                v.copy_(v.mean(0, keepdim=True).expand_as(v))
+        return out
+
+
+def test_mutation_shared_adam_state_is_caught(monkeypatch):
+    monkeypatch.setattr(torch.optim, "Adam", SharedAdam)
+    with pytest.raises(AssertionError):
+        check_joint_equals_one_by_one()
+
+
+def test_mutation_one_kept_step_for_all_conditions_is_caught(monkeypatch):
+    real = training._per_condition
+
+    def pooled(x, n):  # every condition judged by the mean validation loss: one kept step for all
+        v = real(x, n)
+        return [sum(v) / n] * n
+
+    monkeypatch.setattr(training, "_per_condition", pooled)
+    with pytest.raises(AssertionError):
+        check_joint_equals_one_by_one()
+
+
+@pytest.mark.parametrize("eager", [True, False])
+def test_a_non_finite_condition_raises_naming_its_step(monkeypatch, eager):
+    """At once on the CPU, at the next check where the runner defers reading (a GPU's path)."""
+    monkeypatch.setattr(training, "_read_every_step", lambda params: eager)
+    with pytest.raises(FitError, match="Non-finite loss at step 4 "):
+        run(C, per_pass=2, bad_step=(3 * 3) % N_ITEMS)  # the batch of step 4 starts at item 9
+
+
+def test_conditions_are_grouped_per_pass():
+    cfg = training.RunConfig(lr=0.1, conditions=5, per_pass=2)
+    assert cfg.groups() == [range(0, 2), range(2, 4), range(4, 5)]
+    assert training.RunConfig(lr=0.1, conditions=5).groups() == [range(0, 5)]
+    with pytest.raises(ValueError):
+        training.RunConfig(lr=0.1, conditions=0)
