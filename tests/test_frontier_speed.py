@@ -1,9 +1,10 @@
 """The frontier's speed-ups against the slow computations they replace, on tiny random models.
 
 Tolerance of the joint fits (:func:`sitelens.lenses.joint_fit.fit_many` with R conditions against
-R runs of one condition): one pass of R × n rows instead of R passes of n rows sums the same float32 terms in another order (about 1e-7 relative
-per pass); over the fit's steps Adam's normalized updates carry that forward, so the kept logits
-(of order 1) agree to 1e-4, far below the gaps that decide a top-k or an argmax in these tests.
+R runs of one condition, or against :func:`sitelens.fit_site`): one pass of R × n rows instead of
+R passes of n rows sums the same float32 terms in another order (about 1e-7 relative per pass);
+over the fit's steps Adam's normalized updates carry that forward, so the kept logits (of order 1)
+agree to 1e-4, far below the gaps that decide a top-k or an argmax in these tests.
 Where two validation checks give the same loss to within that rounding (a straight-through mask
 that did not change between them), either may be kept: the fits here validate only before the
 first and after the last step, so the kept step is decided by a real difference."""
@@ -59,6 +60,8 @@ def test_joint_refits_equal_one_by_one(tiny_mha, task):
 
 
 def test_mutation_joint_fit_with_the_wrong_mix_is_caught(tiny_mha, task, monkeypatch):
+    """The joint fit's loss against SITE's own (:func:`fit_site`, another implementation of the
+    mix and the loss): halving the weights in the joint fit's mix is caught."""
     real = J._condition_losses
 
     def wrong(model, items, conds, w, t):  # each condition's weights halved in the mix
@@ -66,7 +69,7 @@ def test_mutation_joint_fit_with_the_wrong_mix_is_caught(tiny_mha, task, monkeyp
 
     monkeypatch.setattr(J, "_condition_losses", wrong)
     with pytest.raises(AssertionError):
-        check_joint_refits_equal_one_by_one(tiny_mha, task)
+        check_joint_alpha_sparse_equals_fit_site(tiny_mha, task)
 
 
 def test_joint_sparse_fits_equal_one_by_one(tiny_mha, task):
@@ -77,20 +80,24 @@ def test_joint_sparse_fits_equal_one_by_one(tiny_mha, task):
     joint = J.fit_many(tiny_mha, task, emb, FIT, S.straight_through_topk_rows(ks), len(ks),
                        template=BARE, what="test", init=init.repeat(len(ks), 1))
     for k, got in zip(ks, joint):
-        one = J.fit_many(tiny_mha, task, emb, FIT, S.straight_through_topk(k), 1, template=BARE,
+        one = J.fit_many(tiny_mha, task, emb, FIT, S.straight_through_topk_rows([k]), 1, template=BARE,
                          what="test", init=init)[0]
         assert torch.allclose(got, one, atol=ATOL)
         assert S.ranking(got)[:k] == S.ranking(one)[:k]
 
 
-def test_joint_alpha_sparse_fits_equal_fit_site(tiny_mha, task):
-    emb = _embedding(tiny_mha, task)
+def check_joint_alpha_sparse_equals_fit_site(model, task) -> None:
+    emb = _embedding(model, task)
     lams = torch.tensor([0.5, 5.0])
-    joint = J.fit_many(tiny_mha, task, emb, FIT, torch.sigmoid, 2, template=BARE, what="test",
+    joint = J.fit_many(model, task, emb, FIT, torch.sigmoid, 2, template=BARE, what="test",
                        penalty=lambda a: lams * torch.sigmoid(a).mean(1))
     for lam, got in zip(lams.tolist(), joint):
-        ad = fit_site(tiny_mha, task, config=replace(FIT, sparsity=lam), template=BARE, embedding=emb)
+        ad = fit_site(model, task, config=replace(FIT, sparsity=lam), template=BARE, embedding=emb)
         assert torch.allclose(torch.sigmoid(got), ad.alpha, atol=ATOL)
+
+
+def test_joint_alpha_sparse_fits_equal_fit_site(tiny_mha, task):
+    check_joint_alpha_sparse_equals_fit_site(tiny_mha, task)
 
 
 # ----------------------------------------------------------------------------------------------
