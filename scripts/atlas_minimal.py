@@ -20,9 +20,10 @@ from pathlib import Path
 
 def main(argv=None) -> int:
     from sitelens.atlas import ATLAS_MODELS, atlas_task_dirs, load_atlas
-    from sitelens.atlas.minimal import BUDGETS, MinimalConfig, build_minimal
+    from sitelens.atlas.minimal import MinimalConfig, build_minimal
     from sitelens.atlas.tables import MINIMAL_FILE, data_dir, read_minimal
     from sitelens.errors import SitelensError
+    from sitelens.lenses.registry import DEFAULT_BUDGETS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=",".join(ATLAS_MODELS))
@@ -31,7 +32,7 @@ def main(argv=None) -> int:
     p.add_argument("--data", default=None, help="atlas tables (default: those shipped with sitelens)")
     p.add_argument("--out-dir", default=None, help="write OUT/{model}/minimal.csv (default: --data)")
     p.add_argument("--cache-dir", default="runs/atlas")
-    p.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
+    p.add_argument("--budgets", default=",".join(map(str, DEFAULT_BUDGETS)))
     p.add_argument("--test-limit", type=int, default=None, help="the first test items only")
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)

@@ -121,7 +121,7 @@ def test_rows_equal_an_independent_patched_forward(atlas, rows):
 def test_mutation_the_wrong_top_k_is_caught(atlas, monkeypatch, tmp_path):
     """A selector ranking backwards (the lowest scores first) fails the reference check."""
     model, tasks, data = atlas
-    monkeypatch.setattr(MIN, "top_k", lambda scores, k: list(np.argsort(scores, kind="stable")[:k]))
+    monkeypatch.setattr(MIN, "ranking", lambda scores: np.argsort(scores, kind="stable").tolist())
     bad = build_minimal(model, data, tasks[:1], CFG, cache_dir=tmp_path, progress=False)
     with pytest.raises(AssertionError):
         check_against_reference(model, tasks[0], data, bad)

@@ -19,6 +19,7 @@ import torch
 import sitelens.lenses.selectors as S
 from sitelens import FitConfig, fit_site, load_task
 from sitelens.errors import LensError, TaskError
+from sitelens.heads import mask_of, ranking
 from sitelens.lenses.attribution import AttributionConfig
 from sitelens.lenses.frontier import COLUMNS, NOT_REACHED, frontier, k_star, mean_jaccard
 from sitelens.lenses.selectors import FrontierConfig, SelectionContext, select
@@ -100,7 +101,7 @@ def test_greedy_stops_at_max_k_or_full_site_and_leaves_the_rest_empty(tiny_mha, 
 def test_greedy_pool_prunes_the_candidates_and_measures_it(tiny_mha, task):
     ctx = _ctx(tiny_mha, task, replace(CFG, greedy_pool=2, greedy_stop=False))
     sel = select(ctx, "greedy", [1, 2])
-    grad = S.ranking(S.get_lens("alpha-grad").run(S.LensInputs(
+    grad = ranking(S.get_lens("alpha-grad").run(S.LensInputs(
         tiny_mha, task, ctx.adapter.embedding, replace(CFG.attribution, template=BARE))).map())[:2]
     assert sorted(sel.sets[2]) == sorted(grad) and sel.meta["pool"] == 2  # only the pool's heads
     pr = sel.meta["pruning"]
@@ -198,7 +199,7 @@ def _planted_task(model, task):
     ad = fit_site(model, task, n_prompts=CFG.n_prompts, n_shots=CFG.n_shots,
                   config=replace(CFG.fit, seed=0), template=BARE)
     L, H = ad.alpha.shape
-    top = S.mask_of(S.ranking(ad.alpha)[:1], (L, H))
+    top = mask_of(ranking(ad.alpha)[:1], (L, H))
     items = task.test[: CFG.test_limit]
     prompts = [zero_shot_prompt(ex.input, BARE) for ex in items]
     inj = patched_last_logits(model, prompts, top, ad.embedding).argmax(-1)
@@ -287,6 +288,24 @@ def test_bad_input_raises_typed_errors(tiny_mha, task):
     tiny_task = Task("tiny", task.train[:1], task.valid[:3], task.test[:3])
     with pytest.raises(TaskError, match="too small"):
         frontier(tiny_mha, tiny_task, budgets=(1,), config=CFG)
+
+
+def test_selectors_are_one_registry(tiny_mha, task, monkeypatch):
+    """The names, the parser and :func:`select` read one registry: a selector added there (a toy
+    one) is parsed and run with no other edit; an unknown name is refused before any work."""
+    assert S.SELECTORS == tuple(s.name for s in S.SELECTOR_REGISTRY)
+    assert len(set(S.SELECTORS)) == len(S.SELECTORS) and all(s.what for s in S.SELECTOR_REGISTRY)
+    assert S.parse_selectors(["atp", "alpha", "atp"]) == ["atp", "alpha"]
+    toy = S.Selector("first-heads", "the first k heads", lambda ctx, budgets: ({k: list(range(k))
+                                                                                for k in budgets}, {}))
+    monkeypatch.setattr(S, "SELECTOR_REGISTRY", (*S.SELECTOR_REGISTRY, toy))
+    monkeypatch.setattr(S, "SELECTORS", (*S.SELECTORS, toy.name))
+    assert S.parse_selectors(["first-heads"]) == ["first-heads"]
+    ctx = SelectionContext(tiny_mha, task, None, CFG, 0)  # the toy reads nothing of the context
+    sel = select(ctx, "first-heads", [1, 3])
+    assert sel.sets == {1: [0], 3: [0, 1, 2]} and sel.forward_passes == 0
+    with pytest.raises(LensError, match="Unknown selector 'nope'"):
+        select(ctx, "nope", [1])
 
 
 # ----------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from test_frontier_pin import planted
 import sitelens.lenses.joint_fit as J
 import sitelens.lenses.selectors as S
 from sitelens import FitConfig, fit_site, load_task
+from sitelens.heads import mask_of, ranking
 from sitelens.patching.engine import ForwardPassCounter
 from sitelens.tasks import Template
 
@@ -44,7 +45,7 @@ def check_joint_refits_equal_one_by_one(model, task) -> None:
     emb = _embedding(model, task)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     sets = [[0], [1, 5], [2, 3, 7]]
-    masks = torch.stack([S.mask_of(h, (L, H)).flatten() for h in sets])  # [3, L * H]
+    masks = torch.stack([mask_of(h, (L, H)).flatten() for h in sets])  # [3, L * H]
     joint = J.fit_many(model, task, emb, FIT, lambda a: torch.sigmoid(a) * masks, len(sets),
                        template=BARE, what="test", max_rows=16)  # 16 rows: the sets run in groups
     for i, m in enumerate(masks):
@@ -83,7 +84,7 @@ def test_joint_sparse_fits_equal_one_by_one(tiny_mha, task):
         one = J.fit_many(tiny_mha, task, emb, FIT, S.straight_through_topk_rows([k]), 1, template=BARE,
                          what="test", init=init)[0]
         assert torch.allclose(got, one, atol=ATOL)
-        assert S.ranking(got)[:k] == S.ranking(one)[:k]
+        assert ranking(got)[:k] == ranking(one)[:k]
 
 
 def check_joint_alpha_sparse_equals_fit_site(model, task) -> None:

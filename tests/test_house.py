@@ -29,7 +29,7 @@ PKG = ROOT / "sitelens"
 # Lowest first; a module may import from its own layer or any layer below it. The leaves are the
 # top-level modules; `sitelens/__init__.py` (the public API) sits above all.
 LAYERS = [
-    {"errors", "io", "provenance", "format", "lazy", "stats"},
+    {"errors", "io", "provenance", "format", "lazy", "stats", "heads"},
     {"models"},
     {"tasks"},
     {"site"},

@@ -3,7 +3,7 @@
 For each atlas task, the frontier (:mod:`sitelens.lenses.frontier`) of the *fast* selectors only:
 ``alpha`` (the atlas's α), ``alpha-grad`` and ``atp`` (the scores ``lenses.csv`` already holds), so
 no lens is recomputed and nothing is fitted. S_k is the top-k of a selector's scores (ties by head
-index, as :func:`sitelens.lenses.selectors.ranking`); it is injected the ``alpha1`` way (the task
+index, :func:`sitelens.heads.ranking`); it is injected the ``alpha1`` way (the task
 embedding with α = 1 on S_k only) into the zero-shot prompts of the task's test split, beside full
 SITE (the atlas's α, mean over its seeds) and zero-shot on the same items, all conditions in
 batched rows on one prefix cache (:func:`sitelens.lenses.frontier.inject_scores`). The embedding is
@@ -36,10 +36,11 @@ import numpy as np
 import pandas as pd
 
 from sitelens.atlas.data import AtlasData, _cell_store
+from sitelens.heads import HeadSet, ranking
+from sitelens.lenses.registry import DEFAULT_BUDGETS
 from sitelens.tasks import Template
 
 SELECTORS: tuple[str, ...] = ("alpha", "alpha-grad", "atp")  # the fast ones: top-k of stored scores
-BUDGETS: tuple[int, ...] = (1, 2, 5, 10, 20, 50)
 COLUMNS = ["task", "selector", "k", "heads", "first_token_acc", "ci_low", "ci_high", "full_site",
            "zero_shot", "n_test", "k_star", "skipped", "fingerprint", "numerics_version"]
 
@@ -48,7 +49,7 @@ COLUMNS = ["task", "selector", "k", "heads", "first_token_acc", "ci_low", "ci_hi
 class MinimalConfig:
     """Settings of :func:`build_minimal` (all of them key the cells)."""
 
-    budgets: tuple[int, ...] = BUDGETS
+    budgets: tuple[int, ...] = DEFAULT_BUDGETS
     selectors: tuple[str, ...] = SELECTORS
     test_limit: int | None = None  # the first test items only (None: the whole test split)
     batch_size: int = 256  # rows per forward pass
@@ -71,22 +72,13 @@ def selector_scores(data: AtlasData, task: str, selector: str) -> np.ndarray | N
     return s
 
 
-def top_k(scores: np.ndarray, k: int) -> list[int]:
-    """The ``k`` highest-scoring flat heads (stable: ties keep index order; NaN last)."""
-    import torch
-
-    from sitelens.lenses.selectors import ranking
-
-    return ranking(torch.as_tensor(scores))[:k]
-
-
 def task_rows(model, task, data: AtlasData, cfg: MinimalConfig) -> pd.DataFrame:
     """The rows of one task (see the module docstring), without the provenance columns."""
     import torch
 
     from sitelens.errors import TaskError
     from sitelens.lenses.frontier import inject_scores, k_star
-    from sitelens.lenses.selectors import check_budgets, check_task_splits, head_label, mask_of
+    from sitelens.lenses.selectors import check_budgets, check_task_splits
     from sitelens.site import task_embedding
     from sitelens.site.training import LastTokenSet
     from sitelens.stats import wilson_interval
@@ -109,11 +101,11 @@ def task_rows(model, task, data: AtlasData, cfg: MinimalConfig) -> pd.DataFrame:
         scores = selector_scores(data, task.name, sel)
         if scores is None:
             continue
+        ranked = ranking(torch.as_tensor(scores, dtype=torch.float32))  # as the frontier ranks lens maps
         for k in budgets:
-            heads = top_k(scores, k)
-            conds.append({"selector": sel, "k": k, "heads": ";".join(head_label(j, H) for j in heads),
-                          "_cond": len(weights)})
-            weights.append(mask_of(heads, (L, H)))
+            heads = HeadSet(L, H, ranked[:k])
+            conds.append({"selector": sel, "k": k, "heads": ";".join(heads.labels()), "_cond": len(weights)})
+            weights.append(heads.mask())
     items = task.test[: cfg.test_limit] if cfg.test_limit else task.test
     test = LastTokenSet.build(model, items, template)
     correct = inject_scores(model, test, torch.stack(weights), emb, batch_size=cfg.batch_size)
@@ -210,5 +202,5 @@ def k_star_table(minimal: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([out, skipped], ignore_index=True)
 
 
-__all__ = ["BUDGETS", "COLUMNS", "SELECTORS", "MinimalConfig", "build_minimal", "k_star_table",
-           "selector_scores", "task_rows", "top_k"]
+__all__ = ["COLUMNS", "SELECTORS", "MinimalConfig", "build_minimal", "k_star_table",
+           "selector_scores", "task_rows"]

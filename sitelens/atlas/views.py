@@ -14,6 +14,7 @@ import numpy as np
 
 from sitelens.atlas.data import AtlasData, depth_profile
 from sitelens.format import round_or_none
+from sitelens.heads import head_label
 
 
 def _flat(values, digits: int = 4) -> list:
@@ -147,10 +148,6 @@ def payload(datas: list[AtlasData]) -> dict:
 # lookups (mirrored by the page's JavaScript: keep the two in step)
 
 
-def head_label(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"
-
-
 def head_card(p: dict, model: str, task: str, layer: int, head: int) -> dict:
     """What the head card shows: the head's score in every lens for ``task`` (None where not
     computed), its α interval, the α of this head in every task (cluster order), its top tokens."""
@@ -160,7 +157,7 @@ def head_card(p: dict, model: str, task: str, layer: int, head: int) -> dict:
     ci = m["alpha_ci"].get(task, [[None], [None]])
     alpha_across = [[t, m["lenses"]["alpha"][t][i]] for t in m["order"]]
     return {
-        "head": head_label(layer, head), "model": model, "task": task, "scores": scores,
+        "head": head_label(i, m["n_heads"]), "model": model, "task": task, "scores": scores,
         "alpha_ci": [ci[0][i], ci[1][i]], "n_seeds": m["n_seeds"].get(task),
         "alpha_across_tasks": alpha_across,
         "tokens": m["tokens"].get(task, [[]] * (i + 1))[i],
@@ -238,6 +235,6 @@ def overview(p: dict, model: str, lens: str = "alpha") -> dict:
     ``ticks``: the heads the x-axis names (all, or each layer's first past :data:`MAX_HEAD_TICKS`)."""
     m = p["models"][model]
     rows = [t for t in m["order"] if t in m["lenses"].get(lens, {})]
-    heads = [head_label(i // m["n_heads"], i % m["n_heads"]) for i in range(m["n_layers"] * m["n_heads"])]
+    heads = [head_label(i, m["n_heads"]) for i in range(m["n_layers"] * m["n_heads"])]
     ticks = heads if len(heads) <= MAX_HEAD_TICKS else heads[::m["n_heads"]]
     return {"tasks": rows, "z": [m["lenses"][lens][t] for t in rows], "heads": heads, "ticks": ticks}

@@ -25,21 +25,11 @@ from torch import Tensor
 
 from sitelens.eval.metrics import correlation
 from sitelens.format import array_summary, progress_bar
+from sitelens.heads import jaccard, ranking
 from sitelens.lenses.scores import HeadScores
 from sitelens.models import model_name
 from sitelens.site import FitConfig, SiteAdapter, fit_site
 from sitelens.tasks import Task
-
-
-def top_k_set(x: Tensor, k: int) -> set[int]:
-    """Flat indices of the ``k`` largest values (ties broken by index, stable)."""
-    flat = x.detach().float().flatten()
-    order = torch.argsort(-flat, stable=True)
-    return {int(i) for i in order[:k]}
-
-
-def jaccard(a: set, b: set) -> float:
-    return len(a & b) / len(a | b) if a | b else float("nan")
 
 
 def rank_stability(maps: Sequence[Tensor], k: int = 10) -> pd.DataFrame:
@@ -48,7 +38,7 @@ def rank_stability(maps: Sequence[Tensor], k: int = 10) -> pd.DataFrame:
     for i, j in combinations(range(len(maps)), 2):
         rows.append({"i": i, "j": j,
                      "spearman": correlation(maps[i], maps[j], "spearman"),
-                     f"top{k}_jaccard": jaccard(top_k_set(maps[i], k), top_k_set(maps[j], k))})
+                     f"top{k}_jaccard": jaccard(ranking(maps[i])[:k], ranking(maps[j])[:k])})
     return pd.DataFrame(rows)
 
 

@@ -28,14 +28,10 @@ import pandas as pd
 import torch
 
 from sitelens.eval.metrics import correlation
+from sitelens.heads import jaccard, ranking
 from sitelens.lenses.scores import HeadScores
 from sitelens.patching.effects import EffectsConfig, corrupted_prompts
 from sitelens.patching.engine import ForwardPassCounter, RowCounter, prefix_rows, run_rows
-
-
-def top_k_heads(a: np.ndarray, k: int) -> set[int]:
-    """The flat indices of the ``k`` highest scores of a head map (NaN lowest, ties by index)."""
-    return set(np.argsort(-np.nan_to_num(a, nan=-np.inf), kind="stable")[:k].tolist())
 
 
 def lens_agreement(scores: HeadScores, k: int = 10, lenses: list[str] | None = None) -> pd.DataFrame:
@@ -46,10 +42,9 @@ def lens_agreement(scores: HeadScores, k: int = 10, lenses: list[str] | None = N
         maps = {x: d[d.lens == x].sort_values(["layer", "head"])["score"].to_numpy(float)
                 for x in have}
         for a, b in combinations(have, 2):
-            ta, tb = top_k_heads(maps[a], k), top_k_heads(maps[b], k)
             rows.append({"model": model, "task": task, "lens_a": a, "lens_b": b,
                          "spearman": correlation(maps[a], maps[b], "spearman"),
-                         f"top{k}_jaccard": len(ta & tb) / len(ta | tb)})
+                         f"top{k}_jaccard": jaccard(ranking(maps[a])[:k], ranking(maps[b])[:k])})
     return pd.DataFrame(rows)
 
 
@@ -81,7 +76,7 @@ def fast_vs_exact(scores: HeadScores, k: int = 10, lenses=FAST_LENSES, certify=(
             f, r = _head_map(s, lens), s[s.lens == lens].iloc[0]
             rows.append({"model": model, "task": task, "lens": lens,
                          "spearman": correlation(f, ex, "spearman"),
-                         f"top{k}_recall": len(top_k_heads(f, k) & top_k_heads(ex, k)) / k,
+                         f"top{k}_recall": len(set(ranking(f)[:k]) & set(ranking(ex)[:k])) / k,
                          "forward_passes": int(r.forward_passes), "backward_passes": int(r.backward_passes),
                          "seconds": float(r.seconds), "exact_forward_passes": int(e_row.forward_passes),
                          "exact_rows": int(meta["rows"]), "exact_seconds": float(e_row.seconds)})
@@ -93,7 +88,7 @@ def fast_vs_exact(scores: HeadScores, k: int = 10, lenses=FAST_LENSES, certify=(
                 n_rows = (len(c["verified"]) + 1) * meta["n_prompts"]
                 cert.append({"model": model, "task": task, "lens": lens, "rule": rule,
                              "verified": len(c["verified"]), "verified_share": len(c["verified"]) / n,
-                             "recall": len(set(c["top"]) & top_k_heads(ex, k)) / k,
+                             "recall": len(set(c["top"]) & set(ranking(ex)[:k])) / k,
                              "certified": c["certified"], "rounds": c["rounds"], "rows": n_rows,
                              "exact_rows_share": n_rows / meta["rows"], "n_heads": n})
     return pd.DataFrame(rows), pd.DataFrame(cert)

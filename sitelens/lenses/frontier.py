@@ -40,17 +40,17 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from sitelens.eval.evaluate import evaluate
-from sitelens.lenses.alpha import jaccard
+from sitelens.heads import head_label, mask_of
 from sitelens.lenses.joint_fit import fit_many
+from sitelens.lenses.registry import DEFAULT_BUDGETS
 from sitelens.lenses.selectors import (
+    SELECTORS,
     FrontierConfig,
     Selection,
     SelectionContext,
     check_budgets,
     check_task_splits,
     fit_site_counted,
-    head_label,
-    mask_of,
     parse_selectors,
     select,
 )
@@ -58,7 +58,7 @@ from sitelens.models import model_name
 from sitelens.patching.engine import BackwardPassCounter, ForwardPassCounter, row_grid, run_rows
 from sitelens.site.injection import HeadMix
 from sitelens.site.training import LastTokenSet
-from sitelens.stats import wilson_interval
+from sitelens.stats import jaccard, wilson_interval
 from sitelens.tasks import Task
 
 COLUMNS = [
@@ -68,8 +68,6 @@ COLUMNS = [
 ]
 INJECTIONS = ("alpha1", "refit")
 COST = ("forward_passes", "backward_passes", "seconds")
-DEFAULT_BUDGETS = (1, 2, 5, 10, 20, 50)
-DEFAULT_SELECTORS = ("alpha", "alpha-sparse", "alpha-grad", "atp", "effect", "greedy", "sparse")
 THRESHOLD = 0.9  # k*: the fraction of full SITE's accuracy to reach
 UNSTABLE_BELOW = 0.5  # mean Jaccard under which a selector's sets are called unstable
 NOT_REACHED = "not reached"
@@ -101,7 +99,7 @@ def mean_jaccard(sets: Sequence[Sequence[int] | None]) -> float:
     """Mean Jaccard over every pair of sets; NaN with fewer than two sets or a missing one."""
     if len(sets) < 2 or any(s is None for s in sets):
         return float("nan")
-    return float(np.mean([jaccard(set(a), set(b)) for a, b in combinations(sets, 2)]))
+    return float(np.mean([jaccard(a, b) for a, b in combinations(sets, 2)]))
 
 
 def inject_scores(model, items: LastTokenSet, weights: Tensor, embedding: Tensor, *,
@@ -183,7 +181,7 @@ def resample_selection_items(task: Task, b: int) -> Task:
 
 def frontier_sets(
     model, task: Task, *, budgets: Sequence[int] = DEFAULT_BUDGETS,
-    selectors: Sequence[str] = DEFAULT_SELECTORS, seed: int = 0, bootstrap: int | None = None,
+    selectors: Sequence[str] = SELECTORS, seed: int = 0, bootstrap: int | None = None,
     config: FrontierConfig | None = None, progress: bool = False,
 ) -> list[Selection]:
     """Only the selection half of :func:`frontier`: full SITE fitted at ``seed``, then every
@@ -307,7 +305,7 @@ def _summary(table: pd.DataFrame, selections: list[Selection], boot: dict, budge
             m = d[d.injection == inj].groupby("k").first_token_acc.mean()
             ks[inj] = k_star(m.index.tolist(), m.tolist(), out["full_site"])
         j_seed = {k: mean_jaccard([by[(sel, s)].sets.get(k) for s in seeds]) for k in budgets}
-        j_boot = {k: (float(np.nanmean([jaccard(set(by[(sel, seeds[0])].sets[k]), set(b[k]))
+        j_boot = {k: (float(np.nanmean([jaccard(by[(sel, seeds[0])].sets[k], b[k])
                                         for b in boot[sel] if b.get(k) is not None]))
                       if by[(sel, seeds[0])].sets.get(k) is not None
                       and any(b.get(k) is not None for b in boot.get(sel, [])) else float("nan"))
@@ -335,7 +333,7 @@ def frontier(
     task: Task,
     *,
     budgets: Sequence[int] = DEFAULT_BUDGETS,
-    selectors: Sequence[str] = DEFAULT_SELECTORS,
+    selectors: Sequence[str] = SELECTORS,
     injections: Sequence[str] = INJECTIONS,
     seeds: int | Sequence[int] = 1,
     config: FrontierConfig | None = None,
@@ -373,6 +371,6 @@ def frontier(
     return FrontierResult(full[COLUMNS].copy(), summary, selections)
 
 
-__all__ = ["COLUMNS", "DEFAULT_BUDGETS", "DEFAULT_SELECTORS", "INJECTIONS", "NOT_REACHED",
+__all__ = ["COLUMNS", "INJECTIONS", "NOT_REACHED",
            "FrontierResult", "frontier", "frontier_sets", "inject_scores", "k_star", "mean_jaccard",
            "resample_selection_items"]

@@ -30,6 +30,11 @@ if TYPE_CHECKING:  # the lens modules (torch) are imported when a lens runs, not
     from sitelens.tasks import Task
 
 
+# The head budgets k a frontier tries unless told (:mod:`sitelens.lenses.frontier`, the atlas's
+# minimal table, the command line); here because this module imports no tensor library.
+DEFAULT_BUDGETS: tuple[int, ...] = (1, 2, 5, 10, 20, 50)
+
+
 @dataclass
 class LensInputs:
     """What every lens of one :func:`head_scores` call shares: one embedding (so ``atp``,

@@ -40,18 +40,22 @@ from jaxtyping import Float
 from torch import Tensor
 
 from sitelens.errors import LensError, TaskError
+from sitelens.heads import (
+    head_label,  # noqa: F401 (pipelines/frontier_study.py imports it from here)
+    mask_of,
+    order,
+    ranking,
+)
 from sitelens.lenses.attribution import AttributionConfig
 from sitelens.lenses.greedy_rows import branched_scores
 from sitelens.lenses.joint_fit import fit_many
-from sitelens.lenses.registry import LensInputs, get_lens
+from sitelens.lenses.registry import DEFAULT_BUDGETS, LensInputs, get_lens
 from sitelens.models import is_bridge
 from sitelens.patching.engine import BackwardPassCounter, ForwardPassCounter, row_grid, run_rows
 from sitelens.site import FitConfig, SiteAdapter, fit_site
 from sitelens.site.training import LastTokenSet, valid_items
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template
 
-SELECTORS: tuple[str, ...] = ("alpha", "alpha-sparse", "alpha-grad", "atp", "effect", "greedy", "sparse")
-LENS_SELECTORS = ("alpha-grad", "atp", "effect")
 MIN_SPLIT = 2  # items each of train, valid and test need (one item selects or scores nothing)
 
 
@@ -80,17 +84,10 @@ class FrontierConfig:
 def parse_selectors(names: Sequence[str]) -> list[str]:
     """Selector names in order, without repeats; an unknown one raises :class:`LensError` naming
     the closest (difflib)."""
-    out: list[str] = []
-    for n in names:
-        if n not in SELECTORS:
-            close = difflib.get_close_matches(str(n), SELECTORS, n=1, cutoff=0.0)
-            raise LensError(f"Unknown selector {n!r}; use {', '.join(SELECTORS)}."
-                            + (f" Did you mean {close[0]!r}?" if close else ""))
-        if n not in out:
-            out.append(n)
+    out = [get_selector(n).name for n in names]
     if not out:
         raise LensError(f"No selector given; use some of {', '.join(SELECTORS)}.")
-    return out
+    return list(dict.fromkeys(out))
 
 
 def check_budgets(budgets: Sequence[int], n_heads_total: int) -> list[int]:
@@ -100,7 +97,7 @@ def check_budgets(budgets: Sequence[int], n_heads_total: int) -> list[int]:
     except (TypeError, ValueError):
         raise LensError(f"Budgets must be whole numbers, got {list(budgets)!r}.") from None
     if not ks:
-        raise LensError("No budget given; use e.g. 1,2,5,10.")
+        raise LensError(f"No budget given; use e.g. {','.join(map(str, DEFAULT_BUDGETS))}.")
     bad = [k for k in ks if not 1 <= k <= n_heads_total]
     if bad:
         raise LensError(f"Budget {bad[0]} is outside [1, {n_heads_total}] (the model's "
@@ -117,26 +114,10 @@ def check_task_splits(task: Task) -> None:
                         + f"; each of train, valid and test needs at least {MIN_SPLIT}. Add items.")
 
 
-def head_label(flat: int, n_heads: int) -> str:
-    return f"L{flat // n_heads}H{flat % n_heads}"
-
-
-def mask_of(heads: Sequence[int], shape: tuple[int, int]) -> Float[Tensor, "n_layers n_heads"]:
-    m = torch.zeros(shape[0] * shape[1])
-    m[list(heads)] = 1.0
-    return m.reshape(shape)
-
-
-def ranking(scores: Tensor) -> list[int]:
-    """Flat head indices, highest score first (stable: ties keep index order; NaN last)."""
-    s = torch.nan_to_num(scores.detach().float().flatten().cpu(), nan=-float("inf"))
-    return [int(i) for i in torch.argsort(s, descending=True, stable=True)]
-
-
 def topk_mask(flat: Tensor, k: int) -> Tensor:
-    """A 0/1 vector with ones at the ``k`` largest entries of ``flat`` (ties by index)."""
-    idx = torch.argsort(flat.detach(), descending=True, stable=True)[:k]
-    return torch.zeros_like(flat).index_fill(0, idx, 1.0)
+    """A 0/1 vector like ``flat`` (on its device) with ones at its ``k`` largest entries
+    (:func:`sitelens.heads.order`: ties by index)."""
+    return torch.zeros_like(flat).index_fill(0, order(flat)[:k], 1.0)
 
 
 @dataclass
@@ -198,8 +179,12 @@ def fit_site_counted(model, task: Task, config: FrontierConfig, seed: int, *, pr
     return adapter, {"forward_passes": fwd.count, "backward_passes": bwd.count, "seconds": fwd.seconds}
 
 
-def _top_sets(order: list[int], budgets: Sequence[int]) -> dict[int, list[int]]:
-    return {k: order[:k] for k in budgets}
+def _top_sets(ranked: list[int], budgets: Sequence[int]) -> dict[int, list[int]]:
+    return {k: ranked[:k] for k in budgets}
+
+
+def _alpha_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
+    return _top_sets(ranking(ctx.adapter.alpha), budgets), {}
 
 
 def _lens_sets(ctx: SelectionContext, name: str, budgets) -> tuple[dict, dict]:
@@ -207,6 +192,12 @@ def _lens_sets(ctx: SelectionContext, name: str, budgets) -> tuple[dict, dict]:
     inputs = LensInputs(ctx.model, ctx.task, ctx.adapter.embedding, att, progress=ctx.progress)
     scores = get_lens(name).run(inputs).map()  # [n_layers, n_heads]
     return _top_sets(ranking(scores), budgets), {}
+
+
+def _lens_selector(lens: str) -> Callable[[SelectionContext, list[int]], tuple[dict, dict]]:
+    def run(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
+        return _lens_sets(ctx, lens, budgets)
+    return run
 
 
 def _alpha_sparse_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
@@ -330,28 +321,58 @@ def _sparse_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
     return {k: ranking(a)[:k] for k, a in zip(ks, kept)}, {}
 
 
+# ----------------------------------------------------------------------------------------------
+# the registry
+
+
+@dataclass(frozen=True)
+class Selector:
+    """One head-set selector: its name, one line on how it picks S_k, and ``run(ctx, budgets)``
+    returning ``(sets, meta)`` (``sets[k]``: S_k's flat head indices, ``None`` where not
+    reached)."""
+
+    name: str
+    what: str
+    run: Callable[[SelectionContext, list[int]], tuple[dict, dict]]
+
+
+# The one list of selectors: :func:`select`, :func:`parse_selectors`, the frontier's defaults and
+# the command line read it, so a new selector is its function and one entry here.
+SELECTOR_REGISTRY: tuple[Selector, ...] = (
+    Selector("alpha", "the top-k of the full SITE fit's α", _alpha_sets),
+    Selector("alpha-sparse", "the top-k of α refitted with the sparsity λ (of sparsity_grid) chosen "
+             "on valid", _alpha_sparse_sets),
+    Selector("alpha-grad", "the top-k of lens alpha-grad", _lens_selector("alpha-grad")),
+    Selector("atp", "the top-k of lens atp (attribution patching)", _lens_selector("atp")),
+    Selector("effect", "the top-k of lens effect (exact activation patching)", _lens_selector("effect")),
+    Selector("greedy", "forward selection by valid accuracy, then answer probability", _greedy_sets),
+    Selector("sparse", "a learned k-sparse α per budget (straight-through top-k)", _sparse_sets),
+)
+SELECTORS: tuple[str, ...] = tuple(s.name for s in SELECTOR_REGISTRY)
+
+
+def get_selector(name: str) -> Selector:
+    """The selector called ``name``; an unknown name raises :class:`LensError` naming the closest
+    (difflib)."""
+    for s in SELECTOR_REGISTRY:
+        if s.name == name:
+            return s
+    close = difflib.get_close_matches(str(name), SELECTORS, n=1, cutoff=0.0)
+    raise LensError(f"Unknown selector {name!r}; use {', '.join(SELECTORS)}."
+                    + (f" Did you mean {close[0]!r}?" if close else ""))
+
+
 def select(ctx: SelectionContext, selector: str, budgets: Sequence[int]) -> Selection:
     """Run one selector on one seed's context, its passes and seconds counted."""
+    run = get_selector(selector).run
     with ForwardPassCounter(ctx.model) as fwd, BackwardPassCounter(ctx.model) as bwd:
-        if selector == "alpha":
-            sets, meta = _top_sets(ranking(ctx.adapter.alpha), budgets), {}
-        elif selector == "alpha-sparse":
-            sets, meta = _alpha_sparse_sets(ctx, budgets)
-        elif selector in LENS_SELECTORS:
-            sets, meta = _lens_sets(ctx, selector, budgets)
-        elif selector == "greedy":
-            sets, meta = _greedy_sets(ctx, budgets)
-        elif selector == "sparse":
-            sets, meta = _sparse_sets(ctx, budgets)
-        else:
-            parse_selectors([selector])
-            raise AssertionError(selector)  # unreachable: parse_selectors raised
+        sets, meta = run(ctx, list(budgets))
     return Selection(selector, ctx.seed, sets, fwd.count, bwd.count, fwd.seconds, meta)
 
 
 __all__ = [
-    "SELECTORS", "FrontierConfig", "Selection", "SelectionContext", "best_candidate", "check_budgets",
-    "check_task_splits", "fit_site_counted", "greedy_step_scores", "head_label",
-    "mask_of", "parse_selectors", "ranking", "select", "straight_through_topk", "straight_through_topk_rows",
-    "topk_mask",
+    "SELECTORS", "SELECTOR_REGISTRY", "FrontierConfig", "Selection", "SelectionContext", "Selector",
+    "best_candidate", "check_budgets", "check_task_splits", "fit_site_counted", "get_selector",
+    "greedy_step_scores", "parse_selectors", "select", "straight_through_topk",
+    "straight_through_topk_rows", "topk_mask",
 ]

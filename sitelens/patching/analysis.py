@@ -28,6 +28,7 @@ from torch import Tensor
 
 from sitelens import format as fmt
 from sitelens.eval.metrics import correlation
+from sitelens.heads import jaccard, ranking
 from sitelens.site import SiteAdapter
 
 # Families of the built-in task suite (sitelens/data/tasks/README.md), for within- vs
@@ -113,8 +114,8 @@ def alpha_similarity(
     rn = np.linalg.norm(R, axis=1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         rho = (R @ R.T) / (rn @ rn.T)  # [T, T]
-    tops = [set(np.argsort(-a, kind="stable")[:k].tolist()) for a in A]
-    jac = np.array([[len(s & t) / len(s | t) for t in tops] for s in tops])  # [T, T]
+    tops = [ranking(a)[:k] for a in A]
+    jac = np.array([[jaccard(s, t) for t in tops] for s in tops])  # [T, T]
     out = {}
     for key, mat in (("cosine", cos), ("spearman", rho), ("jaccard_topk", jac)):
         mat = np.clip(mat, -1.0, 1.0)

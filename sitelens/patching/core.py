@@ -29,6 +29,7 @@ from torch import Tensor
 
 from sitelens.errors import AdapterError, TaskError
 from sitelens.eval.evaluate import evaluate
+from sitelens.heads import HeadSet, order
 from sitelens.models import (
     model_name,
 )
@@ -60,15 +61,9 @@ def default_ks(n_total: int) -> list[int]:
 
 
 def ranked_heads(alpha: Float[Tensor, "n_layers n_heads"], *, descending: bool = True) -> Tensor:
-    """Flat head indices (``layer * n_heads + head``) sorted by α (stable: ties keep index
-    order)."""
-    return torch.argsort(alpha.detach().flatten().cpu(), descending=descending, stable=True)
-
-
-def _mask_from_flat(flat_idx: Tensor, shape) -> Float[Tensor, "n_layers n_heads"]:
-    m = torch.zeros(int(np.prod(shape)))  # [n_layers * n_heads]
-    m[flat_idx] = 1.0
-    return m.reshape(shape)  # [n_layers, n_heads]
+    """Flat head indices (``layer * n_heads + head``) sorted by α, on the CPU
+    (:func:`sitelens.heads.order`: stable, ties keep index order)."""
+    return order(alpha.detach().cpu(), descending=descending)
 
 
 def _random_perm(n_total: int, seed: int, s: int) -> Tensor:
@@ -98,11 +93,11 @@ def selection_weights(
     if selection == "site":
         return alpha.clone()
     if selection in ("top", "full_minus_top"):
-        mask = _mask_from_flat(ranked_heads(alpha, descending=True)[:k], shape)
+        mask = HeadSet.top_k(alpha, k).mask()
     elif selection in ("bottom", "full_minus_bottom"):
-        mask = _mask_from_flat(ranked_heads(alpha, descending=False)[:k], shape)
+        mask = HeadSet.top_k(alpha, k, descending=False).mask()
     elif selection == "random":
-        mask = _mask_from_flat(_random_perm(n, seed, random_seed)[:k], shape)
+        mask = HeadSet(*shape, _random_perm(n, seed, random_seed)[:k].tolist()).mask()
     else:
         known = ", ".join(SELECTIONS + REFERENCES)
         raise ValueError(f"Unknown selection {selection!r}; use {known}.")

@@ -25,11 +25,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from sitelens.errors import AdapterError, FitError
+from sitelens.heads import HeadSet, head_label
 from sitelens.io import atomic_write, ensure_dir
 from sitelens.models import fingerprint, model_name
 from sitelens.site.alpha import fit_alpha, site_mix
@@ -68,7 +68,7 @@ class SiteAdapter:
         the tensors)."""
         m, hp = self.meta, self.meta.get("hyperparameters") or {}
         L, H = self.alpha.shape
-        top = " ".join(f"L{layer}H{h}={a:.2f}" for layer, h, a in self.top_heads(3))
+        top = " ".join(f"{head_label(layer * H + h, H)}={a:.2f}" for layer, h, a in self.top_heads(3))
         keys = ("lr", "n_examples", "batch_size", "sparsity", "seed", "n_prompts", "n_shots")
         settings = " ".join(f"{k}={hp[k]}" for k in keys if k in hp)
         return (f"SiteAdapter(model={m.get('model')!r}, task={m.get('task')!r}, {L}×{H} heads, "
@@ -90,10 +90,7 @@ class SiteAdapter:
         sat = self.saturation(k)
         if warn and sat.saturated:
             warnings.warn(sat.message(), AlphaSaturationWarning, stacklevel=2)
-        flat = self.alpha.flatten()
-        idx = torch.argsort(flat, descending=True, stable=True)[:k]
-        H = self.alpha.shape[1]
-        return [(int(i) // H, int(i) % H, float(flat[i])) for i in idx]
+        return [(layer, h, float(self.alpha[layer, h])) for layer, h in HeadSet.top_k(self.alpha, k).pairs()]
 
     def check_model(self, model, template: Template | None = None) -> None:
         """Raise :class:`AdapterError` unless this adapter was fitted on ``model`` (and template)."""

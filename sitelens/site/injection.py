@@ -33,6 +33,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from sitelens.format import array_summary
+from sitelens.heads import HeadSet
 from sitelens.models import (
     accumulation_dtype,
     check_z_shape,
@@ -157,8 +158,6 @@ def apply_hooks(model, hooks: list):
 def head_mask(
     heads: Sequence[tuple[int, int]], n_layers: int, n_heads: int, device=None
 ) -> Float[Tensor, "n_layers n_heads"]:
-    """A binary ``[n_layers, n_heads]`` mask with ones at the given ``(layer, head)`` pairs."""
-    m = torch.zeros(n_layers, n_heads, device=device)  # [n_layers, n_heads]
-    for layer, head in heads:
-        m[layer, head] = 1.0
-    return m
+    """A binary ``[n_layers, n_heads]`` mask with ones at the given ``(layer, head)`` pairs
+    (:meth:`sitelens.heads.HeadSet.mask`)."""
+    return HeadSet.from_pairs(heads, n_layers, n_heads).mask(device=device)
