@@ -36,7 +36,7 @@ def order(scores, *, descending: bool = True) -> Tensor:
     import numpy as np
     import torch
 
-    s = scores if isinstance(scores, torch.Tensor) else torch.as_tensor(np.asarray(scores))
+    s = scores if isinstance(scores, torch.Tensor) else torch.from_numpy(np.array(scores))
     s = s.detach().flatten()
     if s.is_floating_point():
         s = torch.nan_to_num(s, nan=float("-inf") if descending else float("inf"))
