@@ -24,14 +24,7 @@ from torch import Tensor
 from sitelens.baselines.base import FitParts, Method
 from sitelens.site import FitConfig, task_embedding
 from sitelens.site.injection import HeadMix
-from sitelens.site.training import (
-    BatchRows,
-    LastTokenSet,
-    RunConfig,
-    run_training,
-    training_batches,
-    valid_items,
-)
+from sitelens.site.training import FitData, RunConfig, run_training, training_batches
 from sitelens.tasks import Task, Template
 
 
@@ -58,9 +51,7 @@ class MTV(Method):
         plan = FitConfig(n_examples=self.steps * self.batch_size, batch_size=self.batch_size,
                          seed=seed)
         batches = list(training_batches(list(range(len(task.train))), plan))  # [steps][batch_size]
-        rows = BatchRows(batches)  # each training item's prefix is encoded once
-        train = LastTokenSet.build(model, [task.train[i] for i in rows.used], template)
-        valid = LastTokenSet.build(model, valid_items(task, self.n_valid), template)
+        data = FitData.build(model, task, batches, n_valid=self.n_valid, template=template)
         gen = torch.Generator().manual_seed(seed)
         theta = torch.full((L, H), float(self.init), requires_grad=True)  # [n_layers, n_heads]
 
@@ -68,18 +59,18 @@ class MTV(Method):
             return (torch.sigmoid(theta.detach()) > 0.5).float()  # [n_layers, n_heads]
 
         def valid_loss() -> float:
-            return valid.score(model, HeadMix(hard().to(dev), mean_z).hooks(model))[1]
+            return data.valid.score(model, HeadMix(hard().to(dev), mean_z).hooks(model))[1]
 
         def objective(batch: list[int], conds: range) -> tuple[Tensor, float]:
             """REINFORCE (one condition): ``S`` masks scored on the batch (reward = −first-token
             CE)."""
             p = torch.sigmoid(theta)  # [n_layers, n_heads]
             masks = torch.bernoulli(p.detach().expand(S, L, H), generator=gen)  # [S, L, H]
-            b = rows(batch)  # [B]
+            b = data.rows(batch)  # [B]
             rep = b.repeat(S)  # [S*B], sample-major
             weights = masks.repeat_interleave(len(b), dim=0).to(dev)  # [S*B, L, H]
             with torch.no_grad():
-                sub = train.select(rep)
+                sub = data.train.select(rep)
                 logits = sub.logits(model, HeadMix(weights, mean_z).hooks(model))  # [S*B, V]
                 ce = F.cross_entropy(logits, sub.answers.to(logits.device),
                                      reduction="none").view(S, len(b))

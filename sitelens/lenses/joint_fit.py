@@ -32,14 +32,7 @@ from torch import Tensor
 from sitelens.models import layer_devices, place_layer_rows
 from sitelens.site import FitConfig
 from sitelens.site.alpha import site_mix
-from sitelens.site.training import (
-    BatchRows,
-    LastTokenSet,
-    RunConfig,
-    run_training,
-    training_batches,
-    valid_items,
-)
+from sitelens.site.training import FitData, LastTokenSet, RunConfig, run_training, training_batches
 from sitelens.tasks import Task
 
 
@@ -79,10 +72,8 @@ def fit_many(
              else init.detach().float().reshape(n_fits, L * H))
     a = [start[:, i * H:(i + 1) * H].clone().to(d) for i, d in enumerate(devs)]  # L × [n_fits, H]
     target = place_layer_rows(embedding, model, dtype=torch.float32)  # L × [n_heads, d_head]
-    valid = LastTokenSet.build(model, valid_items(task, config.n_valid), template)
     batches = list(training_batches(list(range(len(task.train))), config))
-    rows = BatchRows(batches)
-    train = LastTokenSet.build(model, [task.train[i] for i in rows.used], template)
+    data = FitData.build(model, task, batches, n_valid=config.n_valid, template=template)
 
     def flat() -> Tensor:
         return torch.cat([r.to(devs[0]) for r in a], dim=1)  # [n_fits, L * H]
@@ -91,8 +82,7 @@ def fit_many(
         return weights_of(flat()).reshape(n_fits, L, H)
 
     def objective(batch: list[int], conds: range) -> tuple[Tensor, Tensor]:
-        b = train.select(rows(batch))
-        ce = _condition_losses(model, b, conds, weights(), target)  # [len(conds)]
+        ce = _condition_losses(model, data.batch(batch), conds, weights(), target)  # [len(conds)]
         if penalty is None:
             return ce, ce.detach()
         return ce + penalty(flat())[conds.start:conds.stop].to(ce.device), ce.detach()
@@ -100,8 +90,8 @@ def fit_many(
     def valid_loss() -> Tensor:
         with torch.no_grad():
             w = weights()
-            return torch.cat([_condition_losses(model, valid, c, w, target).cpu()
-                              for c in _chunks(n_fits, len(valid), max_rows)])  # [n_fits]
+            return torch.cat([_condition_losses(model, data.valid, c, w, target).cpu()
+                              for c in _chunks(n_fits, len(data.valid), max_rows)])  # [n_fits]
 
     runs = run_training(
         a, batches, objective, valid_loss, snapshot=lambda r: flat()[r].detach().cpu().clone(),

@@ -33,15 +33,7 @@ from sitelens.format import array_summary
 from sitelens.models import last_token_forward, layer_devices, place_layer_rows
 from sitelens.site.config import FitConfig, OfficialFitConfig  # noqa: F401 (still importable here)
 from sitelens.site.injection import HeadMix, apply_hooks
-from sitelens.site.training import (
-    BatchRows,
-    LastTokenSet,
-    RunConfig,
-    iid_batches,
-    run_training,
-    training_batches,
-    valid_items,
-)
+from sitelens.site.training import FitData, RunConfig, iid_batches, run_training, training_batches
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template, warn_shared_answer_token
 
 
@@ -149,18 +141,16 @@ def fit_alpha(
         )
     target = place_layer_rows(embedding, model, dtype=torch.float32)  # L × [n_heads, d_head]
     warn_shared_answer_token(model, task.name, [ex.output for ex in task.train], template)
-    checked = valid_items(task, cfg.n_valid)
-    valid = LastTokenSet.build(model, checked, template)
     if official:
         batches = list(iid_batches(len(task.train), cfg))  # [steps][batch_size] indices
     else:
         batches = list(training_batches(list(range(len(task.train))), cfg))  # [steps][batch_size]
-    rows = BatchRows(batches)  # each training item's prefix is encoded once
-    train = LastTokenSet.build(model, [task.train[i] for i in rows.used], template)
+    data = FitData.build(model, task, batches, n_valid=cfg.n_valid, template=template)
+    valid = data.valid
 
     def objective(batch: list[int], conds: range) -> tuple[Tensor, Tensor]:  # one condition
         alpha = [torch.sigmoid(r) for r in a]  # L × [n_heads], each on its layer's device
-        b = train.select(rows(batch))
+        b = data.batch(batch)
         loss = first_token_loss(model, b.cache, b.last, b.answers, site_mix(alpha, target))
         return loss + cfg.sparsity * mean_alpha(alpha, loss.device), loss.detach()
 
@@ -186,5 +176,5 @@ def fit_alpha(
         history=run.history,
         best_step=run.best_step,
         seconds=time.perf_counter() - t0,
-        data=data_used(task, len(checked), batches, len(rows.used)),
+        data=data_used(task, len(valid), batches, len(data.rows.used)),
     )

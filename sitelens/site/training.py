@@ -5,7 +5,8 @@
   token re-runs just that token (:meth:`LastTokenSet.logits`). SITE's stage 2, MTV, the baselines'
   layer selection and activation patching score items this way.
 - :func:`training_batches` / :func:`iid_batches`: the seeded training batches (item indices);
-  :class:`BatchRows` maps them onto a :class:`LastTokenSet` built once on the items they use.
+  :class:`BatchRows` maps them onto a :class:`LastTokenSet` built once on the items they use;
+  :class:`FitData` holds both with the validation items.
 - :func:`run_training`: Adam on some parameters (the model frozen), one step per batch, the
   validation loss every ``eval_every`` steps, and the parameters kept by
   :attr:`RunConfig.keep`: the best on validation (``"best"``) or those of the last check
@@ -155,6 +156,32 @@ class BatchRows:
 
     def __call__(self, batch: Sequence[int]) -> Int[Tensor, " batch"]:
         return torch.tensor([self._row[i] for i in batch])
+
+
+@dataclass
+class FitData:
+    """What a last-token fit trains and validates on: the seeded ``batches`` (train item indices),
+    the distinct items they use as one :class:`LastTokenSet` (``train``, each prefix encoded
+    once; ``rows`` maps a batch onto it) and the validation items (``valid``)."""
+
+    batches: list[list[int]]
+    rows: BatchRows
+    train: LastTokenSet
+    valid: LastTokenSet
+
+    @classmethod
+    def build(cls, model, task: Task, batches: Sequence[Sequence[int]], *, n_valid: int,
+              template: Template = DEFAULT_TEMPLATE) -> FitData:
+        """``batches`` of ``task``'s train split and its first ``n_valid`` validation items
+        (:func:`valid_items`)."""
+        valid = LastTokenSet.build(model, valid_items(task, n_valid), template)
+        rows = BatchRows(batches)
+        train = LastTokenSet.build(model, [task.train[i] for i in rows.used], template)
+        return cls([list(b) for b in batches], rows, train, valid)
+
+    def batch(self, batch: Sequence[int]) -> LastTokenSet:
+        """The items of ``batch`` (repeats kept) as a set of their own."""
+        return self.train.select(self.rows(batch))
 
 
 # ----------------------------------------------------------------------------------------------
