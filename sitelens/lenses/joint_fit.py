@@ -32,14 +32,15 @@ from torch import Tensor
 from sitelens.models import layer_devices, place_layer_rows
 from sitelens.site import FitConfig
 from sitelens.site.alpha import site_mix
-from sitelens.site.training import FitData, LastTokenSet, RunConfig, run_training, training_batches
+from sitelens.site.training import (
+    FitData,
+    LastTokenSet,
+    RunConfig,
+    condition_groups,
+    run_training,
+    training_batches,
+)
 from sitelens.tasks import Task
-
-
-def _chunks(n_cond: int, n_rows: int, max_rows: int) -> list[range]:
-    """Consecutive condition groups of at most ``max_rows`` rows (at least one condition each)."""
-    step = max(1, max_rows // max(n_rows, 1))
-    return [range(s, min(s + step, n_cond)) for s in range(0, n_cond, step)]
 
 
 def _condition_losses(model, items: LastTokenSet, conds: range, weights: Tensor, target) -> Tensor:
@@ -90,8 +91,9 @@ def fit_many(
     def valid_loss() -> Tensor:
         with torch.no_grad():
             w = weights()
+            groups = condition_groups(n_fits, max(1, max_rows // len(data.valid)))
             return torch.cat([_condition_losses(model, data.valid, c, w, target).cpu()
-                              for c in _chunks(n_fits, len(data.valid), max_rows)])  # [n_fits]
+                              for c in groups])  # [n_fits]
 
     runs = run_training(
         a, batches, objective, valid_loss, snapshot=lambda r: flat()[r].detach().cpu().clone(),

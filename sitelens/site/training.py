@@ -211,6 +211,13 @@ def _per_condition(x, n: int) -> list[float]:
     return [float(v) for v in out]
 
 
+def condition_groups(n_conditions: int, per_pass: int | None) -> list[range]:
+    """Conditions ``0..n_conditions-1`` in consecutive groups of at most ``per_pass`` (``None``:
+    one group): the conditions of each forward pass."""
+    n = per_pass or n_conditions
+    return [range(s, min(s + n, n_conditions)) for s in range(0, n_conditions, n)]
+
+
 @dataclass
 class RunConfig:
     """How :func:`run_training` runs.
@@ -249,9 +256,8 @@ class RunConfig:
             raise ValueError("RunConfig.conditions and .per_pass must be at least 1.")
 
     def groups(self) -> list[range]:
-        """The conditions of each pass: consecutive groups of at most :attr:`per_pass`."""
-        n = self.per_pass or self.conditions
-        return [range(s, min(s + n, self.conditions)) for s in range(0, self.conditions, n)]
+        """The conditions of each pass (:func:`condition_groups`)."""
+        return condition_groups(self.conditions, self.per_pass)
 
 
 @dataclass
