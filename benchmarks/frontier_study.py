@@ -40,9 +40,9 @@ SET_COLUMNS = ["key", "model", "task", "replicate", "index", "selector", "k", "h
 
 def _jaccard(a: str, b: str) -> float:
     """The Jaccard of two head sets written as ``L{l}H{h}`` labels joined by ``;``."""
-    from sitelens.lenses.alpha import jaccard
+    from sitelens.heads import jaccard
 
-    return jaccard(set(a.split(";")), set(b.split(";")))
+    return jaccard(a.split(";"), b.split(";"))
 
 
 def k_star_table(df: pd.DataFrame, threshold: float = 0.9) -> pd.DataFrame:
@@ -171,8 +171,8 @@ class FrontierStudy(Experiment):
                               attribution=att, test_limit=6)
 
     def run(self, job: Job) -> list[dict]:
+        from sitelens.heads import head_label
         from sitelens.lenses.frontier import frontier, frontier_sets
-        from sitelens.lenses.selectors import head_label
         from sitelens.pipelines.executors import cached_model
         from sitelens.tasks import load_task
 

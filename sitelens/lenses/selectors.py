@@ -40,12 +40,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from sitelens.errors import LensError, TaskError
-from sitelens.heads import (
-    head_label,  # noqa: F401 (pipelines/frontier_study.py imports it from here)
-    mask_of,
-    order,
-    ranking,
-)
+from sitelens.heads import mask_of, order, ranking
 from sitelens.lenses.attribution import AttributionConfig
 from sitelens.lenses.greedy_rows import branched_scores
 from sitelens.lenses.joint_fit import fit_many
