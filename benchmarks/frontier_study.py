@@ -40,7 +40,7 @@ SET_COLUMNS = ["key", "model", "task", "replicate", "index", "selector", "k", "h
 
 def _jaccard(a: str, b: str) -> float:
     """The Jaccard of two head sets written as ``L{l}H{h}`` labels joined by ``;``."""
-    from sitelens.heads import jaccard
+    from sitelens.stats import jaccard
 
     return jaccard(a.split(";"), b.split(";"))
 

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sitelens.stats import jaccard
+
 if TYPE_CHECKING:
     import torch
     from jaxtyping import Float
@@ -54,13 +56,6 @@ def ranking(scores, *, descending: bool = True) -> list[int]:
 def head_label(flat: int, n_heads: int) -> str:
     """``L{layer}H{head}`` of flat index ``flat``."""
     return f"L{flat // n_heads}H{flat % n_heads}"
-
-
-def jaccard(a: Iterable, b: Iterable) -> float:
-    """|a ∩ b| / |a ∪ b| of two collections of heads (any hashable names); NaN when both are
-    empty."""
-    a, b = set(a), set(b)
-    return len(a & b) / len(a | b) if a | b else float("nan")
 
 
 @dataclass(frozen=True, eq=False)
@@ -167,7 +162,7 @@ class HeadSet:
         return m.reshape(self.n_layers, self.n_heads)
 
     def jaccard(self, other: HeadSet | Iterable[int]) -> float:
-        """:func:`jaccard` of the two sets of flat indices."""
+        """:func:`sitelens.stats.jaccard` of the two sets of flat indices."""
         return jaccard(self.flat, other)
 
     def __repr__(self) -> str:
@@ -179,4 +174,4 @@ def mask_of(heads: Sequence[int], shape: tuple[int, int]) -> Float[Tensor, "n_la
     return HeadSet(shape[0], shape[1], tuple(heads)).mask()
 
 
-__all__ = ["HeadSet", "head_label", "jaccard", "mask_of", "order", "ranking"]
+__all__ = ["HeadSet", "head_label", "mask_of", "order", "ranking"]

@@ -103,7 +103,7 @@ def test_config_bootstrap_in_frontier_uses_the_same_replicates(tiny_mha, task):
     res = frontier(tiny_mha, task, budgets=(1, 2), seeds=[0], selectors=("alpha",), injections=("alpha1",),
                    config=cfg)
     rep = frontier_sets(tiny_mha, task, budgets=(1, 2), seed=0, bootstrap=0, selectors=("alpha",), config=CFG)
-    from sitelens.heads import jaccard
+    from sitelens.stats import jaccard
 
     want = {k: jaccard(set(res.selections[0].sets[k]), set(rep[0].sets[k])) for k in (1, 2)}
     got = res.summary["selectors"]["alpha"]["jaccard_bootstrap"]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from sitelens.heads import HeadSet, head_label, jaccard, mask_of, order, ranking
+from sitelens.heads import HeadSet, head_label, mask_of, order, ranking
 
 
 def test_ranking_is_stable_highest_first_with_nan_last():
@@ -48,7 +48,7 @@ def test_headset_top_k_and_jaccard():
     assert top.flat == (1, 2)  # the tie kept in index order
     assert HeadSet.top_k(scores, 1, descending=False).flat == (0,)
     assert top.jaccard(HeadSet(2, 2, (2, 3))) == pytest.approx(1 / 3)
-    assert jaccard([], []) != jaccard([], [])  # NaN when both are empty
+    assert HeadSet(2, 2).jaccard(HeadSet(2, 2)) == 1.0  # two empty sets: the same set (sitelens.stats)
     assert HeadSet(2, 2, (0,)) != HeadSet(1, 4, (0,))  # another shape
 
 

@@ -25,10 +25,11 @@ from torch import Tensor
 
 from sitelens.eval.metrics import correlation
 from sitelens.format import array_summary, progress_bar
-from sitelens.heads import jaccard, ranking
+from sitelens.heads import ranking
 from sitelens.lenses.scores import HeadScores
 from sitelens.models import model_name
 from sitelens.site import FitConfig, SiteAdapter, fit_site
+from sitelens.stats import jaccard
 from sitelens.tasks import Task
 
 

@@ -28,10 +28,11 @@ import pandas as pd
 import torch
 
 from sitelens.eval.metrics import correlation
-from sitelens.heads import jaccard, ranking
+from sitelens.heads import ranking
 from sitelens.lenses.scores import HeadScores
 from sitelens.patching.effects import EffectsConfig, corrupted_prompts
 from sitelens.patching.engine import ForwardPassCounter, RowCounter, prefix_rows, run_rows
+from sitelens.stats import jaccard
 
 
 def lens_agreement(scores: HeadScores, k: int = 10, lenses: list[str] | None = None) -> pd.DataFrame:

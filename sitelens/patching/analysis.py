@@ -28,8 +28,9 @@ from torch import Tensor
 
 from sitelens import format as fmt
 from sitelens.eval.metrics import correlation
-from sitelens.heads import jaccard, ranking
+from sitelens.heads import ranking
 from sitelens.site import SiteAdapter
+from sitelens.stats import jaccard
 
 # Families of the built-in task suite (sitelens/data/tasks/README.md), for within- vs
 # between-family comparisons of α maps and transfer.
