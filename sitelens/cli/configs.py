@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from sitelens.cli import types as T
 from sitelens.cli.options import When, config, option
-from sitelens.lenses.registry import ALIASES, available_lenses
+from sitelens.lenses.registry import ALIASES, DEFAULT_BUDGETS, available_lenses
 from sitelens.models.registry import ATLAS_MODELS, DEFAULT_MODEL, FIGURE_MODELS
 from sitelens.models.spec import BACKENDS
 from sitelens.site.config import FitConfig
@@ -375,7 +375,7 @@ class FrontierCommand(HeadOptions):
     out: str | None = option(required=True, path="dir", result="frontier.csv",
                              help="the directory of frontier.csv and summary.json")
     json: bool = json_option("the summary (k* and stability per selector)")
-    budgets: str = option("1,2,5,10,20,50", type=T.KS,
+    budgets: str = option(",".join(map(str, DEFAULT_BUDGETS)), type=T.KS,
                           help="comma-separated head budgets k (each at most the model's head count)")
     selectors: str = option(SELECTOR_NAMES, help=f"comma-separated: {SELECTOR_NAMES}")
     greedy_max_k: int | None = count(None, "greedy's largest set (default: the largest budget)")
