@@ -352,8 +352,8 @@ def alpha_depth(args) -> pd.DataFrame:
 
 
 def report(args, df: pd.DataFrame) -> str:
-    from sitelens.eval.metrics import bootstrap_ci
     from sitelens.io import atomic_write_csv
+    from sitelens.stats import bootstrap_ci
 
     out = Path(args.out)
     lines = [f"One seed (0) for every fit; the first {args.limit} test items per task. Definitions: "

@@ -19,7 +19,7 @@ from sitelens.baselines import ICL, LTV, SITE, TV, Fitted, LTVValid, ZeroShot
 from sitelens.baselines.ltv import LTV_NUMERICS
 from sitelens.errors import SitelensError
 from sitelens.eval.evaluate import run_method
-from sitelens.eval.metrics import bootstrap_ci, correlation
+from sitelens.eval.metrics import correlation
 from sitelens.models import fingerprint, model_name, tiny_model
 from sitelens.pipelines.executors import cached_model
 from sitelens.pipelines.experiment import Experiment, Job, main, md_table
@@ -27,6 +27,7 @@ from sitelens.pipelines.store import row_key
 from sitelens.pipelines.transfer import task_states, tv_fitted
 from sitelens.provenance import NUMERICS_VERSION, canonical, task_hash
 from sitelens.site import FitConfig, fit_site
+from sitelens.stats import bootstrap_ci
 from sitelens.tasks import DEFAULT_TEMPLATE
 from sitelens.tasks.regression import (
     reference_predictions,
