@@ -60,9 +60,10 @@ class AttentionSpeed(Experiment):
     def run(self, job: Job) -> list[dict]:
         import torch
 
-        from sitelens.models import encode, load_model, model_name, tiny_model
+        from sitelens.models import encode, load_model, model_name
         from sitelens.models.attention import enable_fast_attention
         from sitelens.tasks import few_shot_prompts, load_task
+        from sitelens.testing import tiny_model
 
         a = self.args
         if a.tiny:

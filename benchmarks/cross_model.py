@@ -63,10 +63,11 @@ class CrossModel(Experiment):
     def setup(self, args) -> None:
         """The models, tasks, unlabeled texts and the settings every key holds."""
         from sitelens.baselines import LTV, SITE, TV
-        from sitelens.models import fingerprint, load_model, tiny_model
+        from sitelens.models import fingerprint, load_model
         from sitelens.pipelines.transfer import unlabeled_texts
         from sitelens.provenance import NUMERICS_VERSION, canonical
         from sitelens.tasks import load_task
+        from sitelens.testing import tiny_model
 
         self.cache = ObjectCache(Path(args.cache) / ("tiny" if args.tiny else "full"))
         if args.tiny:  # byte tokens: cls prompts run long

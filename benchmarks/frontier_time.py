@@ -36,8 +36,9 @@ class FrontierTime(Experiment):
 
         from sitelens.lenses.frontier import frontier
         from sitelens.lenses.selectors import FrontierConfig
-        from sitelens.models import load_model, model_name, tiny_model
+        from sitelens.models import load_model, model_name
         from sitelens.tasks import load_task
+        from sitelens.testing import tiny_model
 
         a = self.args
         model = tiny_model(n_layers=2, n_heads=4, d_head=8) if a.tiny else load_model(a.model)

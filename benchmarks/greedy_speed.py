@@ -32,11 +32,12 @@ class GreedySpeed(Experiment):
 
     def run(self, job: Job) -> list[dict]:
         from sitelens.lenses import selectors as S
-        from sitelens.models import load_model, model_name, tiny_model
+        from sitelens.models import load_model, model_name
         from sitelens.patching import patched_last_logits
         from sitelens.patching.engine import ForwardPassCounter
         from sitelens.site import SiteAdapter, task_embedding
         from sitelens.tasks import DEFAULT_TEMPLATE, answer_token_ids, load_task, zero_shot_prompts
+        from sitelens.testing import tiny_model
 
         a = self.args
         model = tiny_model(n_layers=2, n_heads=4, d_head=8) if a.tiny else load_model(a.model)

@@ -15,13 +15,14 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from sitelens.models import fingerprint, load_model, model_name, tiny_model
+from sitelens.models import fingerprint, load_model, model_name
 from sitelens.patching import intra_task
 from sitelens.pipelines.experiment import Experiment, Job, main, md_table
 from sitelens.pipelines.figures import FigureConfig, intra_ks
 from sitelens.provenance import NUMERICS_VERSION, settings_hash, task_hash
 from sitelens.site import FitConfig, fit_site, task_embedding
 from sitelens.tasks import load_task
+from sitelens.testing import tiny_model
 
 FIGURES = Path(__file__).resolve().parents[1] / "figures"
 SETTINGS = ["model", "fingerprint", "task", "task_hash", "split", "limit", "n_examples",

@@ -43,10 +43,11 @@ class PatchingSpeed(Experiment):
     def run(self, job: Job) -> list[dict]:
         import torch
 
-        from sitelens.models import load_model, model_name, tiny_model
+        from sitelens.models import load_model, model_name
         from sitelens.patching import corrupted_prompts, head_causal_effects, patched_last_logits
         from sitelens.site import task_embedding
         from sitelens.tasks import load_task
+        from sitelens.testing import tiny_model
 
         a = self.args
         with Clock() as load:

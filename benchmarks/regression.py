@@ -20,7 +20,7 @@ from sitelens.baselines.ltv import LTV_NUMERICS
 from sitelens.errors import SitelensError
 from sitelens.eval.evaluate import run_method
 from sitelens.eval.metrics import correlation
-from sitelens.models import fingerprint, model_name, tiny_model
+from sitelens.models import fingerprint, model_name
 from sitelens.pipelines.executors import cached_model
 from sitelens.pipelines.experiment import Experiment, Job, main, md_table
 from sitelens.pipelines.store import row_key
@@ -36,6 +36,7 @@ from sitelens.tasks.regression import (
     squared_errors,
     train_mean,
 )
+from sitelens.testing import tiny_model
 
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 METHODS = ("zero-shot", "icl", "tv", "ltv", "ltv-valid", "site")

@@ -50,7 +50,6 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
         fingerprint,
         load_model,
         prepare_bridge,
-        tiny_model,
         z_hook_name,
     )
     from sitelens.models.attention import enable_fast_attention, fast_attention_enabled
@@ -84,6 +83,7 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
         zero_shot_prompt,
     )
     from sitelens.tasks.regression import regression_mse, regression_task
+    from sitelens.testing import tiny_model
 
 __version__ = "0.1.0"
 
@@ -104,7 +104,7 @@ __getattr__, __dir__ = lazy_names(__name__, {
     "sitelens.lenses": ("FrontierResult", "HeadScores", "head_scores"),
     "sitelens.lenses.frontier": ("frontier",),
     "sitelens.models": ("DEFAULT_MODEL", "available_models", "encode", "fingerprint", "load_model",
-        "prepare_bridge", "tiny_model", "z_hook_name"),
+        "prepare_bridge", "z_hook_name"),
     "sitelens.models.attention": ("enable_fast_attention", "fast_attention_enabled"),
     "sitelens.patching": ("alpha_similarity", "effect_alpha_correlation", "inter_task", "intra_task",
         "transfer_similarity_correlation"),
@@ -120,6 +120,7 @@ __getattr__, __dir__ = lazy_names(__name__, {
         "builtin_tasks", "few_shot_prompts", "load_collection", "load_task", "task_from_pairs",
         "zero_shot_prompt"),
     "sitelens.tasks.regression": ("regression_mse", "regression_task"),
+    "sitelens.testing": ("tiny_model",),
 })
 
 __all__ = [

@@ -24,7 +24,8 @@ import pytest
 import torch
 from browser_util import chromium, offline_page  # noqa: F401  (the browser tier's fixtures)
 
-from sitelens.models import has_hooked_transformer, is_bridge, tiny_model
+from sitelens.models import has_hooked_transformer, is_bridge
+from sitelens.testing import tiny_model
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 

@@ -64,7 +64,7 @@ def hf_family_model(family: str, seed: int = 0):
     their paths carry numbers."""
     from transformers import AutoModelForCausalLM
 
-    from sitelens.models.tiny import tiny_tokenizer
+    from sitelens.testing import tiny_tokenizer
 
     tok = tiny_tokenizer()
     cfg = _configs(len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)[family]()

@@ -13,8 +13,9 @@ from sitelens.atlas import AtlasConfig, AtlasData, build_atlas_data, build_atlas
 from sitelens.atlas.data import depth_profile, family_test, task_family
 from sitelens.atlas.views import head_card, overview, pair_view, task_map
 from sitelens.cli import main
-from sitelens.models import has_hooked_transformer, tiny_model
+from sitelens.models import has_hooked_transformer
 from sitelens.tasks import load_task
+from sitelens.testing import tiny_model
 
 TASKS = ("antonym", "synonym", "present_past", "english_french")
 

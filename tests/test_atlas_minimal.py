@@ -18,11 +18,12 @@ from sitelens.atlas.minimal import MinimalConfig, build_minimal, k_star_table, s
 from sitelens.atlas.views import head_minimal, minimal_set, minimal_view
 from sitelens.errors import OutputError
 from sitelens.lenses.frontier import k_star
-from sitelens.models import has_hooked_transformer, tiny_model
+from sitelens.models import has_hooked_transformer
 from sitelens.patching import patched_last_logits
 from sitelens.site import task_embedding
 from sitelens.stats import wilson_interval
 from sitelens.tasks import Example, Task, Template, answer_token_ids, load_task, zero_shot_prompt
+from sitelens.testing import tiny_model
 
 if not has_hooked_transformer():  # the atlas's DLA and promoted tokens read W_O / W_U / the norms
     pytest.skip("the atlas needs a HookedTransformer (TransformerLens 3.x) for DLA and the "

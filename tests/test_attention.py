@@ -5,15 +5,9 @@ import torch
 from tolerances import assert_activations_close, assert_logits_close, assert_logprobs_close
 
 from sitelens.eval.generation import greedy_generate
-from sitelens.models import (
-    encode,
-    has_hooked_transformer,
-    is_bridge,
-    last_token_forward,
-    prefix_cache,
-    tiny_model,
-)
+from sitelens.models import encode, has_hooked_transformer, is_bridge, last_token_forward, prefix_cache
 from sitelens.models.attention import enable_fast_attention, fast_attention_enabled, supports_fast_path
+from sitelens.testing import tiny_model
 
 pytestmark = pytest.mark.skipif(not has_hooked_transformer(), reason="HookedTransformer only")
 
@@ -80,7 +74,7 @@ def test_fast_attention_matches_transformerlens_on_a_padded_batch(variant):
 def test_fast_attention_matches_with_sliding_window_layers():
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-    from sitelens.models import tiny_tokenizer
+    from sitelens.testing import tiny_tokenizer
 
     tok = tiny_tokenizer()
     cfg = HookedTransformerConfig(

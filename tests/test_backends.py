@@ -17,10 +17,10 @@ from sitelens.models import (
     new_kv_cache,
     resolve_backend,
     self_check,
-    tiny_tokenizer,
 )
 from sitelens.site import last_token_z
 from sitelens.site.injection import apply_hooks
+from sitelens.testing import tiny_tokenizer
 
 
 def test_z_hook_fires_with_its_own_name_and_shape(tiny):
@@ -181,8 +181,8 @@ def twins():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from sitelens.models import llama_config_from_hf
-    from sitelens.models.bridge import _bridge_from_hf
-    from sitelens.models.prepare import _finalize
+    from sitelens.models.bridge import bridge_from_hf
+    from sitelens.models.prepare import prepare_model
 
     tok = tiny_tokenizer()
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -198,8 +198,8 @@ def twins():
     hooked.load_and_process_state_dict(convert_llama_weights(copy.deepcopy(hf), ht_cfg), fold_ln=True,
                                        center_writing_weights=False, center_unembed=False)
     hooked.tokenizer = tok
-    hooked = _finalize(hooked)
-    bridge = _finalize(_bridge_from_hf(hf, tiny_tokenizer(), name="twin", prepend_bos=True, n_ctx=256))
+    hooked = prepare_model(hooked)
+    bridge = prepare_model(bridge_from_hf(hf, tiny_tokenizer(), name="twin", prepend_bos=True, n_ctx=256))
     return hooked, bridge
 
 

@@ -45,7 +45,7 @@ from sitelens.baselines.ia3 import ia3_hooks, init_ia3
 from sitelens.baselines.lora import init_lora, lora_hooks
 from sitelens.errors import FitError
 from sitelens.eval.evaluate import evaluate
-from sitelens.models import encode, tiny_model
+from sitelens.models import encode
 from sitelens.patching import corrupted_prompts, head_causal_effects
 from sitelens.site import FitConfig, last_token_z, task_embedding
 from sitelens.site.injection import HeadMix, apply_hooks, head_mask
@@ -56,6 +56,7 @@ from sitelens.tasks import (
     zero_shot_prompt,
     zero_shot_prompts,
 )
+from sitelens.testing import tiny_model
 
 N_KV = 2  # grouped-query tiny model: 4 query heads, 2 key/value heads
 

@@ -32,10 +32,10 @@ from sitelens.models import (
     new_kv_cache,
     prefix_cache,
     select_cache,
-    tiny_model,
 )
 from sitelens.models.kv import hf_seq_length
 from sitelens.site.injection import apply_hooks
+from sitelens.testing import tiny_model
 
 pytestmark = pytest.mark.skipif("bridge" not in BACKENDS, reason="TransformerBridge only")
 
@@ -47,9 +47,9 @@ def _tiny_gemma3_sliding():
     are 8 to 25 tokens): the cached path must apply the window as the full pass does."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    from sitelens.models import tiny_tokenizer
-    from sitelens.models.bridge import _bridge_from_hf
-    from sitelens.models.prepare import _finalize
+    from sitelens.models.bridge import bridge_from_hf
+    from sitelens.models.prepare import prepare_model
+    from sitelens.testing import tiny_tokenizer
 
     tok = tiny_tokenizer()
     cfg = Gemma3TextConfig(
@@ -64,7 +64,7 @@ def _tiny_gemma3_sliding():
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(5)
         hf = Gemma3ForCausalLM(cfg).eval()
-    return _finalize(_bridge_from_hf(hf, tok, name="tiny-gemma3-sliding", prepend_bos=True,
+    return prepare_model(bridge_from_hf(hf, tok, name="tiny-gemma3-sliding", prepend_bos=True,
                                      n_ctx=256))
 
 

@@ -11,8 +11,9 @@ from browser_util import file_url, panel_colours
 
 from sitelens.atlas import AtlasConfig, build_atlas_data, build_atlas_html, head_card, pair_view, payload
 from sitelens.atlas.views import head_minimal, minimal_set, minimal_view, overview
-from sitelens.models import has_hooked_transformer, tiny_model
+from sitelens.models import has_hooked_transformer
 from sitelens.tasks import load_task
+from sitelens.testing import tiny_model
 
 pytestmark = pytest.mark.browser
 

@@ -60,13 +60,13 @@ from sitelens.models import (
     place_layer_rows,
     place_pipeline,
     prefix_cache,
-    tiny_model,
 )
 from sitelens.models import devices as devices_module
 from sitelens.site import FitConfig, alpha_logit_rows, first_token_loss, fit_alpha, site_mix
 from sitelens.site import embedding as site_embedding
 from sitelens.site.injection import HeadMix
 from sitelens.tasks import few_shot_prompts, zero_shot_prompt
+from sitelens.testing import tiny_model
 
 BF16 = torch.bfloat16
 CUDA = torch.cuda.is_available()

@@ -45,11 +45,12 @@ from sitelens.eval.evaluate import evaluate
 from sitelens.eval.generation import greedy_generate, last_logits
 from sitelens.models import act_name, encode, has_hooked_transformer, self_check, z_hook_name
 from sitelens.models.attention import enable_fast_attention, slow_path_features
-from sitelens.models.families import FAMILIES, SUPPORTED_FAMILIES, family_model
+from sitelens.models.families import FAMILIES, SUPPORTED_FAMILIES
 from sitelens.site import FitConfig, SiteAdapter, fit_site, task_embedding
 from sitelens.site.injection import HeadMix, apply_hooks
 from sitelens.site.training import LastTokenSet
 from sitelens.tasks import load_task
+from sitelens.testing import family_model
 
 pytestmark = [
     pytest.mark.skipif(not has_hooked_transformer(), reason="HookedTransformer only (TL 3.x)"),

@@ -58,7 +58,8 @@ import sitelens.models.attention as attention_module
 import sitelens.models.kv as kv_module
 from sitelens.models import has_hooked_transformer
 from sitelens.models.attention import enable_fast_attention
-from sitelens.models.families import FAMILIES, SUPPORTED_FAMILIES, family_model
+from sitelens.models.families import FAMILIES, SUPPORTED_FAMILIES
+from sitelens.testing import family_model
 
 hooked_only = pytest.mark.skipif(not has_hooked_transformer(), reason="HookedTransformer only (TL 3.x)")
 

@@ -20,7 +20,7 @@ from sitelens.errors import TaskError
 from sitelens.eval.evaluate import evaluate, summarize
 from sitelens.eval.generation import intervention_hooks
 from sitelens.eval.labels import continuation_ids, label_set, score_labels
-from sitelens.models import encode, kv_forward, new_kv_cache, tiny_model
+from sitelens.models import encode, kv_forward, new_kv_cache
 from sitelens.provenance import task_hash
 from sitelens.site.injection import HeadMix, apply_hooks
 from sitelens.tasks import (
@@ -32,6 +32,7 @@ from sitelens.tasks import (
     load_task,
     task_from_pairs,
 )
+from sitelens.testing import tiny_model
 
 # No space before the answer, so that the byte-level tiny tokenizer gives the labels different
 # first tokens (with the default " " prefix every label would start with the space token).

@@ -39,11 +39,12 @@ from sitelens.lenses import (
     parse_lenses,
     rank_stability,
 )
-from sitelens.models import has_hooked_transformer, tiny_model
+from sitelens.models import has_hooked_transformer
 from sitelens.site import task_embedding
 from sitelens.site.injection import HeadMix
 from sitelens.site.training import LastTokenSet
 from sitelens.tasks import zero_shot_prompts
+from sitelens.testing import tiny_model
 
 hooked_only = pytest.mark.skipif(
     not has_hooked_transformer(),

@@ -28,8 +28,8 @@ def test_variants():
 
 
 def test_first_tokens_matches_a_forward_pass():
-    from sitelens.models import tiny_model
     from sitelens.tasks import Example, zero_shot_prompts
+    from sitelens.testing import tiny_model
 
     model = tiny_model(n_layers=2, n_heads=2, d_head=8, seed=0)
     items = [Example(x, y) for x, y in (("ab", "c"), ("de", "f"), ("gh", "i"))]

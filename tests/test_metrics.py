@@ -16,9 +16,10 @@ import sitelens.pipelines.bench_summary as bench_summary
 from sitelens.baselines import ICL, Fitted, Method, ZeroShot
 from sitelens.errors import ModelError, OutputError, TaskError
 from sitelens.eval.metrics import accuracy, correlation, dntp, dntp_per_item
-from sitelens.models import load_model, model_name, tiny_model
+from sitelens.models import load_model, model_name
 from sitelens.stats import bootstrap_ci
 from sitelens.tasks import DEFAULT_TEMPLATE, task_from_pairs
+from sitelens.testing import tiny_model
 
 # ----------------------------------------------------------------------------------------------
 # metrics

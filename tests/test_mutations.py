@@ -45,9 +45,10 @@ from test_backends import twins  # noqa: F401  (the module-scoped fixture, reuse
 from tolerances import assert_activations_close, assert_logprobs_close
 
 import sitelens.models.attention as attention_module
-from sitelens.models import encode, has_hooked_transformer, is_bridge, tiny_model
+from sitelens.models import encode, has_hooked_transformer, is_bridge
 from sitelens.site.injection import HeadMix
 from sitelens.tasks import load_task
+from sitelens.testing import tiny_model
 
 pytest_plugins = ["pytester"]  # the CI skip rule's cases run a throwaway suite
 

@@ -11,12 +11,13 @@ from tolerances import assert_logits_close, assert_probs_close, logit_scale
 from sitelens import patching as P
 from sitelens.errors import AdapterError
 from sitelens.eval.metrics import correlation
-from sitelens.models import encode, tiny_model, z_hook_name
+from sitelens.models import encode, z_hook_name
 from sitelens.patching import engine
 from sitelens.site import SiteAdapter, task_embedding
 from sitelens.site.injection import HeadMix
 from sitelens.stats import bootstrap_ci
 from sitelens.tasks import answer_token_ids, load_task, zero_shot_prompts
+from sitelens.testing import tiny_model
 
 torch.set_num_threads(1)
 

@@ -199,9 +199,9 @@ def test_dntp_scatter():
 def test_plots_from_real_patching_output():
     """The plotting functions accept the library's own outputs (tiny model)."""
     from sitelens import patching as P
-    from sitelens.models import tiny_model
     from sitelens.site import SiteAdapter, task_embedding
     from sitelens.tasks import load_task
+    from sitelens.testing import tiny_model
 
     model = tiny_model()
     task = load_task("antonym")

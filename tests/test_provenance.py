@@ -24,10 +24,11 @@ from sitelens.baselines import ICL, ZeroShot
 from sitelens.cli import main
 from sitelens.errors import OutputError
 from sitelens.io import check_output, sniff_kind
-from sitelens.models import load_model, tiny_model
+from sitelens.models import load_model
 from sitelens.pipelines import figures as F
 from sitelens.provenance import NUMERICS_VERSION, settings_hash, task_hash
 from sitelens.tasks import Example, Template, load_task
+from sitelens.testing import tiny_model
 
 torch.set_num_threads(1)
 

@@ -132,7 +132,7 @@ def test_evaluate_then_mse_on_a_tiny_model():
     are scored next to its own: each counts as the first number of its first line, one as the
     fallback."""
     from sitelens.eval.evaluate import evaluate
-    from sitelens.models import tiny_model
+    from sitelens.testing import tiny_model
 
     task = regression_task("relu", n_train=12, n_valid=3, n_test=4, dim=2, seed=0)
     df = evaluate(tiny_model(), task, methods=["zero-shot", "icl"], n_shots=3, limit=4)

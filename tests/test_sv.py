@@ -23,7 +23,7 @@ from sitelens.baselines.sv import (
 )
 from sitelens.errors import FitError, TaskError
 from sitelens.eval.evaluate import evaluate
-from sitelens.models import encode, tiny_model, z_hook_name
+from sitelens.models import encode, z_hook_name
 from sitelens.site.injection import HeadMix, apply_hooks
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,
@@ -33,6 +33,7 @@ from sitelens.tasks import (
     zero_shot_prompt,
     zero_shot_prompts,
 )
+from sitelens.testing import tiny_model
 
 SMALL = dict(n_shots=6, inner_window=4, momentum_steps=3, n_valid=8)  # 7 states, 5 gradients
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sitelens.errors import UsageError
-from sitelens.models import has_hooked_transformer, tiny_model
+from sitelens.models import has_hooked_transformer
 from sitelens.pipelines.transfer import (
     HiddenMap,
     corresponding_index,
@@ -29,6 +29,7 @@ from sitelens.pipelines.transfer import (
     tv_fitted,
 )
 from sitelens.site.injection import HeadMix
+from sitelens.testing import tiny_model
 
 hooked_only = pytest.mark.skipif(not has_hooked_transformer(),
                                  reason="W_O / ln1_post identities need a HookedTransformer")

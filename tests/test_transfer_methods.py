@@ -68,8 +68,8 @@ def test_ltv_transfer_is_transfer_linear_at_the_matching_point():
 @pytest.mark.skipif(not has_hooked_transformer(),
                     reason="HookedTransformer only: the tiny source and target models are HookedTransformers")
 def test_site_transfer_embedding_on_tiny_models():
-    from sitelens.models import tiny_model
     from sitelens.pipelines.transfer import resid_states
+    from sitelens.testing import tiny_model
 
     src = tiny_model(n_layers=3, n_heads=4, d_head=10, seed=0, backend="hooked")
     dst = tiny_model(n_layers=2, n_heads=3, d_head=8, seed=1, backend="hooked")

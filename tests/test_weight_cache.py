@@ -13,8 +13,8 @@ import sitelens.models.cache as C
 import sitelens.models.load as L
 from sitelens import ModelError, encode
 from sitelens.models import has_hooked_transformer
-from sitelens.models import tiny_model as _tiny
-from sitelens.models.prepare import FAST_LAYOUT, _finalize, fast_layout, fast_memory, from_fast_memory
+from sitelens.models.prepare import FAST_LAYOUT, fast_layout, fast_memory, from_fast_memory, prepare_model
+from sitelens.testing import tiny_model as _tiny
 
 HOOKED = pytest.mark.skipif(not has_hooked_transformer(),
                             reason="HookedTransformer only: the processed-weight cache holds its weights")
@@ -72,8 +72,8 @@ def fake_bundled(tmp_path, monkeypatch):
 def test_a_cached_load_is_the_written_model_bit_for_bit(fake_bundled):
     target, converted = fake_bundled
     ref = tiny_model(seed=0)  # finalized: the fast layout, as every load ends
-    first = _finalize(L._load_bundled("fake", n_ctx=256, use_cache=True))
-    again = _finalize(L._load_bundled("fake", n_ctx=256, use_cache=True))
+    first = prepare_model(L._load_bundled("fake", n_ctx=256, use_cache=True))
+    again = prepare_model(L._load_bundled("fake", n_ctx=256, use_cache=True))
     assert converted == ["fake"] and C.stored_format(target) == C.CACHE_FORMAT
     for model in (first, again):
         # the same values in the same strides run the same kernels: exact, no tolerance
@@ -95,7 +95,7 @@ def test_a_cache_of_another_format_is_rebuilt_never_read(fake_bundled, monkeypat
     assert C.stored_format(target) is None
     with pytest.raises(ModelError, match="format None"):
         C.load_processed(target, "fake")
-    model = _finalize(L._load_bundled("fake", n_ctx=256, use_cache=True))
+    model = prepare_model(L._load_bundled("fake", n_ctx=256, use_cache=True))
     assert converted == ["fake"] and C.stored_format(target) == C.CACHE_FORMAT
     assert torch.equal(_logits(model), _logits(tiny_model(seed=0)))
     assert sorted(p.name for p in target.parent.iterdir()) == [target.name]  # nothing left aside
@@ -151,7 +151,7 @@ def test_mutation_a_loader_blind_to_the_format_misreads_an_old_cache(fake_bundle
     monkeypatch.setattr(L, "stored_format", lambda t: C.CACHE_FORMAT)
     monkeypatch.setattr(C, "stored_format", lambda t: C.CACHE_FORMAT)
     try:
-        model = _finalize(L._load_bundled("fake", n_ctx=256, use_cache=True))
+        model = prepare_model(L._load_bundled("fake", n_ctx=256, use_cache=True))
     except RuntimeError:  # a transposed matrix of another shape: load_state_dict refuses it
         return
     assert not converted

@@ -101,7 +101,7 @@ def shrunk(fields: dict) -> dict:
 def random_model(name: str, fields: dict, *, n_ctx: int, device: str = "cpu", dtype: str = "float32",
                  seed: int = 0):
     """``HookedTransformer(cfg)`` of ``fields`` with TransformerLens's random init and the byte
-    tokenizer, readied for sitelens as :func:`sitelens.models.tiny.tiny_model` is (frozen, fast
+    tokenizer, readied for sitelens as :func:`sitelens.testing.tiny_model` is (frozen, fast
     layout and attention, self-checked); its parameters are created on ``device``."""
     import torch
     from transformer_lens import HookedTransformer, HookedTransformerConfig
@@ -110,7 +110,7 @@ def random_model(name: str, fields: dict, *, n_ctx: int, device: str = "cpu", dt
     from sitelens.models.devices import resolve_dtype
     from sitelens.models.hooks import self_check
     from sitelens.models.prepare import fast_layout
-    from sitelens.models.tiny import tiny_tokenizer
+    from sitelens.testing import tiny_tokenizer
 
     cfg = HookedTransformerConfig(
         **fields, n_ctx=n_ctx, seed=seed, init_weights=True, dtype=resolve_dtype(dtype), device=device,

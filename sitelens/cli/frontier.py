@@ -25,7 +25,7 @@ def known_head_count(model: str) -> int | None:
     if model in TINY_MODELS:
         import inspect
 
-        from sitelens.models import tiny_model
+        from sitelens.testing import tiny_model
 
         d = inspect.signature(tiny_model).parameters
         kw = {name: TINY_MODELS[model].get(name, d[name].default) for name in ("n_layers", "n_heads")}

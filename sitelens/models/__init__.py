@@ -6,18 +6,17 @@ model classes (with :mod:`sitelens.models.attention`, the fused attention forwar
 - :mod:`sitelens.models.spec`: backends and :class:`LoadSpec`, the frozen load specification
   (device, dtype, devices, device map, backend) that runs pass down to ``load_model``.
 - :mod:`sitelens.models.load`: names → ready models (``load_model``: bundled, TransformerLens
-  names, local Hugging Face directories, tiny test models).
+  names, local Hugging Face directories, the tiny test models of :mod:`sitelens.testing`).
 - :mod:`sitelens.models.hf`: TransformerLens names from the local Hugging Face cache, local
   directories; :mod:`sitelens.models.available`: ``check_model_available``, ``hf_cached`` (no
   torch: the command line checks ``--model`` with it before anything loads).
-- :mod:`sitelens.models.bridge`: wrapping Hugging Face models in a ``TransformerBridge``,
-  ``prepare_bridge``.
-- :mod:`sitelens.models.prepare`: the last steps of every load (eval mode, ``fast_layout``, fused
-  attention, left padding, self-check).
+- :mod:`sitelens.models.bridge`: wrapping Hugging Face models in a ``TransformerBridge``
+  (``bridge_from_hf``), ``prepare_bridge``.
+- :mod:`sitelens.models.prepare`: the last steps of every load (``prepare_model``: eval mode,
+  ``fast_layout``, fused attention, left padding, self-check).
 - :mod:`sitelens.models.identity`: ``model_name``, ``fingerprint``.
-- :mod:`sitelens.models.tiny`: tiny random test models (``tiny_model``, ``tiny_tokenizer``).
-- :mod:`sitelens.models.families`: architecture families as data (``FAMILIES``) and tiny
-  random-weight models of them (``family_model``); imported from the submodule.
+- :mod:`sitelens.models.families`: architecture families as data (``FAMILIES``); imported from
+  the submodule. Tiny test models of them, and of any size: :mod:`sitelens.testing`.
 - :mod:`sitelens.models.tokens`: ``encode`` (BOS, left padding), memory-bounded batches.
 - :mod:`sitelens.models.hooks`: the hook-name vocabulary (``act_name``, ``z_hook_name``), the z-hook
   self-check, hook functions on a bridge (``wrap_hook``), ``forward_until``.
@@ -43,7 +42,7 @@ from sitelens.lazy import lazy_names
 
 if TYPE_CHECKING:  # for type checkers; at run time each name is imported on first access
     from sitelens.models.available import ALLOW_DOWNLOAD_ENV, check_model_available, hf_cached
-    from sitelens.models.bridge import prepare_bridge
+    from sitelens.models.bridge import bridge_from_hf, prepare_bridge
     from sitelens.models.cache import CACHE_FORMAT, cache_dir
     from sitelens.models.devices import (
         DTYPES,
@@ -92,7 +91,7 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
         unembed_last,
     )
     from sitelens.models.load import load_model, timed_load
-    from sitelens.models.prepare import fast_layout
+    from sitelens.models.prepare import fast_layout, prepare_model
     from sitelens.models.registry import (
         ATLAS_MODELS,
         BUNDLED,
@@ -112,7 +111,6 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
         has_hooked_transformer,
         resolve_backend,
     )
-    from sitelens.models.tiny import tiny_model, tiny_tokenizer
     from sitelens.models.tokens import (
         ATTENTION_BUDGET_BYTES,
         Encoded,
@@ -126,7 +124,7 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
 # name -> the module that defines it (PEP 562: imported when first used)
 __getattr__, __dir__ = lazy_names(__name__, {
     "sitelens.models.available": ("ALLOW_DOWNLOAD_ENV", "check_model_available", "hf_cached"),
-    "sitelens.models.bridge": ("prepare_bridge",),
+    "sitelens.models.bridge": ("bridge_from_hf", "prepare_bridge"),
     "sitelens.models.cache": ("CACHE_FORMAT", "cache_dir"),
     "sitelens.models.devices": ("DTYPES", "accumulation_dtype", "dtype_name", "input_device",
         "is_multi_device", "layer_devices", "memory_budget", "model_devices", "output_device",
@@ -140,12 +138,11 @@ __getattr__, __dir__ = lazy_names(__name__, {
         "drive_hf_cache", "kv_forward", "last_position_logits", "last_token_forward", "new_kv_cache",
         "prefix_cache", "select_cache", "select_entry", "unembed_last"),
     "sitelens.models.load": ("load_model", "timed_load"),
-    "sitelens.models.prepare": ("fast_layout",),
+    "sitelens.models.prepare": ("fast_layout", "prepare_model"),
     "sitelens.models.registry": ("ATLAS_MODELS", "BUNDLED", "BUNDLED_MODELS", "DEFAULT_MODEL",
         "DEFAULT_N_CTX", "FIGURE_MODELS", "TINY_MODELS", "BundledModel", "available_models"),
     "sitelens.models.spec": ("BACKEND_ENV", "BACKENDS", "LoadSpec", "default_backend",
         "has_hooked_transformer", "resolve_backend"),
-    "sitelens.models.tiny": ("tiny_model", "tiny_tokenizer"),
     "sitelens.models.tokens": ("ATTENTION_BUDGET_BYTES", "Encoded", "budget_batches", "encode",
         "length_batches", "prepends_bos", "token_ids"),
 })
@@ -157,10 +154,8 @@ __all__ = [
     "BACKEND_ENV", "BACKENDS", "LoadSpec", "default_backend", "has_hooked_transformer",
     "resolve_backend",
     # load, hf, bridge, prepare, identity
-    "ALLOW_DOWNLOAD_ENV", "check_model_available", "fast_layout", "fingerprint", "hf_cached",
-    "load_model", "model_name", "prepare_bridge", "timed_load",
-    # tiny
-    "tiny_model", "tiny_tokenizer",
+    "ALLOW_DOWNLOAD_ENV", "bridge_from_hf", "check_model_available", "fast_layout", "fingerprint",
+    "hf_cached", "load_model", "model_name", "prepare_bridge", "prepare_model", "timed_load",
     # tokens
     "ATTENTION_BUDGET_BYTES", "Encoded", "budget_batches", "encode", "length_batches",
     "prepends_bos", "token_ids",

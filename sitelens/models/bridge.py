@@ -1,17 +1,19 @@
-"""Wrapping a Hugging Face causal LM in a TransformerLens ``TransformerBridge``, offline, and
-making a bridge built elsewhere ready (:func:`prepare_bridge`). Sitelens works on the bridge's raw
-Hugging Face numerics: ``enable_compatibility_mode()`` is never called.
+"""Wrapping a Hugging Face causal LM in a TransformerLens ``TransformerBridge``, offline
+(:func:`bridge_from_hf`), and making a bridge built elsewhere ready (:func:`prepare_bridge`).
+Sitelens works on the bridge's raw Hugging Face numerics: ``enable_compatibility_mode()`` is never
+called.
 """
 
 from __future__ import annotations
 
 from sitelens.errors import ModelError
 from sitelens.models.hooks import is_bridge
-from sitelens.models.prepare import _finalize
+from sitelens.models.prepare import prepare_model
 
 
-def _bridge_from_hf(hf, tokenizer, *, name: str, prepend_bos: bool, n_ctx: int | None = None):
-    """Wrap a loaded Hugging Face causal LM in a ``TransformerBridge`` offline (no hub call).
+def bridge_from_hf(hf, tokenizer, *, name: str, prepend_bos: bool, n_ctx: int | None = None):
+    """Wrap a loaded Hugging Face causal LM in a ``TransformerBridge`` offline (no hub call), not
+    yet readied (:func:`prepare_bridge` or :func:`~sitelens.models.prepare.prepare_model` does).
 
     The tokenizer is attached as is (TransformerLens's ``setup_tokenizer`` would reload it by name);
     sitelens tokenizes with :func:`encode` and never lets the tokenizer add special tokens."""
@@ -51,7 +53,7 @@ def prepare_bridge(bridge, *, prepend_bos: bool | None = None, name: str | None 
         bridge.cfg.default_prepend_bos = prepend_bos
     if name is not None:
         bridge.cfg.model_name = name
-    return _finalize(bridge)
+    return prepare_model(bridge)
 
 
-__all__ = ["prepare_bridge"]
+__all__ = ["bridge_from_hf", "prepare_bridge"]

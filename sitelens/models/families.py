@@ -1,8 +1,7 @@
 """Architecture families as data: one :class:`Family` per family TransformerLens 3.9 can build
 (its Hugging Face architecture, the real model its settings come from, the features it exercises,
-and the ``HookedTransformerConfig`` fields of a tiny random-weight model of it), and
-:func:`family_model`, that tiny model, built offline and readied for sitelens as
-:func:`~sitelens.models.tiny.tiny_model` is. ``tests/test_families.py`` runs sitelens end to end
+and the ``HookedTransformerConfig`` fields of a tiny random-weight model of it, which
+:func:`sitelens.testing.family_model` builds). ``tests/test_families.py`` runs sitelens end to end
 on each; ``scripts/families_table.py`` writes the support table of ``docs/models.md`` from its
 results.
 
@@ -37,7 +36,7 @@ _SCORE_CAP, _LOGIT_CAP = 2.0, 3.0
 @dataclass(frozen=True)
 class Family:
     """One architecture family: ``fields`` are ``HookedTransformerConfig`` keyword arguments
-    (``d_vocab``, ``n_ctx``, ``seed``, ``dtype`` are added by :func:`family_model`);
+    (``d_vocab``, ``n_ctx``, ``seed``, ``dtype`` are added by :func:`sitelens.testing.family_model`);
     ``unsupported`` is why TransformerLens 3.9 cannot build the family (then ``fields`` is
     empty)."""
 
@@ -146,42 +145,4 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
 SUPPORTED_FAMILIES: tuple[str, ...] = tuple(n for n, f in FAMILIES.items() if f.supported)
 
 
-def family_model(name: str, *, seed: int = 0, n_ctx: int = 256, dtype=None, fast_attention: bool = True):
-    """A tiny random-weight ``HookedTransformer`` of family ``name`` (:data:`FAMILIES`) with the
-    byte tokenizer of :func:`~sitelens.models.tiny.tiny_tokenizer`, built in code (no files, no
-    network), readied as every sitelens load is (eval, no gradients, fast layout, fused attention
-    unless ``fast_attention=False``, left padding, the z-hook self-check). ``dtype``: e.g.
-    ``torch.bfloat16`` (default float32)."""
-    import torch
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-    from sitelens.errors import ModelError
-    from sitelens.models.prepare import _finalize
-    from sitelens.models.tiny import tiny_tokenizer
-
-    fam = FAMILIES.get(name)
-    if fam is None:
-        raise ModelError(f"Unknown family {name!r}; the families: {', '.join(FAMILIES)}.")
-    if not fam.supported:
-        raise ModelError(f"Family {name!r} ({fam.architecture}): {fam.unsupported}.")
-    tokenizer = tiny_tokenizer()
-    fields = fam.config()
-    fields.setdefault("default_prepend_bos", True)
-    cfg = HookedTransformerConfig(
-        **fields, n_ctx=n_ctx, d_vocab=len(tokenizer), seed=seed, init_weights=True,
-        tokenizer_prepends_bos=False, dtype=torch.float32, model_name=f"family-{name}-s{seed}",
-    )
-    model = HookedTransformer(cfg, tokenizer=None)
-    model.tokenizer = tokenizer  # set_tokenizer would look the name up on a hub
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if pname.rsplit(".", 1)[-1] in fam.biases:
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-    if dtype is not None:
-        model.to(dtype)
-        model.cfg.dtype = dtype
-    return _finalize(model, fast_attention=fast_attention)
-
-
-__all__ = ["FAMILIES", "SUPPORTED_FAMILIES", "Family", "family_model"]
+__all__ = ["FAMILIES", "SUPPORTED_FAMILIES", "Family"]

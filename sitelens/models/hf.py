@@ -20,7 +20,7 @@ from sitelens.models.available import (  # noqa: F401 (re-exported: load.py read
     check_model_available,
     hf_cached,
 )
-from sitelens.models.bridge import _bridge_from_hf
+from sitelens.models.bridge import bridge_from_hf
 from sitelens.models.hf_arch import architecture_of, check_hf_dir, read_config
 from sitelens.models.hf_convert import hooked_from_hf
 
@@ -124,7 +124,7 @@ def _load_hf_dir(path: Path, *, n_ctx: int, backend: str = "hooked", device=None
     if arch is not None and not getattr(hf.config, "architectures", None):
         hf.config.architectures = [arch]  # a config.json with model_type only
     if backend == "bridge":
-        return _bridge_from_hf(
+        return bridge_from_hf(
             hf, tokenizer, name=path.name, prepend_bos=tokenizer.bos_token is not None, n_ctx=n_ctx
         )
     return hooked_from_hf(hf, tokenizer, arch=arch, n_ctx=n_ctx, name=str(path))

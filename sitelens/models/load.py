@@ -14,7 +14,7 @@ official names and local directories in :mod:`sitelens.models.hf`, the bridge wr
 :mod:`sitelens.models.prepare`.
 
 Reserved names for tests and subprocesses: ``"tiny-random"`` and ``"tiny-random-gqa"`` (2 key/value
-heads) load :func:`~sitelens.models.tiny.tiny_model` (seed 0) on the chosen backend, offline, in
+heads) load :func:`sitelens.testing.tiny_model` (seed 0) on the chosen backend, offline, in
 well under a second.
 """
 
@@ -27,7 +27,7 @@ import torch
 
 from sitelens.errors import ModelError
 from sitelens.models.attention import enable_fast_attention
-from sitelens.models.bridge import _bridge_from_hf
+from sitelens.models.bridge import bridge_from_hf
 from sitelens.models.cache import (
     CACHE_FORMAT,
     _gguf_path,
@@ -50,10 +50,10 @@ from sitelens.models.devices import (
 )
 from sitelens.models.gguf import _convert_bundled, _hf_load
 from sitelens.models.hf import _is_dir, _load_hf_dir, _load_official, check_model_available
-from sitelens.models.prepare import _finalize
+from sitelens.models.prepare import prepare_model
 from sitelens.models.registry import BUNDLED, DEFAULT_MODEL, DEFAULT_N_CTX, TINY_MODELS
 from sitelens.models.spec import LoadSpec, resolve_backend
-from sitelens.models.tiny import tiny_model
+from sitelens.testing import tiny_model
 
 
 def load_model(
@@ -73,9 +73,10 @@ def load_model(
 
     ``name`` is a bundled model (``"smollm2-135m-instruct"``, ``"gemma-3-270m"``), a TransformerLens
     official model name (needs its weights locally or a network), a local Hugging Face directory,
-    or a reserved tiny test model (``"tiny-random"``, ``"tiny-random-gqa"``: :func:`tiny_model`,
-    seed 0). ``backend``: ``"hooked"`` (``HookedTransformer``) or ``"bridge"``
-    (``TransformerBridge``); default :func:`~sitelens.models.spec.default_backend`. Processed
+    or a reserved tiny test model (``"tiny-random"``, ``"tiny-random-gqa"``:
+    :func:`sitelens.testing.tiny_model`, seed 0). ``backend``: ``"hooked"``
+    (``HookedTransformer``) or ``"bridge"`` (``TransformerBridge``); default
+    :func:`~sitelens.models.spec.default_backend`. Processed
     weights of bundled models are cached under :func:`cache_dir` (atomic writes; on the bridge
     backend the dequantized Hugging Face model is cached). ``n_ctx``: the longest prompt +
     generation, in tokens (default ``DEFAULT_N_CTX`` = 2048, 256 for the tiny models; Llama-style
@@ -135,7 +136,7 @@ def load_model(
     else:
         check_model_available(name)
         model = _load_official(name, n_ctx=ctx, backend=backend, **place)
-    return _finalize(model, device=device, dtype=dtype, n_devices=n_devices,
+    return prepare_model(model, device=device, dtype=dtype, n_devices=n_devices,
                      fast_attention=fast_attention)
 
 
@@ -186,7 +187,7 @@ def _load_bundled_bridge(name: str, *, n_ctx: int, use_cache: bool = True, devic
         hf.to(dtype)
     if device_map is not None or n_devices > 1:
         _dispatch(hf, device_map, device, n_devices)
-    return _bridge_from_hf(hf, tokenizer, name=name, prepend_bos=record.prepend_bos, n_ctx=n_ctx)
+    return bridge_from_hf(hf, tokenizer, name=name, prepend_bos=record.prepend_bos, n_ctx=n_ctx)
 
 
 __all__ = ["load_model", "timed_load"]

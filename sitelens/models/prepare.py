@@ -1,7 +1,8 @@
 """Making a loaded model ready for sitelens: placed (:mod:`sitelens.models.devices`), eval mode,
 no gradients, the fast weight layout and fused attention on a ``HookedTransformer``, left padding,
-and the z-hook self-check. Every loader (:func:`~sitelens.models.load.load_model`,
-:func:`~sitelens.models.tiny.tiny_model`, :func:`~sitelens.models.bridge.prepare_bridge`) ends here.
+and the z-hook self-check (:func:`prepare_model`). Every loader
+(:func:`~sitelens.models.load.load_model`, :func:`~sitelens.models.bridge.prepare_bridge`, the test
+models of :mod:`sitelens.testing`) ends here.
 """
 
 from __future__ import annotations
@@ -11,7 +12,12 @@ from sitelens.models.devices import _place
 from sitelens.models.hooks import is_bridge, self_check
 
 
-def _finalize(model, *, device=None, dtype=None, n_devices: int = 1, fast_attention: bool = True):
+def prepare_model(model, *, device=None, dtype=None, n_devices: int = 1, fast_attention: bool = True):
+    """Make a ``HookedTransformer`` or ``TransformerBridge`` built in code ready for sitelens, as
+    every load does: placed (``device``, ``dtype``, ``n_devices``), eval mode, no gradients; on a
+    ``HookedTransformer`` the fast weight layout and fused attention (``fast_attention``); left
+    padding (the EOS token pads where there is no pad token); the z-hook self-check. Returns
+    ``model``."""
     _place(model, bridge=is_bridge(model), device=device, dtype=dtype, n_devices=n_devices)
     model.eval()
     for p in model.parameters():
@@ -77,4 +83,4 @@ def fast_layout(model) -> None:
             p.data = from_fast_memory(name, p.data.permute(order).contiguous())
 
 
-__all__ = ["FAST_LAYOUT", "fast_layout", "fast_memory", "from_fast_memory"]
+__all__ = ["FAST_LAYOUT", "fast_layout", "fast_memory", "from_fast_memory", "prepare_model"]

@@ -3,7 +3,7 @@
 the runners and executors to :func:`~sitelens.models.load.load_model`.
 
 Backends (``backend=`` of :func:`~sitelens.models.load.load_model` /
-:func:`~sitelens.models.tiny.tiny_model`, :attr:`LoadSpec.backend`):
+:func:`sitelens.testing.tiny_model`, :attr:`LoadSpec.backend`):
 
 - ``"hooked"``: a ``HookedTransformer`` (TransformerLens 3.9).
 - ``"bridge"``: a ``TransformerBridge`` around the Hugging Face model (TransformerLens 3.9 and 4.x),

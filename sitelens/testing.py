@@ -1,13 +1,27 @@
-"""Tiny randomly initialised models for tests, built in code: no files, no network, well under a
-second. ``load_model("tiny-random")`` / ``"tiny-random-gqa"`` load them by name."""
+"""Models for tests, built in code: no files, no network, well under a second each.
+
+- :func:`tiny_tokenizer`: a byte-level tokenizer (one token per byte plus ``<bos>``, ``<eos>``,
+  ``<pad>``).
+- :func:`tiny_model`: a tiny randomly initialised ``HookedTransformer`` or ``TransformerBridge``;
+  ``load_model("tiny-random")`` / ``"tiny-random-gqa"`` load it by name
+  (:data:`~sitelens.models.registry.TINY_MODELS`).
+- :func:`family_model`: a tiny random-weight ``HookedTransformer`` of one architecture family
+  (:data:`sitelens.models.families.FAMILIES`); ``tests/test_families.py`` runs sitelens end to end
+  on each.
+
+Every model is readied as every sitelens load is (:mod:`sitelens.models.prepare`: eval mode, no
+gradients, the fast weight layout, fused attention, left padding, the z-hook self-check), so a test
+or a benchmark on it takes the library's own paths.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from sitelens.errors import ModelError
-from sitelens.models.bridge import _bridge_from_hf
-from sitelens.models.prepare import _finalize
+from sitelens.models.bridge import bridge_from_hf
+from sitelens.models.families import FAMILIES
+from sitelens.models.prepare import prepare_model
 from sitelens.models.spec import resolve_backend
 
 
@@ -102,7 +116,7 @@ def tiny_model(
     kind += "" if normalization == "RMS" else f"-{normalization or 'nonorm'}"
     kind += "" if dtype == torch.float32 else f"-{str(dtype).removeprefix('torch.')}"
     model.cfg.model_name = f"tiny-{n_layers}l{n_heads}h{n_key_value_heads or n_heads}kv{kind}-s{seed}"
-    return _finalize(model)
+    return prepare_model(model)
 
 
 def _tiny_bridge(
@@ -143,8 +157,43 @@ def _tiny_bridge(
         hf = cls(cfg).to(torch.float32).eval()
     kind = "-postnorm" if post_norm else ""
     name = f"tiny-{n_layers}l{n_heads}h{n_key_value_heads or n_heads}kv{kind}-s{seed}-bridge"
-    bridge = _bridge_from_hf(hf, tokenizer, name=name, prepend_bos=True, n_ctx=n_ctx)
-    return _finalize(bridge)
+    bridge = bridge_from_hf(hf, tokenizer, name=name, prepend_bos=True, n_ctx=n_ctx)
+    return prepare_model(bridge)
 
 
-__all__ = ["tiny_model", "tiny_tokenizer"]
+def family_model(name: str, *, seed: int = 0, n_ctx: int = 256, dtype=None, fast_attention: bool = True):
+    """A tiny random-weight ``HookedTransformer`` of family ``name``
+    (:data:`~sitelens.models.families.FAMILIES`) with the byte tokenizer of :func:`tiny_tokenizer`,
+    built in code (no files, no network), readied as every sitelens load is (eval, no gradients,
+    fast layout, fused attention unless ``fast_attention=False``, left padding, the z-hook
+    self-check). ``dtype``: e.g. ``torch.bfloat16`` (default float32). The biases the family
+    really has (``Family.biases``) are drawn at random (seeded): TransformerLens initialises every
+    bias to zero, and a path that carries zeros tests nothing."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    fam = FAMILIES.get(name)
+    if fam is None:
+        raise ModelError(f"Unknown family {name!r}; the families: {', '.join(FAMILIES)}.")
+    if not fam.supported:
+        raise ModelError(f"Family {name!r} ({fam.architecture}): {fam.unsupported}.")
+    tokenizer = tiny_tokenizer()
+    fields = fam.config()
+    fields.setdefault("default_prepend_bos", True)
+    cfg = HookedTransformerConfig(
+        **fields, n_ctx=n_ctx, d_vocab=len(tokenizer), seed=seed, init_weights=True,
+        tokenizer_prepends_bos=False, dtype=torch.float32, model_name=f"family-{name}-s{seed}",
+    )
+    model = HookedTransformer(cfg, tokenizer=None)
+    model.tokenizer = tokenizer  # set_tokenizer would look the name up on a hub
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.rsplit(".", 1)[-1] in fam.biases:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    if dtype is not None:
+        model.to(dtype)
+        model.cfg.dtype = dtype
+    return prepare_model(model, fast_attention=fast_attention)
+
+
+__all__ = ["family_model", "tiny_model", "tiny_tokenizer"]
