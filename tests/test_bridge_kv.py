@@ -19,6 +19,7 @@ import torch
 from conftest import BACKENDS
 from tolerances import assert_activations_close, assert_logits_close
 
+import sitelens.models.compat as C
 import sitelens.models.kv as KV
 from sitelens import HeadMix, ModelError
 from sitelens.eval.generation import greedy_generate
@@ -227,7 +228,7 @@ def test_a_cache_the_bridge_does_not_extend_is_refused(bridge, monkeypatch):
 def test_without_the_keyword_alias_the_probe_falls_back_to_full_passes(monkeypatch):
     """Where the attention bridges ignore the cache (the alias does not take), drive_hf_cache
     says so, warns, and the recompute path gives the same results."""
-    monkeypatch.setattr(KV, "_cache_alias", lambda module, args, kwargs: (args, kwargs))
+    monkeypatch.setattr(C, "_cache_alias", lambda module, args, kwargs: (args, kwargs))
     fresh = tiny_model(n_layers=2, n_heads=4, d_head=8, seed=3, backend="bridge")
     with pytest.warns(UserWarning, match="recomputes the full sequence"):
         assert KV.drive_hf_cache(fresh) is False
@@ -255,7 +256,7 @@ def test_the_comparisons_catch_a_broken_cache(bridge, monkeypatch, bug):
         def kwargs(model, hf):
             kw = real_kwargs(model, hf)
             if hf_seq_length(hf) > 0:  # a decode step (one token per row) placed at position 0
-                batch = KV._layer_kv(hf)[0][0].shape[0]
+                batch = C.layer_kv(hf)[0][0].shape[0]
                 kw["position_ids"] = torch.zeros(batch, 1, dtype=torch.long)
             return kw
 

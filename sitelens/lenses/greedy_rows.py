@@ -1,20 +1,20 @@
 """Greedy's candidate rows, branched at the candidate's layer (HookedTransformer).
 
-One greedy step scores ``chosen + {j}`` for every candidate head j on the valid items. Adding head
-j at layer l changes nothing below layer l, so every candidate of layer l starts from the same
+One greedy step scores ``chosen + {j}`` for every candidate head j on the valid items. Adding head j
+at layer l changes nothing below layer l, so every candidate of layer l starts from the same
 residual stream: :func:`branched_scores` runs the chosen set once (``n`` rows, the residual at the
 input of every layer kept), then the candidates in waves of at most ``batch_size`` rows, each wave
 one pass up the blocks in which a candidate's ``n`` rows join at its own layer (the rows of layer l
-enter as layer l's block runs; ``model.blocks[l]`` on the same frozen prefix cache, then
-``ln_final`` and the unembedding). On average half the layers run per candidate row instead of all
-of them, and the products keep many rows (a wave's rows, not one layer's ``n × n_heads``), which
-the matmul kernels need to run near the machine's rate (``benchmarks/greedy_speed.py``). The
-result is the same forward pass cut in two: the candidate rows' residual below layer l is computed
-in a batch of ``n`` rows instead of ``n × candidates``, and a product's rows share a batch with
-other candidates', which may round the last float32 bit differently (``benchmarks/greedy_speed.py``
-reports the largest probability difference against one full patched pass per candidate;
-``tests/test_frontier_speed.py`` checks picks and probabilities against
-:func:`sitelens.patching.engine.run_rows`). A TransformerBridge takes the unbranched rows."""
+enter as layer l's block runs: :func:`~sitelens.models.kv.block_forward` on the same frozen prefix
+cache, then :func:`~sitelens.models.kv.unembed_last`). On average half the layers run per candidate
+row instead of all of them, and the products keep many rows (a wave's rows, not one layer's ``n ×
+n_heads``), which the matmul kernels need to run near the machine's rate
+(``benchmarks/greedy_speed.py``). The result is the same forward pass cut in two: the candidate
+rows' residual below layer l is computed in a batch of ``n`` rows instead of ``n × candidates``, and
+a product's rows share a batch with other candidates', which may round the last float32 bit
+differently (``benchmarks/greedy_speed.py`` reports the largest probability difference against one
+full patched pass per candidate; ``tests/test_frontier_speed.py`` checks picks and probabilities
+against :func:`sitelens.patching.engine.run_rows`). A TransformerBridge takes the unbranched rows."""
 
 from __future__ import annotations
 
@@ -23,11 +23,14 @@ from torch import Tensor
 
 from sitelens.models import (
     SELECT_BUDGET_BYTES,
+    act_name,
+    block_forward,
     cache_rows_per_batch,
     last_token_forward,
     memory_budget,
     place_layer_rows,
     select_entry,
+    unembed_last,
     z_hook_name,
 )
 from sitelens.patching.engine import ForwardPassCounter
@@ -50,7 +53,7 @@ def branched_scores(model, items: LastTokenSet, chosen: Tensor, candidates: list
         return fn
 
     base = HeadMix(weights=chosen.to(model.cfg.device), targets=target, positions=(-1,))
-    keeps = [(f"blocks.{i}.hook_resid_pre", keep(i)) for i in range(L)]
+    keeps = [(act_name("resid_pre", i), keep(i)) for i in range(L)]
     with torch.no_grad(), apply_hooks(model, base.hooks(model) + keeps):
         last_token_forward(model, items.cache, items.last)
     rows = cache_rows_per_batch(items.cache, batch_size,
@@ -93,15 +96,12 @@ def _wave_logits(model, items: LastTokenSet, chosen: Tensor, heads: list[int], s
             prev = cache.previous_attention_mask[rows_item.to(cache.previous_attention_mask.device)]
             mask = torch.cat([prev, prev.new_ones(len(rows_item), 1)], 1)  # [b, prefix + 1]
             mix = HeadMix(weights=torch.cat(w).reshape(-1, L, H), targets=target, positions=(-1,))
-        block = model.blocks[layer]
         with torch.no_grad(), apply_hooks(model, [(z_hook_name(model, layer), mix.hook_fn(layer))]):
-            x = block(x.to(next(block.parameters()).device), past_kv_cache_entry=select_entry(
-                cache.entries[layer], rows_item), attention_mask=mask)  # [b, 1, d_model]
+            x = block_forward(model, layer, x, cache_entry=select_entry(cache.entries[layer], rows_item),
+                              attention_mask=mask)  # [b, 1, d_model]
     ForwardPassCounter.ran(model)  # one pass up the blocks, not a call of ``model``
     with torch.no_grad():
-        x = model.ln_final(x)  # [b, 1, d_model]
-        logits = torch.cat([model.unembed(x[s: s + rows])[:, -1].float()
-                            for s in range(0, len(x), rows)])  # [b, d_vocab]
+        logits = unembed_last(model, x, rows=rows)[:, 0].float()  # [b, d_vocab]
     return logits, torch.cat(cond), torch.cat(item)
 
 

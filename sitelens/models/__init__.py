@@ -20,7 +20,8 @@ model classes (with :mod:`sitelens.models.attention`, the fused attention forwar
 - :mod:`sitelens.models.tokens`: ``encode`` (BOS, left padding), memory-bounded batches.
 - :mod:`sitelens.models.hooks`: the hook-name vocabulary (``act_name``, ``z_hook_name``), the z-hook
   self-check, hook functions on a bridge (``wrap_hook``), ``forward_until``.
-- :mod:`sitelens.models.kv`: KV caches (``prefix_cache``, ``kv_forward``), last-position logits.
+- :mod:`sitelens.models.kv`: KV caches (``prefix_cache``, ``kv_forward``), last-position logits
+  (``unembed_last``), one block on a residual stream (``block_forward``).
 - :mod:`sitelens.models.devices`: dtypes and devices (``resolve_dtype``, ``resolve_device``), where
   each layer lives (``layer_devices``, ``input_device``, ``output_device``), per-layer placement
   (``place_layer_rows``), splitting a ``HookedTransformer`` over GPUs (``place_pipeline``),
@@ -79,6 +80,7 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
         SELECT_BUDGET_BYTES,
         BridgeKVCache,
         RecomputeCache,
+        block_forward,
         cache_rows_per_batch,
         drive_hf_cache,
         kv_forward,
@@ -134,9 +136,10 @@ __getattr__, __dir__ = lazy_names(__name__, {
     "sitelens.models.hooks": ("act_name", "canonical_hook_name", "check_z_shape", "forward_until",
         "is_bridge", "position_wise", "self_check", "wrap_hook", "z_hook_name"),
     "sitelens.models.identity": ("fingerprint", "model_name"),
-    "sitelens.models.kv": ("SELECT_BUDGET_BYTES", "BridgeKVCache", "RecomputeCache", "cache_rows_per_batch",
-        "drive_hf_cache", "kv_forward", "last_position_logits", "last_token_forward", "new_kv_cache",
-        "prefix_cache", "select_cache", "select_entry", "unembed_last"),
+    "sitelens.models.kv": ("SELECT_BUDGET_BYTES", "BridgeKVCache", "RecomputeCache", "block_forward",
+        "cache_rows_per_batch", "drive_hf_cache", "kv_forward", "last_position_logits",
+        "last_token_forward", "new_kv_cache", "prefix_cache", "select_cache", "select_entry",
+        "unembed_last"),
     "sitelens.models.load": ("load_model", "timed_load"),
     "sitelens.models.prepare": ("fast_layout", "prepare_model"),
     "sitelens.models.registry": ("ATLAS_MODELS", "BUNDLED", "BUNDLED_MODELS", "DEFAULT_MODEL",
@@ -163,7 +166,7 @@ __all__ = [
     "act_name", "canonical_hook_name", "check_z_shape", "forward_until", "is_bridge",
     "position_wise", "self_check", "wrap_hook", "z_hook_name",
     # kv
-    "SELECT_BUDGET_BYTES", "BridgeKVCache", "RecomputeCache", "cache_rows_per_batch",
+    "SELECT_BUDGET_BYTES", "BridgeKVCache", "RecomputeCache", "block_forward", "cache_rows_per_batch",
     "drive_hf_cache", "kv_forward",
     "last_position_logits", "last_token_forward", "new_kv_cache", "prefix_cache", "select_cache",
     "select_entry",

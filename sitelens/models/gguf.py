@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from sitelens.models.cache import _gguf_path
+from sitelens.models.compat import rope_theta
 from sitelens.models.registry import BUNDLED
 
 
@@ -68,8 +69,6 @@ def llama_config_from_hf(hf_config, *, n_ctx: int, prepend_bos: bool):
     from transformer_lens import HookedTransformerConfig
 
     c = hf_config
-    rope = getattr(c, "rope_parameters", None) or {}
-    rotary_base = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
     d_head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     return HookedTransformerConfig(
         d_model=c.hidden_size,
@@ -86,7 +85,7 @@ def llama_config_from_hf(hf_config, *, n_ctx: int, prepend_bos: bool):
         positional_embedding_type="rotary",
         rotary_adjacent_pairs=False,
         rotary_dim=d_head,
-        rotary_base=float(rotary_base),
+        rotary_base=rope_theta(c),
         final_rms=True,
         gated_mlp=True,
         original_architecture="LlamaForCausalLM",

@@ -5,8 +5,8 @@ the model's own config, its weights through TransformerLens's own state-dict con
 
 The config: TransformerLens 3.9's ``convert_hf_model_config`` reads a local ``config.json`` for
 every family whose branch is keyed by the architecture (GPT-2, GPT-Neo, GPT-J, GPT-NeoX/Pythia,
-OPT, BLOOM, Mistral, Qwen2, Qwen3, Phi-3); it is given a copy of the config in a directory of a
-neutral name (it routes any path containing "llama" or "gemma" by that name). Llama keeps
+OPT, BLOOM, Mistral, Qwen2, Qwen3, Phi-3), through
+:func:`~sitelens.models.compat.tl_config_from_local`. Llama keeps
 :func:`~sitelens.models.gguf.llama_config_from_hf` (it honours ``head_dim``). Gemma, Gemma 2,
 Gemma 3 and OLMo 2 TransformerLens maps by official model name only, and its Phi entry reads
 ``partial_rotary_factor`` where transformers 5 no longer keeps it: those configs are built here
@@ -16,36 +16,24 @@ model's config.
 
 from __future__ import annotations
 
-import json
-import tempfile
-from pathlib import Path
-
 import torch
 
 from sitelens.errors import ModelError
+from sitelens.models.compat import (
+    partial_rotary_factor,
+    rope_scaling,
+    rope_theta,
+    tl_config_from_local,
+)
 
 _BY_TL = ("GPT2LMHeadModel", "GPTNeoForCausalLM", "GPTJForCausalLM", "GPTNeoXForCausalLM",
           "OPTForCausalLM", "BloomForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
           "Qwen3ForCausalLM", "Phi3ForCausalLM")
-_NAME_ROUTED = ("llama", "gemma")  # substrings convert_hf_model_config routes by name
-
-
-def _rope(c, layer_type: str | None = None, default: float = 10000.0) -> float:
-    """``rope_theta`` of a config (transformers 4 attribute or 5 ``rope_parameters``, per layer
-    type for Gemma 3)."""
-    params = getattr(c, "rope_parameters", None) or {}
-    if layer_type and isinstance(params.get(layer_type), dict):
-        params = params[layer_type]
-    if isinstance(params, dict) and "rope_theta" in params:
-        return float(params["rope_theta"])
-    if layer_type == "sliding_attention" and getattr(c, "rope_local_base_freq", None):
-        return float(c.rope_local_base_freq)
-    return float(getattr(c, "rope_theta", None) or default)
 
 
 def _check_plain_rope(c, arch: str, *kinds) -> None:
     """Refuse a rope scaling sitelens does not map (it would be silently dropped)."""
-    params = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
+    params = rope_scaling(c)
     groups = [params[k] for k in kinds if isinstance(params.get(k), dict)] or [params]
     for p in groups:
         kind = (p.get("rope_type") or p.get("type") or "default") if isinstance(p, dict) else "default"
@@ -76,7 +64,7 @@ def _gemma_dict(c, arch: str) -> dict:
     }
     if arch == "GemmaForCausalLM":
         _check_plain_rope(c, arch)
-        return {**out, "rotary_base": _rope(c)}
+        return {**out, "rotary_base": rope_theta(c)}
     scalar = getattr(c, "query_pre_attn_scalar", None)
     out.update({
         "attn_scale": float(scalar) ** 0.5 if scalar else float(d_head) ** 0.5,
@@ -85,12 +73,12 @@ def _gemma_dict(c, arch: str) -> dict:
     })
     if arch == "Gemma2ForCausalLM":
         _check_plain_rope(c, arch)
-        return {**out, "rotary_base": _rope(c),
+        return {**out, "rotary_base": rope_theta(c),
                 "attn_scores_soft_cap": float(c.attn_logit_softcapping or -1.0),
                 "output_logits_soft_cap": float(c.final_logit_softcapping or -1.0)}
     _check_plain_rope(c, arch, "full_attention", "sliding_attention")
-    return {**out, "use_qk_norm": True, "rotary_base": _rope(c, "full_attention", 1e6),
-            "rotary_base_local": _rope(c, "sliding_attention", 1e4)}
+    return {**out, "use_qk_norm": True, "rotary_base": rope_theta(c, "full_attention", 1e6),
+            "rotary_base_local": rope_theta(c, "sliding_attention", 1e4)}
 
 
 def _olmo2_dict(c) -> dict:
@@ -103,7 +91,7 @@ def _olmo2_dict(c) -> dict:
         "d_mlp": c.intermediate_size, "n_layers": c.num_hidden_layers,
         "n_ctx": c.max_position_embeddings, "eps": c.rms_norm_eps, "d_vocab": c.vocab_size,
         "act_fn": c.hidden_act, "initializer_range": c.initializer_range,
-        "normalization_type": "RMS", "rotary_base": _rope(c), "rotary_dim": d_head,
+        "normalization_type": "RMS", "rotary_base": rope_theta(c), "rotary_dim": d_head,
         "attn_types": ["global"] * c.num_hidden_layers, "positional_embedding_type": "rotary",
         "gated_mlp": True,
     }
@@ -113,39 +101,22 @@ def _phi_dict(c) -> dict:
     """TransformerLens's PhiForCausalLM entry; transformers 5 keeps ``partial_rotary_factor`` in
     ``rope_parameters``, where TransformerLens 3.9 does not look."""
     d_head = c.hidden_size // c.num_attention_heads
-    rope = getattr(c, "rope_parameters", None) or {}
-    factor = rope.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", 1.0))
+    factor = partial_rotary_factor(c)
     return {
         "d_model": c.hidden_size, "d_head": d_head, "n_heads": c.num_attention_heads,
         "d_mlp": c.intermediate_size, "n_layers": c.num_hidden_layers,
         "n_ctx": c.max_position_embeddings, "eps": c.layer_norm_eps, "d_vocab": c.vocab_size,
         "act_fn": c.hidden_act, "initializer_range": c.initializer_range,
-        "normalization_type": "LN", "positional_embedding_type": "rotary", "rotary_base": _rope(c),
+        "normalization_type": "LN", "positional_embedding_type": "rotary", "rotary_base": rope_theta(c),
         "use_attn_scale": True, "parallel_attn_mlp": True, "default_prepend_bos": False,
         "rotary_dim": round(float(factor) * d_head),
     }
 
 
-def _tl_dict(hf_config, arch: str) -> dict:
-    """TransformerLens 3.9's own ``convert_hf_model_config`` on a copy of the local config."""
-    from transformer_lens.loading_from_pretrained import convert_hf_model_config
-
-    with tempfile.TemporaryDirectory(prefix="sitelens-config-") as tmp:
-        if any(s in tmp.lower() for s in _NAME_ROUTED):  # TMPDIR itself says llama / gemma
-            raise ModelError(f"The temporary directory {tmp!r} contains one of {_NAME_ROUTED}, "
-                             "which TransformerLens routes by name; set TMPDIR elsewhere.")
-        data = hf_config.to_dict()
-        data["architectures"] = [arch]
-        if arch == "GPT2LMHeadModel":  # TransformerLens 3.9 reads n_ctx, gone in transformers 5
-            data.setdefault("n_ctx", data.get("n_positions"))
-        (Path(tmp) / "config.json").write_text(json.dumps(data, default=str), encoding="utf-8")
-        return convert_hf_model_config(tmp)
-
-
 def hooked_config_dict(hf_config, arch: str) -> dict:
     """``HookedTransformerConfig`` fields for the Hugging Face config of architecture ``arch``."""
     if arch in _BY_TL:
-        return _tl_dict(hf_config, arch)
+        return tl_config_from_local(hf_config, arch)
     if arch in ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"):
         return {**_gemma_dict(hf_config, arch), "original_architecture": arch}
     if arch == "Olmo2ForCausalLM":
@@ -172,9 +143,6 @@ def hooked_from_hf(hf, tokenizer, *, arch: str, n_ctx: int, name: str):
 
         return _from_llama_hf(hf, tokenizer, n_ctx=n_ctx, prepend_bos=bos)
     d = hooked_config_dict(hf.config, arch)
-    d.pop("quantization_method", None)
-    d.pop("tokenizer_name", None)
-    d.pop("trust_remote_code", None)
     d.update(
         d_vocab=hf.config.vocab_size, n_ctx=min(int(n_ctx), int(d.get("n_ctx") or n_ctx)),
         dtype=torch.float32, model_name=name, tokenizer_prepends_bos=False,

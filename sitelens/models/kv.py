@@ -7,7 +7,7 @@ derives left-padded position ids from it). Since transformers 5 the decoder laye
 to the attention module as ``cache=`` where TransformerLens's attention bridges (3.9 and 4.x) read
 ``past_key_values=``: they then neither extend the cache nor read it, and every step would attend
 to its own tokens only. :func:`drive_hf_cache` installs a keyword alias on each attention bridge
-(a forward pre-hook, nothing else is patched), and a once-per-model probe checks that the cache is
+(:func:`sitelens.models.compat.alias_cache_keyword`), and a once-per-model probe checks that the cache is
 extended by exactly the tokens fed; where it is not (an architecture or version where the alias
 does not take), a :class:`RecomputeCache` (the tokens seen so far) stands in and every
 :func:`kv_forward` is a full forward pass over the cached tokens. Hooks added through
@@ -30,6 +30,13 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from sitelens.errors import ModelError
+from sitelens.models.compat import (
+    alias_cache_keyword,
+    cache_keyword,
+    contiguous_lm_head,
+    layer_kv,
+    set_layer_kv,
+)
 from sitelens.models.hooks import _segment_view, forward_until, is_bridge, z_hook_name
 from sitelens.models.tokens import Encoded, budget_batches
 
@@ -65,7 +72,7 @@ class BridgeKVCache:
 
     def kv(self) -> list[tuple[Tensor, Tensor]]:
         """Per layer ``(keys, values)``, each ``[batch, n_kv_heads, pos, d_head]``."""
-        return _layer_kv(self.hf)
+        return layer_kv(self.hf)
 
     def select(self, idx) -> BridgeKVCache:
         idx = torch.as_tensor(idx, dtype=torch.long, device=self.attention_mask.device)
@@ -77,13 +84,6 @@ class BridgeKVCache:
 # driving the Hugging Face cache through a TransformerBridge
 
 _DRIVEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # bridge -> bool (probe result)
-
-
-def _cache_alias(module, args, kwargs):
-    """Forward pre-hook on an attention bridge: hand it the cache under the name it reads."""
-    if kwargs.get("past_key_values") is None and kwargs.get("cache") is not None:
-        kwargs["past_key_values"] = kwargs["cache"]
-    return args, kwargs
 
 
 def _attention_bridges(model) -> list:
@@ -106,10 +106,9 @@ def _hf_params(model) -> frozenset[str]:
 
 
 def _cache_kwargs(model, hf_cache) -> dict:
-    """The keyword arguments that hand ``hf_cache`` to the bridge's Hugging Face model: ``cache``
-    (transformers ≥ 5.x's name) where its ``forward`` takes it, else ``past_key_values``."""
-    name = "cache" if "cache" in _hf_params(model) else "past_key_values"
-    return {name: hf_cache, "use_cache": True}
+    """The keyword arguments that hand ``hf_cache`` to the bridge's Hugging Face model
+    (:func:`~sitelens.models.compat.cache_keyword`)."""
+    return {cache_keyword(_hf_params(model)): hf_cache, "use_cache": True}
 
 
 def _new_hf_cache():
@@ -118,55 +117,34 @@ def _new_hf_cache():
     return DynamicCache()  # no config: every layer keeps all positions (sliding layers by mask)
 
 
-def _layer_kv(hf_cache) -> list[tuple[Tensor, Tensor]]:
-    """Per layer ``(keys, values)`` of a ``DynamicCache`` (transformers 5's ``layers`` or 4.x's
-    ``key_cache``/``value_cache`` lists)."""
-    layers = getattr(hf_cache, "layers", None)
-    if layers is not None:
-        return [(layer.keys, layer.values) for layer in layers]
-    return list(zip(hf_cache.key_cache, hf_cache.value_cache))
-
-
-def _set_layer_kv(hf_cache, kv: list[tuple[Tensor, Tensor]]) -> None:
-    layers = getattr(hf_cache, "layers", None)
-    if layers is not None:
-        for layer, (k, v) in zip(layers, kv):
-            layer.keys, layer.values = k, v
-    else:
-        hf_cache.key_cache[:] = [k for k, _ in kv]
-        hf_cache.value_cache[:] = [v for _, v in kv]
-
-
 def _hf_cache_from(kv: list[tuple[Tensor, Tensor]]):
     """A ``DynamicCache`` holding these per-layer keys/values (the tensors themselves, no copy:
     each layer is initialized with zero positions, then given them)."""
     cache = _new_hf_cache()
     for layer, (k, v) in enumerate(kv):
         cache.update(k[..., :0, :], v[..., :0, :], layer)
-    _set_layer_kv(cache, kv)
+    set_layer_kv(cache, kv)
     return cache
 
 
 def hf_seq_length(hf_cache) -> int:
     """Positions held by a Hugging Face cache (every layer must agree; -1 where they do not)."""
-    lengths = {int(k.shape[-2]) for k, _ in _layer_kv(hf_cache)}
+    lengths = {int(k.shape[-2]) for k, _ in layer_kv(hf_cache)}
     return lengths.pop() if len(lengths) == 1 else (0 if not lengths else -1)
 
 
 def drive_hf_cache(model) -> bool:
     """Make ``model`` (a TransformerBridge) extend and read a Hugging Face KV cache, and check
-    that it does: the keyword alias of :func:`_cache_alias` on every attention bridge, then a probe
-    (a 3-token prefill and a 1-token step on a fresh cache must leave every layer holding 3, then
-    4 positions). Cached per model; ``False`` means :func:`kv_forward` falls back to full passes
-    (:class:`RecomputeCache`), with a warning."""
+    that it does: the keyword alias of :func:`~sitelens.models.compat.alias_cache_keyword` on
+    every attention bridge, then a probe (a 3-token prefill and a 1-token step on a fresh cache
+    must leave every layer holding 3, then 4 positions). Cached per model; ``False`` means
+    :func:`kv_forward` falls back to full passes (:class:`RecomputeCache`), with a warning."""
     ok = _DRIVEN.get(model)
     if ok is not None:
         return ok
     attn = _attention_bridges(model)
     for m in attn:
-        if not getattr(m, "_sitelens_cache_alias", False):
-            m.register_forward_pre_hook(_cache_alias, with_kwargs=True)
-            m._sitelens_cache_alias = True
+        alias_cache_keyword(m)
     ok = bool(attn) and len(attn) == model.cfg.n_layers
     if ok:
         dev = model.cfg.device
@@ -215,34 +193,53 @@ def new_kv_cache(model, batch_size: int):
     return TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, batch_size)
 
 
-def unembed_last(model, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch 1 d_vocab"]:
+def unembed_last(model, resid: Float[Tensor, "batch pos d_model"], *,
+                 rows: int | None = None) -> Float[Tensor, "batch 1 d_vocab"]:
     """A HookedTransformer's logits of the last position only, from the final residual stream
-    (``stop_at_layer=n_layers``): the same numbers as the full unembedding's last column."""
+    (``stop_at_layer=n_layers``): the same numbers as the full unembedding's last column (final
+    norm, unembedding, logit soft-cap). ``rows``: unembed that many rows at a time (a chunk's
+    ``[rows, 1, d_vocab]`` logits are the largest tensor; a row's logits may round their last
+    bit differently than in one call, as a matmul over other rows does)."""
     from transformer_lens.utilities.activation_functions import apply_softcap
 
     resid = resid[:, -1:]  # [batch, 1, d_model]
     if model.cfg.normalization_type is not None:
         resid = model.ln_final(resid)
-    return apply_softcap(model.unembed(resid), model.cfg.output_logits_soft_cap)
+    cap = model.cfg.output_logits_soft_cap
+    if rows is None:
+        return apply_softcap(model.unembed(resid), cap)
+    return torch.cat([apply_softcap(model.unembed(resid[s: s + rows]), cap)
+                      for s in range(0, len(resid), rows)])  # [batch, 1, d_vocab]
+
+
+def block_forward(model, layer: int, resid: Float[Tensor, "batch pos d_model"], *, cache_entry=None,
+                  attention_mask: Int[Tensor, "batch kv_pos"] | None = None
+                  ) -> Float[Tensor, "batch pos d_model"]:
+    """Block ``layer`` of a HookedTransformer on ``resid``, its input residual stream
+    (``hook_resid_pre``), on the block's device: the residual after the block. ``cache_entry``:
+    that layer's KV cache entry (e.g. :func:`select_entry` of a frozen prefix cache), which the
+    new positions attend to; ``attention_mask`` covers the cached and the new positions. The
+    block's hooks fire as in a full pass. With the final norm and the unembedding of
+    :func:`unembed_last`, a forward pass that starts at any layer (rows that share the residual
+    below it run once)."""
+    if is_bridge(model):
+        raise ModelError("block_forward runs one HookedTransformer block; a TransformerBridge runs "
+                         "whole forward passes only (kv_forward).")
+    block = model.blocks[layer]
+    return block(resid.to(next(block.parameters()).device), past_kv_cache_entry=cache_entry,
+                 attention_mask=attention_mask)
 
 
 _CONTIGUOUS_HEAD: weakref.WeakSet = weakref.WeakSet()  # bridges whose lm_head has the pre-hook
 
 
 def _contiguous_head(model) -> None:
-    """Make the input of the bridge's ``lm_head`` contiguous (once per model).
-
-    With ``logits_to_keep`` Hugging Face hands ``lm_head`` the strided slice ``hidden[:, -1:]``,
-    and a linear layer on a non-contiguous 3-D input falls back to a batched matmul against the
-    weight broadcast over the batch: measured on one thread, Gemma-3's 262,144 × 640 unembedding
-    of a batch of 16 takes 1.45 s that way and 0.30 s on a contiguous copy (a copy of
-    ``batch × d_model`` floats; ``.contiguous()`` is free when the input already is)."""
+    """Make the input of the bridge's ``lm_head`` contiguous, once per model
+    (:func:`~sitelens.models.compat.contiguous_lm_head`: with ``logits_to_keep`` it is a strided
+    slice, which a linear layer multiplies ~5x slower)."""
     if model in _CONTIGUOUS_HEAD:
         return
-    head = model.original_model.get_output_embeddings()
-    if head is not None:
-        head.register_forward_pre_hook(
-            lambda _module, args: (args[0].contiguous(), *args[1:]) if args else None)
+    contiguous_lm_head(model.original_model)
     _CONTIGUOUS_HEAD.add(model)
 
 
@@ -317,7 +314,7 @@ def _bridge_kv_forward(model, tokens, attention_mask, cache: BridgeKVCache, *, l
         held = hf_seq_length(cache.hf)
     finally:
         if saved is not None:  # a frozen prefix: drop what this call appended (no copy)
-            _set_layer_kv(cache.hf, saved)
+            set_layer_kv(cache.hf, saved)
     if held != full_mask.shape[1]:
         raise ModelError(
             f"The TransformerBridge's KV cache holds {held} positions after a step over "
@@ -392,7 +389,7 @@ def _bridge_prefix_cache(model, enc: Encoded, batches, width: int, lengths) -> B
                 attention_mask=enc.attention_mask[idx, width - w : width],
                 **_cache_kwargs(model, hf),
             )
-            kv = _layer_kv(hf)
+            kv = layer_kv(hf)
             if len(kv) != model.cfg.n_layers or hf_seq_length(hf) != w:
                 raise ModelError(
                     f"The TransformerBridge's KV cache holds {hf_seq_length(hf)} positions in "
@@ -453,7 +450,7 @@ def last_token_forward(model, cache, last_tokens: Int[Tensor, "batch 1"]):
 
 
 __all__ = [
-    "SELECT_BUDGET_BYTES", "BridgeKVCache", "RecomputeCache", "cache_rows_per_batch",
+    "SELECT_BUDGET_BYTES", "BridgeKVCache", "RecomputeCache", "block_forward", "cache_rows_per_batch",
     "drive_hf_cache", "hf_seq_length", "kv_forward",
     "last_position_logits", "last_token_forward", "new_kv_cache", "prefix_cache", "select_cache",
     "select_entry", "unembed_last",
