@@ -188,6 +188,20 @@ def test_greedy_branched_rows_equal_the_full_rows(tiny_mha, task, batch_size):
     check_branched_equals_full_rows(tiny_mha, task, batch_size)
 
 
+def test_greedy_branched_rows_equal_the_full_rows_with_a_logit_soft_cap():
+    """Gemma 2's logit soft-cap (family gemma2, cap 3 at the tiny scale): the branched rows'
+    unembedding caps the logits as the full pass does (an uncapped one fails the probabilities;
+    seed 1's candidates differ by more than the check's floor on distinct rows)."""
+    from sitelens.models import has_hooked_transformer
+    from sitelens.testing import family_model
+
+    if not has_hooked_transformer():
+        pytest.skip("HookedTransformer only: family models are HookedTransformers (TL 3.x)")
+    model = family_model("gemma2", seed=1)
+    assert model.cfg.output_logits_soft_cap > 0
+    check_branched_equals_full_rows(model, planted(model, load_task("antonym")))
+
+
 def test_mutation_branched_rows_with_the_wrong_targets_are_caught(tiny_mha, task, monkeypatch):
     import sitelens.lenses.greedy_rows as G
 
