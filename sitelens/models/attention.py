@@ -35,7 +35,6 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 _FLAG = "_sitelens_fast_attention"
-_UNSUPPORTED_ARCHS = ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
 
 
 def _attention_modules(model) -> list:
@@ -87,7 +86,10 @@ def slow_path_features(attn) -> list[str]:
         (getattr(cfg, "use_attention_sinks", False), "attention sinks"),
         (getattr(cfg, "use_logn_attn", False), "log-n attention scaling"),
         (getattr(cfg, "clip_qkv", None) is not None, "QKV clipping"),
-        (cfg.original_architecture in _UNSUPPORTED_ARCHS, "full-width QK norm (OLMo)"),
+        # TransformerLens builds a Q norm over the full projection (before the head split) for
+        # the OLMo architectures; a per-head one is ``use_qk_norm``, which the fast path runs
+        (getattr(attn, "q_norm", None) is not None and not cfg.use_qk_norm,
+         "full-width QK norm (OLMo)"),
         (cfg.use_attn_result, "use_attn_result"),
         (cfg.load_in_4bit, "4-bit weights"),
         ((getattr(attn, "_attention_dir_override", None) or cfg.attention_dir) != "causal",

@@ -21,10 +21,12 @@ import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from sitelens.errors import ModelError
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclass(frozen=True)

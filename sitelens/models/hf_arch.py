@@ -1,8 +1,9 @@
 """Which architecture family a local Hugging Face model directory is, read from its own
 ``config.json`` (``architectures``, else ``model_type``), and whether the chosen backend can load it
 (:func:`check_hf_dir`). Imports neither torch nor TransformerLens: the CLI refuses an unsupported
-directory before any work. The families are :data:`sitelens.models.families.FAMILIES`; the
-conversion itself is in :mod:`sitelens.models.hf_convert`.
+directory before any work. The families, and the ``model_type`` values that name them, are
+:data:`sitelens.models.families.FAMILIES`; the conversion itself is in
+:mod:`sitelens.models.hf_convert`.
 """
 
 from __future__ import annotations
@@ -11,18 +12,8 @@ import json
 from pathlib import Path
 
 from sitelens.errors import ModelError
-from sitelens.models.families import FAMILIES, Family
+from sitelens.models.families import BY_ARCHITECTURE, FAMILIES, MODEL_TYPES, Family
 
-# ``model_type`` -> the Hugging Face causal-LM class, for a config.json without ``architectures``
-MODEL_TYPES = {
-    "gpt2": "GPT2LMHeadModel", "gpt_neo": "GPTNeoForCausalLM", "gptj": "GPTJForCausalLM",
-    "gpt_neox": "GPTNeoXForCausalLM", "opt": "OPTForCausalLM", "bloom": "BloomForCausalLM",
-    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
-    "gemma3_text": "Gemma3ForCausalLM", "phi": "PhiForCausalLM", "phi3": "Phi3ForCausalLM",
-    "olmo2": "Olmo2ForCausalLM", "falcon": "FalconForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
-}
-BY_ARCHITECTURE: dict[str, Family] = {f.architecture: f for f in FAMILIES.values()}
 # config keys that mark a mixture-of-experts MLP (Mixtral, Qwen2-MoE, OLMoE, DeepSeek, ...)
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
 
@@ -43,7 +34,7 @@ def read_config(path: str | Path) -> dict:
 
 def architecture_of(config: dict) -> str | None:
     """The Hugging Face class the config names (``architectures[0]``), else the causal-LM class of
-    its ``model_type`` (:data:`MODEL_TYPES`), else None."""
+    its ``model_type`` (:data:`~sitelens.models.families.MODEL_TYPES`), else None."""
     archs = config.get("architectures")
     if isinstance(archs, list) and archs and isinstance(archs[0], str):
         return archs[0]
@@ -88,4 +79,4 @@ def check_hf_dir(path: str | Path, *, backend: str | None) -> Family | None:
     return fam
 
 
-__all__ = ["MODEL_TYPES", "architecture_of", "check_hf_dir", "family_of", "read_config"]
+__all__ = ["architecture_of", "check_hf_dir", "family_of", "read_config"]
