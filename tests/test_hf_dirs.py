@@ -41,6 +41,24 @@ def _logits_agree(model, hf, family: str) -> None:
     assert_logits_close(ours, ref, model, what=f"{family}: logits of the loaded directory vs HF")
 
 
+def test_every_family_record_is_complete():
+    """A family is one record: a buildable one says how its config converts and what its tiny
+    model is; one TransformerLens cannot build says why and nothing more; a ``model_type`` or an
+    architecture names one family only; a config of its own ``model_type`` alone finds it."""
+    from sitelens.models.families import BY_ARCHITECTURE, LLAMA, MODEL_TYPES, TRANSFORMER_LENS
+    from sitelens.models.hf_arch import family_of
+
+    types = [t for f in FAMILIES.values() for t in f.model_types]
+    assert len(types) == len(set(types)) and len(BY_ARCHITECTURE) == len(FAMILIES)
+    for f in FAMILIES.values():
+        assert f.model_types and all(MODEL_TYPES[t] == f.architecture for t in f.model_types)
+        assert all(family_of({"model_type": t}) is f for t in f.model_types)
+        if f.supported:
+            assert f.fields and (f.hooked_config in (TRANSFORMER_LENS, LLAMA) or callable(f.hooked_config))
+        else:
+            assert f.hooked_config is None and not f.fields and f.unsupported
+
+
 @pytest.mark.skipif(not has_hooked_transformer(), reason=_NO_HOOKED)
 @pytest.mark.parametrize("family", SUPPORTED_FAMILIES)
 def test_a_family_directory_loads_as_a_hooked_transformer(family, tmp_path):
