@@ -22,10 +22,17 @@ This script recomputes each value from its file, renders it, and fails when:
 
 Locating a value (one of):
 
-- ``csv = {where = {col = value | [values]}, where_not = {...}, column = "c" | ["x", "y"],
-  agg = "value" | "mean" | "median" | "min" | "max" | "sum" | "count" | "nunique" | "spearman"}``
+- ``csv = {where = {col = value | [values]}, where_not = {...}, at_least = {col = number},
+  at_most = {...}, column = "c" | ["x", "y"], by = "g" | ["g", "h"], within = "mean",
+  agg = "value" | "mean" | "median" | "min" | "max" | "sum" | "count" | "nunique" | "spearman",
+  contrast = [{col = a}, {col = b}], op = "difference" | "ratio"}``
   on a CSV file (``value``: exactly one row; ``spearman``: rank correlation of two columns over the
-  rows where both are numbers);
+  rows where both are numbers; ``at_least``/``at_most`` keep the rows whose column is a number ≥ / ≤
+  the bound; ``by``: the column's ``within`` (``mean`` unless named: ``sum``, ``min``, …) in each
+  group of rows first, then ``agg`` over the groups' values — a mean over tasks of per-task
+  means, a median over repeats of per-repeat sums; ``contrast``: the aggregate over the rows
+  also matching the first ``where`` minus (or divided by) the one over the second's — a difference
+  of means, a ratio of medians; ``True``/``False`` count as 1/0);
 - ``table = {section = "…", where = {...}, column = "c"}``: a cell of a markdown table of the source
   (the first table under a heading containing ``section`` with those columns; exactly one row);
 - ``regex = "…"``: the first group of the first match in the source text;
@@ -149,14 +156,25 @@ class Sources:
         return self._csv[path]
 
 
-def _filter(df: pd.DataFrame, where: dict, where_not: dict) -> pd.DataFrame:
+def _filter(df: pd.DataFrame, where: dict, where_not: dict, at_least: dict | None = None,
+            at_most: dict | None = None) -> pd.DataFrame:
     for col, want in where.items():
         want = [str(w) for w in (want if isinstance(want, list) else [want])]
         df = df[df[col].astype(str).str.strip().isin(want)]
     for col, drop in where_not.items():
         drop = [str(w) for w in (drop if isinstance(drop, list) else [drop])]
         df = df[~df[col].astype(str).str.strip().isin(drop)]
+    for col, bound in (at_least or {}).items():
+        df = df[_numbers(df[col]) >= float(bound)]
+    for col, bound in (at_most or {}).items():
+        df = df[_numbers(df[col]) <= float(bound)]
     return df
+
+
+def _numbers(col: pd.Series) -> pd.Series:
+    """A column as numbers: thousands separators dropped, True/False as 1/0, anything else NaN."""
+    s = col.astype(str).str.strip().str.replace(",", "").replace({"True": "1", "False": "0"})
+    return pd.to_numeric(s, errors="coerce")
 
 
 def _number(s) -> float:
@@ -175,7 +193,11 @@ def _aggregate(df: pd.DataFrame, spec: dict) -> float:
         x, y = (pd.to_numeric(df[c], errors="coerce") for c in col)
         ok = x.notna() & y.notna()
         return float(x[ok].rank().corr(y[ok].rank()))
-    vals = pd.to_numeric(df[col].astype(str).str.replace(",", ""), errors="coerce").dropna()
+    if "by" in spec:
+        by = spec["by"] if isinstance(spec["by"], list) else [spec["by"]]
+        within = spec.get("within", "mean")
+        df = df.assign(**{col: _numbers(df[col])}).groupby(by)[col].agg(within).reset_index()
+    vals = _numbers(df[col]).dropna()
     if agg == "value":
         if len(df) != 1:
             raise ValueError(f"{len(df)} rows match, expected exactly one")
@@ -217,8 +239,18 @@ def value_of(claim: dict, claims: dict[str, dict], src: Sources, seen: tuple = (
     path = claim["source"]
     if "csv" in claim:
         spec = claim["csv"]
-        df = _filter(src.csv(path), spec.get("where", {}), spec.get("where_not", {}))
-        return _aggregate(df, spec)
+        def agg(extra: dict) -> float:
+            df = _filter(src.csv(path), {**spec.get("where", {}), **extra}, spec.get("where_not", {}),
+                         spec.get("at_least"), spec.get("at_most"))
+            return _aggregate(df, spec)
+
+        if "contrast" in spec:
+            a, b = (agg(c) for c in spec["contrast"])
+            ops = {"difference": lambda: a - b, "ratio": lambda: a / b}
+            if spec.get("op") not in ops:
+                raise ValueError(f"contrast needs op = 'difference' or 'ratio', not {spec.get('op')!r}")
+            return float(ops[spec["op"]]())
+        return agg({})
     if "table" in claim:
         spec = claim["table"]
         need = {spec["column"], *spec.get("where", {})}
