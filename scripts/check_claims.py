@@ -245,11 +245,10 @@ def value_of(claim: dict, claims: dict[str, dict], src: Sources, seen: tuple = (
             return _aggregate(df, spec)
 
         if "contrast" in spec:
-            a, b = (agg(c) for c in spec["contrast"])
-            ops = {"difference": lambda: a - b, "ratio": lambda: a / b}
+            ops = {"difference": lambda a, b: a - b, "ratio": lambda a, b: a / b}
             if spec.get("op") not in ops:
                 raise ValueError(f"contrast needs op = 'difference' or 'ratio', not {spec.get('op')!r}")
-            return float(ops[spec["op"]]())
+            return float(ops[spec["op"]](*(agg(c) for c in spec["contrast"])))
         return agg({})
     if "table" in claim:
         spec = claim["table"]

@@ -135,3 +135,61 @@ def test_the_number_pattern_reads_exponents_and_thousands_whole(cc):
     assert cc.looks_like_result("took 59.9 s", m)
     m = next(cc.NUMBER.finditer("on 8 tasks"))
     assert not cc.looks_like_result("on 8 tasks", m)
+
+
+def _value(cc, tmp_path, spec: dict) -> float:
+    """A csv claim's value on the small table below (independent of any committed file)."""
+    (tmp_path / "r.csv").write_text(
+        "task,rep,method,acc,ok\n"
+        "a,0,x,0.2,True\na,1,x,0.4,False\nb,0,x,1.0,True\n"  # x: task a mean 0.3, task b 1.0
+        "a,0,y,0.1,True\nb,0,y,0.5,True\nb,1,y,0.9,False\n")  # y: task a 0.1, task b mean 0.7
+    claim = {"id": "t", "source": "r.csv", "csv": spec}
+    return cc.value_of(claim, {"t": claim}, cc.Sources(tmp_path))
+
+
+def test_csv_aggregations_over_groups_filters_and_contrasts(cc, tmp_path):
+    x = {"method": "x"}
+    # by: a mean over tasks of per-task means (0.3 and 1.0), not the mean over rows (0.533…)
+    by_task = {"where": x, "column": "acc", "by": "task", "agg": "mean"}
+    assert _value(cc, tmp_path, by_task) == pytest.approx(0.65)
+    assert _value(cc, tmp_path, {"where": x, "column": "acc", "agg": "mean"}) == pytest.approx(1.6 / 3)
+    # within: per-group sums (rep 0: 1.2, rep 1: 0.4), then their median
+    assert _value(cc, tmp_path, {"where": x, "column": "acc", "by": "rep", "within": "sum",
+                                 "agg": "median"}) == pytest.approx(0.8)
+    # at_least / at_most keep the rows in the bounds (0.4 and 0.5 of 0.1 … 1.0)
+    assert _value(cc, tmp_path, {"at_least": {"acc": 0.3}, "at_most": {"acc": 0.6}, "column": "acc",
+                                 "agg": "count"}) == 2
+    # True/False are 1/0: x holds 2 True of 3
+    assert _value(cc, tmp_path, {"where": x, "column": "ok", "agg": "sum"}) == 2
+    # contrast: y's per-task mean minus x's (0.4 − 0.65), and the ratio of the two medians (0.5 / 0.4)
+    y_x = [{"method": "y"}, {"method": "x"}]
+    d = _value(cc, tmp_path, {"column": "acc", "by": "task", "agg": "mean", "contrast": y_x,
+                              "op": "difference"})
+    assert d == pytest.approx(0.4 - 0.65)
+    r = _value(cc, tmp_path, {"column": "acc", "agg": "median", "contrast": y_x, "op": "ratio"})
+    assert r == pytest.approx(0.5 / 0.4)
+    with pytest.raises(ValueError, match="op = 'difference' or 'ratio'"):
+        _value(cc, tmp_path, {"column": "acc", "agg": "mean", "contrast": y_x})
+
+
+def test_no_claim_reads_a_markdown_table_that_has_a_csv_beside_it(cc):
+    """A number quoted from a report is read from the unrounded file the report was made from; the
+    markdown tables left are those with no raw column behind them (scaling's log-log fits) and the
+    FV tables."""
+    tomllib = cc.tomllib
+
+    claims = tomllib.loads((ROOT / "docs" / "claims.toml").read_text(encoding="utf-8"))["claim"]
+    left = {c["source"] for c in claims if "table" in c}
+    assert left <= {"benchmarks/results/scaling.md", "benchmarks/results/site_fv.md"}, left
+
+
+def test_cited_numbers_are_read_from_the_cited_table(cc):
+    """A number measured elsewhere lives in benchmarks/cited.csv with its source, model and setting."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from lib.cited import load
+
+    table = load()
+    assert {"reference_code_s", "paper_top10_alpha"} <= set(table)
+    assert all(c.source and c.model and c.setting for c in table.values())
+    assert "0.573" not in (ROOT / "benchmarks" / "frontier_study.py").read_text(encoding="utf-8")
+    assert "322" not in (ROOT / "scripts" / "run_time.py").read_text(encoding="utf-8")
