@@ -8,8 +8,9 @@ This script recomputes each value from its file, renders it, and fails when:
   hand, or a results file regenerated without updating the page);
 - the paragraph or list item holding a quote, or failing that its section, does not link the
   claim's source file (a reader must be able to follow every number to its file);
-- a paragraph or list item that links a results file (``benchmarks/results/…``, ``figures/…`` or
-  the atlas tables ``sitelens/data/atlas/…``),
+- a paragraph or list item that links a results file (``benchmarks/results/…``, ``figures/…``,
+  the atlas tables ``sitelens/data/atlas/…`` (a link to the cited numbers, ``benchmarks/cited.csv``,
+  lets a quote of one follow it to its source, and is not such a link),
   or any block of a section the table marks ``[[coverage]]``, holds a number that no claim quotes
   and no ``[[ignore]]`` entry names as a setting (so a new quote cannot drift in unchecked). Blocks
   listed as ``[[exempt]]`` (by the start of their text) are not yet covered and are skipped; a
@@ -70,7 +71,11 @@ except ModuleNotFoundError:  # Python 3.10: tomli, which pytest requires there
 ROOT = Path(__file__).resolve().parents[1]
 MINUS = "\u2212"
 # A results link: the quoting sentence must let a reader follow the number to its file.
-RESULTS_LINK = re.compile(r"\]\((?:\.\./)?((?:benchmarks/results|figures|sitelens/data/atlas)/[^)#\s]+)")
+RESULTS_LINK = re.compile(
+    r"\]\((?:\.\./)?((?:benchmarks/results|figures|sitelens/data/atlas)/[^)#\s]+|benchmarks/cited\.csv)")
+# Numbers measured elsewhere: a quote of one links this table; the link alone does not make its
+# paragraph a results paragraph (its counts and settings are checked as in any other block).
+CITED = "benchmarks/cited.csv"
 # A number as a reader sees one: not part of a word or a name (SmolLM2, L14H1, top-10, 270M, 3.1-8B).
 # Exponents (5e5, 1.26e-4) and thousands (262k) are one number; a decimal is never read in part.
 NUMBER = re.compile(r"(?<![\w.])(?<![A-Za-z]-)[−-]?\d(?:[\d,]*\d)?(?:\.\d+)?(?:[eE][−+-]?\d+|k)?(?!\w|\.\d)")
@@ -391,7 +396,7 @@ def _coverage(table: dict, blocks: dict[str, list[Block]], covered) -> list[str]
     for page, bl in blocks.items():
         for i, b in enumerate(bl):
             forced = any(p == page and b.text.startswith(s) for p, s in starts)
-            full = bool(b.links or forced or (page, b.section) in whole)
+            full = bool(b.links - {CITED} or forced or (page, b.section) in whole)
             if any(p == page and b.text.startswith(pre) for p, pre in exempt):
                 continue
             ok = list(covered.get((page, i), []))
