@@ -31,7 +31,9 @@ Locating a value (one of):
   rows where both are numbers; ``at_least``/``at_most`` keep the rows whose column is a number ≥ / ≤
   the bound; ``by``: the column's ``within`` (``mean`` unless named: ``sum``, ``min``, …) in each
   group of rows first, then ``agg`` over the groups' values — a mean over tasks of per-task
-  means, a median over repeats of per-repeat sums; ``contrast``: the aggregate over the rows
+  means, a median over repeats of per-repeat sums (``spearman`` with ``by``: the mean of the
+  groups' rank correlations, over the groups of at least 3 rows where both columns vary);
+  ``contrast``: the aggregate over the rows
   also matching the first ``where`` minus (or divided by) the one over the second's — a difference
   of means, a ratio of medians; ``True``/``False`` count as 1/0);
 - ``table = {section = "…", where = {...}, column = "c"}``: a cell of a markdown table of the source
@@ -195,9 +197,13 @@ def _aggregate(df: pd.DataFrame, spec: dict) -> float:
     if agg == "nunique":
         return float(df[col].nunique())
     if agg == "spearman":
-        x, y = (pd.to_numeric(df[c], errors="coerce") for c in col)
-        ok = x.notna() & y.notna()
-        return float(x[ok].rank().corr(y[ok].rank()))
+        if "by" not in spec:
+            return _spearman(df, col)
+        per_group = [_spearman(g, col) for _, g in df.groupby(spec["by"])]
+        per_group = [r for r in per_group if r == r]
+        if not per_group:
+            raise ValueError("no group with a rank correlation")
+        return float(sum(per_group) / len(per_group))
     if "by" in spec:
         by = spec["by"] if isinstance(spec["by"], list) else [spec["by"]]
         within = spec.get("within", "mean")
@@ -210,6 +216,13 @@ def _aggregate(df: pd.DataFrame, spec: dict) -> float:
     if vals.empty:
         raise ValueError("no numeric value in the matching rows")
     return float(getattr(vals, agg)())
+
+
+def _spearman(df: pd.DataFrame, cols: list[str]) -> float:
+    """Rank correlation of two columns over the rows where both are numbers (NaN below 3 rows)."""
+    x, y = (_numbers(df[c]) for c in cols)
+    ok = x.notna() & y.notna()
+    return float(x[ok].rank().corr(y[ok].rank())) if ok.sum() >= 3 else float("nan")
 
 
 def md_tables(text: str) -> list[tuple[str, pd.DataFrame]]:

@@ -193,3 +193,16 @@ def test_cited_numbers_are_read_from_the_cited_table(cc):
     assert all(c.source and c.model and c.setting for c in table.values())
     assert "0.573" not in (ROOT / "benchmarks" / "frontier_study.py").read_text(encoding="utf-8")
     assert "322" not in (ROOT / "scripts" / "run_time.py").read_text(encoding="utf-8")
+
+
+def test_spearman_within_groups_is_the_mean_of_the_groups_rank_correlations(cc, tmp_path):
+    # task a: ρ = 1, task b: ρ = −1, task c: 2 rows (no correlation), task d: y constant (none)
+    rows = ["a,1,1", "a,2,2", "a,3,3", "b,1,3", "b,2,2", "b,3,1", "c,1,1", "c,2,2", "d,1,5", "d,2,5", "d,3,5"]
+    (tmp_path / "r.csv").write_text("task,x,y\n" + "\n".join(rows) + "\n")
+    def value(spec):
+        claim = {"id": "t", "source": "r.csv", "csv": {"column": ["x", "y"], "agg": "spearman", **spec}}
+        return cc.value_of(claim, {"t": claim}, cc.Sources(tmp_path))
+    assert value({"by": "task"}) == pytest.approx(0.0)
+    assert value({"by": "task", "where": {"task": ["a", "c", "d"]}}) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="no group"):
+        value({"by": "task", "where": {"task": ["c", "d"]}})
