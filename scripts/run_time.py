@@ -4,8 +4,8 @@
     python scripts/run_time.py [REPS=3]   # -> benchmarks/results/run_time.csv, .md
     python scripts/run_time.py --report   # rewrite run_time.md from run_time.csv, running nothing
 
-The reference code's time is cited (``benchmarks/cited.csv``, id ``reference_code_s``), not measured
-here.
+The reference code's time and issue 33's baseline are cited (``benchmarks/cited.csv``, ids
+``reference_code_s`` and ``issue33_fit_eval_site_s``), not measured here.
 
 In scripts/, not benchmarks/: that folder is at its 3,500-line cap.
 """
@@ -73,7 +73,7 @@ def main(reps: int) -> None:
 def report(df: pd.DataFrame) -> None:
     """Write run_time.md from the rows of run_time.csv."""
     reps = df.rep.nunique()
-    ref = cited("reference_code_s")
+    ref, base = cited("reference_code_s"), cited("issue33_fit_eval_site_s")
     w = df.pivot(index="rep", columns="command", values="wall_s")
     w["fit + eval"] = w["fit"] + w["eval"]
     w["fit + eval site"] = w["fit"] + w["eval site"]
@@ -89,7 +89,8 @@ def report(df: pd.DataFrame) -> None:
                      "fit + eval site")]
     md.append("\n`run`, `eval`: methods zero-shot, icl, site (the default); `run site`, `eval site`: "
               "`--methods site`, the same work as issue 33's baseline (fit + SITE's evaluation: "
-              "36.3 s over two processes, measured there on this kind of machine, not rerun here).")
+              f"{base.value:.1f} s over two processes, measured there on this kind of machine, not rerun "
+              "here; cited).")
     for c in ("run", "run site"):
         st = df[df.command == c][["load_s", "stage1_s", "stage2_s", "eval_s"]].median()
         md.append(f"\nInside `sitelens {c}` (medians, s, as it reports them): " + ", ".join(
