@@ -26,6 +26,7 @@ from pathlib import Path
 
 from lib.shapes import SHAPES, compute_params, hf_param_count, random_model
 
+from sitelens.io import atomic_write_csv
 from sitelens.pipelines import experiment as xp
 from sitelens.pipelines.experiment import REPO, CallClock, Clock, Experiment, Job, PeakRSS, main, md_table
 
@@ -414,6 +415,10 @@ def summarize(exp: Scaling, df, *, png: bool = True) -> str | None:
     mem = xp.fit_power_law(per_cell.assign(prompt_tokens=per_cell.length.astype(float)), "y")
     ft = [(s, UNITS[s], f) for s, f in fits.items()]
     ft += [("peak memory", "GiB per cell (T = requested length)", mem)] if mem else []
+    # the fits unrounded, for the pages that quote them (docs/claims.toml); the table rounds
+    atomic_write_csv(exp.store().path.with_name("scaling_fits.csv"), pd.DataFrame(
+        [{"stage": s, "unit": u, "a": f["a"], "b": f["b"], "r2": f["r2"], "cells": f["n"]}
+         for s, u, f in ft]))
     ft = [{"stage": s, "unit": u, "a (params)": f"{f['a']:.2f}", "b (tokens)": "—" if math.isnan(f["b"])
            else f"{f['b']:.2f}", "R²": f"{f['r2']:.3f}", "cells": f["n"]} for s, u, f in ft]
     lines += ["## Log-log fits", "", f"log({basis} per unit) = c + a·log P + b·log T (T: measured prompt "

@@ -174,13 +174,12 @@ def test_csv_aggregations_over_groups_filters_and_contrasts(cc, tmp_path):
 
 def test_no_claim_reads_a_markdown_table_that_has_a_csv_beside_it(cc):
     """A number quoted from a report is read from the unrounded file the report was made from; the
-    markdown tables left are those with no raw column behind them (scaling's log-log fits) and the
-    FV tables."""
+    markdown tables left are the FV tables."""
     tomllib = cc.tomllib
 
     claims = tomllib.loads((ROOT / "docs" / "claims.toml").read_text(encoding="utf-8"))["claim"]
     left = {c["source"] for c in claims if "table" in c}
-    assert left <= {"benchmarks/results/scaling.md", "benchmarks/results/site_fv.md"}, left
+    assert left <= {"benchmarks/results/site_fv.md"}, left
 
 
 def test_cited_numbers_are_read_from_the_cited_table(cc):
