@@ -4,4 +4,7 @@ this package imports as ``lib`` (the tests load the scripts the same way: ``test
 
 - :mod:`lib.shapes`: published architecture shapes as data (``SHAPES``) and random-weight models of
   them (``random_model``), for ``benchmarks/scaling.py``.
+- :mod:`lib.cited`: numbers measured elsewhere (papers, runs no command here repeats), read from
+  ``benchmarks/cited.csv`` with their source, model and setting, for the reports that show them as
+  cited (``benchmarks/frontier_study.py``, ``scripts/run_time.py``).
 """
