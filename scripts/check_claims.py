@@ -33,7 +33,8 @@ Locating a value (one of):
   group of rows first, then ``agg`` over the groups' values — a mean over tasks of per-task
   means, a median over repeats of per-repeat sums (``spearman`` with ``by``: the mean of the
   groups' rank correlations, over the groups of at least 3 rows where both columns vary);
-  ``contrast``: the aggregate over the rows
+  ``pair = [{col = a}, {col = b}], on = "k"``: the Pearson r of the column between the two sets of
+  rows, matched on ``k``; ``contrast``: the aggregate over the rows
   also matching the first ``where`` minus (or divided by) the one over the second's — a difference
   of means, a ratio of medians; ``True``/``False`` count as 1/0);
 - ``table = {section = "…", where = {...}, column = "c"}``: a cell of a markdown table of the source
@@ -262,6 +263,13 @@ def value_of(claim: dict, claims: dict[str, dict], src: Sources, seen: tuple = (
                          spec.get("at_least"), spec.get("at_most"))
             return _aggregate(df, spec)
 
+        if "pair" in spec:  # Pearson r of one column between two sets of rows matched on ``on``
+            a, b = (_filter(src.csv(path), {**spec.get("where", {}), **w}, {})
+                    .set_index(spec["on"])[spec["column"]] for w in spec["pair"])
+            both = pd.concat([_numbers(a), _numbers(b)], axis=1, join="inner").dropna()
+            if len(both) < 3:
+                raise ValueError(f"{len(both)} matched rows for a correlation, expected at least 3")
+            return float(both.iloc[:, 0].corr(both.iloc[:, 1]))
         if "contrast" in spec:
             ops = {"difference": lambda a, b: a - b, "ratio": lambda a, b: a / b}
             if spec.get("op") not in ops:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,3 +207,14 @@ def test_spearman_within_groups_is_the_mean_of_the_groups_rank_correlations(cc, 
     assert value({"by": "task", "where": {"task": ["a", "c", "d"]}}) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="no group"):
         value({"by": "task", "where": {"task": ["c", "d"]}})
+
+
+def test_pair_is_the_pearson_r_of_a_column_between_two_row_sets_matched_on_a_key(cc, tmp_path):
+    # model m's values by bin 0..3 against model n's (bins listed in another order, one bin only in m)
+    rows = ["m,0,1", "m,1,2", "m,2,3", "m,3,4", "m,4,9", "n,3,10", "n,0,2", "n,2,7", "n,1,3"]
+    (tmp_path / "r.csv").write_text("model,bin,e\n" + "\n".join(rows) + "\n")
+    claim = {"id": "t", "source": "r.csv",
+             "csv": {"column": "e", "pair": [{"model": "m"}, {"model": "n"}], "on": "bin"}}
+    x, y = np.array([1, 2, 3, 4.0]), np.array([2, 3, 7, 10.0])  # matched bins 0..3
+    expected = float(np.corrcoef(x, y)[0, 1])
+    assert cc.value_of(claim, {"t": claim}, cc.Sources(tmp_path)) == pytest.approx(expected)
