@@ -138,8 +138,12 @@ def cost_table(df: pd.DataFrame) -> pd.DataFrame:
         "icl_eval_seconds": n * w["seconds_per_item"]["icl"],
         "zero_shot_eval_seconds": n * w["seconds_per_item"]["zero-shot"],
     })
-    saving = w["seconds_per_item"]["icl"] - w["seconds_per_item"]["site"]
+    spi = w["seconds_per_item"]
+    saving = spi["icl"] - spi["site"]
     out["break_even_items"] = (fit / saving).where(saving > 0, float("inf"))
+    out["site_slower_than_icl"] = out.site_total_seconds > out.icl_eval_seconds
+    out["site_over_zero_shot_per_item"] = spi["site"] / spi["zero-shot"]  # inference only
+    out["icl_over_site_per_item"] = spi["icl"] / spi["site"]
     return out.reset_index()
 
 
@@ -154,7 +158,7 @@ def model_section(df: pd.DataFrame, paired: pd.DataFrame, cost: pd.DataFrame) ->
         lines.append(f"- {a} − {b}, exact match, paired over tasks: {100 * r['diff']:+.1f} "
                      f"[{100 * r.ci_low:.1f}, {100 * r.ci_high:.1f}] points over {r.n} tasks "
                      f"({a} ahead on {r.a_ahead}, behind on {r.b_ahead}).")
-    slower = int((cost.site_total_seconds > cost.icl_eval_seconds).sum())
+    slower = int(cost.site_slower_than_icl.sum())
     lines.append(
         f"- Cost with the fit, {int(cost.n.median())} items per task (median): SITE fit + evaluation "
         f"took longer than ICL's whole evaluation on {slower} of {len(cost)} tasks (median "
@@ -162,15 +166,14 @@ def model_section(df: pd.DataFrame, paired: pd.DataFrame, cost: pd.DataFrame) ->
         f"starts to pay after a median {cost.break_even_items.median():.0f} items per task "
         f"(fit ÷ ICL's extra seconds per item).")
     site = df[df.method == "site"]
-    spi = {m: df[df.method == m].set_index("task").seconds_per_item for m in MAIN}
     lines += [
         f"- stage 1 + stage 2 per task: median {(site.stage1_seconds + site.stage2_seconds).median():.1f} s "
         f"(stage 1 median {site.stage1_seconds.median():.1f} s, stage 2 median "
         f"{site.stage2_seconds.median():.1f} s); peak RSS of a fit: median "
         f"{site.fit_peak_rss_mb.median():.0f} MB, max {site.fit_peak_rss_mb.max():.0f} MB.",
         f"- Inference only (the fit not counted): SITE s/item ÷ zero-shot s/item: median "
-        f"{(spi['site'] / spi['zero-shot']).median():.2f}; ICL s/item ÷ SITE s/item: median "
-        f"{(spi['icl'] / spi['site']).median():.2f}."]
+        f"{cost.site_over_zero_shot_per_item.median():.2f}; ICL s/item ÷ SITE s/item: median "
+        f"{cost.icl_over_site_per_item.median():.2f}."]
     ref = df[df.method == "site-ref"]
     if len(ref):
         sub = df[df.task.isin(ref.task)]
