@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from sitelens.io import atomic_write_csv
 from sitelens.pipelines.bench import read_results
 from sitelens.pipelines.bench_summary import (
     complete_tasks,
@@ -18,6 +19,7 @@ from sitelens.pipelines.bench_summary import (
     summary_markdown,
 )
 from sitelens.pipelines.experiment import Experiment, main, md_table, write_report
+from sitelens.stats import paired_difference
 from sitelens.viz.export import write_figure_html
 
 EMBEDDING_BASELINES = ["fv", "tv", "ltv", "mtv", "i2cl"]
@@ -53,6 +55,31 @@ def targets(df: pd.DataFrame) -> list[str]:
                      + " (exact match %)."] if peft else [])
 
 
+def paired_rows(full: pd.DataFrame) -> pd.DataFrame:
+    """SITE − each other method, exact match, paired over the tasks where every method finished
+    (the same test items): mean difference, 95% percentile bootstrap interval over tasks, n."""
+    piv = full.pivot_table(index="task", columns="method", values="exact_match")
+    rows = []
+    for m in [m for m in ORDER if m in piv.columns and m != "site"]:
+        r = paired_difference(piv["site"].to_numpy(), piv[m].to_numpy(), over="tasks")
+        rows.append({"model": full.model.iloc[0], "a": "site", "b": m, "diff": r.diff,
+                     "ci_low": r.ci_low, "ci_high": r.ci_high, "n": r.n, "over": r.over,
+                     "a_ahead": r.a_ahead, "b_ahead": r.b_ahead})
+    return pd.DataFrame(rows)
+
+
+def paired_lines(paired: pd.DataFrame) -> list[str]:
+    diffs = [f"{100 * r['diff']:+.1f} [{100 * r.ci_low:.1f}, {100 * r.ci_high:.1f}]"
+             for _, r in paired.iterrows()]
+    ahead = [f"{a} / {b}" for a, b in zip(paired.a_ahead, paired.b_ahead)]
+    table = pd.DataFrame({"SITE −": paired.b, "exact match, points": diffs, "tasks": paired.n,
+                          "SITE ahead / behind": ahead})
+    return ["### SITE against each method, paired over tasks", "",
+            "The same tasks and items on both sides: the mean of the per-task differences with its 95% "
+            "percentile bootstrap interval over tasks (sitelens.stats.paired_difference).", "",
+            md_table(table), ""]
+
+
 def notes(full: pd.DataFrame) -> list[str]:
     """Exact match per task; dNTP vs exact match for all methods and for the ICL-derived ones (PEFT
     left out: trained on the answer token, it can be accurate far from the ICL distribution); the
@@ -86,12 +113,14 @@ def summarize(path: Path, png: bool = True) -> str:
     full = full.assign(method=pd.Categorical(full["method"], order, ordered=True))
     full = full.sort_values(["method", "task"]).assign(method=lambda d: d.method.astype(str))
     stem = path.with_suffix("")
+    paired = paired_rows(full)
+    atomic_write_csv(f"{stem}_paired.csv", paired)
     text = write_report(f"{stem}.md", f"Baselines on {model}", bench_command(df, path), "\n".join([
         "Summarized by `python benchmarks/baselines.py`; test split capped at 50 items, one torch thread on "
         f"the shared 2-core CPU. Means over the {len(tasks)} of {df['task'].nunique()} tasks where every "
         f"method finished: {', '.join(tasks)}. Exact match and first-token accuracy are fractions; dNTP = "
         "KL(P_icl ‖ P_method) at the answer position (ICL's is 0).", "", *targets(full), "",
-        summary_markdown(full).strip(), "", *notes(full)]))
+        summary_markdown(full).strip(), "", *paired_lines(paired), *notes(full)]))
     fig = dntp_accuracy_figure(full)
     write_figure_html(fig, f"{stem}.dntp.html")  # + plotly.min.js beside it (offline)
     if png:
@@ -113,7 +142,7 @@ class Baselines(Experiment):
         return ()  # the cells are `sitelens bench` runs
 
     def write_report(self) -> str:
-        paths = sorted(self.out.glob("baselines_*.csv"))
+        paths = sorted(p for p in self.out.glob("baselines_*.csv") if not p.stem.endswith("_paired"))
         return "\n".join(summarize(p, png=not self.args.no_png) for p in paths)
 
 
