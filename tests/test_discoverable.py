@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import sitelens as sl
 from sitelens.cli import build_parser, options
@@ -236,3 +237,22 @@ def test_the_title_check_catches_an_unwrapped_title():
     fig = lens_maps(_scores(["alpha-grad", "atp"]))
     fig.update_layout(title_text=fig.layout.title.text.replace("<br>", " "), margin_t=None)
     assert any("px >" in p for p in title_problems(fig))
+
+
+def test_saturated_adapter_prints_without_a_warning():
+    """print(adapter) in a notebook: a saturated α (most heads above 0.95) is stated in the line,
+    never raised as the ranking warning that top_heads() gives."""
+    import warnings
+
+    from sitelens.site.saturation import AlphaSaturationWarning
+
+    L, H, d = 2, 4, 3
+    alpha = torch.full((L, H), 0.99)
+    alpha[0, 1] = 0.999
+    ad = sl.SiteAdapter(alpha, torch.zeros(L, H, d), meta={"model": "m", "task": "t"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = repr(ad)
+    assert "L0H1=1.00" in r and "(of 8 heads at α > 0.95)" in r, r
+    with pytest.warns(AlphaSaturationWarning):  # the ranking itself still warns
+        ad.top_heads(3)

@@ -120,3 +120,22 @@ def test_conditions_are_grouped_per_pass():
     assert training.RunConfig(lr=0.1, conditions=5).groups() == [range(0, 5)]
     with pytest.raises(ValueError):
         training.RunConfig(lr=0.1, conditions=0)
+
+
+def test_a_fit_that_keeps_its_start_warns(tiny_mha):
+    """lr = 1e-30 moves no logit in float32 (sigmoid(±1e-30) == 0.5), so every validation loss
+    ties the start and the kept α is the start: that fit warns; one that moves does not."""
+    import warnings
+
+    from sitelens import FitConfig, fit_site, load_task
+    from sitelens.site import StalledFitWarning
+
+    task = load_task("antonym")
+    with pytest.warns(StalledFitWarning, match="no step improved the validation loss"):
+        ad = fit_site(tiny_mha, task, n_prompts=4, n_shots=2,
+                      config=FitConfig(n_examples=16, lr=1e-30))
+    assert ad.meta["best_step"] == 0 and bool((ad.alpha == 0.5).all())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StalledFitWarning)
+        moved = fit_site(tiny_mha, task, n_prompts=4, n_shots=2, config=FitConfig(n_examples=32))
+    assert moved.meta["best_step"] > 0

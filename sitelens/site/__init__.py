@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
     from sitelens.site.adapter import SiteAdapter, fit_site
     from sitelens.site.alpha import (
         FitResult,
+        StalledFitWarning,
         alpha_logit_rows,
         first_token_loss,
         fit_alpha,
@@ -51,8 +52,8 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
 # name -> the module that defines it (PEP 562: imported when first used)
 __getattr__, __dir__ = lazy_names(__name__, {
     "sitelens.site.adapter": ("SiteAdapter", "fit_site"),
-    "sitelens.site.alpha": ("FitResult", "alpha_logit_rows", "first_token_loss", "fit_alpha", "mean_alpha",
-        "site_mix", "stack_rows"),
+    "sitelens.site.alpha": ("FitResult", "StalledFitWarning", "alpha_logit_rows", "first_token_loss",
+        "fit_alpha", "mean_alpha", "site_mix", "stack_rows"),
     "sitelens.site.config": ("FitConfig", "OfficialFitConfig"),
     "sitelens.site.embedding": ("capture_last", "last_token_z", "task_embedding"),
     "sitelens.site.injection": ("HeadMix", "apply_hooks", "head_mask"),
@@ -89,6 +90,7 @@ __all__ = [
     "stack_rows",
     "mean_alpha",
     "FitResult",
+    "StalledFitWarning",
     "fit_alpha",
     "SiteAdapter",
     "fit_site",

@@ -64,11 +64,17 @@ class SiteAdapter:
         return Template(**self.meta.get("template", DEFAULT_TEMPLATE.to_dict()))
 
     def __repr__(self) -> str:
-        """One line: model, task, layers × heads, the top-3 heads by α and the fit settings (never
-        the tensors)."""
+        """One line: model, task, layers × heads, the top-3 heads by α (with how many heads sit
+        above the saturation threshold when those three are a pick among near-ties) and the fit
+        settings (never the tensors). A repr states, it never warns: printing an adapter in a
+        notebook must not raise a warning meant for a ranking."""
         m, hp = self.meta, self.meta.get("hyperparameters") or {}
         L, H = self.alpha.shape
-        top = " ".join(f"{head_label(layer * H + h, H)}={a:.2f}" for layer, h, a in self.top_heads(3))
+        top = " ".join(f"{head_label(layer * H + h, H)}={a:.2f}"
+                       for layer, h, a in self.top_heads(3, warn=False))
+        sat = self.saturation(3)
+        if sat.saturated:
+            top += f" (of {sat.n_saturated} heads at α > {sat.threshold:g})"
         keys = ("lr", "n_examples", "batch_size", "sparsity", "seed", "n_prompts", "n_shots")
         settings = " ".join(f"{k}={hp[k]}" for k in keys if k in hp)
         return (f"SiteAdapter(model={m.get('model')!r}, task={m.get('task')!r}, {L}×{H} heads, "

@@ -20,6 +20,7 @@ because the mix acts only at that token. Result: α [n_layers, n_heads] (:class:
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -109,6 +110,10 @@ def data_used(task: Task, n_valid_used: int, batches: Sequence[Sequence[int]], n
     }
 
 
+class StalledFitWarning(UserWarning):
+    """A fit kept its starting α: no step improved the validation loss."""
+
+
 def fit_alpha(
     model,
     task: Task,
@@ -170,6 +175,13 @@ def fit_alpha(
         ),
     )
     kept = run.kept.cpu()  # [n_layers, n_heads], float32
+    if run.best_step == 0 and not official:
+        warnings.warn(
+            f"Fit of {task.name!r}: no step improved the validation loss, so α stayed at its start "
+            f"(sigmoid({cfg.init:g}) for every head) and the adapter injects that. Fit longer "
+            "(n_examples), check the learning rate (lr), or give the task more items.",
+            StalledFitWarning, stacklevel=2,
+        )
     return FitResult(
         alpha=torch.sigmoid(kept),
         logits=kept,
