@@ -168,3 +168,17 @@ def test_default_out_is_runs_model_task(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["run", *TINY, "--methods", "zero-shot", "--limit", "2"]) == 0
     assert (tmp_path / "runs" / "tiny-random" / "antonym" / "eval.json").exists()
+
+
+def test_items_record_the_items_scored_not_only_the_limit(tmp_path, capsys):
+    """antonym's test split has 15 items: --limit 50 caps nothing, and items.csv says 15 were
+    scored per method beside the 50 that was asked."""
+    from sitelens import load_task
+
+    n_test = len(load_task("antonym").test)
+    out = tmp_path / "r50"
+    assert main(["run", *TINY, "--limit", "50", "--methods", "zero-shot", "--out", str(out)]) == 0
+    capsys.readouterr()
+    items = pd.read_csv(out / "items.csv")
+    assert n_test < 50 and len(items) == n_test
+    assert (items["limit"] == 50).all() and (items["n_items"] == n_test).all()

@@ -46,15 +46,19 @@ def cmd_fit(args) -> int:
 
 def _with_settings(df, model, task, adapter, args):
     """The per-item rows with the settings that made them as leading columns (model and weight
-    fingerprint, task hash, split, n_shots, seed, protocol, the adapter's fit settings, numerics
-    version), so an ``--items`` file says what it was computed with."""
+    fingerprint, task hash, split, the --limit asked and the items scored, n_shots, seed, protocol,
+    the adapter's fit settings, numerics version), so an ``--items`` file says what it was computed
+    with."""
     from sitelens.models import fingerprint, model_name
     from sitelens.provenance import NUMERICS_VERSION, settings_hash, task_hash
 
     settings = {
         "model": model_name(model), "fingerprint": fingerprint(model),
         "task_hash": task_hash(task), "split": args.split,
-        "limit": -1 if args.limit is None else args.limit, "n_shots": args.n_shots,
+        "limit": -1 if args.limit is None else args.limit,
+        # the items each method was scored on: a --limit above the split's size caps nothing
+        "n_items": int(df.groupby("method").size().max()) if "method" in df.columns else len(df),
+        "n_shots": args.n_shots,
         "seed": args.seed, "protocol": getattr(args, "protocol", None) or (
             adapter.meta.get("protocol", "default") if adapter is not None else "default"),
         "adapter": "" if adapter is None else settings_hash(adapter.meta.get("hyperparameters")),
