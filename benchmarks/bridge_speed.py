@@ -36,7 +36,7 @@ def worker(args) -> None:
     import importlib.metadata as md
 
     from sitelens import FitConfig, fit_site, load_model, load_task
-    from sitelens.eval.evaluate import evaluate
+    from sitelens.eval.evaluation import evaluate
     from sitelens.models import kv
     from sitelens.patching import intra_task
     from sitelens.patching.effects import head_causal_effects

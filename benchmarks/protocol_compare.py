@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from sitelens import FitConfig, fit_site, load_task, summarize
-from sitelens.eval.evaluate import evaluate
+from sitelens.eval.evaluation import evaluate
 from sitelens.pipelines.executors import cached_model
 from sitelens.pipelines.experiment import Experiment, Job, main, md_table, pct
 

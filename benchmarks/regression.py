@@ -18,7 +18,7 @@ import pandas as pd
 from sitelens.baselines import ICL, LTV, SITE, TV, Fitted, LTVValid, ZeroShot
 from sitelens.baselines.ltv import LTV_NUMERICS
 from sitelens.errors import SitelensError
-from sitelens.eval.evaluate import run_method
+from sitelens.eval.evaluation import run_method
 from sitelens.eval.metrics import correlation
 from sitelens.models import fingerprint, model_name
 from sitelens.pipelines.executors import cached_model

@@ -295,7 +295,7 @@ class Roofline(Experiment):
 
     def stages(self, model, task):
         """(name, thunk) of each stage, in order; later thunks use what earlier ones made."""
-        from sitelens.eval.evaluate import evaluate
+        from sitelens.eval.evaluation import evaluate
         from sitelens.site import fit_site, task_embedding
 
         made = {}

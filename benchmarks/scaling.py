@@ -76,7 +76,7 @@ def run_stage(model, stage: str, length: int, sizes: dict, sync) -> dict:
     timing (``wall``/``cpu``) that replaces the timing around the whole call."""
     import torch
 
-    from sitelens.eval.evaluate import run_method
+    from sitelens.eval.evaluation import run_method
     from sitelens.eval.scoring import Protocol
     from sitelens.lenses import alpha_gradient, attribution_patching
     from sitelens.models import encode

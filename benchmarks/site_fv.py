@@ -12,7 +12,7 @@ import json
 import pandas as pd
 
 from sitelens import FitConfig, fit_site, load_task, summarize
-from sitelens.eval.evaluate import evaluate
+from sitelens.eval.evaluation import evaluate
 from sitelens.io import atomic_write_csv
 from sitelens.pipelines.bench import FV_EXTRACTIVE
 from sitelens.pipelines.executors import cached_model

@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
         TokenizationError,
         UsageError,
     )
-    from sitelens.eval.evaluate import evaluate, summarize
+    from sitelens.eval.evaluation import evaluate, summarize
     from sitelens.eval.generation import greedy_generate, last_logits
     from sitelens.eval.labels import LabelSet, label_set
     from sitelens.eval.metrics import dntp
@@ -95,7 +95,7 @@ __getattr__, __dir__ = lazy_names(__name__, {
     "sitelens.errors": ("AdapterError", "ExecutorError", "FitError", "LensError", "MethodError",
         "ModelError", "OutputError", "PromptTooLongError", "SitelensError", "TaskError",
         "TokenizationError", "UsageError"),
-    "sitelens.eval.evaluate": ("evaluate", "summarize"),
+    "sitelens.eval.evaluation": ("evaluate", "summarize"),
     "sitelens.eval.generation": ("greedy_generate", "last_logits"),
     "sitelens.eval.labels": ("LabelSet", "label_set"),
     "sitelens.eval.metrics": ("dntp",),

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sitelens.eval.evaluate import evaluate, summarize
+from sitelens.eval.evaluation import evaluate, summarize
 from sitelens.site.training import LastTokenSet
 from sitelens.tasks import (
     DEFAULT_TEMPLATE,

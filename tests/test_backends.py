@@ -121,7 +121,7 @@ def test_bridge_never_enables_compatibility_mode(monkeypatch):
 
     monkeypatch.setattr(TransformerBridge, "enable_compatibility_mode", forbidden)
     from sitelens import FitConfig, fit_site, load_task
-    from sitelens.eval.evaluate import evaluate
+    from sitelens.eval.evaluation import evaluate
 
     model = tiny_model(backend="bridge")
     task = load_task("antonym")

@@ -44,7 +44,7 @@ from sitelens.baselines.i2cl import i2cl_hooks, init_i2cl
 from sitelens.baselines.ia3 import ia3_hooks, init_ia3
 from sitelens.baselines.lora import init_lora, lora_hooks
 from sitelens.errors import FitError
-from sitelens.eval.evaluate import evaluate
+from sitelens.eval.evaluation import evaluate
 from sitelens.models import encode
 from sitelens.patching import corrupted_prompts, head_causal_effects
 from sitelens.site import FitConfig, last_token_z, task_embedding

@@ -58,7 +58,7 @@ from sitelens.baselines import (
     ZeroShot,
     available_methods,
 )
-from sitelens.eval.evaluate import evaluate
+from sitelens.eval.evaluation import evaluate
 from sitelens.eval.generation import last_logits
 from sitelens.lenses import AblationConfig, AttributionConfig, available_lenses, head_scores
 from sitelens.lenses.logit_lens import head_logit_lens

@@ -5,7 +5,7 @@ import pandas as pd
 import torch
 
 from sitelens import FitConfig, fit_site, load_task, tiny_model
-from sitelens.eval.evaluate import evaluate
+from sitelens.eval.evaluation import evaluate
 
 CFG = dict(n_prompts=6, n_shots=2)
 

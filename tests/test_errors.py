@@ -33,7 +33,7 @@ from sitelens import (
     tiny_model,
 )
 from sitelens.cli import main as cli_main
-from sitelens.eval.evaluate import evaluate
+from sitelens.eval.evaluation import evaluate
 from sitelens.tasks import embedding_prompts, few_shot_prompts
 
 ROOT = Path(__file__).resolve().parents[1]

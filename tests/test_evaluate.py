@@ -1,7 +1,7 @@
 import pandas as pd
 
 from sitelens import FitConfig, exact_match, fit_site, load_task, summarize
-from sitelens.eval.evaluate import evaluate
+from sitelens.eval.evaluation import evaluate
 
 
 def test_exact_match_rules():

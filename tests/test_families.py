@@ -41,7 +41,7 @@ from tolerances import (
     low_logprob_bound,
 )
 
-from sitelens.eval.evaluate import evaluate
+from sitelens.eval.evaluation import evaluate
 from sitelens.eval.generation import greedy_generate, last_logits
 from sitelens.models import act_name, encode, has_hooked_transformer, self_check, z_hook_name
 from sitelens.models.attention import enable_fast_attention, slow_path_features

@@ -9,7 +9,7 @@ numerics passes it. These tests compare today's code with numbers frozen in ``te
 - stage 2: α and its logits after 3 Adam steps (24 examples, batch 8), the validation loss before
   and after every step, the training losses and the chosen step, fitted on the *golden* embedding;
 - evaluation of zero-shot, 5-shot ICL and SITE (the *golden* α and embedding) on the first 12 test
-  items: :func:`sitelens.eval.evaluate`'s per-item prediction and scores, and a greedy KV-cached decode of
+  items: :func:`sitelens.eval.evaluation`'s per-item prediction and scores, and a greedy KV-cached decode of
   the same batch that records, at every generated step, the argmax id, the runner-up and the top-1 −
   top-2 margin, plus the first-step log-probs of the answer token, the top-1 and the top-2 token.
 
@@ -69,7 +69,7 @@ import pytest
 import torch
 
 from sitelens import provenance
-from sitelens.eval.evaluate import evaluate
+from sitelens.eval.evaluation import evaluate
 from sitelens.eval.generation import newline_ids
 from sitelens.io import atomic_write
 from sitelens.models import encode, fingerprint, kv_forward, new_kv_cache, token_ids
@@ -151,7 +151,7 @@ def fit_config(**overrides) -> FitConfig:
 
 
 def decode_with_margins(model, prompts: list[str], limit: int, mix_fn=None) -> list[dict]:
-    """Greedy KV-cached decoding of one left-padded batch (as :func:`sitelens.eval.evaluate` runs it:
+    """Greedy KV-cached decoding of one left-padded batch (as :func:`sitelens.eval.evaluation` runs it:
     the intervention pinned to the prompt length, so it acts in the prefill only), stopping at a
     newline or EOS. Per row: the generated ids up to the first stop, and per step the argmax, the
     runner-up and their log-prob margin; the first step's log-probs as a ``[vocab]`` row."""

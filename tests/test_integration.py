@@ -10,7 +10,7 @@ from tolerances import assert_logits_close, assert_logprobs_close
 
 from sitelens import FitConfig, encode, fit_site, load_task
 from sitelens.baselines import TV
-from sitelens.eval.evaluate import first_token_accuracy
+from sitelens.eval.evaluation import first_token_accuracy
 from sitelens.eval.generation import last_logits
 from sitelens.models import has_hooked_transformer, is_bridge, load_hf_reference, load_model, self_check
 from sitelens.tasks import answer_token_ids, zero_shot_prompt

@@ -18,14 +18,14 @@ from scipy.stats import binomtest
 from sitelens.cli import main as cli_main
 from sitelens.cli.summary import few_items_warning, fit_data_lines, summary_json, summary_text
 from sitelens.errors import TaskError
-from sitelens.eval.evaluate import evaluate, summarize
+from sitelens.eval.evaluation import evaluate, summarize
 from sitelens.eval.labels import LABEL_COLUMNS
 from sitelens.site import FitConfig, SiteAdapter, fit_site
 from sitelens.stats import wilson_interval
 from sitelens.tasks import Task, Template, task_from_pairs
 
 # the module itself: the package exports a function of the same name
-EV = importlib.import_module("sitelens.eval.evaluate")
+EV = importlib.import_module("sitelens.eval.evaluation")
 
 # 60 pairs with 6 distinct outputs: split 42 / 6 / 12, as the country -> continent task
 CONTINENTS = ("Africa", "Asia", "Europe", "North America", "South America", "Oceania")

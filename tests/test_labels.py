@@ -17,7 +17,7 @@ from sitelens.baselines import HookIntervention
 from sitelens.baselines.base import last_add_hook
 from sitelens.cli.validate import _expand_collections
 from sitelens.errors import TaskError
-from sitelens.eval.evaluate import evaluate, summarize
+from sitelens.eval.evaluation import evaluate, summarize
 from sitelens.eval.generation import intervention_hooks
 from sitelens.eval.labels import continuation_ids, label_set, score_labels
 from sitelens.models import encode, kv_forward, new_kv_cache

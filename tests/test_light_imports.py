@@ -193,7 +193,7 @@ def test_every_lazy_name_is_what_its_import_gives(package):
 def test_no_name_is_also_a_submodule(package):
     """A package names nothing after one of its submodules but that submodule: importing the
     submodule binds it as the package's attribute, which would hide the other object (the function
-    ``evaluate`` is therefore ``sitelens.evaluate``, and ``sitelens.eval.evaluate`` its module)."""
+    ``evaluate`` is therefore ``sitelens.evaluate``, and ``sitelens.eval.evaluation`` its module)."""
     mod = importlib.import_module(package)
     targets = type_checking_imports(Path(mod.__file__).read_text())
     clash = {n: t for n, t in targets.items() if n in submodules(mod) and t != (package, n)}

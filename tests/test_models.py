@@ -163,7 +163,7 @@ def test_memory_bounded_batches_give_the_same_results(tiny_mha, monkeypatch):
     """Cutting batches by the attention budget (here: every prompt alone) changes nothing but
     the batching: same task embedding, same greedy generations."""
     import sitelens.models as M
-    from sitelens.eval.evaluate import evaluate
+    from sitelens.eval.evaluation import evaluate
     from sitelens.site import task_embedding
     from sitelens.tasks import load_task
 

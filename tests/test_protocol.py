@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from sitelens.cli import main as cli_main
-from sitelens.eval.evaluate import evaluate
+from sitelens.eval.evaluation import evaluate
 from sitelens.eval.generation import greedy_generate
 from sitelens.eval.scoring import Protocol, exact_match, get_protocol, official_exact_match
 from sitelens.models import encode, z_hook_name
@@ -31,7 +31,7 @@ from sitelens.tasks import (
     few_shot_prompts,
 )
 
-ev = importlib.import_module("sitelens.eval.evaluate")  # the module (sitelens.eval.evaluate is the function)
+ev = importlib.import_module("sitelens.eval.evaluation")  # the module of evaluate()
 generation = importlib.import_module("sitelens.eval.generation")
 BARE = replace(DEFAULT_TEMPLATE, bare_digits=True)
 

@@ -112,3 +112,18 @@ def test_console_script_is_cli_entry():
     r = subprocess.run([sys.executable, "-m", "sitelens.cli", "--help"], cwd=ROOT, text=True,
                        capture_output=True, timeout=300)
     assert r.returncode == 0 and "patch" in r.stdout and "figures" in r.stdout, r.stderr
+
+
+def test_eval_evaluate_is_the_function_even_after_its_module_is_imported():
+    """A package attribute named like one of its submodules is replaced by the module when that
+    submodule is imported; evaluate's module is named apart, so the name stays the function."""
+    import importlib
+
+    import sitelens
+    import sitelens.eval
+
+    importlib.import_module("sitelens.eval.evaluation")
+    from sitelens.eval import evaluate
+
+    assert callable(evaluate) and evaluate is sitelens.evaluate
+    assert evaluate.__module__ == "sitelens.eval.evaluation"

@@ -131,7 +131,7 @@ def test_evaluate_then_mse_on_a_tiny_model():
     (its answers score as the fallback), so answers as a model that writes numbers would give them
     are scored next to its own: each counts as the first number of its first line, one as the
     fallback."""
-    from sitelens.eval.evaluate import evaluate
+    from sitelens.eval.evaluation import evaluate
     from sitelens.testing import tiny_model
 
     task = regression_task("relu", n_train=12, n_valid=3, n_test=4, dim=2, seed=0)

@@ -25,7 +25,7 @@ from sitelens.site import SiteAdapter
 TINY = ["--model", "tiny-random", "--task", "antonym"]
 FIT = ["--n-prompts", "2", "--n-shots", "2", "--n-examples", "8"]
 RUN = ["run", *TINY, *FIT, "--limit", "6"]
-evaluate_module = importlib.import_module("sitelens.eval.evaluate")  # the module, not the function
+evaluate_module = importlib.import_module("sitelens.eval.evaluation")  # the module, not the function
 TIMING = "seconds_per_item"  # wall-clock: the one thing two runs may not share
 
 

@@ -22,7 +22,7 @@ from sitelens.baselines.sv import (
     state_vector,
 )
 from sitelens.errors import FitError, TaskError
-from sitelens.eval.evaluate import evaluate
+from sitelens.eval.evaluation import evaluate
 from sitelens.models import encode, z_hook_name
 from sitelens.site.injection import HeadMix, apply_hooks
 from sitelens.tasks import (

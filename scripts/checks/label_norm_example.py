@@ -17,7 +17,7 @@ import json
 import torch
 
 import sitelens as sl
-from sitelens.eval.evaluate import evaluate, summarize
+from sitelens.eval.evaluation import evaluate, summarize
 from sitelens.eval.labels import continuation_ids, label_set, score_labels
 from sitelens.io import atomic_write_text
 from sitelens.models import fingerprint

@@ -16,7 +16,7 @@ Intervention semantics (``Fitted.scope``):
   (like a weight change). I2CL, LoRA, (IA)3. Keys and values written to the KV cache during the
   prefill already carry the change; the decode steps must run with the hooks in place too.
 
-``Fitted.intervention`` is what :func:`sitelens.eval.evaluate.evaluate` accepts: a :class:`HeadMix` or
+``Fitted.intervention`` is what :func:`sitelens.eval.evaluation.evaluate` accepts: a :class:`HeadMix` or
 a callable ``(model, seq_len) -> [(hook_name, fn)]``.
 """
 

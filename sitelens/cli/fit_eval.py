@@ -76,7 +76,7 @@ def cmd_eval(args) -> int:
     95% interval over items (``--json``: one JSON object; a warning on stderr under 100 items),
     and write the per-item rows, with the settings that made them, to ``--items``. Label metrics
     with ``--label-metrics`` or for a task that declares its labels."""
-    from sitelens.eval.evaluate import evaluate, summarize
+    from sitelens.eval.evaluation import evaluate, summarize
     from sitelens.site import SiteAdapter
 
     methods = split_csv(args.methods)
@@ -101,7 +101,7 @@ def cmd_eval(args) -> int:
 def cmd_demo(args) -> int:
     """Fit SITE on ``--task`` and compare zero-shot / 10-shot ICL / SITE on ``--limit`` test
     items; print the summary, the top heads and a few SITE predictions."""
-    from sitelens.eval.evaluate import evaluate, summarize
+    from sitelens.eval.evaluation import evaluate, summarize
 
     model, task = load_task_and_model(args)
     t0 = time.perf_counter()

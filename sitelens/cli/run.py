@@ -152,7 +152,7 @@ def _finished(plan, as_json: bool) -> int:
     ``items.csv``, and the adapter's top heads) without loading a model."""
     import pandas as pd
 
-    from sitelens.eval.evaluate import summarize
+    from sitelens.eval.evaluation import summarize
 
     out = plan["out"]
     print(f"{out} holds this run, with the same settings: nothing to redo (the adapter and the "
@@ -174,7 +174,7 @@ def cmd_run(args) -> int:
     the adapter, ``eval.json`` and ``items.csv``; print the summary with its intervals and the top
     heads (on stderr with ``--json``, whose stdout is one JSON object)."""
     from sitelens.cli.summary import summary_json
-    from sitelens.eval.evaluate import evaluate, summarize
+    from sitelens.eval.evaluation import evaluate, summarize
 
     plan = getattr(args, "_plan", None) or plan_run(args)
     if plan["eval"] == "reuse":

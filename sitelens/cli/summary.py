@@ -1,7 +1,7 @@
 """What ``sitelens eval``, ``demo`` and ``fit`` print about their numbers: each accuracy with its 95%
 interval over items, a warning when there are few items, and the data a fit actually used.
 
-- :func:`summary_text`: the :func:`sitelens.eval.evaluate.summarize` table for people, every
+- :func:`summary_text`: the :func:`sitelens.eval.evaluation.summarize` table for people, every
   accuracy as ``0.833 [0.552, 0.953]`` (its 95% Wilson score interval over the items, from the
   ``<metric>_ci_low`` / ``_ci_high`` columns) beside ``n``;
 - :func:`summary_json`: the same as one JSON object per method (``<metric>_ci``: ``[low, high]``);

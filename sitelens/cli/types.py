@@ -108,7 +108,7 @@ def _item(parse: Callable, what: str) -> Callable[[str], None]:
 
 def _method(registry: str) -> Callable[[str], None]:
     """A method name known to ``sitelens.baselines`` (``"bench"``) or to
-    :func:`sitelens.eval.evaluate.evaluate` (``"eval"``), with close matches in the error."""
+    :func:`sitelens.eval.evaluation.evaluate` (``"eval"``), with close matches in the error."""
 
     def check(x: str) -> None:
         import difflib

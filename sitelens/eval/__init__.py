@@ -1,6 +1,6 @@
 """Evaluation: the one generate-and-score loop, protocols, closed label sets, metrics (dNTP,
-exact match, Wilson and bootstrap intervals). The function ``evaluate`` is
-:func:`sitelens.evaluate` (``sitelens.eval.evaluate`` is its module)."""
+exact match). ``sitelens.eval.evaluate`` is the function (also :func:`sitelens.evaluate`); its module
+is ``sitelens.eval.evaluation``, named apart so that importing it never hides the function."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING
 from sitelens.lazy import lazy_names
 
 if TYPE_CHECKING:  # for type checkers; at run time each name is imported on first access
-    from sitelens.eval.evaluate import first_token_accuracy, resolve_labels, run_method, summarize
+    from sitelens.eval.evaluation import (
+        evaluate,
+        first_token_accuracy,
+        resolve_labels,
+        run_method,
+        summarize,
+    )
     from sitelens.eval.generation import (
         cut_at_eos,
         greedy_generate,
@@ -53,7 +59,8 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
 
 # name -> the module that defines it (PEP 562: imported when first used)
 __getattr__, __dir__ = lazy_names(__name__, {
-    "sitelens.eval.evaluate": ("first_token_accuracy", "resolve_labels", "run_method", "summarize"),
+    "sitelens.eval.evaluation": ("evaluate", "first_token_accuracy", "resolve_labels", "run_method",
+        "summarize"),
     "sitelens.eval.generation": ("cut_at_eos", "greedy_generate", "intervention_hooks", "last_logits",
         "newline_ids", "stop_ids"),
     "sitelens.eval.labels": ("LABEL_COLUMNS", "MAX_LABELS", "LabelScores", "LabelSet", "continuation_ids",
@@ -65,6 +72,7 @@ __getattr__, __dir__ = lazy_names(__name__, {
 })
 
 __all__ = [
+    "evaluate",
     "dntp_per_item",
     "dntp",
     "accuracy",

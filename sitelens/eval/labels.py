@@ -291,7 +291,7 @@ LABEL_COLUMNS = ("n_labels", "chance", "label_pred", "label_rank_first", "label_
 
 
 def label_columns(scores: LabelScores, gold: str) -> dict:
-    """The per-item columns of :func:`sitelens.eval.evaluate.evaluate` for one item: ``n_labels``,
+    """The per-item columns of :func:`sitelens.eval.evaluation.evaluate` for one item: ``n_labels``,
     ``chance`` (1 / n_labels), ``label_pred`` (the full-likelihood argmax) and one hit column per
     score, ``label_rank_first``, ``label_rank_full``, ``label_rank_full_norm``: each a float, 1.0
     when that score ranks the gold label first, 0.0 when not, NaN when the score is undefined for

@@ -1,4 +1,4 @@
-"""The method names :func:`sitelens.eval.evaluate.evaluate` runs (``sitelens eval --methods``):
+"""The method names :func:`sitelens.eval.evaluation.evaluate` runs (``sitelens eval --methods``):
 a module of its own, so the command line checks ``--methods`` without importing torch."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The one generate-and-score loop: :func:`score_items` generates greedily for each prompt under an
 intervention and scores it (first-token accuracy, exact match, dNTP against reference logits, the
-label ranks of a closed label set). :func:`sitelens.eval.evaluate.evaluate` (through
-:func:`~sitelens.eval.evaluate.run_method`) and the bench (:func:`sitelens.pipelines.bench.score_fitted`,
+label ranks of a closed label set). :func:`sitelens.eval.evaluation.evaluate` (through
+:func:`~sitelens.eval.evaluation.run_method`) and the bench (:func:`sitelens.pipelines.bench.score_fitted`,
 every baseline's cells) run it.
 
 A :class:`Protocol` decides how answers are generated and scored: ``default`` (sitelens's own) and

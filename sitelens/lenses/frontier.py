@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from sitelens.eval.evaluate import evaluate
+from sitelens.eval.evaluation import evaluate
 from sitelens.heads import head_label, mask_of
 from sitelens.lenses.joint_fit import fit_many
 from sitelens.lenses.registry import DEFAULT_BUDGETS

@@ -28,7 +28,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from sitelens.errors import AdapterError, TaskError
-from sitelens.eval.evaluate import evaluate
+from sitelens.eval.evaluation import evaluate
 from sitelens.heads import HeadSet, order
 from sitelens.models import (
     model_name,
@@ -174,7 +174,7 @@ def intra_task(
 
     Accuracy is first-token accuracy (argmax of the next-token logits equals the answer's first
     token), computed on a frozen prefix KV cache, many conditions per forward pass. ``exact_match``
-    also generates greedily under each condition (:func:`sitelens.eval.evaluate.evaluate`; slow) and adds
+    also generates greedily under each condition (:func:`sitelens.eval.evaluation.evaluate`; slow) and adds
     ``exact_match, em_ci_low, em_ci_high``. CIs: percentile bootstrap over items (``n_boot``
     resamples, seeded, shared across conditions).
 

@@ -8,7 +8,7 @@ it is one :class:`~sitelens.site.injection.HeadMix` at the last prompt token dur
 
     z[l, h, -1] ← (1 − α[l, h]) · z[l, h, -1] + α[l, h] · t[l, h]
 
-(generation lives in :mod:`sitelens.eval.evaluate`). On disk it is ``adapter.safetensors`` (the
+(generation lives in :mod:`sitelens.eval.evaluation`). On disk it is ``adapter.safetensors`` (the
 two tensors) beside ``adapter.json`` (the metadata and a SHA-256 of the tensors), each written
 atomically; loading checks the checksum and the shapes, and :meth:`SiteAdapter.check_model`
 refuses a model or template other than the one it was fitted on.
