@@ -104,7 +104,8 @@ def test_depth_profile_bins_alpha_mass_by_relative_depth():
     prof = depth_profile(AtlasData("m", 2, 2, alpha, None, None, None, None))
     want = np.zeros(10)
     want[2], want[7] = 3 / 8, 5 / 8
-    assert np.allclose(prof.mass, want) and list(prof.depth_low) == pytest.approx(np.arange(10) / 10)
+    assert np.allclose(prof.mass, want), ("depth_profile: α mass in the wrong deciles", list(prof.mass))
+    assert list(prof.depth_low) == pytest.approx(np.arange(10) / 10)
     assert prof.mean_alpha[2] == pytest.approx(0.15) and prof.mean_alpha[7] == pytest.approx(0.25)
     assert prof.mean_alpha.isna().sum() == 8  # no layer in the other deciles
 

@@ -356,7 +356,7 @@ def test_bad_value(cmd, option, kind, data):
     needle = "lr" if kind == "lr" else "" if kind in NAMED_BY_LOADER else option
     err = _rejected(BASE[cmd] + [f"{option}={value}"], needle)
     if kind in NAMED_BY_LOADER:
-        assert re.search(LOADER_NEEDLE[kind], err), (kind, value, err)
+        assert re.search(LOADER_NEEDLE[kind], err), (f"the error does not say it is a {kind}", value, err)
 
 
 @pytest.mark.parametrize("option", list(FRONTIER_BAD))

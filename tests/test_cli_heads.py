@@ -74,7 +74,8 @@ def test_heads_every_lens_json(tmp_path, capsys, tiny_shape):
         assert all(0 <= layer < L and 0 <= head < H for layer, head, _ in d["top"]), lens
         assert [s for *_, s in d["top"]] == sorted((s for *_, s in d["top"]), reverse=True), lens
         row = table.lens(lens).df.iloc[0]  # the JSON reports the table's counted costs
-        assert (d["forward_passes"], d["backward_passes"]) == (row.forward_passes, row.backward_passes)
+        assert (d["forward_passes"], d["backward_passes"]) == (row.forward_passes, row.backward_passes), (
+            f"{lens}: the --json costs are not the table's")
         assert d["seconds"] == round(float(row.seconds), 3) and row.seconds > 0, lens
         gradient = lens in ("alpha-grad", "atp", "atp-star")
         assert (d["backward_passes"] > 0) == gradient, lens

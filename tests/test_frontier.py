@@ -72,7 +72,8 @@ def check_greedy_first_pick(model, task) -> None:
     order = sorted(range(L * H), key=lambda j: scores[j], reverse=True)
     best, second = scores[order[0]], scores[order[1]]
     assert best[0] > second[0] or best[1] - second[1] > 1e-4  # a clear winner: rounding cannot swap
-    assert picked == [order[0]], (picked, order[:3], [scores[j] for j in order[:3]])
+    assert picked == [order[0]], ("greedy's first pick is not the exhaustive best head", picked, order[:3],
+                                  [scores[j] for j in order[:3]])
 
 
 def test_greedy_first_pick_is_the_exhaustive_best_head(tiny_mha, task):
@@ -82,7 +83,7 @@ def test_greedy_first_pick_is_the_exhaustive_best_head(tiny_mha, task):
 def test_mutation_greedy_scoring_the_wrong_head_is_caught(tiny_mha, task, monkeypatch):
     real = S.best_candidate
     monkeypatch.setattr(S, "best_candidate", lambda acc, prob: (real(acc, prob) + 1) % len(acc))
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="greedy's first pick is not the exhaustive best head"):
         check_greedy_first_pick(tiny_mha, task)
 
 
@@ -166,7 +167,8 @@ def check_sparse_keeps_k(model, task, monkeypatch, ks=(1, 2)) -> None:
     assert counts
     for c in counts:  # rows are budget-major: each budget's rows hold as many as that budget's k
         per = len(c) // len(ks)
-        assert all(n <= k for i, n in enumerate(c) for k in [ks[i // per]]), c
+        assert all(n <= k for i, n in enumerate(c) for k in [ks[i // per]]), (
+            "sparse: more than k heads active", c)
     assert all(len(set(sel.sets[k])) == k for k in ks)
 
 
@@ -176,7 +178,7 @@ def test_sparse_alpha_keeps_at_most_k_heads_active(tiny_mha, task, monkeypatch):
 
 def test_mutation_sparse_not_enforcing_k_is_caught(tiny_mha, task, monkeypatch):
     monkeypatch.setattr(S, "topk_mask", lambda flat, k: torch.ones_like(flat))
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="sparse: more than k heads active"):
         check_sparse_keeps_k(tiny_mha, task, monkeypatch)
 
 

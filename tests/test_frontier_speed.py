@@ -52,7 +52,8 @@ def check_joint_refits_equal_one_by_one(model, task) -> None:
         one = J.fit_many(model, task, emb, FIT, lambda a, m=m: torch.sigmoid(a) * m, 1,
                          template=BARE, what="test")[0]  # [L, H]: the same fit alone
         got, want = joint[i].flatten()[m > 0], one.flatten()[m > 0]
-        assert torch.allclose(got, want, atol=ATOL), (i, got, want)
+        assert torch.allclose(got, want, atol=ATOL), (
+            "joint refit differs from the one-by-one fit", i, got, want)
     assert (joint != FIT.init).any()  # the fits moved: the comparison is not of two starts
 
 
@@ -69,7 +70,7 @@ def test_mutation_joint_fit_with_the_wrong_mix_is_caught(tiny_mha, task, monkeyp
         return real(model, items, conds, w * 0.5, t)
 
     monkeypatch.setattr(J, "_condition_losses", wrong)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="joint α-sparse fit differs from fit_site"):
         check_joint_alpha_sparse_equals_fit_site(tiny_mha, task)
 
 
@@ -94,7 +95,8 @@ def check_joint_alpha_sparse_equals_fit_site(model, task) -> None:
                        penalty=lambda a: lams * torch.sigmoid(a).mean(1))
     for lam, got in zip(lams.tolist(), joint):
         ad = fit_site(model, task, config=replace(FIT, sparsity=lam), template=BARE, embedding=emb)
-        assert torch.allclose(torch.sigmoid(got), ad.alpha, atol=ATOL)
+        assert torch.allclose(torch.sigmoid(got), ad.alpha, atol=ATOL), (
+            "joint α-sparse fit differs from fit_site", lam, torch.sigmoid(got), ad.alpha)
 
 
 def test_joint_alpha_sparse_fits_equal_fit_site(tiny_mha, task):
@@ -176,8 +178,10 @@ def check_branched_equals_full_rows(model, task, batch_size: int = 64) -> None:
     per_wave = max(1, batch_size // n)
     assert passes.count == 1 + -(-len(cands) // per_wave)  # the chosen set's pass + one per wave
     acc_s, prob_s = S.greedy_step_scores(slow, chosen, cands)
-    assert torch.equal(acc_f, acc_s)
-    assert torch.allclose(prob_f, prob_s, atol=1e-6)  # the same pass, split in two: float32 rounding
+    differ = "branched rows differ from the full rows"
+    assert torch.equal(acc_f, acc_s), (differ, acc_f, acc_s)
+    # the same pass, split in two: float32 rounding
+    assert torch.allclose(prob_f, prob_s, atol=1e-6), (differ, prob_f, prob_s)
     assert prob_s.std() > 1e-3  # the candidates differ: the comparison is of distinct rows
 
 
@@ -207,7 +211,7 @@ def test_mutation_branched_rows_with_the_wrong_targets_are_caught(tiny_mha, task
 
     real = G.place_layer_rows
     monkeypatch.setattr(G, "place_layer_rows", lambda x, m: [r * 0.5 for r in real(x, m)])  # wrong targets
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="branched rows differ from the full rows"):
         check_branched_equals_full_rows(tiny_mha, task)
 
 

@@ -188,7 +188,8 @@ def test_a_dropped_feature_fails_the_logits_check(family, field, wrong, tmp_path
     real = hc.hooked_config_dict
     monkeypatch.setattr(hc, "hooked_config_dict", lambda c, a: {**real(c, a), field: wrong})
     hf = save_family_dir(family, tmp_path)
-    with pytest.raises(AssertionError):
+    caught = f"{family}: logits of the loaded directory vs HF: .* more than float rounding"
+    with pytest.raises(AssertionError, match=caught):
         _logits_agree(load_model(str(tmp_path), backend="hooked"), hf, family)
 
 

@@ -380,7 +380,7 @@ def test_alpha_over_seeds_matches_single_fits_and_reports_stability(tiny_mha, ta
     fits = torch.stack([fit_site(tiny_mha, task, n_prompts=4, n_shots=2,
                                  config=FitConfig(n_examples=16, seed=s)).alpha.float() for s in (0, 1, 2)])
     assert not torch.equal(fits[0], fits[1])  # the seeds differ, so the check below can fail
-    assert torch.equal(run.alphas, fits)
+    assert torch.equal(run.alphas, fits), "alpha_over_seeds: the α of each seed is not its single fit"
     assert torch.allclose(run.scores.map(), fits.mean(0))  # a mean of 3: float32 rounding
     x = fits.double().numpy()
     half = stats.t.ppf(0.975, 2) * x.std(0, ddof=1) / np.sqrt(3)
@@ -409,8 +409,10 @@ def test_head_scores_runs_every_lens_with_shared_inputs(tiny_mha, task):
     emb = fit_site(tiny_mha, task, n_prompts=SMALL.n_mean_prompts, n_shots=SMALL.n_shots,
                    config=FitConfig(n_examples=8, seed=0)).embedding
     assert torch.equal(run.embedding, emb)
-    assert torch.equal(s.map("atp"), attribution_patching(tiny_mha, task, emb, SMALL).map())
-    assert torch.equal(s.map("effect"), exact_effects(tiny_mha, task, emb, SMALL).map())
+    off = "head_scores: {} is not on the first fit's embedding"
+    atp, effect = attribution_patching(tiny_mha, task, emb, SMALL), exact_effects(tiny_mha, task, emb, SMALL)
+    assert torch.equal(s.map("atp"), atp.map()), off.format("atp")
+    assert torch.equal(s.map("effect"), effect.map()), off.format("effect")
     other = task_embedding(tiny_mha, task, n_prompts=SMALL.n_mean_prompts, n_shots=SMALL.n_shots, seed=7)
     assert not torch.equal(s.map("atp"), attribution_patching(tiny_mha, task, other, SMALL).map())
 
@@ -458,7 +460,9 @@ def test_certified_top_k_verifies_with_exact_values(tiny_mha, task):
     full = exact_effects(tiny_mha, task, emb, SMALL).map().flatten()
     out = certified_top_k(tiny_mha, task, fast, emb, SMALL, k=3, budget=0.5, step=1)
     # one unpatched row per prompt, then one per verified head and prompt, counted as run
-    assert 3 <= len(out["verified"]) <= 4 and out["rows"] == (len(out["verified"]) + 1) * SMALL.n_prompts
+    assert 3 <= len(out["verified"]) <= 4
+    rows = (len(out["verified"]) + 1) * SMALL.n_prompts
+    assert out["rows"] == rows, "certified_top_k: rows counted ≠ rows run"
     scale = logit_scale(tiny_mha, ["a:b\nc:"])
     assert_probs_close(torch.tensor(out["exact"]), full[out["verified"]], tiny_mha,
                        what="certified exact vs full exact", scale=max(scale, 1.0),

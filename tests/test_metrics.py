@@ -47,7 +47,7 @@ def test_dntp_matches_a_manual_kl_in_the_right_direction():
     # 3.4e-16). rtol 1e-12 sits between that and a float32 computation (4.5e-9, which
     # test_mutations.py checks it catches).
     np.testing.assert_allclose(dntp_per_item(a, b).numpy(), manual, rtol=1e-12)
-    assert dntp(a, b) == pytest.approx(manual.mean(), rel=1e-12)
+    assert dntp(a, b) == pytest.approx(manual.mean(), rel=1e-12), "dntp vs the float64 manual KL"
     reverse = (q * np.log(q / p)).sum(1).mean()
     assert abs(dntp(a, b) - reverse) > 1e-3  # not KL(P_method ‖ P_icl): the two differ by O(1)
     # log-probabilities are accepted as well as logits; float32 log-probs are rounded by up to

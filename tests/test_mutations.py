@@ -3,8 +3,10 @@
 A tolerance that grew loose enough to pass everywhere could also pass a broken computation. Each
 test here breaks one path with ``monkeypatch`` (library code is never edited), runs the SAME
 comparison the suite runs (the same test function, or the same check function it calls) and
-requires the tolerance helper of tests/tolerances.py to raise ``AssertionError`` with its
-"more than float rounding can explain" message (or the non-finite one). The bugs are ones that
+requires the check that compares the broken quantity to raise ``AssertionError`` with that check's
+own message: the tolerance helper's of tests/tolerances.py ("more than float rounding can explain",
+or the non-finite one), or the message the compared assert carries (an assertion elsewhere in the
+same test does not count as the catch). The bugs are ones that
 happen in practice, far from a 1-ulp nudge:
 
 - fused attention: one head whose causal mask is off by one (it sees one future token, or misses
@@ -453,7 +455,7 @@ def test_dntp_comparison_catches_a_float32_computation(monkeypatch):
         return (log_p.exp() * (log_p - log_q)).sum(-1).double()
 
     monkeypatch.setattr(metrics, "dntp_per_item", float32_kl)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="dntp vs the float64 manual KL"):
         TME.test_dntp_matches_a_manual_kl_in_the_right_direction()
 
 
@@ -598,7 +600,7 @@ def test_alpha_over_seeds_test_catches_a_seed_left_out(tiny_mha, monkeypatch):
     import sitelens.lenses.alpha as alpha
 
     monkeypatch.setattr(alpha, "replace", lambda obj, **kw: obj)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="alpha_over_seeds: the α of each seed is not its single fit"):
         TL.test_alpha_over_seeds_matches_single_fits_and_reports_stability(tiny_mha, _lens_task())
 
 
@@ -631,7 +633,7 @@ def test_shared_inputs_test_catches_lenses_on_another_embedding(tiny_mha, monkey
         return real(model, task, embedding * 0.5, *a, **k)
 
     monkeypatch.setattr(registry, "LensInputs", other)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="head_scores: (atp|effect) is not on the first fit's embedding"):
         TL.test_head_scores_runs_every_lens_with_shared_inputs(tiny_mha, _lens_task())
 
 
@@ -657,7 +659,7 @@ def test_sv_evaluate_test_catches_a_dropped_intervention(monkeypatch):
         return real(model, task, interventions={m: None for m in interventions or {}}, **k)
 
     monkeypatch.setattr(TS, "evaluate", without_sv)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="evaluate's sv predictions are not SV's greedy generations"):
         TS.test_evaluate_runs_sv(model, _sv_task())
 
 
@@ -674,7 +676,7 @@ def test_depth_profile_test_catches_bins_at_the_layer_start(monkeypatch):
         return real(dataclasses.replace(data, alpha=shifted), bins)
 
     monkeypatch.setattr(TAT, "depth_profile", at_start)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="depth_profile: α mass in the wrong deciles"):
         TAT.test_depth_profile_bins_alpha_mass_by_relative_depth()
 
 
@@ -758,7 +760,7 @@ def test_heads_costs_test_catches_costs_of_the_wrong_lens(tmp_path, capsys, monk
         return obj
 
     monkeypatch.setattr(heads, "heads_summary", first_costs)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="the --json costs are not the table's"):
         TCH.test_heads_every_lens_json(tmp_path, capsys, _tiny_shape())
 
 
@@ -768,7 +770,7 @@ def test_regression_mse_test_catches_the_fallback_left_out(monkeypatch):
 
     real = TR.regression_mse
     monkeypatch.setattr(TR, "regression_mse", lambda p, t, *, fallback: real(p, t, fallback=0.0))
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="the model's MSE vs the sum by hand"):
         TR.test_evaluate_then_mse_on_a_tiny_model()
 
 
@@ -784,7 +786,7 @@ def test_regression_mse_test_catches_the_last_number_of_the_line(monkeypatch):
         return float(found[-1].replace("\u2212", "-")) if found else None
 
     monkeypatch.setattr(regression, "parse_number", last_number)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="the written answers' MSE vs the numbers read by hand"):
         TR.test_evaluate_then_mse_on_a_tiny_model()
 
 
@@ -805,7 +807,7 @@ def test_bad_value_test_catches_a_loader_message_without_what_it_loads(monkeypat
                              f"{', '.join(models.BUNDLED_MODELS)}.") from None
 
     monkeypatch.setattr(models, "check_model_available", vague)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="the error does not say it is a model"):
         TBI.test_bad_value("fit", "--model", "model")
 
 
@@ -836,7 +838,7 @@ def test_ci_skip_test_catches_setup_skips_let_through(pytester, monkeypatch):
     real = conftest._fail_a_ci_skip
     monkeypatch.setattr(conftest, "_fail_a_ci_skip",
                         lambda report: real(report) if report.when in ("call", "collect") else None)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="under CI these skips must fail"):
         TCS.test_under_ci_only_a_gpu_or_backend_skip_passes(pytester, monkeypatch)
 
 
@@ -846,7 +848,7 @@ def test_ci_skip_test_catches_a_rule_that_allows_every_reason(pytester, monkeypa
     import test_ci_skips as TCS
 
     monkeypatch.setattr(conftest, "ci_skip_allowed", lambda reason: True)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="under CI these skips must fail"):
         TCS.test_under_ci_only_a_gpu_or_backend_skip_passes(pytester, monkeypatch)
 
 
@@ -865,7 +867,7 @@ def test_effect_rows_test_catches_a_dropped_last_batch(patching_setup, monkeypat
         return torch.cat([correct, correct[-pad:]]), torch.cat([prob, prob[-pad:]])
 
     monkeypatch.setattr(engine, "run_rows", short)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="effect rows: counted, run, wanted"):
         TP.test_head_effects_count_real_forward_passes(*patching_setup, True, monkeypatch)
 
 
@@ -882,5 +884,5 @@ def test_certified_rows_test_catches_a_row_left_out(tiny_mha, monkeypatch):
         return torch.cat([correct, correct[-1:]]), torch.cat([prob, prob[-1:]])
 
     monkeypatch.setattr(compare, "run_rows", one_short)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="certified_top_k: rows counted ≠ rows run"):
         TL.test_certified_top_k_verifies_with_exact_values(tiny_mha, _lens_task())

@@ -572,7 +572,9 @@ def test_head_effects_count_real_forward_passes(model, task, adapter, batched, m
     assert len(calls) > 0
     assert st["forward_passes"] == len(calls)
     n_rows = 3 * (model.cfg.n_layers * model.cfg.n_heads + 1)
-    assert st["rows"] == sum(ran) == n_rows  # counted as run, and every (prompt, condition) ran
+    # counted as run, and every (prompt, condition) ran
+    assert st["rows"] == sum(ran) == n_rows, (
+        "effect rows: counted, run, wanted", st["rows"], sum(ran), n_rows)
     if batched:  # one pass per 5 rows, plus the prefix cache's (none on a bridge: it recomputes)
         assert st["forward_passes"] >= -(-n_rows // 5)
     else:  # one full pass per head plus the unpatched one (3 prompts fit one chunk)

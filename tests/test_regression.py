@@ -146,8 +146,9 @@ def test_evaluate_then_mse_on_a_tiny_model():
         score = regression_mse(g["prediction"].tolist(), g["target"].tolist(), fallback=fallback)
         want = math.fsum(((fallback if v is None else v) - t) ** 2 for v, t in zip(values, targets)) / 4
         assert score.n == 4 and score.n_unparsed == sum(v is None for v in values)
-        assert math.isclose(score.mse, want, rel_tol=1e-12)
+        assert math.isclose(score.mse, want, rel_tol=1e-12), "the model's MSE vs the sum by hand"
         score = regression_mse(written, g["target"].tolist(), fallback=fallback)
         assert (score.n, score.n_unparsed) == (4, 1)
         want = math.fsum((v - t) ** 2 for v, t in zip(read, targets)) / 4
-        assert math.isclose(score.mse, want, rel_tol=1e-12)
+        assert math.isclose(score.mse, want, rel_tol=1e-12), (
+            "the written answers' MSE vs the numbers read by hand")

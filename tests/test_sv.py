@@ -218,5 +218,6 @@ def test_evaluate_runs_sv(model, task):
     want = [model.tokenizer.decode(row, skip_special_tokens=True) for row in ids.tolist()]
     sv, zs = df[df.method == "sv"].prediction.tolist(), df[df.method == "zero-shot"].prediction.tolist()
     # evaluate() stops at the task's answer length: each prediction is a non-empty prefix
-    assert all(p.strip() and w.strip().startswith(p.strip()) for p, w in zip(sv, want)), (sv, want)
+    assert all(p.strip() and w.strip().startswith(p.strip()) for p, w in zip(sv, want)), (
+        "evaluate's sv predictions are not SV's greedy generations", sv, want)
     assert sv != zs
