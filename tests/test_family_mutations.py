@@ -46,8 +46,10 @@ results in the planted-bugs cell of the bridge-only families, marked "(bridge)".
 
 from __future__ import annotations
 
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import test_families as TF
@@ -213,7 +215,8 @@ class Bug:
 
 
 def _attention(family):
-    TF.test_fused_attention_equals_transformerlens_or_falls_back(family, lambda *_: None)
+    folder = Path(tempfile.mkdtemp(prefix="sitelens-family-"))  # the slow path's Hugging Face folder
+    TF.test_fused_attention_equals_transformerlens_or_falls_back(family, lambda *_: None, folder)
 
 
 def _injection(family):
