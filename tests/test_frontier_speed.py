@@ -143,18 +143,28 @@ def test_study_runs_a_cell_resumes_without_recomputing_and_reports(tmp_path, mon
 
 
 def test_frontier_time_smoke(tmp_path):
+    import time
+
+    import pandas as pd
+
     from sitelens.pipelines.experiment import main
 
     argv = ["--tiny", "--budgets", "1,2", "--out", str(tmp_path), "--threads", "0"]
+    t0 = time.perf_counter()
     assert main(bench_module("frontier_time").FrontierTime(), argv) == 0
-    import pandas as pd
-
-    t = pd.read_csv(tmp_path / "frontier_time.csv")
-    assert list(t.part) == ["fit", "alpha", "alpha-sparse", "alpha-grad", "atp", "effect", "greedy", "sparse",
-                            "scoring", "total"]
-    parts = t[t.part != "total"].seconds.sum()
-    total = t[t.part == "total"].seconds.item()
-    assert parts == pytest.approx(total, abs=0.5)  # each of 10 parts rounded to 0.1 s
+    wall = time.perf_counter() - t0
+    t = pd.read_csv(tmp_path / "frontier_time.csv").set_index("part")
+    assert list(t.index) == ["fit", "alpha", "alpha-sparse", "alpha-grad", "atp", "effect", "greedy",
+                             "sparse", "scoring", "total"]
+    # "scoring" is the total less the other parts, so the parts add up to the total by construction;
+    # what is measured apart: the total (the frontier call) lies within this test's own clock around
+    # the script, the parts measured on their own fit inside it (scoring, what is left, is not
+    # negative beyond the rounding of the 9 parts it subtracts, 0.05 s each), and the refits
+    # (measured per set, inside scoring) fit inside scoring (rounding of both: 0.1 s)
+    assert t.seconds["total"] <= wall + 0.05, (t.seconds["total"], wall)
+    assert (t.seconds.drop(["scoring", "total"]) >= 0).all(), t.seconds
+    assert t.seconds["scoring"] >= -9 * 0.05, t.seconds
+    assert t.refit_seconds["scoring"] <= t.seconds["scoring"] + 0.1, t[["seconds", "refit_seconds"]]
 
 
 # ----------------------------------------------------------------------------------------------
