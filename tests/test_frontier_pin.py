@@ -1,10 +1,10 @@
 """A tiny-model frontier pinned before and after the frontier's speed work
 (``tests/data/frontier_pin.json``, written by the code before it): every selector's sets, every
 (selector, k, injection) accuracy and k*. Speed-ups of the engine (batched rows, prefix caches,
-one batched scoring of all sets) must leave all of it as it was; the selectors whose fits were
-made cheaper on purpose (``alpha-sparse``'s λ fits, ``sparse``, the ``refit`` injection: see
-:class:`sitelens.lenses.selectors.FrontierConfig`) are pinned with their reference settings
-(:data:`REFERENCE`), which reproduce the old fits step for step.
+one batched scoring of all sets) must leave all of it as it was. The table is of ``CFG``, where
+greedy runs to its largest budget (``greedy_stop=False``: every step pinned); greedy's stopping
+rule (stop once a step reaches full SITE's valid accuracy, the default) is pinned apart
+(``"greedy_stop"``: the valid target, the valid accuracy of each step, where it stopped and why).
 
 Tolerance: none. The pinned accuracies are counts over the same items through the same float32
 paths, and the sets are argmax/argsort results: a change of numerics large enough to matter shows
@@ -20,7 +20,7 @@ import pytest
 
 from sitelens import FitConfig, load_task, tiny_model
 from sitelens.lenses.attribution import AttributionConfig
-from sitelens.lenses.frontier import frontier
+from sitelens.lenses.frontier import frontier, frontier_sets
 from sitelens.lenses.selectors import FrontierConfig
 from sitelens.patching import patched_last_logits
 from sitelens.tasks import Example, Task, Template, answer_token_ids, zero_shot_prompts
@@ -65,23 +65,36 @@ def pinned_table(backend: str, config: FrontierConfig = CFG) -> dict:
     return {"rows": rows, "k_star": {s: v["k_star"] for s, v in res.summary["selectors"].items()}}
 
 
-def reference(config: FrontierConfig) -> FrontierConfig:
-    """``config`` with the fits the old code ran (no warm starts, no early stops, every step)."""
-    return replace(config, **REFERENCE) if REFERENCE else config
+def pinned_greedy_stop(backend: str) -> dict:
+    """Greedy on the same model and task with its stopping rule on: ``{"valid_target",
+    "valid_acc_by_step", "stop", "sets"}``."""
+    model = tiny_model(n_layers=3, n_heads=4, d_head=8, seed=1, backend=backend)
+    (sel,) = frontier_sets(model, planted(model, load_task("antonym")), budgets=BUDGETS,
+                           selectors=["greedy"], config=replace(CFG, greedy_stop=True))
+    m = sel.meta
+    return {"valid_target": m["valid_target"], "valid_acc_by_step": m["valid_acc_by_step"],
+            "stop": m["stop"], "sets": {str(k): v for k, v in sel.sets.items()}}
 
 
-REFERENCE: dict = {}
+def _pins(backend: str) -> dict:
+    pins = json.loads(PIN.read_text())
+    if backend not in pins or backend not in pins.get("greedy_stop", {}):
+        pytest.fail(f"no pin for backend {backend!r}: regenerate with the code before the change")
+    return pins
 
 
 def test_frontier_table_is_pinned(backend):
-    pins = json.loads(PIN.read_text())
-    if backend not in pins:
-        pytest.fail(f"no pin for backend {backend!r}: regenerate with the code before the change")
-    got = json.loads(json.dumps(pinned_table(backend, reference(CFG))))
+    pins = _pins(backend)
+    got = json.loads(json.dumps(pinned_table(backend)))
     want = pins[backend]
     assert got["k_star"] == want["k_star"]
     for g, w in zip(got["rows"], want["rows"], strict=True):
         assert g == w, (g, w)
+
+
+def test_greedy_stopping_rule_is_pinned(backend):
+    got = json.loads(json.dumps(pinned_greedy_stop(backend)))
+    assert got == _pins(backend)["greedy_stop"][backend]
 
 
 if __name__ == "__main__":  # writes the pin (run with the code the pin is to hold)
@@ -89,6 +102,8 @@ if __name__ == "__main__":  # writes the pin (run with the code the pin is to ho
 
     from sitelens.models import has_hooked_transformer
 
-    pins = {b: pinned_table(b) for b in (["hooked", "bridge"] if has_hooked_transformer() else ["bridge"])}
+    backends = ["hooked", "bridge"] if has_hooked_transformer() else ["bridge"]
+    pins = {b: pinned_table(b) for b in backends}
+    pins["greedy_stop"] = {b: pinned_greedy_stop(b) for b in backends}
     PIN.write_text(json.dumps(pins, indent=1) + "\n")
     sys.stdout.write(f"wrote {PIN}\n")
