@@ -14,9 +14,13 @@ its fixtures ``chromium`` / ``offline_page`` from ``tests/browser_util.py``.
 Under CI (the environment variable ``CI`` set, as ``.ci/run`` does) a skip is a failure unless its
 reason says the test needs a GPU or a backend this job does not run (HookedTransformer on
 TransformerLens 4, the bridge where it is not under test): a missing Chromium, data folder or dev
-tool must not leave CI green.
+tool must not leave CI green. Nor may a broken TransformerLens 3.x: there
+``from transformer_lens import HookedTransformer`` must succeed under CI, or the session fails with
+the import's error before any test runs (otherwise ``has_hooked_transformer()`` would read False,
+every HookedTransformer test would skip with an allowed reason, and the job would stay green).
 """
 
+import importlib.metadata
 import os
 import re
 
@@ -45,6 +49,30 @@ def _fail_a_ci_skip(report) -> None:
         report.outcome = "failed"
         report.longrepr = (f"skipped under CI: {reason} (only a test that needs a GPU or a backend "
                            "this job does not install may skip)")
+
+
+def hooked_backend_error() -> str | None:
+    """Why the hooked backend does not import where it must: on TransformerLens 3.x (the version
+    read from the installed distribution, not from the import under test) the error of ``from
+    transformer_lens import HookedTransformer``; None when it imports, on 4.x (where
+    HookedTransformer is gone) and without TransformerLens."""
+    try:
+        version = importlib.metadata.version("transformer_lens")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    if version.split(".")[0] != "3":
+        return None
+    try:
+        from transformer_lens import HookedTransformer  # noqa: F401
+    except Exception as e:  # any failure of a 3.x install's import, not only ImportError
+        return (f"TransformerLens {version} is installed but its hooked backend does not import "
+                f"({type(e).__name__}: {e}); under CI every HookedTransformer test would skip")
+    return None
+
+
+def pytest_sessionstart(session):
+    if os.environ.get("CI") and (error := hooked_backend_error()):
+        pytest.exit(error, returncode=pytest.ExitCode.INTERNAL_ERROR)
 
 
 @pytest.hookimpl(hookwrapper=True)

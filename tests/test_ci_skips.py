@@ -6,9 +6,12 @@ skip."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import sys
 import types
 
 import conftest
+import pytest
 
 pytest_plugins = ["pytester"]
 
@@ -87,3 +90,73 @@ def test_under_ci_only_a_gpu_or_backend_skip_passes(pytester, monkeypatch):
 def test_without_ci_a_skip_is_a_skip(pytester, monkeypatch):
     result = run_suite(pytester, monkeypatch, None)
     result.assert_outcomes(skipped=6, xfailed=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# the hooked backend must import on TransformerLens 3.x under CI
+
+
+def _installed(monkeypatch, version: str | None, module: types.ModuleType | None) -> None:
+    """A TransformerLens distribution of ``version`` (None: not installed) whose package is
+    ``module`` (None: the import fails, as a missing file or a broken dependency does)."""
+    real = importlib.metadata.version
+
+    def version_of(name):
+        if name != "transformer_lens":
+            return real(name)
+        if version is None:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return version
+
+    monkeypatch.setattr(importlib.metadata, "version", version_of)
+    monkeypatch.setitem(sys.modules, "transformer_lens", module)
+
+
+def _package(kind: str) -> types.ModuleType | None:
+    if kind == "missing":
+        return None
+    tl = types.ModuleType("transformer_lens")
+    if kind == "hooked":
+        tl.HookedTransformer = object
+    else:  # the class's own imports fail (a broken dependency), with an error other than ImportError
+        def broken(name):
+            raise RuntimeError(f"{name}: a broken dependency")
+        tl.__getattr__ = broken
+    return tl
+
+
+@pytest.mark.parametrize("version, package, error", [
+    ("3.9.0", "missing", "ModuleNotFoundError: import of transformer_lens halted"),
+    ("3.9.0", "broken", "RuntimeError: __path__: a broken dependency"),
+    ("3.9.0", "hooked", None),
+    ("4.0.0", "missing", None),  # 4.x has no HookedTransformer: the bridge job
+    (None, "missing", None),  # not installed
+])
+def test_hooked_backend_error_only_where_tl3_cannot_import_it(version, package, error, monkeypatch):
+    _installed(monkeypatch, version, _package(package))
+    got = conftest.hooked_backend_error()
+    if error is None:
+        assert got is None, got
+    else:
+        assert got is not None and f"TransformerLens {version} is installed" in got and error in got, got
+
+
+@pytest.mark.parametrize("ci", ["1", None])
+def test_under_ci_a_broken_hooked_backend_fails_the_session(ci, pytester, monkeypatch):
+    """The whole throwaway suite: under CI it does not run (exit status 3, the import's error
+    printed); without CI it runs (its only test passes)."""
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    _installed(monkeypatch, "3.9.0", None)
+    plugin = types.ModuleType("hooked_backend_hook")
+    plugin.pytest_sessionstart = conftest.pytest_sessionstart
+    pytester.makepyfile(test_one="def test_one():\n    pass\n")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", plugins=[plugin])
+    if ci:
+        assert result.ret == pytest.ExitCode.INTERNAL_ERROR
+        out = str(result.stdout) + str(result.stderr)
+        assert "hooked backend does not import (ModuleNotFoundError" in out, out
+    else:
+        result.assert_outcomes(passed=1)
