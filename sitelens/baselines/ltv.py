@@ -145,6 +145,19 @@ def fit_maps(
     return torch.stack([ridge_closed_form(X[:, i], Y[:, i], lam) for i in range(X.shape[1])])
 
 
+def ltv_layers(layer, n_layers: int) -> list[int]:
+    """The layers an LTV fit reads: every one for :data:`SWEEP`, the last for ``None``, or the
+    given index (negative counts from the end)."""
+    if layer == SWEEP:
+        return list(range(n_layers))
+    if layer is None or (isinstance(layer, int) and not isinstance(layer, bool)):
+        at = n_layers - 1 if layer is None else layer
+        if not -n_layers <= at < n_layers:
+            raise ValueError(f"layer must be in [0, {n_layers}), got {at}")
+        return [at % n_layers]
+    raise ValueError(f"layer must be None, an int or {SWEEP!r}, got {layer!r}")
+
+
 def ltv_data(
     model, task: Task, layers: Sequence[int], *, n_queries: int, n_shots: int, seed: int,
     template: Template = DEFAULT_TEMPLATE,
@@ -180,15 +193,7 @@ class LTV(Method):
 
     def _fit(self, model, task: Task, seed: int, template: Template, progress: bool) -> FitParts:
         L = model.cfg.n_layers
-        if self.layer == SWEEP:
-            layers = list(range(L))
-        elif self.layer is None or (isinstance(self.layer, int) and not isinstance(self.layer, bool)):
-            layer = L - 1 if self.layer is None else self.layer
-            if not -L <= layer < L:
-                raise ValueError(f"layer must be in [0, {L}), got {layer}")
-            layers = [layer % L]
-        else:
-            raise ValueError(f"layer must be None, an int or {SWEEP!r}, got {self.layer!r}")
+        layers = ltv_layers(self.layer, L)
         X, Y = ltv_data(model, task, layers, n_queries=self.n_queries, n_shots=self.n_shots,
                         seed=seed, template=template)
         Ws = fit_maps(X, Y, self.lam).to(model.cfg.device)  # [n_layers, d_model, d_model]

@@ -12,7 +12,14 @@ from jaxtyping import Float
 from torch import Tensor
 
 from sitelens.baselines.base import FitParts
-from sitelens.baselines.ltv import LTV, SWEEP, SWEEP_N_VALID, ltv_data, ltv_intervention, ridge_closed_form
+from sitelens.baselines.ltv import (
+    LTV,
+    SWEEP_N_VALID,
+    ltv_data,
+    ltv_intervention,
+    ltv_layers,
+    ridge_closed_form,
+)
 from sitelens.site.training import LastTokenSet, valid_items
 from sitelens.tasks import Task, Template
 
@@ -46,15 +53,7 @@ class LTVValid(LTV):
         if not self.rel_lams or any(not (r > 0) for r in self.rel_lams):
             raise ValueError(f"rel_lams must be positive numbers, got {self.rel_lams!r}")
         L = model.cfg.n_layers
-        if self.layer == SWEEP:
-            layers = list(range(L))
-        elif self.layer is None or (isinstance(self.layer, int) and not isinstance(self.layer, bool)):
-            layer = L - 1 if self.layer is None else self.layer
-            if not -L <= layer < L:
-                raise ValueError(f"layer must be in [0, {L}), got {layer}")
-            layers = [layer % L]
-        else:
-            raise ValueError(f"layer must be None, an int or {SWEEP!r}, got {self.layer!r}")
+        layers = ltv_layers(self.layer, L)
         X, Y = ltv_data(model, task, layers, n_queries=self.n_queries, n_shots=self.n_shots,
                         seed=seed, template=template)  # [n, n_layers, d_model] each
         data = LastTokenSet.build(model, valid_items(task, SWEEP_N_VALID), template)
