@@ -33,17 +33,17 @@ def test_the_script_exits_0_on_the_repo_and_1_on_a_mismatch(tmp_path):
     assert subprocess.run([sys.executable, str(SCRIPT)], capture_output=True).returncode == 0
     claims = (ROOT / "docs" / "claims.toml").read_text(encoding="utf-8")
     bad = tmp_path / "claims.toml"
-    bad.write_text(claims.replace('quotes = [\n  "README.md: **SITE {v}%**; Gemma"',
-                                  'scale = 1.01\nquotes = [\n  "README.md: **SITE {v}%**; Gemma"', 1))
+    head, tail = claims.split('id = "fv.smollm2.em.site"', 1)
+    bad.write_text(head + 'id = "fv.smollm2.em.site"' + tail.replace("scale = 100", "scale = 101", 1))
     run = subprocess.run([sys.executable, str(SCRIPT), "--claims", str(bad)], capture_output=True, text=True)
     assert run.returncode == 1 and "fv.smollm2.em.site" in run.stdout
 
 
 def test_a_number_changed_by_hand_fails(cc):
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "**SITE 54.4%**" in readme
-    errors = cc.check(ROOT, pages={"README.md": readme.replace("**SITE 54.4%**", "**SITE 55.4%**")})
-    assert any("README.md: expected '**SITE 54.4%**; Gemma'" in e and "the page says 55.4" in e
+    assert "**SITE 54.6%**" in readme
+    errors = cc.check(ROOT, pages={"README.md": readme.replace("**SITE 54.6%**", "**SITE 55.6%**")})
+    assert any("README.md: expected '**SITE 54.6%**, ahead of ICL'" in e and "the page says 55.6" in e
                for e in errors), errors
     # the same number changed on a docs page, in a table cell of a claim sourced from a CSV
     page = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
