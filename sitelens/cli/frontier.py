@@ -47,15 +47,45 @@ def check_frontier_options(args) -> None:
         check_task_splits(args._task)
 
 
+def _k_cell(a: dict) -> str:
+    """k* with its bootstrap interval over valid items, e.g. ``"5 [2, 10]"``; ``"—"`` for no k*."""
+    if a.get("k_star") is None:
+        return "—"
+    iv = a.get("k_star_interval")
+    return f"{a['k_star']}" + (f" [{iv[0]}, {iv[1]}]" if iv else "")
+
+
 def _print_summary(summary: dict, model: str, task: str) -> None:
+    """One row per selector and injection; every figure beside k* is the one at k*."""
     import pandas as pd
 
-    rows = [{"selector": sel, **{f"k* {inj}": ks for inj, ks in d["k_star"].items()},
-             "stability": None if d["stability"] is None else round(d["stability"], 2),
-             "note": d["note"], "forward": d["forward_passes"], "backward": d["backward_passes"],
-             "seconds": round(d["seconds"], 1)} for sel, d in summary["selectors"].items()]
-    print(f"{model} on {task}: smallest k reaching {summary['threshold']:.0%} of full SITE "
-          f"({summary['full_site']:.3f}; zero-shot {summary['zero_shot']:.3f}; n = {summary['n_test']})")
+    def num(x, nd=2):
+        return "—" if x is None else f"{x:.{nd}f}"
+
+    rows = []
+    for sel, d in summary["selectors"].items():
+        for inj, a in d["at_k_star"].items():
+            ci = a.get("test_ci")
+            acc = "—" if ci is None else f"{a['test_acc']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
+            sd = a.get("stability_sd")
+            stab = ("not measured" if a.get("stability") is None
+                    else f"{a['stability']:.2f}" + (f" ± {sd:.2f}" if sd is not None else "")
+                    + f" (n = {a['n_pairs']})")
+            rows.append({"selector": sel, "injection": inj, "k* (valid)": _k_cell(a),
+                         "test acc at k*": acc,
+                         "adj. stability at k*": stab if a.get("k_star") is not None else "—",
+                         "note": a.get("note", ""), "forward": d["forward_passes"],
+                         "backward": d["backward_passes"], "seconds": round(d["seconds"], 1)})
+    g = summary["full_site_minus_zero_shot"]
+    print(f"{model} on {task}: smallest k whose valid accuracy reaches {summary['threshold']:.0%} of "
+          f"full SITE's (valid {num(summary['full_site_valid'], 3)}, n = {summary['n_valid']}); "
+          f"reported on test (full SITE {num(summary['full_site'], 3)}, zero-shot "
+          f"{num(summary['zero_shot'], 3)}, n = {summary['n_test']}; full SITE − zero-shot "
+          f"{100 * g['diff']:+.1f} [{100 * g['ci_low']:.1f}, {100 * g['ci_high']:.1f}] points over "
+          f"{g['n']} {g['over']})")
+    if summary["status"] != "ok":
+        print("no k*: full SITE does not beat zero-shot on these items (the interval of the difference "
+              "reaches 0), so 90% of it says nothing about heads")
     print(pd.DataFrame(rows).to_string(index=False))
 
 

@@ -17,11 +17,30 @@ pay for it); ``refit`` rows add their share of the refit: every distinct set of 
 re-fitted in one joint fit (:func:`~sitelens.lenses.joint_fit.fit_many`, the same fits as one by
 one up to float rounding), whose counted passes and seconds are split evenly over the sets.
 
-The answer (:attr:`FrontierResult.summary`): per selector and injection, k* = the smallest k whose
-mean test accuracy (over seeds) reaches 90% of full SITE's (:func:`k_star`), else ``"not
-reached"``; the stability of S_k (mean pairwise Jaccard over fit seeds, and against the sets chosen
-on bootstrap resamples of the selection items), flagged ``unstable`` below
-:data:`UNSTABLE_BELOW`; and the overlap between selectors (Jaccard of S_k, first seed).
+Every set is also scored on the valid items the selectors use
+(:attr:`~sitelens.lenses.selectors.SelectionContext.valid`: the first
+:attr:`~sitelens.lenses.selectors.FrontierConfig.n_valid`), in the same batched pass
+(``valid_acc``, ``full_site_valid``, ``zero_shot_valid``).
+
+The answer (:attr:`FrontierResult.summary`), per selector and injection:
+
+- k* is chosen on **valid** and reported on **test**: the smallest k whose valid accuracy (per item,
+  mean over seeds) reaches 90% of full SITE's valid accuracy, with its percentile bootstrap
+  interval over valid items (:func:`sitelens.stats.k_star_interval`), else ``"not reached"``; the
+  test accuracy of S_{k*} with its Wilson interval is what is reported. Choosing k* on test would
+  make the reported accuracy at k* the maximum of a noisy search over budgets.
+- No k* (``None``, ``summary["status"] = "site_not_above_zero_shot"``) where full SITE does not
+  clearly beat zero-shot: the paired difference full SITE − zero-shot over the test items
+  (:func:`sitelens.stats.paired_difference`) has a 95% interval that reaches 0. "90% of full SITE"
+  is then reached by any set, or by none, and says nothing about heads.
+- Stability at k* (``at_k_star``): the chance-adjusted Jaccard of S_{k*}
+  (:func:`sitelens.stats.adjusted_jaccard` against N = n_layers · n_heads) over every pair of fit
+  seeds and between the first seed and each bootstrap resample of the selection items; its mean,
+  standard deviation and number of pairs. ``unstable``: mean below :data:`UNSTABLE_BELOW`.
+  ``None`` where nothing was compared (one seed, no resample, or no k*), never ``False``. Every
+  figure beside k* is the one at k*; ``stability_by_k`` has the same per budget.
+
+The overlap between selectors is the raw Jaccard of S_k (first seed).
 """
 
 from __future__ import annotations
@@ -58,19 +77,32 @@ from sitelens.models import model_name
 from sitelens.patching.engine import BackwardPassCounter, ForwardPassCounter, row_grid, run_rows
 from sitelens.site.injection import HeadMix
 from sitelens.site.training import LastTokenSet
-from sitelens.stats import jaccard, wilson_interval
+from sitelens.stats import (
+    adjusted_jaccard,
+    expected_jaccard,
+    jaccard,
+    k_star_interval,
+    paired_difference,
+    wilson_interval,
+)
 from sitelens.tasks import Task
 
 COLUMNS = [
     "model", "task", "selector", "k", "injection", "heads", "first_token_acc", "exact_match",
-    "ci_low", "ci_high", "full_site", "zero_shot", "forward_passes", "backward_passes", "seconds",
-    "seed",
+    "ci_low", "ci_high", "full_site", "zero_shot", "valid_acc", "full_site_valid", "zero_shot_valid",
+    "forward_passes", "backward_passes", "seconds", "seed",
 ]
 INJECTIONS = ("alpha1", "refit")
 COST = ("forward_passes", "backward_passes", "seconds")
-THRESHOLD = 0.9  # k*: the fraction of full SITE's accuracy to reach
-UNSTABLE_BELOW = 0.5  # mean Jaccard under which a selector's sets are called unstable
+THRESHOLD = 0.9  # k*: the fraction of full SITE's valid accuracy to reach
+# The unstable mark, on the chance-adjusted Jaccard (0: the overlap two random k-sets of N heads
+# share, 1: identical sets). Below 0.5 the sets of two replicates share less than half of the
+# overlap that separates a random draw from a reproducible choice. Being chance-adjusted, the
+# mark means the same at k = 1 of 72 heads and k = 50 of 72, where a raw 0.5 is below chance.
+UNSTABLE_BELOW = 0.5
 NOT_REACHED = "not reached"
+SITE_NOT_ABOVE_ZERO_SHOT = "site_not_above_zero_shot"  # summary status: no k* is given
+N_BOOT = 2000  # bootstrap resamples of k*'s interval and of full SITE − zero-shot
 
 
 def _json_safe(x):
@@ -235,9 +267,12 @@ def _exact_match(model, task, cfg: FrontierConfig, weights: Tensor, embedding, t
 
 
 def _score_seed(ctx: SelectionContext, selections: list[Selection], budgets, injections, cfg,
-                fit_cost: dict) -> list[dict]:
-    """The rows of one seed: every (selector, k, injection) set injected on the test items, all in
-    one batched first-token pass (and one generation per distinct mix for exact match)."""
+                fit_cost: dict) -> tuple[list[dict], dict[str, np.ndarray]]:
+    """The rows of one seed: every (selector, k, injection) set injected on the test items and on
+    the selectors' valid items, each split in one batched first-token pass (and one generation per
+    distinct mix for exact match). Also returns the per-item correctness ``{"test": [n_cond,
+    n_test], "valid": [n_cond, n_valid]}``; each row's ``cond`` indexes it (condition 0 is
+    zero-shot, 1 full SITE)."""
     model, task = ctx.model, ctx.task
     L, H = ctx.shape
     items = task.test[: cfg.test_limit] if cfg.test_limit else task.test
@@ -270,8 +305,9 @@ def _score_seed(ctx: SelectionContext, selections: list[Selection], budgets, inj
                 conds.append(row)
     W = torch.stack(weights)  # [n_cond, L, H]
     correct = inject_scores(model, test, W, ctx.adapter.embedding, batch_size=cfg.batch_size)
+    valid = inject_scores(model, ctx.valid, W, ctx.adapter.embedding, batch_size=cfg.batch_size)
     n = correct.shape[1]
-    acc = correct.mean(1)
+    acc, vacc = correct.mean(1), valid.mean(1)
     lo, hi = wilson_interval(correct.sum(1), n)
     em = (_exact_match(model, task, cfg, W, ctx.adapter.embedding, ctx.adapter.template).mean(1)
           if cfg.exact_match else np.full(len(W), np.nan))
@@ -285,38 +321,111 @@ def _score_seed(ctx: SelectionContext, selections: list[Selection], budgets, inj
         rows.append({"model": model_name(model), "task": task.name, **row,
                      "first_token_acc": get(acc), "exact_match": get(em), "ci_low": get(lo),
                      "ci_high": get(hi), "full_site": float(acc[1]), "zero_shot": float(acc[0]),
+                     "valid_acc": get(vacc), "full_site_valid": float(vacc[1]),
+                     "zero_shot_valid": float(vacc[0]),
                      "zero_shot_exact_match": float(em[0]), "full_site_exact_match": float(em[1]),
-                     "seed": ctx.seed, "n_test": n})
-    return rows
+                     "seed": ctx.seed, "n_test": n, "n_valid": valid.shape[1], "cond": c})
+    return rows, {"test": correct, "valid": valid}
 
 
-def _summary(table: pd.DataFrame, selections: list[Selection], boot: dict, budgets) -> dict:
-    out: dict = {"threshold": THRESHOLD, "full_site": float(table.full_site.mean()),
-                 "zero_shot": float(table.zero_shot.mean()), "n_test": int(table.n_test.iloc[0]),
+def _k_text(k: float):
+    """A budget from :mod:`sitelens.stats` (a float, ``inf``: not reached) as the summary writes it."""
+    return int(k) if np.isfinite(k) else NOT_REACHED
+
+
+def _pair_values(sets_by_seed: list, boot_sets: list, n: int) -> tuple[list[float], list[float]]:
+    """The chance-adjusted and raw Jaccards of one budget's sets: every pair of fit seeds, and the
+    first seed's set against each bootstrap resample's (pairs with a missing set are skipped)."""
+    pairs = [(a, b) for a, b in combinations(sets_by_seed, 2)]
+    if sets_by_seed and sets_by_seed[0] is not None:
+        pairs += [(sets_by_seed[0], b) for b in boot_sets]
+    pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+    adj = [adjusted_jaccard(a, b, n) for a, b in pairs]
+    return [v for v in adj if np.isfinite(v)], [jaccard(a, b) for a, b in pairs]
+
+
+def _stability(sets_by_seed: list, boot_sets: list, n: int, k: int) -> dict:
+    """The stability of one budget's sets: mean, standard deviation and count of the
+    chance-adjusted Jaccards (:func:`_pair_values`), the raw mean and its chance level; ``None``
+    where no pair was compared."""
+    adj, raw = _pair_values(sets_by_seed, boot_sets, n)
+    return {"stability": float(np.mean(adj)) if adj else None,
+            "stability_sd": float(np.std(adj, ddof=1)) if len(adj) > 1 else None,
+            "n_pairs": len(adj), "raw_jaccard": float(np.mean(raw)) if raw else None,
+            "chance_jaccard": expected_jaccard(k, k, n)}
+
+
+def _raw_bootstrap(first: list[int] | None, boot_sets: list[dict], k: int) -> float:
+    """The raw Jaccard of the first seed's S_k with each resample's, mean (NaN: nothing compared)."""
+    js = [jaccard(first, b[k]) for b in boot_sets if first is not None and b.get(k) is not None]
+    return float(np.mean(js)) if js else float("nan")
+
+
+def _summary(table: pd.DataFrame, selections: list[Selection], boot: dict, budgets,
+             scores: dict[int, dict[str, np.ndarray]], n_heads_total: int) -> dict:
+    seeds = sorted({s.seed for s in selections})
+    # zero-shot and full SITE per item (conditions 0 and 1 of every seed), mean over seeds
+    test, valid = ({c: np.mean([scores[s][split][c] for s in seeds], axis=0) for c in (0, 1)}
+                   for split in ("test", "valid"))
+    gap = paired_difference(test[1], test[0], over="items", n_boot=N_BOOT, seed=0)
+    status = "ok" if gap.ci_low > 0 else SITE_NOT_ABOVE_ZERO_SHOT
+    out: dict = {"threshold": THRESHOLD, "k_star_split": "valid", "reported_split": "test",
+                 "status": status,
+                 "full_site": float(table.full_site.mean()), "zero_shot": float(table.zero_shot.mean()),
+                 "full_site_minus_zero_shot": {"diff": gap.diff, "ci_low": gap.ci_low,
+                                               "ci_high": gap.ci_high, "n": gap.n, "over": gap.over},
+                 "n_test": int(table.n_test.iloc[0]), "n_valid": int(table.n_valid.iloc[0]),
+                 "full_site_valid": float(table.full_site_valid.mean()),
+                 "zero_shot_valid": float(table.zero_shot_valid.mean()),
                  "full_site_exact_match": float(table.full_site_exact_match.mean()),
                  "zero_shot_exact_match": float(table.zero_shot_exact_match.mean()),
+                 "unstable_below": UNSTABLE_BELOW, "n_heads_total": n_heads_total,
                  "selectors": {}, "overlap": {}}
     by = {(s.selector, s.seed): s for s in selections}
-    seeds = sorted({s.seed for s in selections})
     for sel in dict.fromkeys(table.selector):
         d = table[table.selector == sel]
-        ks = {}
+        stab_k = {k: _stability([by[(sel, s)].sets.get(k) for s in seeds],
+                                [b[k] for b in boot.get(sel, []) if b.get(k) is not None],
+                                n_heads_total, k) for k in budgets}
+        ks, at = {}, {}
         for inj in dict.fromkeys(d.injection):
-            m = d[d.injection == inj].groupby("k").first_token_acc.mean()
-            ks[inj] = k_star(m.index.tolist(), m.tolist(), out["full_site"])
-        j_seed = {k: mean_jaccard([by[(sel, s)].sets.get(k) for s in seeds]) for k in budgets}
-        j_boot = {k: (float(np.nanmean([jaccard(by[(sel, seeds[0])].sets[k], b[k])
-                                        for b in boot[sel] if b.get(k) is not None]))
-                      if by[(sel, seeds[0])].sets.get(k) is not None
-                      and any(b.get(k) is not None for b in boot.get(sel, [])) else float("nan"))
-                  for k in budgets}
-        stab = [v for v in (*j_seed.values(), *j_boot.values()) if np.isfinite(v)]
-        unstable = bool(stab) and float(np.mean(stab)) < UNSTABLE_BELOW
+            di = d[d.injection == inj]
+            conds = {(r.k, r.seed): r.cond for r in di.itertuples()}
+
+            def rows(split, conds=conds):  # [n_budgets, n_items]: mean over seeds, NaN if any seed has no set
+                n = scores[seeds[0]][split].shape[1]
+                return np.stack([np.mean([scores[s][split][int(conds[k, s])] if pd.notna(conds[k, s])
+                                          else np.full(n, np.nan) for s in seeds], axis=0)
+                                 for k in budgets])
+            k, lo, hi = k_star_interval(budgets, rows("valid"), valid[1], share=THRESHOLD,
+                                        n_boot=N_BOOT, seed=0)
+            if status != "ok":
+                ks[inj] = None
+                at[inj] = {"k_star": None, "note": "no k*: full SITE not above zero-shot",
+                           "stability": None, "unstable": None}
+                continue
+            ks[inj] = _k_text(k)
+            entry = {"k_star": ks[inj],
+                     "k_star_interval": None if np.isnan(lo) else [_k_text(lo), _k_text(hi)]}
+            if not np.isfinite(k):
+                at[inj] = {**entry, "note": "not reached on valid", "stability": None, "unstable": None}
+                continue
+            i = list(budgets).index(int(k))
+            t = rows("test")[i]
+            tlo, thi = wilson_interval(float(t.sum()), len(t))
+            st = stab_k[int(k)]
+            unstable = None if st["stability"] is None else bool(st["stability"] < UNSTABLE_BELOW)
+            note = ("stability not measured (one seed, no resample)" if unstable is None
+                    else f"unstable sets (adjusted Jaccard < {UNSTABLE_BELOW})" if unstable else "")
+            at[inj] = {**entry, "valid_acc": float(np.mean(rows("valid")[i])),
+                       "test_acc": float(t.mean()), "test_ci": [tlo, thi], **st,
+                       "unstable": unstable, "note": note}
         first = d.iloc[0]
         out["selectors"][sel] = {
-            "k_star": ks, "jaccard_seeds": j_seed, "jaccard_bootstrap": j_boot,
-            "stability": float(np.mean(stab)) if stab else None, "unstable": unstable,
-            "note": "unstable sets (mean Jaccard < 0.5)" if unstable else "",
+            "k_star": ks, "at_k_star": at, "stability_by_k": stab_k,
+            "jaccard_seeds": {k: mean_jaccard([by[(sel, s)].sets.get(k) for s in seeds]) for k in budgets},
+            "jaccard_bootstrap": {k: _raw_bootstrap(by[(sel, seeds[0])].sets.get(k), boot.get(sel, []), k)
+                                  for k in budgets},
             "forward_passes": int(first.forward_passes), "backward_passes": int(first.backward_passes),
             "seconds": float(d[d.injection == d.injection.iloc[0]].groupby("seed").seconds.first().mean()),
             "meta": by[(sel, seeds[0])].meta,
@@ -354,23 +463,24 @@ def frontier(
         raise LensError(f"Unknown injection {bad[0] if bad else None!r}; use {', '.join(INJECTIONS)}.")
     check_task_splits(task)
     seed_list = list(range(int(seeds))) if isinstance(seeds, int) else [int(s) for s in seeds]
-    rows, selections = [], []
+    rows, selections, scores = [], [], {}
     boot: dict[str, list[dict]] = {s: [] for s in selectors}
     for seed in tqdm(seed_list, desc=f"frontier [{task.name}]", disable=not progress):
         adapter, fit_cost = fit_site_counted(model, task, cfg, seed, progress=progress)
         ctx = SelectionContext(model, task, adapter, cfg, seed, progress)
         sel = [select(ctx, name, budgets) for name in selectors]
         selections += sel
-        rows += _score_seed(ctx, sel, budgets, list(injections), cfg, fit_cost)
+        seed_rows, scores[seed] = _score_seed(ctx, sel, budgets, list(injections), cfg, fit_cost)
+        rows += seed_rows
     for b in range(cfg.n_bootstrap):  # the same selectors on resampled selection items
         for s in frontier_sets(model, task, budgets=budgets, selectors=selectors, seed=seed_list[0],
                                bootstrap=b, config=cfg):
             boot[s.selector].append(s.sets)
     full = pd.DataFrame(rows)
-    summary = _summary(full, selections, boot, budgets)
+    summary = _summary(full, selections, boot, budgets, scores, model.cfg.n_layers * model.cfg.n_heads)
     return FrontierResult(full[COLUMNS].copy(), summary, selections)
 
 
-__all__ = ["COLUMNS", "INJECTIONS", "NOT_REACHED",
+__all__ = ["COLUMNS", "INJECTIONS", "NOT_REACHED", "SITE_NOT_ABOVE_ZERO_SHOT", "THRESHOLD", "UNSTABLE_BELOW",
            "FrontierResult", "frontier", "frontier_sets", "inject_scores", "k_star", "mean_jaccard",
            "resample_selection_items"]

@@ -64,7 +64,7 @@ class FrontierConfig:
     n_shots: int = 10
     template: Template = DEFAULT_TEMPLATE  # of every prompt and answer token (the fit's)
     sparsity_grid: tuple[float, ...] = (1.0, 5.0)  # alpha-sparse's λ, chosen on valid
-    n_valid: int = 64  # valid items of greedy, of alpha-sparse's λ choice
+    n_valid: int = 64  # valid items of greedy, of alpha-sparse's λ choice and of k*'s choice
     greedy_max_k: int | None = None  # None: the largest budget
     greedy_pool: int | None = None  # prune greedy's candidates to the top-P of alpha-grad
     greedy_stop: bool = True  # stop greedy once it reaches full SITE's valid accuracy
