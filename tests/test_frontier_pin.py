@@ -1,10 +1,11 @@
 """A tiny-model frontier pinned before and after the frontier's speed work
 (``tests/data/frontier_pin.json``, written by the code before it): every selector's sets, every
-(selector, k, injection) accuracy and k*. Speed-ups of the engine (batched rows, prefix caches,
-one batched scoring of all sets) must leave all of it as it was. The table is of ``CFG``, where
-greedy runs to its largest budget (``greedy_stop=False``: every step pinned); greedy's stopping
-rule (stop once a step reaches full SITE's valid accuracy, the default) is pinned apart
-(``"greedy_stop"``: the valid target, the valid accuracy of each step, where it stopped and why).
+(selector, k, injection) accuracy on test and on valid (where k* is chosen) and k*. Speed-ups
+of the engine (batched rows, prefix caches, one batched scoring of all sets) must leave all of it
+as it was. The table is of ``CFG``, where greedy runs to its largest budget
+(``greedy_stop=False``: every step pinned); greedy's stopping rule (stop once a step reaches full
+SITE's valid accuracy, the default) is pinned apart (``"greedy_stop"``: the valid target, the
+valid accuracy of each step, where it stopped and why).
 
 Tolerance: none. The pinned accuracies are counts over the same items through the same float32
 paths, and the sets are argmax/argsort results: a change of numerics large enough to matter shows
@@ -60,7 +61,7 @@ def pinned_table(backend: str, config: FrontierConfig = CFG) -> dict:
     model = tiny_model(n_layers=3, n_heads=4, d_head=8, seed=1, backend=backend)
     res = frontier(model, planted(model, load_task("antonym")), budgets=BUDGETS, config=config)
     cols = ["selector", "k", "injection", "heads", "first_token_acc", "exact_match", "full_site",
-            "zero_shot"]
+            "zero_shot", "valid_acc", "full_site_valid"]
     rows = res.table[cols].astype(object).where(res.table[cols].notna(), None).to_dict("records")
     return {"rows": rows, "k_star": {s: v["k_star"] for s, v in res.summary["selectors"].items()}}
 
