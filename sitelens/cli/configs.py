@@ -374,7 +374,8 @@ class FrontierCommand(HeadOptions):
     seeds: int = count(1, "SITE fits of the alpha selectors, seeds SEED, SEED+1, ...")
     out: str | None = option(required=True, path="dir", result="frontier.csv",
                              help="the directory of frontier.csv and summary.json")
-    json: bool = json_option("the summary (k* and stability per selector)")
+    json: bool = json_option("the summary (k* chosen on valid with its interval; test accuracy and "
+                             "chance-adjusted stability at k*, per selector)")
     budgets: str = option(",".join(map(str, DEFAULT_BUDGETS)), type=T.KS,
                           help="comma-separated head budgets k (each at most the model's head count)")
     selectors: str = option(SELECTOR_NAMES, help=f"comma-separated: {SELECTOR_NAMES}")
