@@ -73,3 +73,23 @@ def test_atp_sets_are_the_top_of_the_atp_lens(smollm2, run):
     for k in KS:
         want = ";".join(f"L{i // n_heads}H{i % n_heads}" for i in order[:k])
         assert _heads(res.table, "atp").loc[k] == want
+
+
+def test_k_star_is_chosen_on_valid_and_reported_on_test(run):
+    """On a task the model learns, full SITE clearly beats zero-shot and k* is the smallest budget
+    whose valid accuracy (the table's ``valid_acc``) reaches 90% of full SITE's valid accuracy;
+    the accuracy reported beside it is the test accuracy of that row."""
+    from sitelens.stats import smallest_reaching
+
+    _, res, _ = run
+    s = res.summary
+    assert s["status"] == "ok" and s["full_site_minus_zero_shot"]["ci_low"] > 0
+    d = res.table[res.table.selector == "alpha"].set_index("k")
+    want = smallest_reaching(list(KS), d.valid_acc.loc[list(KS)].tolist(), s["full_site_valid"], 0.9)
+    a = s["selectors"]["alpha"]["at_k_star"]["alpha1"]
+    if np.isfinite(want):
+        assert a["k_star"] == int(want)
+        assert a["test_acc"] == d.first_token_acc.loc[int(want)]
+        assert a["stability"] is None and a["unstable"] is None  # one seed, no resample
+    else:
+        assert a["k_star"] == "not reached"
