@@ -52,7 +52,8 @@ def _k_cell(a: dict) -> str:
     if a.get("k_star") is None:
         return "—"
     iv = a.get("k_star_interval")
-    return f"{a['k_star']}" + (f" [{iv[0]}, {iv[1]}]" if iv else "")
+    same = iv is None or iv[0] == iv[1] == a["k_star"]  # e.g. not reached on every resample
+    return f"{a['k_star']}" + ("" if same else f" [{iv[0]}, {iv[1]}]")
 
 
 def _print_summary(summary: dict, model: str, task: str) -> None:
@@ -73,7 +74,7 @@ def _print_summary(summary: dict, model: str, task: str) -> None:
                     + f" (n = {a['n_pairs']})")
             rows.append({"selector": sel, "injection": inj, "k* (valid)": _k_cell(a),
                          "test acc at k*": acc,
-                         "adj. stability at k*": stab if a.get("k_star") is not None else "—",
+                         "adj. stability at k*": stab if isinstance(a.get("k_star"), int) else "—",
                          "note": a.get("note", ""), "forward": d["forward_passes"],
                          "backward": d["backward_passes"], "seconds": round(d["seconds"], 1)})
     g = summary["full_site_minus_zero_shot"]
