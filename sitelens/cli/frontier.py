@@ -52,7 +52,7 @@ def _k_cell(a: dict) -> str:
     if a.get("k_star") is None:
         return "—"
     iv = a.get("k_star_interval")
-    same = iv is None or iv[0] == iv[1] == a["k_star"]  # e.g. not reached on every resample
+    same = iv is None or iv[0] == iv[1] == a["k_star"] == "not reached"  # on every resample too
     return f"{a['k_star']}" + ("" if same else f" [{iv[0]}, {iv[1]}]")
 
 
