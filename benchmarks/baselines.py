@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+from lib.paired import paired_rows
 
 from sitelens.io import atomic_write_csv
 from sitelens.pipelines.bench import read_results
@@ -19,7 +20,6 @@ from sitelens.pipelines.bench_summary import (
     summary_markdown,
 )
 from sitelens.pipelines.experiment import Experiment, main, md_table, write_report
-from sitelens.stats import paired_difference
 from sitelens.viz.export import write_figure_html
 
 EMBEDDING_BASELINES = ["fv", "tv", "ltv", "mtv", "i2cl"]
@@ -55,17 +55,10 @@ def targets(df: pd.DataFrame) -> list[str]:
                      + " (exact match %)."] if peft else [])
 
 
-def paired_rows(full: pd.DataFrame) -> pd.DataFrame:
+def site_vs_each(full: pd.DataFrame) -> pd.DataFrame:
     """SITE − each other method, exact match, paired over the tasks where every method finished
-    (the same test items): mean difference, 95% percentile bootstrap interval over tasks, n."""
-    piv = full.pivot_table(index="task", columns="method", values="exact_match")
-    rows = []
-    for m in [m for m in ORDER if m in piv.columns and m != "site"]:
-        r = paired_difference(piv["site"].to_numpy(), piv[m].to_numpy(), over="tasks")
-        rows.append({"model": full.model.iloc[0], "a": "site", "b": m, "diff": r.diff,
-                     "ci_low": r.ci_low, "ci_high": r.ci_high, "n": r.n, "over": r.over,
-                     "a_ahead": r.a_ahead, "b_ahead": r.b_ahead})
-    return pd.DataFrame(rows)
+    (the same test items)."""
+    return paired_rows(full, [("site", m) for m in ORDER if m != "site"]).drop(columns="metric")
 
 
 def paired_lines(paired: pd.DataFrame) -> list[str]:
@@ -113,7 +106,7 @@ def summarize(path: Path, png: bool = True) -> str:
     full = full.assign(method=pd.Categorical(full["method"], order, ordered=True))
     full = full.sort_values(["method", "task"]).assign(method=lambda d: d.method.astype(str))
     stem = path.with_suffix("")
-    paired = paired_rows(full)
+    paired = site_vs_each(full)
     atomic_write_csv(f"{stem}_paired.csv", paired)
     text = write_report(f"{stem}.md", f"Baselines on {model}", bench_command(df, path), "\n".join([
         "Summarized by `python benchmarks/baselines.py`; test split capped at 50 items, one torch thread on "

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import time
 
-from sitelens.models import DEFAULT_MODEL
+from lib.study import add_model_task_arguments, study_model
+
 from sitelens.pipelines.experiment import Experiment, Job, load_avg, main, md_table
 
 
@@ -24,9 +25,8 @@ class FrontierTime(Experiment):
     key, replace, threads = None, True, 2
 
     def add_arguments(self, p) -> None:
-        p.add_argument("--model", default=DEFAULT_MODEL), p.add_argument("--task", default="antonym")
+        add_model_task_arguments(p)
         p.add_argument("--budgets", default="1,2,5,10,20,50")
-        p.add_argument("--tiny", action="store_true", help="tiny random model (not a benchmark)")
 
     def cells(self, args):
         return [Job(f"{args.model}/{args.task}")]
@@ -36,12 +36,11 @@ class FrontierTime(Experiment):
 
         from sitelens.lenses.frontier import frontier
         from sitelens.lenses.selectors import FrontierConfig
-        from sitelens.models import load_model, model_name
+        from sitelens.models import model_name
         from sitelens.tasks import load_task
-        from sitelens.testing import tiny_model
 
         a = self.args
-        model = tiny_model(n_layers=2, n_heads=4, d_head=8) if a.tiny else load_model(a.model)
+        model = study_model(a)
         budgets = [int(k) for k in a.budgets.split(",")]
         if a.tiny:
             from sitelens import FitConfig

@@ -10,8 +10,8 @@ random model."""
 from __future__ import annotations
 
 import torch
+from lib.study import add_model_task_arguments, study_model
 
-from sitelens.models import DEFAULT_MODEL
 from sitelens.pipelines.experiment import Experiment, Job, load_avg, main, md_table
 
 
@@ -22,25 +22,23 @@ class GreedySpeed(Experiment):
     key, replace, threads = None, True, None
 
     def add_arguments(self, p) -> None:
-        p.add_argument("--model", default=DEFAULT_MODEL), p.add_argument("--task", default="antonym")
+        add_model_task_arguments(p)
         p.add_argument("--n-valid", type=int, default=16)
         p.add_argument("--n-chosen", type=int, default=2, help="heads already chosen (the step's set)")
-        p.add_argument("--tiny", action="store_true", help="tiny random model (not a benchmark)")
 
     def cells(self, args):
         return [Job(f"{args.model}/{args.task}")]
 
     def run(self, job: Job) -> list[dict]:
         from sitelens.lenses import selectors as S
-        from sitelens.models import load_model, model_name
+        from sitelens.models import model_name
         from sitelens.patching import patched_last_logits
         from sitelens.patching.engine import ForwardPassCounter
         from sitelens.site import SiteAdapter, task_embedding
         from sitelens.tasks import DEFAULT_TEMPLATE, answer_token_ids, load_task, zero_shot_prompts
-        from sitelens.testing import tiny_model
 
         a = self.args
-        model = tiny_model(n_layers=2, n_heads=4, d_head=8) if a.tiny else load_model(a.model)
+        model = study_model(a)
         task, load0 = load_task(a.task), load_avg()
         emb = task_embedding(model, task, n_prompts=4 if a.tiny else 20, n_shots=2 if a.tiny else 10)
         L, H = model.cfg.n_layers, model.cfg.n_heads

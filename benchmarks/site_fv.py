@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+from lib.paired import paired_rows
 
 from sitelens import FitConfig, fit_site, load_task, summarize
 from sitelens.eval.evaluation import evaluate
@@ -17,7 +18,6 @@ from sitelens.io import atomic_write_csv
 from sitelens.pipelines.bench import FV_EXTRACTIVE
 from sitelens.pipelines.executors import cached_model
 from sitelens.pipelines.experiment import Experiment, Job, PeakRSS, main, md_table, pct, write_report
-from sitelens.stats import paired_difference
 
 # Tasks where the reference schedule (400 steps of batch 1) is also run.
 REFERENCE_SAMPLE = ["antonym", "country-capital", "english-french", "present-past", "singular-plural",
@@ -112,16 +112,8 @@ PAIRS = (("site", "icl"), ("site", "zero-shot"), ("icl", "zero-shot"))
 
 def paired_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per pair of :data:`PAIRS` and metric: A − B over the tasks both ran (the same items)."""
-    rows = []
-    for metric in ("exact_match", "first_token_acc"):
-        wide = df.pivot_table(index="task", columns="method", values=metric)
-        for a, b in PAIRS:
-            if a in wide and b in wide:
-                r = paired_difference(wide[a].to_numpy(), wide[b].to_numpy(), over="tasks")
-                rows.append({"model": df.model.iloc[0], "metric": metric, "a": a, "b": b,
-                             "diff": r.diff, "ci_low": r.ci_low, "ci_high": r.ci_high, "n": r.n,
-                             "over": r.over, "a_ahead": r.a_ahead, "b_ahead": r.b_ahead})
-    return pd.DataFrame(rows)
+    return pd.concat([paired_rows(df, PAIRS, m) for m in ("exact_match", "first_token_acc")],
+                     ignore_index=True)
 
 
 def cost_table(df: pd.DataFrame) -> pd.DataFrame:

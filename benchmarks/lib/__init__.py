@@ -7,4 +7,7 @@ this package imports as ``lib`` (the tests load the scripts the same way: ``test
 - :mod:`lib.cited`: numbers measured elsewhere (papers, runs no command here repeats), read from
   ``benchmarks/cited.csv`` with their source, model and setting, for the reports that show them as
   cited (``benchmarks/frontier_study.py``, ``scripts/run_time.py``).
+- :mod:`lib.paired`: method A − method B paired over tasks, for the site_fv and baselines reports.
+- :mod:`lib.study`: the ``--model`` / ``--task`` / ``--tiny`` options and model of the one-task
+  studies (``frontier_time``, ``greedy_speed``).
 """

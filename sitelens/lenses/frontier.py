@@ -46,6 +46,7 @@ The overlap between selectors is the raw Jaccard of S_k (first seed).
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -83,6 +84,7 @@ from sitelens.stats import (
     jaccard,
     k_star_interval,
     paired_difference,
+    smallest_reaching,
     wilson_interval,
 )
 from sitelens.tasks import Task
@@ -121,10 +123,9 @@ def _json_safe(x):
 def k_star(ks: Sequence[int], accuracy: Sequence[float], full: float, threshold: float = THRESHOLD):
     """The smallest k whose accuracy reaches ``threshold`` × ``full`` (NaN accuracies never do),
     else :data:`NOT_REACHED`."""
-    for k, a in sorted(zip(ks, accuracy)):
-        if np.isfinite(a) and a >= threshold * full:
-            return int(k)
-    return NOT_REACHED
+    pairs = sorted(zip(ks, accuracy))
+    k = smallest_reaching([k for k, _ in pairs], [a for _, a in pairs], full, threshold)
+    return int(k) if math.isfinite(k) else NOT_REACHED
 
 
 def mean_jaccard(sets: Sequence[Sequence[int] | None]) -> float:
