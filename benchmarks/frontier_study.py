@@ -24,6 +24,7 @@ random model."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import combinations
 
 import numpy as np
@@ -38,7 +39,9 @@ TASKS = ("antonym", "capitalize_first_letter", "choose_first_of_3", "country_cap
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 K_CMP = 10
 SETS = "frontier_study_sets"  # the stability cells' table
-RAW_UNSTABLE_BELOW = 0.5  # this study's mark: mean raw Jaccard at k* (no chance correction)
+VALID_COLUMNS = ("valid_acc", "full_site_valid", "zero_shot_valid")
+# set_stability's figures: the adjusted Jaccard's mean, sd and pairs; the raw mean and its chance level
+STABILITY = ["stability", "stability_sd", "n_pairs", "raw_jaccard", "chance_jaccard"]
 SET_COLUMNS = ["key", "model", "task", "replicate", "index", "selector", "k", "heads", "forward_passes",
                "backward_passes", "seconds"]
 
@@ -51,41 +54,68 @@ def _jaccard(a: str, b: str) -> float:
 
 
 def k_star_table(df: pd.DataFrame, threshold: float = 0.9) -> pd.DataFrame:
-    """Per model, task, selector and injection: k* from the seed-averaged test accuracy."""
+    """Per model, task, selector and injection: k* from the seed-averaged accuracy, chosen on
+    valid (``chosen_on = "valid"``) where the cell scored valid, else on test (the cells scored
+    before the frontier measured valid: ``chosen_on = "test"``, the report marks them); the test
+    accuracy at k* beside it."""
     from sitelens.lenses.frontier import k_star
 
     rows = []
     for (m, t, sel, inj), d in df.groupby(["model", "task", "selector", "injection"], sort=False):
-        acc = d.groupby("k").first_token_acc.mean()
-        rows.append({"model": m, "task": t, "selector": sel, "injection": inj,
-                     "k_star": k_star(acc.index.tolist(), acc.tolist(), float(d.full_site.mean()),
-                                      threshold),
+        on_valid = "valid_acc" in d and bool(pd.to_numeric(d.valid_acc, errors="coerce").notna().all())
+        acc_col, full_col = ("valid_acc", "full_site_valid") if on_valid else ("first_token_acc", "full_site")
+        acc = d.groupby("k")[acc_col].mean()
+        ks = k_star(acc.index.tolist(), acc.tolist(), float(d[full_col].mean()), threshold)
+        test = d.groupby("k").first_token_acc.mean()
+        rows.append({"model": m, "task": t, "selector": sel, "injection": inj, "k_star": ks,
+                     "chosen_on": "valid" if on_valid else "test",
+                     "test_acc_at_k_star": float(test[ks]) if isinstance(ks, int) else float("nan"),
                      "full_site": float(d.full_site.mean()), "zero_shot": float(d.zero_shot.mean())})
     return pd.DataFrame(rows)
 
 
-def stability_table(df: pd.DataFrame, sets: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per model, task, selector and k: the Jaccard of S_k over fit seeds (mean over pairs of
-    the study's seed cells and the selection-only seed replicates in ``sets``) and against
-    bootstrap resamples (seed 0's set vs each resample's); NaN where there is nothing to compare."""
+def heads_total(model: str) -> int:
+    """N = n_layers · n_heads of a study model (its bundled record, or the tiny smoke model's
+    config), the population the chance level of a set overlap is taken over."""
+    from sitelens.models.registry import BUNDLED, TINY_MODELS
+
+    if model in BUNDLED:
+        return BUNDLED[model].n_layers * BUNDLED[model].n_heads
+    if model in TINY_MODELS:
+        from sitelens.testing import tiny_model
+
+        cfg = tiny_model(**TINY_MODELS[model]).cfg
+        return cfg.n_layers * cfg.n_heads
+    raise ValueError(f"{model!r} is not a study model ({', '.join(BUNDLED)} or a tiny test model)")
+
+
+def stability_table(df: pd.DataFrame, sets: pd.DataFrame | None = None,
+                    n_total: Callable[[str], int] = heads_total) -> pd.DataFrame:
+    """Per model, task, selector and k: the stability of S_k by
+    :func:`sitelens.lenses.frontier.set_stability` (the one definition ``sitelens frontier`` uses):
+    the chance-adjusted Jaccard over every pair of fit seeds (seed 0's scored cell and the
+    selection-only seed replicates in ``sets``) and between seed 0's set and each bootstrap
+    resample's, its mean, standard deviation and number of pairs, beside the raw Jaccard's mean
+    and its chance level (over ``n_total(model)`` heads); NaN where nothing was compared."""
+    from sitelens.lenses.frontier import set_stability
+
     a1 = df[(df.injection == "alpha1") & (df.heads.fillna("") != "")]
     main = a1[["model", "task", "selector", "k", "heads", "seed"]].assign(replicate="seed")
     reps = (pd.DataFrame(columns=[*SET_COLUMNS]) if sets is None else sets)
     reps = reps[reps.heads.fillna("") != ""]
     group = ["model", "task", "selector", "k"]
     seeds = pd.concat([main.rename(columns={"seed": "index"}), reps[reps.replicate == "seed"]])
-    boots = {key: g.heads.tolist() for key, g in reps[reps.replicate == "bootstrap"].groupby(group)}
+    boots = {key: [h.split(";") for h in g.heads] for key, g in
+             reps[reps.replicate == "bootstrap"].groupby(group)}
     rows = []
     for (m, t, sel, k), d in seeds.groupby(group, sort=False):
-        d = d.drop_duplicates("index")
-        js = [_jaccard(x, y) for x, y in combinations(d.heads.tolist(), 2)]
-        first = d[d["index"] == 0].heads.tolist()
-        jb = [_jaccard(first[0], b) for b in boots.get((m, t, sel, k), [])] if first else []
+        d = d.drop_duplicates("index").sort_values("index")
+        by_seed = [h.split(";") for h in d.heads] if (d["index"] == 0).any() else [None, *d.heads]
+        st = set_stability(by_seed, boots.get((m, t, sel, k), []), n_total(m), int(k))
         rows.append({"model": m, "task": t, "selector": sel, "k": int(k), "seeds": len(d),
-                     "bootstraps": len(jb), "jaccard_seeds": float(np.mean(js)) if js else float("nan"),
-                     "jaccard_bootstrap": float(np.mean(jb)) if jb else float("nan")})
-    cols = ["model", "task", "selector", "k", "seeds", "bootstraps", "jaccard_seeds", "jaccard_bootstrap"]
-    return pd.DataFrame(rows, columns=cols)
+                     "bootstraps": len(boots.get((m, t, sel, k), [])),
+                     **{c: float("nan") if st[c] is None else st[c] for c in STABILITY}})
+    return pd.DataFrame(rows, columns=[*group, "seeds", "bootstraps", *STABILITY])
 
 
 def overlap_table(df: pd.DataFrame, model: str, k: int = K_CMP) -> pd.DataFrame:
@@ -106,15 +136,19 @@ def overlap_table(df: pd.DataFrame, model: str, k: int = K_CMP) -> pd.DataFrame:
 
 
 def mark_unstable(ks: pd.DataFrame, st: pd.DataFrame) -> pd.DataFrame:
-    """``ks`` with a ``stability`` column (the Jaccard at k*) and ``k_star`` written
-    ``"20 (unstable)"`` where it is below :data:`RAW_UNSTABLE_BELOW`."""
-    # the mean of the seed and bootstrap Jaccards of S_k (NaN: nothing compared), looked up at k*
-    mean = st[["jaccard_seeds", "jaccard_bootstrap"]].mean(axis=1)
-    at = dict(zip(zip(st.model, st.task, st.selector, st.k), mean))
+    """``ks`` with the stability at k* (``stability``: the chance-adjusted Jaccard's mean,
+    ``stability_sd``, ``n_pairs``) and ``k_star`` written ``"20 (unstable)"`` where that mean is
+    below :data:`sitelens.lenses.frontier.UNSTABLE_BELOW` (the library's mark); NaN, and no mark,
+    where nothing was compared."""
+    from sitelens.lenses.frontier import UNSTABLE_BELOW
+
+    at = {(r.model, r.task, r.selector, r.k): r for r in st.itertuples()}
     ks = ks.copy()
-    ks["stability"] = [at.get((r.model, r.task, r.selector, r.k_star), float("nan"))
-                       if isinstance(r.k_star, int) else float("nan") for r in ks.itertuples()]
-    ks["k_star_marked"] = [f"{r.k_star} (unstable)" if r.stability < RAW_UNSTABLE_BELOW else str(r.k_star)
+    for c in ("stability", "stability_sd", "n_pairs"):
+        ks[c] = [getattr(at[(r.model, r.task, r.selector, r.k_star)], c)
+                 if isinstance(r.k_star, int) and (r.model, r.task, r.selector, r.k_star) in at
+                 else float("nan") for r in ks.itertuples()]
+    ks["k_star_marked"] = [f"{r.k_star} (unstable)" if r.stability < UNSTABLE_BELOW else str(r.k_star)
                            for r in ks.itertuples()]
     return ks
 
@@ -129,6 +163,17 @@ class FrontierStudy(Experiment):
         from sitelens.lenses.frontier import COLUMNS
 
         return ["key", *COLUMNS]
+
+    @property
+    def command(self) -> str:
+        """The command that makes (and resumes) every stored cell; ``--report`` rewrites from them."""
+        return "python benchmarks/frontier_study.py --stability-seeds 2 --n-bootstrap 3 --threads 1"
+
+    @property
+    def older(self):
+        """The cells scored before the frontier chose k* on valid: no valid accuracies (their k* is
+        chosen on test, and the report says so)."""
+        return [[c for c in self.columns if c not in VALID_COLUMNS]]
 
     def add_arguments(self, p) -> None:
         p.add_argument("--seeds", type=int, default=1, help="fit seeds per (model, task): cells 0..N-1")
@@ -199,6 +244,7 @@ class FrontierStudy(Experiment):
         return res.table.assign(key=job.key).to_dict("records")
 
     def report(self, df: pd.DataFrame) -> str:
+        from sitelens.lenses.frontier import UNSTABLE_BELOW
         from sitelens.viz.export import FigureWriter
 
         st = stability_table(df, self.sets_store().read())
@@ -207,13 +253,13 @@ class FrontierStudy(Experiment):
                               values="k_star_marked", aggfunc="first").reset_index()
         wide.columns = [c if isinstance(c, str) else "/".join(x for x in c if x) for c in wide.columns]
         pairs = df[["model", "task"]].drop_duplicates()  # pivot's dropna=False adds every product
-        stab = {c: pairs.merge(st.pivot_table(index=["model", "task"], columns="selector", values=c,
-                                              dropna=False).reset_index().round(3), how="left")
-                for c in ("jaccard_seeds", "jaccard_bootstrap")}
+        stab = pairs.merge(st.pivot_table(index=["model", "task"], columns="selector", values="stability",
+                                          dropna=False).reset_index().round(2), how="left")
         per_sel = (st.groupby(["model", "selector"])
-                   .agg(jaccard_seeds=("jaccard_seeds", "mean"),
-                        jaccard_bootstrap=("jaccard_bootstrap", "mean"), seeds=("seeds", "max"),
-                        bootstraps=("bootstraps", "max")).reset_index())
+                   .agg(stability=("stability", "mean"), stability_sd=("stability", "std"),
+                        n_values=("stability", "count"), pairs_per_value=("n_pairs", "median"),
+                        raw_jaccard=("raw_jaccard", "mean"), chance_jaccard=("chance_jaccard", "mean"),
+                        seeds=("seeds", "max"), bootstraps=("bootstraps", "max")).reset_index())
         reached = ks[ks.k_star.map(lambda v: isinstance(v, int))]
         per_sel = per_sel.merge(
             reached.groupby(["model", "selector"]).agg(
@@ -249,20 +295,29 @@ class FrontierStudy(Experiment):
         n = df.groupby(["model", "task"]).ngroups
         paper = cited("paper_top10_alpha")
         return "\n".join([
-            f"{n} (model, task) pair(s), {df.seed.nunique()} seed(s); every selector's sets chosen on "
+            f"{n} (model, task) pair(s), {df.seed.nunique()} scored seed(s); every selector's sets chosen on "
             "train/valid, accuracy on test (first token; intervals and exact match: `frontier_study.csv`). "
-            "k* = the smallest budget whose test accuracy reaches 90% of full SITE's (`not reached` within "
-            "the budgets).", "",
+            "k* = the smallest budget whose accuracy reaches 90% of full SITE's (`not reached` within the "
+            "budgets), chosen on valid where a cell scored valid; "
+            f"{int((ks.chosen_on == 'test').sum())} of {len(ks)} (model, task, selector, injection) values "
+            "here come from cells scored before the frontier measured valid, and for them k* is chosen on "
+            "test (`chosen_on` in `frontier_study_kstar.csv`): the accuracy at such a k* is the best of a "
+            "search over budgets on the same items, not an estimate on held-out ones.", "",
             "## k* per selector (alpha1 = α = 1 on S_k; refit = α re-fitted on S_k)", "", md_table(wide),
-            "", "## Stability of S_k (Jaccard, mean over the budgets)", "",
-            "Over fit seeds: mean over pairs of seed sets (seed 0's scored cell and the selection-only "
-            f"seeds in `{SETS}.csv`); over bootstrap: seed 0's set vs each resample's (train/valid items "
-            "drawn with replacement, fit seed 0). NaN: nothing to compare. k* above is marked "
-            f"`(unstable)` where the mean of the two at k* is below {RAW_UNSTABLE_BELOW} (alpha1 and refit "
-            "share the sets).", "", "Per model and selector (mean over tasks and budgets; k_star_reached and "
-            "unstable_at_k_star count (task, injection) pairs):", "", md_table(per_sel), "",
-            "Over fit seeds, per task:", "", md_table(stab["jaccard_seeds"]), "",
-            "Over bootstrap resamples, per task:", "", md_table(stab["jaccard_bootstrap"]), "",
+            "", "## Stability of S_k (chance-adjusted Jaccard)", "",
+            "Per (task, selector, budget), `sitelens.lenses.frontier.set_stability`: the chance-adjusted "
+            "Jaccard (`sitelens.stats.adjusted_jaccard`, 0 = the overlap two random k-sets of the model's "
+            "N = n_layers · n_heads heads share, 1 = the same set) over every pair of fit seeds (seed 0's "
+            f"scored cell and the selection-only seeds in `{SETS}.csv`) and between seed 0's set and each "
+            "bootstrap resample's (train/valid items drawn with replacement, fit seed 0). A k* above is "
+            f"marked `(unstable)` where that mean at k* is below {UNSTABLE_BELOW} (the library's mark; "
+            "alpha1 and refit share the sets); NaN: nothing compared.", "",
+            "Per model and selector: `stability` is the mean over tasks and budgets of the per-(task, "
+            "budget) means, `stability_sd` their standard deviation over those `n_values`, each a mean "
+            "over `pairs_per_value` pairs (median); `raw_jaccard` and `chance_jaccard` are the raw "
+            "overlap and what random sets would share, for reading the two apart; `k_star_reached` and "
+            "`unstable_at_k_star` count (task, injection) pairs:", "", md_table(per_sel), "",
+            "Per task (mean over budgets):", "", md_table(stab), "",
             f"## Overlap between selectors at k = {K_CMP} (Jaccard of S_{K_CMP}, seed 0, mean over tasks)",
             "", *[x for m in dict.fromkeys(df.model)
                   for x in (f"{m}:", "", md_table(overlap_table(df, m)), "")],

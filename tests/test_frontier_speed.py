@@ -121,8 +121,29 @@ def test_study_k_star_and_stability_tables():
                       + _rows("m", "t", 1, {1: "L0H1", 2: "L0H0;L0H1"}, {1: 0.7, 2: 0.75}))
     ks = study.k_star_table(df)
     assert ks.k_star.item() == 2  # seed means 0.6 and 0.75; 0.75 >= 0.9 × 0.8 = 0.72
-    st = study.stability_table(df).set_index("k")  # k = 1: L0H0 vs L0H1; k = 2: the same set
-    assert list(st.jaccard_seeds) == [0.0, 1.0] and (st.seeds == 2).all()
+    # over N = 4 heads; k = 1: L0H0 vs L0H1 (raw 0; two random 1-sets of 4 coincide with
+    # probability 1/4, so chance is 1/4 and the adjusted index (0 − 1/4)/(1 − 1/4) = −1/3);
+    # k = 2: the same set (1)
+    st = study.stability_table(df, n_total=lambda m: 4).set_index("k")
+    assert st.raw_jaccard.tolist() == [0.0, 1.0] and (st.seeds == 2).all()
+    assert st.chance_jaccard[1] == pytest.approx(0.25, abs=1e-12)  # closed form: exact up to rounding
+    assert st.stability.tolist() == pytest.approx([-1 / 3, 1.0], abs=1e-12)
+
+
+def test_study_unstable_mark_is_chance_adjusted():
+    """Two 4-head sets of 6 sharing 3 (raw Jaccard 3/5 = 0.6, above 0.5) are still marked unstable:
+    random 4-sets of 6 share 0.52 on average (overlap 2, 3, 4 with probability 6/15, 8/15, 1/15:
+    2/6·6/15 + 3/5·8/15 + 1·1/15 = 0.52), so the adjusted index is (0.6 − 0.52)/0.48 = 1/6. A raw
+    Jaccard mark would pass it; a mark with the correction dropped fails this test."""
+    import pandas as pd
+
+    a, b = "L0H0;L0H1;L0H2;L0H3", "L0H0;L0H1;L0H2;L0H4"
+    df = pd.DataFrame(_rows("m", "t", 0, {4: a}, {4: 0.8}) + _rows("m", "t", 1, {4: b}, {4: 0.8}))
+    st = study.stability_table(df, n_total=lambda m: 6)
+    assert st.raw_jaccard.item() == pytest.approx(0.6, abs=1e-12)
+    assert st.stability.item() == pytest.approx(1 / 6, abs=1e-12)
+    ks = study.mark_unstable(study.k_star_table(df), st)
+    assert ks.k_star_marked.item() == "4 (unstable)"
 
 
 def test_study_runs_a_cell_resumes_without_recomputing_and_reports(tmp_path, monkeypatch):
@@ -240,7 +261,7 @@ def test_study_report_compares_top10_alpha_and_effect(tmp_path):
     for task, acc in (("antonym", (0.2, 0.6)), ("present_past", (0.4, 0.8))):
         for sel, heads, a in (("alpha", alpha, acc[0]), ("effect", effect, acc[1])):
             rows.append(dict.fromkeys(COLUMNS) | {
-                "key": f"m/{task}/{sel}", "model": "m", "task": task, "selector": sel, "k": 10,
+                "key": f"m/{task}/{sel}", "model": "gemma-3-270m", "task": task, "selector": sel, "k": 10,
                 "injection": "alpha1", "heads": heads,
                 "first_token_acc": a, "exact_match": a, "ci_low": 0.0, "ci_high": 1.0, "full_site": 0.9,
                 "zero_shot": 0.0, "forward_passes": 1, "backward_passes": 0, "seconds": 1.0, "seed": 0})
@@ -248,7 +269,7 @@ def test_study_report_compares_top10_alpha_and_effect(tmp_path):
     assert main(study.FrontierStudy(), ["--report", "--out", str(tmp_path)]) == 0
     md = (tmp_path / "frontier_study.md").read_text()
     cmp = md[md.index("## At k = 10"):]
-    line = next(s for s in cmp.splitlines() if s.startswith("| m |"))
+    line = next(s for s in cmp.splitlines() if s.startswith("| gemma-3-270m |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[1:] == ["2", "0.9", "0.3", "0.7", "0.333"]
     assert "paper_top10_alpha" not in cmp and "cited, not measured here" in cmp

@@ -345,7 +345,7 @@ def _pair_values(sets_by_seed: list, boot_sets: list, n: int) -> tuple[list[floa
     return [v for v in adj if np.isfinite(v)], [jaccard(a, b) for a, b in pairs]
 
 
-def _stability(sets_by_seed: list, boot_sets: list, n: int, k: int) -> dict:
+def set_stability(sets_by_seed: list, boot_sets: list, n: int, k: int) -> dict:
     """The stability of one budget's sets: mean, standard deviation and count of the
     chance-adjusted Jaccards (:func:`_pair_values`), the raw mean and its chance level; ``None``
     where no pair was compared."""
@@ -385,7 +385,7 @@ def _summary(table: pd.DataFrame, selections: list[Selection], boot: dict, budge
     by = {(s.selector, s.seed): s for s in selections}
     for sel in dict.fromkeys(table.selector):
         d = table[table.selector == sel]
-        stab_k = {k: _stability([by[(sel, s)].sets.get(k) for s in seeds],
+        stab_k = {k: set_stability([by[(sel, s)].sets.get(k) for s in seeds],
                                 [b[k] for b in boot.get(sel, []) if b.get(k) is not None],
                                 n_heads_total, k) for k in budgets}
         ks, at = {}, {}

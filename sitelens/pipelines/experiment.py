@@ -271,6 +271,7 @@ class Experiment:
     title = ""  # the report's heading; empty: report() returns the whole file, naming its command
     columns: Sequence[str] = ()
     key: str | None = "key"  # None: an unkeyed measurement log (every run appends)
+    older: Sequence[Sequence[str]] = ()  # earlier headers of the table, read with the new columns blank
     replace = False  # True: a run replaces the table (a snapshot of the latest run, not a log)
     per_model = False  # True: one table per model, {out}/{name}_{model}.csv, and one --models per process
     models: Sequence[str] = ()  # --models default
@@ -327,7 +328,8 @@ class Experiment:
             if self.per_model:
                 (model,) = self.args.models  # one model per process
                 name = f"{name}_{model}"
-            return ResultsStore(self.out / f"{name}.csv", self.columns, key=self.key, done=self.done)
+            return ResultsStore(self.out / f"{name}.csv", self.columns, key=self.key, done=self.done,
+                                older=self.older)
         return ResultsStore(self.out / f"{name}.csv", columns or (), key=key)
 
     def cache(self, directory: str | Path) -> ObjectCache:
