@@ -10,7 +10,9 @@ cells (columns: docs/benchmarks.md).
 from __future__ import annotations
 
 import pandas as pd
+from lib.paired import paired_rows
 
+from sitelens.io import atomic_write_csv
 from sitelens.pipelines.bench import read_results
 from sitelens.pipelines.bench_summary import complete_tasks, correlation_rows, summary_markdown
 from sitelens.pipelines.experiment import Experiment, main, md_table, pct, write_report
@@ -61,9 +63,28 @@ def section(full: pd.DataFrame) -> list[str]:
     corr = correlation_rows(full, {"all but ICL": ("icl",), "task vectors only": ("icl", "zero-shot")},
                             ("label_acc_full", "exact_match")).drop(columns="model")
     return ["Task-vector methods ordered by label accuracy:", "", md_table(rank), "",
+            "Paired differences in label accuracy (full label, points), over the tasks (the same 50 items "
+            "of each task on both sides; `cls_paired.csv` has exact match too):", "",
+            md_table(paired_table(full, "label_acc_full")), "",
             summary_markdown(full).strip().split("\n", 2)[2], "", "Label accuracy per task:", "",
             md_table(per_task), "", "dNTP vs accuracy across (task, method) cells:", "",
             md_table(corr), ""]
+
+
+def comparisons(methods) -> list[tuple[str, str]]:
+    """The pairs the report compares: ``ltv-valid`` (the distribution-alignment paper's method at
+    its best here) against every other method, and the pinned ``ltv`` against ``ltv-valid``."""
+    return [("ltv-valid", m) for m in ORDER if m not in ("ltv-valid",) and m in methods]
+
+
+def paired_table(full: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """:func:`lib.paired.paired_rows` for :func:`comparisons`, as points for the page."""
+    r = paired_rows(full, comparisons(set(full.method)), metric)
+    return pd.DataFrame({"A − B": r.a + " − " + r.b,
+                         "diff": (100 * r["diff"]).round(1), "95% CI (over tasks)":
+                         [f"[{100 * lo:.1f}, {100 * hi:.1f}]" for lo, hi in zip(r.ci_low, r.ci_high)],
+                         "n tasks": r.n, "A ahead / B ahead": [f"{a} / {b}" for a, b in
+                                                              zip(r.a_ahead, r.b_ahead)]})
 
 
 class ClsReport(Experiment):
@@ -77,16 +98,20 @@ class ClsReport(Experiment):
         parts = ["Accuracies in %; label acc ranks the label words by likelihood (the headline for a closed "
                  "label set); means over the tasks where every method finished. The cells: each model's "
                  "`cls_{model}.md`.", ""]
+        paired = []
         for model in [m for m in MODELS if (self.out / f"cls_{m}.csv").exists()]:
             df = read_results(self.out / f"cls_{model}.csv")
             write_report(self.out / f"cls_{model}.md", f"Bench results: {model} on cls/",
                          bench_command(df, model),
                          "Summarized by `python benchmarks/cls_report.py`.\n\n" + summary_markdown(df))
             full = complete(df)
+            paired += [paired_rows(full, comparisons(set(full.method)), metric)
+                       for metric in ("label_acc_full", "exact_match")]
             tasks = sorted(full["task"].unique())
             parts += [f"## {model}", "", f"{len(tasks)} tasks complete ({', '.join(tasks)}); test items per "
                       f"task: the first {','.join(map(str, sorted(set(df['limit'].dropna().astype(int)))))}.",
                       "", *section(full)]
+        atomic_write_csv(self.out / "cls_paired.csv", pd.concat(paired, ignore_index=True))
         title = "Task vectors on the classification collection (cls/)"
         return write_report(self.out / "cls_report.md", title, self.command, "\n".join(parts))
 
