@@ -352,6 +352,42 @@ def alpha_depth(args) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# the transfers against zero-shot (does anything carry?) and against their shuffled-map controls
+# (does the fitted map carry more than a map that keeps no pairing?)
+PAIRED = (("tv-transfer", "zero-shot"), ("tv-transfer-valid", "zero-shot"), ("ltv-transfer", "zero-shot"),
+          ("site-transfer", "zero-shot"), ("site-transfer-own-alpha", "zero-shot"),
+          ("tv-transfer", "tv-transfer-shuffled"), ("tv-transfer-valid", "tv-transfer-shuffled"),
+          ("site-transfer", "site-transfer-shuffled"))
+
+
+def paired_items(df: pd.DataFrame, items: pd.DataFrame) -> pd.DataFrame:
+    """Per collection and metric, each pair of :data:`PAIRED` on SmolLM2's items: A − B over the
+    pooled (task, item) pairs both scored (:func:`sitelens.stats.paired_difference`, 95% bootstrap
+    interval over items), the exact McNemar test and its Holm adjustment over the report's
+    comparisons."""
+    from sitelens.stats import holm, mcnemar_exact, paired_difference
+
+    rows = []
+    for coll, metric, col in (("fv", "exact match", "correct"), ("cls", "label acc (full)", "label_correct")):
+        d = df[(df.collection == coll) & (df.model == DST)]
+        it = items[items.key.isin(set(d.key))].merge(d[["key", "method"]].drop_duplicates("key"), on="key",
+                                                     suffixes=("_item", ""))
+        wide = it.pivot_table(index=["task", "item"], columns="method", values=col, aggfunc="first")
+        for a, b in PAIRED:
+            if a not in wide or b not in wide:
+                continue
+            both = wide[[a, b]].dropna()
+            r = paired_difference(both[a].to_numpy(float), both[b].to_numpy(float), over="items")
+            mc = mcnemar_exact(both[a].to_numpy(bool), both[b].to_numpy(bool))
+            rows.append({"collection": coll, "metric": metric, "a": a, "b": b, "diff": r.diff,
+                         "ci_low": r.ci_low, "ci_high": r.ci_high, "n": r.n, "over": r.over,
+                         "only_a": mc.only_a, "only_b": mc.only_b, "p_mcnemar": mc.p_value})
+    out = pd.DataFrame(rows)
+    if len(out):
+        out["p_holm"] = holm(out.p_mcnemar.to_numpy())
+    return out
+
+
 def report(args, df: pd.DataFrame) -> str:
     from sitelens.io import atomic_write_csv
     from sitelens.stats import bootstrap_ci
@@ -399,6 +435,21 @@ def report(args, df: pd.DataFrame) -> str:
             tab = tab.assign(o=tab.method.map({m: i for i, m in enumerate(DST_METHODS)}), m=tab.model != DST)
             tab = tab.sort_values(["collection", "metric", "m", "o"]).drop(columns=["o", "m"])
             lines += [md_table(tab), ""]
+        paired = paired_items(df, items)
+        if len(paired):
+            atomic_write_csv(out / "cross_model_paired.csv", paired)
+            show = paired.assign(**{"A − B": paired.a + " − " + paired.b,
+                                    "diff": (100 * paired["diff"]).round(1),
+                                    "95% CI (items)": [f"[{100 * lo:.1f}, {100 * hi:.1f}]"
+                                                       for lo, hi in zip(paired.ci_low, paired.ci_high)],
+                                    "p (McNemar)": paired.p_mcnemar.map(lambda p: f"{p:.3g}"),
+                                    "p (Holm)": paired.p_holm.map(lambda p: f"{p:.3g}")})
+            lines += ["Paired on SmolLM2's items (`cross_model_paired.csv`): A − B in points over the pooled "
+                      "(task, item) pairs, its 95% bootstrap interval over items, n, the items only A / "
+                      f"only B got right, the exact McNemar p and Holm's adjustment over these {len(paired)} "
+                      "comparisons:", "",
+                      md_table(show[["collection", "metric", "A − B", "diff", "95% CI (items)", "n", "only_a",
+                                     "only_b", "p (McNemar)", "p (Holm)"]]), ""]
         per = df.assign(acc=pd.to_numeric(pd.Series(np.where(
             df.collection == "cls", df.label_acc_full, df.exact_match), index=df.index), errors="coerce"))
         piv = per.pivot_table(index=["model", "method"], columns="task", values="acc")

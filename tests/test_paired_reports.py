@@ -59,3 +59,17 @@ def test_heads_paired_topk_is_each_lens_minus_alphas_top_k():
     # full α − α top-10: 0.9 − 0.2 and 0.8 − 0.0 -> 0.75, ahead on both tasks
     assert p.loc["full α (site)", "diff"] == pytest.approx(0.75, abs=1e-12)
     assert (p.loc["full α (site)", "a_ahead"], p.loc["full α (site)", "n"]) == (2, 2)
+
+
+def test_cross_model_pairs_items_and_tests_them_exactly():
+    xm = bench_module("cross_model")
+    correct = {"tv-transfer-valid": [1, 1, 1, 0, 1], "zero-shot": [0, 0, 1, 0, 0]}
+    df = pd.DataFrame([{"collection": "fv", "model": xm.DST, "key": m, "method": m} for m in correct])
+    items = pd.DataFrame([{"key": m, "task": "t", "item": i, "correct": c, "label_correct": c}
+                          for m, cs in correct.items() for i, c in enumerate(cs)])
+    r = xm.paired_items(df, items).iloc[0]
+    assert (r.a, r.b, r.n) == ("tv-transfer-valid", "zero-shot", 5)
+    assert r["diff"] == pytest.approx(0.6, abs=1e-12)  # 3 of 5 items gained, none lost
+    # McNemar: 3 discordant items all for A: two-sided exact p = 2 · (1/2)^3 = 0.25
+    assert (r.only_a, r.only_b) == (3, 0) and r.p_mcnemar == pytest.approx(0.25, abs=1e-12)
+    assert r.p_holm == pytest.approx(0.25, abs=1e-12)  # one comparison: Holm changes nothing
