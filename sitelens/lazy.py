@@ -45,4 +45,16 @@ def lazy_names(package: str, exports: Mapping[str, Sequence[str]]
     return __getattr__, __dir__
 
 
-__all__ = ["lazy_names"]
+def resolve(ref: str | Callable) -> Callable:
+    """What a registry entry names: ``"package.module:name"`` is imported on first use (so the
+    registries of lenses, selectors and methods import no tensor library, and the command line
+    reads its choices from them); a callable is returned as it is."""
+    if not isinstance(ref, str):
+        return ref
+    module, sep, name = ref.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"A registry entry names its implementation as 'package.module:name', got {ref!r}.")
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = ["lazy_names", "resolve"]

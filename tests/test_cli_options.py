@@ -86,9 +86,9 @@ def test_the_snapshot_covers_every_command():
 
 
 def test_frontier_selectors_default_is_the_selector_registry():
-    """The --selectors default is written in the config (the selectors' module imports torch, and
-    --help must not): it lists every selector, in the registry's order."""
-    from sitelens.lenses.selectors import SELECTORS
+    """The --selectors default is read from the registry (which imports no tensor library): it
+    lists every selector, in the registry's order."""
+    from sitelens.lenses.registry import SELECTORS
 
     assert current()["frontier"]["--selectors"]["default"] == ",".join(SELECTORS)
 

@@ -16,10 +16,12 @@ import numpy as np
 import pytest
 import torch
 
+import sitelens.lenses.registry as R
 import sitelens.lenses.selectors as S
 from sitelens import FitConfig, fit_site, load_task
 from sitelens.errors import LensError, TaskError
 from sitelens.heads import mask_of, ranking
+from sitelens.lazy import resolve
 from sitelens.lenses.attribution import AttributionConfig
 from sitelens.lenses.frontier import COLUMNS, NOT_REACHED, frontier, k_star, mean_jaccard
 from sitelens.lenses.selectors import FrontierConfig, SelectionContext, select
@@ -102,7 +104,7 @@ def test_greedy_stops_at_max_k_or_full_site_and_leaves_the_rest_empty(tiny_mha, 
 def test_greedy_pool_prunes_the_candidates_and_measures_it(tiny_mha, task):
     ctx = _ctx(tiny_mha, task, replace(CFG, greedy_pool=2, greedy_stop=False))
     sel = select(ctx, "greedy", [1, 2])
-    grad = ranking(S.get_lens("alpha-grad").run(S.LensInputs(
+    grad = ranking(R.get_lens("alpha-grad").run(R.LensInputs(
         tiny_mha, task, ctx.adapter.embedding, replace(CFG.attribution, template=BARE))).map())[:2]
     assert sorted(sel.sets[2]) == sorted(grad) and sel.meta["pool"] == 2  # only the pool's heads
     pr = sel.meta["pruning"]
@@ -286,7 +288,7 @@ def test_bad_input_raises_typed_errors(tiny_mha, task):
     with pytest.raises(LensError, match="Did you mean 'greedy'"):
         frontier(tiny_mha, task, selectors=("greedyy",), config=CFG)
     with pytest.raises(LensError, match="Did you mean 'alpha-sparse'"):
-        S.parse_selectors(["alpha_sparse"])
+        R.parse_selectors(["alpha_sparse"])
     tiny_task = Task("tiny", task.train[:1], task.valid[:3], task.test[:3])
     with pytest.raises(TaskError, match="too small"):
         frontier(tiny_mha, tiny_task, budgets=(1,), config=CFG)
@@ -294,15 +296,16 @@ def test_bad_input_raises_typed_errors(tiny_mha, task):
 
 def test_selectors_are_one_registry(tiny_mha, task, monkeypatch):
     """The names, the parser and :func:`select` read one registry: a selector added there (a toy
-    one) is parsed and run with no other edit; an unknown name is refused before any work."""
-    assert S.SELECTORS == tuple(s.name for s in S.SELECTOR_REGISTRY)
-    assert len(set(S.SELECTORS)) == len(S.SELECTORS) and all(s.what for s in S.SELECTOR_REGISTRY)
-    assert S.parse_selectors(["atp", "alpha", "atp"]) == ["atp", "alpha"]
-    toy = S.Selector("first-heads", "the first k heads", lambda ctx, budgets: ({k: list(range(k))
+    one) is parsed and run with no other edit; an unknown name is refused before any work; every
+    entry names a function that exists."""
+    assert R.SELECTORS == tuple(s.name for s in R.SELECTOR_REGISTRY)
+    assert len(set(R.SELECTORS)) == len(R.SELECTORS) and all(s.what for s in R.SELECTOR_REGISTRY)
+    assert all(callable(resolve(s.impl)) for s in R.SELECTOR_REGISTRY)
+    assert R.parse_selectors(["atp", "alpha", "atp"]) == ["atp", "alpha"]
+    toy = R.Selector("first-heads", "the first k heads", lambda ctx, budgets: ({k: list(range(k))
                                                                                 for k in budgets}, {}))
-    monkeypatch.setattr(S, "SELECTOR_REGISTRY", (*S.SELECTOR_REGISTRY, toy))
-    monkeypatch.setattr(S, "SELECTORS", (*S.SELECTORS, toy.name))
-    assert S.parse_selectors(["first-heads"]) == ["first-heads"]
+    monkeypatch.setattr(R, "SELECTOR_REGISTRY", (*R.SELECTOR_REGISTRY, toy))
+    assert R.parse_selectors(["first-heads"]) == ["first-heads"]
     ctx = SelectionContext(tiny_mha, task, None, CFG, 0)  # the toy reads nothing of the context
     sel = select(ctx, "first-heads", [1, 3])
     assert sel.sets == {1: [0], 3: [0, 1, 2]} and sel.forward_passes == 0

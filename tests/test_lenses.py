@@ -18,6 +18,7 @@ from tolerances import assert_logits_close, assert_probs_close, assert_within, l
 
 from sitelens import FitConfig, fit_site, load_task
 from sitelens.errors import LensError, OutputError
+from sitelens.lazy import resolve
 from sitelens.lenses import (
     ALIASES,
     LENSES,
@@ -105,7 +106,7 @@ def test_registry_is_the_one_list_of_lenses():
                       "effect", "dla")
     for name in LENSES:
         lens = get_lens(name)
-        assert lens.name == name and lens is REGISTRY[name] and callable(lens.run)
+        assert lens.name == name and lens is REGISTRY[name] and callable(resolve(lens.impl))
     assert all(set(names) <= set(LENSES) for names in ALIASES.values())
     assert [n for n in LENSES if REGISTRY[n].needs_adapter] == ["dla"]
 

@@ -25,11 +25,10 @@ included (see :mod:`sitelens.baselines.base`).
 from __future__ import annotations
 
 import difflib
-import importlib
 from typing import TYPE_CHECKING
 
 from sitelens.errors import MethodError
-from sitelens.lazy import lazy_names
+from sitelens.lazy import lazy_names, resolve
 
 if TYPE_CHECKING:  # for type checkers; at run time each name is imported on first access
     from sitelens.baselines.base import FitParts, Fitted, HookIntervention, Method
@@ -46,20 +45,21 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
     from sitelens.baselines.tv import TV
     from sitelens.baselines.zero_shot import ZeroShot
 
-# registry name -> (module, class): a class is imported when its method is first asked for
-METHOD_CLASSES: dict[str, tuple[str, str]] = {
-    "zero-shot": ("sitelens.baselines.zero_shot", "ZeroShot"),
-    "icl": ("sitelens.baselines.icl", "ICL"),
-    "site": ("sitelens.baselines.site", "SITE"),
-    "fv": ("sitelens.baselines.fv", "FV"),
-    "tv": ("sitelens.baselines.tv", "TV"),
-    "ltv": ("sitelens.baselines.ltv", "LTV"),
-    "ltv-valid": ("sitelens.baselines.ltv_valid", "LTVValid"),
-    "sv": ("sitelens.baselines.sv", "SV"),
-    "mtv": ("sitelens.baselines.mtv", "MTV"),
-    "i2cl": ("sitelens.baselines.i2cl", "I2CL"),
-    "lora": ("sitelens.baselines.lora", "LoRA"),
-    "ia3": ("sitelens.baselines.ia3", "IA3"),
+# The one list of methods: registry name -> its class as "package.module:Class", imported when the
+# method is first asked for (so this list, and the command line's choices, import no tensor library)
+METHOD_CLASSES: dict[str, str] = {
+    "zero-shot": "sitelens.baselines.zero_shot:ZeroShot",
+    "icl": "sitelens.baselines.icl:ICL",
+    "site": "sitelens.baselines.site:SITE",
+    "fv": "sitelens.baselines.fv:FV",
+    "tv": "sitelens.baselines.tv:TV",
+    "ltv": "sitelens.baselines.ltv:LTV",
+    "ltv-valid": "sitelens.baselines.ltv_valid:LTVValid",
+    "sv": "sitelens.baselines.sv:SV",
+    "mtv": "sitelens.baselines.mtv:MTV",
+    "i2cl": "sitelens.baselines.i2cl:I2CL",
+    "lora": "sitelens.baselines.lora:LoRA",
+    "ia3": "sitelens.baselines.ia3:IA3",
 }
 
 
@@ -80,14 +80,14 @@ def get_method(method: str | Method, /, **kwargs) -> Method:
             )
         return method
     try:
-        module, name = METHOD_CLASSES[method]
+        ref = METHOD_CLASSES[method]
     except (KeyError, TypeError):  # TypeError: an unhashable "name"
         close = difflib.get_close_matches(str(method), list(METHOD_CLASSES), n=3, cutoff=0.5)
         raise MethodError(
             f"Unknown method {method!r}; available: {', '.join(METHOD_CLASSES)}."
             + (f" Did you mean: {', '.join(close)}?" if close else "")
         ) from None
-    return getattr(importlib.import_module(module), name)(**kwargs)
+    return resolve(ref)(**kwargs)
 
 
 # name -> the module that defines it (PEP 562: imported when first used)

@@ -17,16 +17,13 @@ from typing import ClassVar
 
 from sitelens.cli import types as T
 from sitelens.cli.options import When, config, option
-from sitelens.lenses.registry import ALIASES, DEFAULT_BUDGETS, available_lenses
+from sitelens.lenses.registry import ALIASES, DEFAULT_BUDGETS, SELECTORS, available_lenses
 from sitelens.models.registry import ATLAS_MODELS, DEFAULT_MODEL, FIGURE_MODELS
 from sitelens.models.spec import BACKENDS
 from sitelens.site.config import FitConfig
 
 FIT_DEFAULTS = {f.name: f.default for f in fields(FitConfig)}
 SPLITS, PROTOCOLS, DEVICES = ("train", "valid", "test"), ("default", "official"), "device and precision"
-# the frontier's selectors: sitelens.lenses.selectors.SELECTORS, which imports torch (a test checks
-# that the two agree)
-SELECTOR_NAMES = "alpha,alpha-sparse,alpha-grad,atp,effect,greedy,sparse"
 
 
 def count(default, help: str, **kw):
@@ -378,7 +375,7 @@ class FrontierCommand(HeadOptions):
                              "chance-adjusted stability at k*, per selector)")
     budgets: str = option(",".join(map(str, DEFAULT_BUDGETS)), type=T.KS,
                           help="comma-separated head budgets k (each at most the model's head count)")
-    selectors: str = option(SELECTOR_NAMES, help=f"comma-separated: {SELECTOR_NAMES}")
+    selectors: str = option(",".join(SELECTORS), help="comma-separated selectors: " + ", ".join(SELECTORS))
     greedy_max_k: int | None = count(None, "greedy's largest set (default: the largest budget)")
     greedy_pool: int | None = count(None, "prune greedy's candidates to the top-P heads of alpha-grad")
     test_limit: int | None = count(None, "the first test items only")

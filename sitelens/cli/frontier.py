@@ -37,7 +37,8 @@ def known_head_count(model: str) -> int | None:
 def check_frontier_options(args) -> None:
     """``sitelens frontier``: the selectors, the budgets against the head count when it is known
     before loading, and a task large enough to split (``args._task``, loaded by validate)."""
-    from sitelens.lenses.selectors import check_budgets, check_task_splits, parse_selectors
+    from sitelens.lenses.registry import parse_selectors
+    from sitelens.lenses.selectors import check_budgets, check_task_splits
 
     parse_selectors(split_csv(args.selectors))
     n = known_head_count(args.model)

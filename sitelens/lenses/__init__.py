@@ -49,16 +49,21 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
         ALIASES,
         LENSES,
         REGISTRY,
+        SELECTOR_REGISTRY,
+        SELECTORS,
         Lens,
         LensInputs,
         LensRun,
+        Selector,
         available_lenses,
         get_lens,
+        get_selector,
         head_scores,
         parse_lenses,
+        parse_selectors,
     )
     from sitelens.lenses.scores import HeadScores
-    from sitelens.lenses.selectors import SELECTORS, FrontierConfig
+    from sitelens.lenses.selectors import FrontierConfig
 
 # name -> the module that defines it (PEP 562: imported when first used)
 __getattr__, __dir__ = lazy_names(__name__, {
@@ -68,17 +73,18 @@ __getattr__, __dir__ = lazy_names(__name__, {
         "exact_effects", "mix_gradients"),
     "sitelens.lenses.frontier": ("FrontierResult", "k_star"),
     "sitelens.lenses.logit_lens": ("direct_logit_attribution", "head_logit_lens", "head_write_logits"),
-    "sitelens.lenses.registry": ("ALIASES", "LENSES", "REGISTRY", "Lens", "LensInputs", "LensRun",
-        "available_lenses", "get_lens", "head_scores", "parse_lenses"),
+    "sitelens.lenses.registry": ("ALIASES", "LENSES", "REGISTRY", "SELECTOR_REGISTRY", "SELECTORS", "Lens",
+        "LensInputs", "LensRun", "Selector", "available_lenses", "get_lens", "get_selector", "head_scores",
+        "parse_lenses", "parse_selectors"),
     "sitelens.lenses.scores": ("HeadScores",),
-    "sitelens.lenses.selectors": ("SELECTORS", "FrontierConfig"),
+    "sitelens.lenses.selectors": ("FrontierConfig",),
 })
 
 __all__ = [
-    "ALIASES", "LENSES", "REGISTRY", "SELECTORS", "AblationConfig", "AlphaSeeds", "AttributionConfig",
-    "FrontierConfig", "FrontierResult", "HeadScores", "k_star",
-    "Lens", "LensInputs", "LensRun", "alpha_from_adapter", "alpha_gradient", "alpha_over_seeds",
+    "ALIASES", "LENSES", "REGISTRY", "SELECTORS", "SELECTOR_REGISTRY", "AblationConfig", "AlphaSeeds",
+    "AttributionConfig", "FrontierConfig", "FrontierResult", "HeadScores", "k_star",
+    "Lens", "LensInputs", "LensRun", "Selector", "alpha_from_adapter", "alpha_gradient", "alpha_over_seeds",
     "attribution_patching", "available_lenses", "direct_logit_attribution", "exact_effects",
-    "get_lens", "head_ablation", "head_logit_lens", "head_scores", "head_write_logits",
-    "mix_gradients", "parse_lenses", "rank_stability",
+    "get_lens", "get_selector", "head_ablation", "head_logit_lens", "head_scores", "head_write_logits",
+    "mix_gradients", "parse_lenses", "parse_selectors", "rank_stability",
 ]

@@ -111,3 +111,14 @@ def head_ablation(
               "mode": "batched" if cfg.batched else "serial"},
     )
     return (scores, drop) if return_per_prompt else scores
+
+
+def mean_ablation_lens(x) -> HeadScores:
+    """Lens ``ablation-mean`` of the registry, on its shared inputs
+    (:class:`~sitelens.lenses.registry.LensInputs`)."""
+    return head_ablation(x.model, x.task, x.ablation, reference="mean", progress=x.progress)
+
+
+def zero_ablation_lens(x) -> HeadScores:
+    """Lens ``ablation-zero`` of the registry, on its shared inputs."""
+    return head_ablation(x.model, x.task, x.ablation, reference="zero", progress=x.progress)

@@ -136,3 +136,8 @@ def alpha_from_adapter(model, task: Task, adapter: SiteAdapter, *, k: int = 10,
     )
     return AlphaSeeds([adapter], alphas, scores, rank_stability(list(alphas), k))
 
+
+def alpha_lens(x) -> HeadScores:
+    """Lens ``alpha`` of the registry: the α fits of its shared inputs
+    (:class:`~sitelens.lenses.registry.LensInputs`), made by :func:`head_scores` once per seed."""
+    return x.alpha.scores

@@ -238,3 +238,25 @@ def exact_effects(
         meta={"n_prompts": st["n_prompts"], "n_shots": cfg.n_shots, "seed": cfg.seed,
               "rows": st["rows"], "baseline_prob": st["baseline_prob"]},
     )
+
+
+def alpha_grad_lens(x) -> HeadScores:
+    """Lens ``alpha-grad`` of the registry, on its shared inputs
+    (:class:`~sitelens.lenses.registry.LensInputs`: one embedding for every lens)."""
+    return alpha_gradient(x.model, x.task, x.embedding, x.attribution, progress=x.progress)
+
+
+def atp_lens(x) -> HeadScores:
+    """Lens ``atp`` of the registry, on its shared inputs."""
+    return attribution_patching(x.model, x.task, x.embedding, x.attribution, progress=x.progress)
+
+
+def atp_star_lens(x) -> HeadScores:
+    """Lens ``atp-star`` of the registry (AtP with GradDrop), on its shared inputs."""
+    return attribution_patching(x.model, x.task, x.embedding, x.attribution, grad_drop=True,
+                                progress=x.progress)
+
+
+def effect_lens(x) -> HeadScores:
+    """Lens ``effect`` of the registry, on its shared inputs (the same corrupted prompts as atp)."""
+    return exact_effects(x.model, x.task, x.embedding, x.attribution, progress=x.progress)

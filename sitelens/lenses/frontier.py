@@ -62,16 +62,14 @@ from tqdm.auto import tqdm
 from sitelens.eval.evaluation import evaluate
 from sitelens.heads import head_label, mask_of
 from sitelens.lenses.joint_fit import fit_many
-from sitelens.lenses.registry import DEFAULT_BUDGETS
+from sitelens.lenses.registry import DEFAULT_BUDGETS, SELECTORS, parse_selectors
 from sitelens.lenses.selectors import (
-    SELECTORS,
     FrontierConfig,
     Selection,
     SelectionContext,
     check_budgets,
     check_task_splits,
     fit_site_counted,
-    parse_selectors,
     select,
 )
 from sitelens.models import model_name

@@ -168,3 +168,9 @@ def head_logit_lens(model, embedding: Float[Tensor, "n_layers n_heads d_head"], 
                 tid = int(ids[layer, h, r])
                 rows.append((layer, h, r, tid, model.tokenizer.decode([tid]), float(vals[layer, h, r])))
     return pd.DataFrame(rows, columns=["layer", "head", "rank", "token_id", "token", "logit"])
+
+
+def dla_lens(x) -> HeadScores:
+    """Lens ``dla`` of the registry, on its shared inputs
+    (:class:`~sitelens.lenses.registry.LensInputs`; the adapter's α)."""
+    return direct_logit_attribution(x.model, x.task, x.adapter, seed=x.attribution.seed)

@@ -1,12 +1,17 @@
-"""The lens registry: every head-importance lens by name, and :func:`head_scores`, which runs any
-subset of them on one model and task.
+"""The registries of head-importance lenses and of the frontier's head-set selectors, and
+:func:`head_scores`, which runs any subset of the lenses on one model and task.
 
-A :class:`Lens` is a name, one line on what it measures, and a ``run`` that turns the shared
+A :class:`Lens` is a name, one line on what it measures, and the function that turns the shared
 :class:`LensInputs` (model, task, one task embedding, the configs, the α fits) into a
-:class:`~sitelens.lenses.scores.HeadScores`. :data:`REGISTRY` is the one list of lens names:
-:func:`get_lens`, :func:`parse_lenses`, :func:`head_scores` and ``sitelens heads --lenses`` all read
-it, so a new lens is one entry here (and its module). :data:`ALIASES` names groups of lenses
-(``ablation`` = both ablation references).
+:class:`~sitelens.lenses.scores.HeadScores`. A :class:`Selector` is a name, one line on how it picks
+a set of k heads per budget, and its function (:mod:`sitelens.lenses.selectors`). An entry names its
+function as ``"package.module:function"``, imported when it first runs, so this module imports no
+tensor library and ``sitelens --help`` reads the choices here. :data:`REGISTRY` and
+:data:`SELECTOR_REGISTRY` are the one list of each: :func:`get_lens`, :func:`parse_lenses`,
+:func:`head_scores`, ``sitelens heads --lenses``, :func:`get_selector`, :func:`parse_selectors`,
+:func:`~sitelens.lenses.selectors.select`, the frontier's default and ``sitelens frontier
+--selectors`` read them, so a new lens or selector is its module and one entry here.
+:data:`ALIASES` names groups of lenses (``ablation`` = both ablation references).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from sitelens.errors import LensError
 from sitelens.format import array_summary
+from sitelens.lazy import resolve
 
 if TYPE_CHECKING:  # the lens modules (torch) are imported when a lens runs, not with the names
     from torch import Tensor
@@ -53,64 +59,77 @@ class LensInputs:
 
 @dataclass(frozen=True)
 class Lens:
-    """One head-importance lens. ``needs_adapter``: the lens reads a fitted α (an adapter, or the
-    first seed's fit when none is given)."""
+    """One head-importance lens: its name, one line on what it measures, and ``impl``, the
+    function ``(LensInputs) -> HeadScores`` that computes it, named as ``"package.module:function"``
+    (imported when the lens first runs) or given itself. ``needs_adapter``: the lens reads a fitted
+    α (an adapter, or the first seed's fit when none is given)."""
 
     name: str
     what: str
-    run: Callable[[LensInputs], HeadScores]
+    impl: str | Callable[[LensInputs], HeadScores]
     needs_adapter: bool = False
 
-
-def _ablation(reference: str) -> Callable[[LensInputs], HeadScores]:
-    def run(x: LensInputs) -> HeadScores:
-        from sitelens.lenses.ablation import head_ablation
-
-        return head_ablation(x.model, x.task, x.ablation, reference=reference, progress=x.progress)
-    return run
+    def run(self, x: LensInputs) -> HeadScores:
+        return resolve(self.impl)(x)
 
 
-def _atp(grad_drop: bool) -> Callable[[LensInputs], HeadScores]:
-    def run(x: LensInputs) -> HeadScores:
-        from sitelens.lenses.attribution import attribution_patching
-
-        return attribution_patching(x.model, x.task, x.embedding, x.attribution,
-                                    grad_drop=grad_drop, progress=x.progress)
-    return run
-
-
-def _alpha_grad(x: LensInputs) -> HeadScores:
-    from sitelens.lenses.attribution import alpha_gradient
-
-    return alpha_gradient(x.model, x.task, x.embedding, x.attribution, progress=x.progress)
-
-
-def _effect(x: LensInputs) -> HeadScores:
-    from sitelens.lenses.attribution import exact_effects
-
-    return exact_effects(x.model, x.task, x.embedding, x.attribution, progress=x.progress)
-
-
-def _dla(x: LensInputs) -> HeadScores:
-    from sitelens.lenses.logit_lens import direct_logit_attribution
-
-    return direct_logit_attribution(x.model, x.task, x.adapter, seed=x.attribution.seed)
-
-
+# The one list of lenses: one entry per lens, its function in its module
 _LENSES = [
-    Lens("alpha", "SITE's learned α, mean and 95% interval over seeds", lambda x: x.alpha.scores),
-    Lens("alpha-grad", "−∂loss/∂α at α = 0 on zero-shot prompts", _alpha_grad),
-    Lens("atp", "attribution patching, the linear estimate of effect", _atp(False)),
-    Lens("atp-star", "AtP with GradDrop (Kramár et al. 2024)", _atp(True)),
-    Lens("ablation-mean", "drop in P(answer) when one head is mean-ablated", _ablation("mean")),
-    Lens("ablation-zero", "drop in P(answer) when one head is zero-ablated", _ablation("zero")),
-    Lens("effect", "exact activation patching on corrupted prompts", _effect),
-    Lens("dla", "direct logit attribution of each head's injected write", _dla, needs_adapter=True),
+    Lens("alpha", "SITE's learned α, mean and 95% interval over seeds",
+         "sitelens.lenses.alpha:alpha_lens"),
+    Lens("alpha-grad", "−∂loss/∂α at α = 0 on zero-shot prompts",
+         "sitelens.lenses.attribution:alpha_grad_lens"),
+    Lens("atp", "attribution patching, the linear estimate of effect",
+         "sitelens.lenses.attribution:atp_lens"),
+    Lens("atp-star", "AtP with GradDrop (Kramár et al. 2024)",
+         "sitelens.lenses.attribution:atp_star_lens"),
+    Lens("ablation-mean", "drop in P(answer) when one head is mean-ablated",
+         "sitelens.lenses.ablation:mean_ablation_lens"),
+    Lens("ablation-zero", "drop in P(answer) when one head is zero-ablated",
+         "sitelens.lenses.ablation:zero_ablation_lens"),
+    Lens("effect", "exact activation patching on corrupted prompts",
+         "sitelens.lenses.attribution:effect_lens"),
+    Lens("dla", "direct logit attribution of each head's injected write",
+         "sitelens.lenses.logit_lens:dla_lens", needs_adapter=True),
 ]
 REGISTRY: dict[str, Lens] = {lens.name: lens for lens in _LENSES}
 LENSES: tuple[str, ...] = tuple(REGISTRY)
 ALIASES: dict[str, tuple[str, ...]] = {"ablation": ("ablation-mean", "ablation-zero")}
 
+
+
+@dataclass(frozen=True)
+class Selector:
+    """One head-set selector of the frontier (:mod:`sitelens.lenses.selectors`): its name, one line
+    on how it picks S_k, and ``impl``, the function ``(ctx, budgets) -> (sets, meta)`` that picks
+    them (``ctx`` a :class:`~sitelens.lenses.selectors.SelectionContext`; ``sets[k]``: S_k's flat
+    head indices, ``None`` where not reached), named as ``"package.module:function"`` (imported
+    when the selector first runs) or given itself."""
+
+    name: str
+    what: str
+    impl: str | Callable[..., tuple[dict, dict]]
+
+    def run(self, ctx, budgets: list[int]) -> tuple[dict, dict]:
+        return resolve(self.impl)(ctx, budgets)
+
+
+# The one list of selectors: :func:`~sitelens.lenses.selectors.select`, :func:`parse_selectors`,
+# the frontier's default and ``sitelens frontier --selectors`` read it
+SELECTOR_REGISTRY: tuple[Selector, ...] = (
+    Selector("alpha", "the top-k of the full SITE fit's α", "sitelens.lenses.selectors:alpha_sets"),
+    Selector("alpha-sparse", "the top-k of α refitted with the sparsity λ (of sparsity_grid) chosen "
+             "on valid", "sitelens.lenses.selectors:alpha_sparse_sets"),
+    Selector("alpha-grad", "the top-k of lens alpha-grad", "sitelens.lenses.selectors:alpha_grad_sets"),
+    Selector("atp", "the top-k of lens atp (attribution patching)", "sitelens.lenses.selectors:atp_sets"),
+    Selector("effect", "the top-k of lens effect (exact activation patching)",
+             "sitelens.lenses.selectors:effect_sets"),
+    Selector("greedy", "forward selection by valid accuracy, then answer probability",
+             "sitelens.lenses.selectors:greedy_sets"),
+    Selector("sparse", "a learned k-sparse α per budget (straight-through top-k)",
+             "sitelens.lenses.selectors:sparse_sets"),
+)
+SELECTORS: tuple[str, ...] = tuple(s.name for s in SELECTOR_REGISTRY)
 
 def available_lenses() -> list[str]:
     return list(REGISTRY)
@@ -147,6 +166,26 @@ def parse_lenses(names: Sequence[str]) -> list[str]:
                 out.append(m)
     return out
 
+
+
+def get_selector(name: str) -> Selector:
+    """The selector called ``name``; an unknown name raises :class:`LensError` naming the closest
+    (difflib)."""
+    for s in SELECTOR_REGISTRY:
+        if s.name == name:
+            return s
+    close = difflib.get_close_matches(str(name), [s.name for s in SELECTOR_REGISTRY], n=1, cutoff=0.0)
+    raise LensError(f"Unknown selector {name!r}; use {', '.join(s.name for s in SELECTOR_REGISTRY)}."
+                    + (f" Did you mean {close[0]!r}?" if close else ""))
+
+
+def parse_selectors(names: Sequence[str]) -> list[str]:
+    """Selector names in order, without repeats; an unknown one raises :class:`LensError` naming
+    the closest (difflib)."""
+    out = [get_selector(n).name for n in names]
+    if not out:
+        raise LensError(f"No selector given; use some of {', '.join(s.name for s in SELECTOR_REGISTRY)}.")
+    return list(dict.fromkeys(out))
 
 @dataclass
 class LensRun:

@@ -30,7 +30,6 @@ Costs are counted by hooks (:class:`~sitelens.patching.engine.ForwardPassCounter
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -44,7 +43,7 @@ from sitelens.heads import mask_of, order, ranking
 from sitelens.lenses.attribution import AttributionConfig
 from sitelens.lenses.greedy_rows import branched_scores
 from sitelens.lenses.joint_fit import fit_many
-from sitelens.lenses.registry import DEFAULT_BUDGETS, LensInputs, get_lens
+from sitelens.lenses.registry import DEFAULT_BUDGETS, LensInputs, get_lens, get_selector
 from sitelens.models import is_bridge
 from sitelens.patching.engine import BackwardPassCounter, ForwardPassCounter, row_grid, run_rows
 from sitelens.site import FitConfig, SiteAdapter, fit_site
@@ -74,15 +73,6 @@ class FrontierConfig:
     exact_match: bool = True  # also generate under each set (slow)
     n_bootstrap: int = 0  # resamples of the selection items for the stability
     batch_size: int = 512  # rows per forward pass (bounded by the prefix-cache copy budget)
-
-
-def parse_selectors(names: Sequence[str]) -> list[str]:
-    """Selector names in order, without repeats; an unknown one raises :class:`LensError` naming
-    the closest (difflib)."""
-    out = [get_selector(n).name for n in names]
-    if not out:
-        raise LensError(f"No selector given; use some of {', '.join(SELECTORS)}.")
-    return list(dict.fromkeys(out))
 
 
 def check_budgets(budgets: Sequence[int], n_heads_total: int) -> list[int]:
@@ -178,7 +168,7 @@ def _top_sets(ranked: list[int], budgets: Sequence[int]) -> dict[int, list[int]]
     return {k: ranked[:k] for k in budgets}
 
 
-def _alpha_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
+def alpha_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
     return _top_sets(ranking(ctx.adapter.alpha), budgets), {}
 
 
@@ -189,13 +179,19 @@ def _lens_sets(ctx: SelectionContext, name: str, budgets) -> tuple[dict, dict]:
     return _top_sets(ranking(scores), budgets), {}
 
 
-def _lens_selector(lens: str) -> Callable[[SelectionContext, list[int]], tuple[dict, dict]]:
-    def run(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
-        return _lens_sets(ctx, lens, budgets)
-    return run
+def alpha_grad_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
+    return _lens_sets(ctx, "alpha-grad", budgets)
 
 
-def _alpha_sparse_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
+def atp_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
+    return _lens_sets(ctx, "atp", budgets)
+
+
+def effect_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
+    return _lens_sets(ctx, "effect", budgets)
+
+
+def alpha_sparse_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
     """One α fit per λ of the grid on the full fit's embedding, all λ at once
     (:func:`~sitelens.lenses.joint_fit.fit_many`: the same fits as
     :func:`sitelens.site.fit_alpha` with that sparsity, up to float rounding); the λ whose top-k
@@ -248,7 +244,7 @@ def best_candidate(acc: Tensor, prob: Tensor) -> int:
     return int(torch.argmax(torch.where(top, prob, torch.full_like(prob, -1.0))))
 
 
-def _greedy_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
+def greedy_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
     cfg, (L, H) = ctx.config, ctx.shape
     max_k = min(cfg.greedy_max_k or max(budgets), L * H)
     acc_full, _ = ctx.valid_scores(ctx.adapter.alpha.float()[None])
@@ -302,7 +298,7 @@ def straight_through_topk_rows(ks: Sequence[int]) -> Callable[[Tensor], Tensor]:
     return fn
 
 
-def _sparse_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
+def sparse_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
     """One straight-through top-k fit per budget, every budget at once
     (:func:`~sitelens.lenses.joint_fit.fit_many`: the same fits as one ``fit_many`` per budget
     with :func:`straight_through_topk`, up to float rounding), all from the same seeded start."""
@@ -316,47 +312,6 @@ def _sparse_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
     return {k: ranking(a)[:k] for k, a in zip(ks, kept)}, {}
 
 
-# ----------------------------------------------------------------------------------------------
-# the registry
-
-
-@dataclass(frozen=True)
-class Selector:
-    """One head-set selector: its name, one line on how it picks S_k, and ``run(ctx, budgets)``
-    returning ``(sets, meta)`` (``sets[k]``: S_k's flat head indices, ``None`` where not
-    reached)."""
-
-    name: str
-    what: str
-    run: Callable[[SelectionContext, list[int]], tuple[dict, dict]]
-
-
-# The one list of selectors: :func:`select`, :func:`parse_selectors`, the frontier's defaults and
-# the command line read it, so a new selector is its function and one entry here.
-SELECTOR_REGISTRY: tuple[Selector, ...] = (
-    Selector("alpha", "the top-k of the full SITE fit's α", _alpha_sets),
-    Selector("alpha-sparse", "the top-k of α refitted with the sparsity λ (of sparsity_grid) chosen "
-             "on valid", _alpha_sparse_sets),
-    Selector("alpha-grad", "the top-k of lens alpha-grad", _lens_selector("alpha-grad")),
-    Selector("atp", "the top-k of lens atp (attribution patching)", _lens_selector("atp")),
-    Selector("effect", "the top-k of lens effect (exact activation patching)", _lens_selector("effect")),
-    Selector("greedy", "forward selection by valid accuracy, then answer probability", _greedy_sets),
-    Selector("sparse", "a learned k-sparse α per budget (straight-through top-k)", _sparse_sets),
-)
-SELECTORS: tuple[str, ...] = tuple(s.name for s in SELECTOR_REGISTRY)
-
-
-def get_selector(name: str) -> Selector:
-    """The selector called ``name``; an unknown name raises :class:`LensError` naming the closest
-    (difflib)."""
-    for s in SELECTOR_REGISTRY:
-        if s.name == name:
-            return s
-    close = difflib.get_close_matches(str(name), SELECTORS, n=1, cutoff=0.0)
-    raise LensError(f"Unknown selector {name!r}; use {', '.join(SELECTORS)}."
-                    + (f" Did you mean {close[0]!r}?" if close else ""))
-
-
 def select(ctx: SelectionContext, selector: str, budgets: Sequence[int]) -> Selection:
     """Run one selector on one seed's context, its passes and seconds counted."""
     run = get_selector(selector).run
@@ -366,8 +321,8 @@ def select(ctx: SelectionContext, selector: str, budgets: Sequence[int]) -> Sele
 
 
 __all__ = [
-    "SELECTORS", "SELECTOR_REGISTRY", "FrontierConfig", "Selection", "SelectionContext", "Selector",
-    "best_candidate", "check_budgets", "check_task_splits", "fit_site_counted", "get_selector",
-    "greedy_step_scores", "parse_selectors", "select", "straight_through_topk",
+    "FrontierConfig", "Selection", "SelectionContext", "alpha_grad_sets", "alpha_sets", "alpha_sparse_sets",
+    "atp_sets", "best_candidate", "check_budgets", "check_task_splits", "effect_sets", "fit_site_counted",
+    "greedy_sets", "greedy_step_scores", "select", "sparse_sets", "straight_through_topk",
     "straight_through_topk_rows", "topk_mask",
 ]
