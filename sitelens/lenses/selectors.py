@@ -1,5 +1,7 @@
 """Head-set selectors of the frontier (:mod:`sitelens.lenses.frontier`): for each budget k, a set
-S_k of k heads chosen on the train and valid splits only (the test split stays unseen).
+S_k of k heads chosen on the train and valid splits only (the test split stays unseen). Each is
+one entry of :data:`sitelens.lenses.registry.SELECTOR_REGISTRY`, which names its function here
+(``alpha_sets``, ..., ``sparse_sets``); :func:`select` runs one by name.
 
 - ``alpha``, ``alpha-sparse``, ``alpha-grad``, ``atp``, ``effect``: the top-k of a lens
   (:func:`~sitelens.lenses.registry.get_lens`). ``alpha`` is the full SITE fit's α (λ = 0);
