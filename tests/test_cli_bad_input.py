@@ -454,7 +454,7 @@ IGNORED = [
     ("heads-limit-without-alpha-grad", BASE["heads"] + ["--lenses", "atp", "--limit", "8"],
      ["--limit applies only to the alpha-grad lens"], None),
     ("heads-n-prompts-without-its-lenses", BASE["heads"] + ["--n-prompts", "4"],
-     ["--n-prompts applies only to the atp, atp-star, effect and ablation lenses"], None),
+     ["--n-prompts applies only to the atp, atp-star, ablation and effect lenses"], None),
     ("heads-n-boot-alpha-only", BASE["heads"] + ["--lenses", "alpha", "--n-boot", "10"],
      ["--n-boot applies only"], None),
     ("eval-n-shots-without-icl", BASE["eval"] + ["--n-shots", "3"],

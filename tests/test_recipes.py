@@ -91,7 +91,8 @@ def cli(src: Path, *argv: str) -> str:
 # a lens: sitelens/lenses/<module>.py + one Lens(...) in sitelens/lenses/registry.py
 
 TOY_LENS = '''\
-"""A toy lens: each head scores its flat index (layer * n_heads + head)."""
+"""A toy lens: each head scores its flat index (layer * n_heads + head) times the configs'
+n_prompts (a setting it reads, so ``sitelens heads`` takes --n-prompts with it)."""
 
 from __future__ import annotations
 
@@ -104,35 +105,40 @@ from sitelens.models import model_name
 def toy_lens(x) -> HeadScores:
     L, H = x.model.cfg.n_layers, x.model.cfg.n_heads
     score = torch.arange(L * H, dtype=torch.float32).reshape(L, H)  # [n_layers, n_heads]
-    return HeadScores.from_map(score, model=model_name(x.model), task=x.task.name, lens="toy")
+    return HeadScores.from_map(score * x.attribution.n_prompts, model=model_name(x.model),
+                               task=x.task.name, lens="toy")
 '''
 
 
 def test_a_new_lens_is_its_module_and_one_registry_entry(tmp_path):
     src = follow_recipe(tmp_path, "sitelens/lenses/toy.py", TOY_LENS, LENS_REGISTRY, "_LENSES = [\n",
-                        '    Lens("toy", "each head\'s flat index", "sitelens.lenses.toy:toy_lens"),\n')
-    flat = {(layer, head): float(layer * N_HEADS + head) for layer in range(2) for head in range(N_HEADS)}
+                        '    Lens("toy", "each head\'s flat index", "sitelens.lenses.toy:toy_lens", '
+                        'reads=("corrupted",)),\n')
+    n_prompts = 3
+    flat = {(layer, head): float(n_prompts * (layer * N_HEADS + head)) for layer in range(2)
+            for head in range(N_HEADS)}
 
-    out = run_python(src, """
+    out = run_python(src, f"""
         from sitelens import load_model, load_task
         from sitelens.lenses import AttributionConfig, available_lenses, head_scores
         model = load_model("tiny-random")
         run = head_scores(model, load_task("antonym"), ["toy"],
-                          attribution=AttributionConfig(n_mean_prompts=4, n_shots=2))
-        out = {"lenses": available_lenses(), "rows": run.scores.df[["lens", "layer", "head", "score"]]
-               .values.tolist()}
+                          attribution=AttributionConfig(n_prompts={n_prompts}, n_mean_prompts=4, n_shots=2))
+        out = {{"lenses": available_lenses(), "rows": run.scores.df[["lens", "layer", "head", "score"]]
+               .values.tolist()}}
     """)
     assert "toy" in out["lenses"]
     assert {(layer, head): s for lens, layer, head, s in out["rows"] if lens == "toy"} == flat
     assert len(out["rows"]) == len(flat)
 
     assert "toy" in cli(src, "heads", "--help")  # the choices are read from the registry
-    printed = cli(src, "heads", *TINY, "--lenses", "toy", "--n-mean-prompts", "4", "--n-shots", "2",
-                  "--out", "h.csv", "--json")
+    # --n-prompts is taken: the entry says the toy reads it
+    printed = cli(src, "heads", *TINY, "--lenses", "toy", "--n-prompts", str(n_prompts),
+                  "--n-mean-prompts", "4", "--n-shots", "2", "--out", "h.csv", "--json")
     table = pd.read_csv(tmp_path / "work" / "h.csv")
     assert set(table.lens) == {"toy"}
     assert {(r.layer, r.head): r.score for r in table.itertuples()} == flat
-    assert json.loads(printed)["lenses"]["toy"]["top"][0] == [1, N_HEADS - 1, N_HEADS * 2 - 1]
+    assert json.loads(printed)["lenses"]["toy"]["top"][0] == [1, N_HEADS - 1, n_prompts * (2 * N_HEADS - 1)]
 
     assert changed_files(src) == {"sitelens/lenses/toy.py", LENS_REGISTRY}
 

@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from sitelens.cli import types as T
 from sitelens.cli.options import When, config, option
-from sitelens.lenses.registry import ALIASES, DEFAULT_BUDGETS, SELECTORS, available_lenses
+from sitelens.lenses.registry import ALIASES, DEFAULT_BUDGETS, REGISTRY, SELECTORS, available_lenses
 from sitelens.models.registry import ATLAS_MODELS, DEFAULT_MODEL, FIGURE_MODELS
 from sitelens.models.spec import BACKENDS
 from sitelens.site.config import FitConfig
@@ -317,22 +317,34 @@ class HeadOptions(Force, Stage2, OneTask):
                            help="stage 2 of the fits as sitelens does it or as the paper's code does")
 
 
-def _lenses_read(test, what: str, add: str) -> When:
-    """Read when ``test`` holds for the set of lenses asked for."""
-    def lenses(a) -> set[str]:
+def _lenses_reading(group: str, before: str = "", after: str = "") -> When:
+    """Read when --lenses asks for a lens whose registry entry reads ``group``
+    (:attr:`~sitelens.lenses.registry.Lens.reads`); the refusal names those lenses, an alias for
+    all of its lenses."""
+    readers = [lens.name for lens in REGISTRY.values() if group in lens.reads]
+    names = list(readers)
+    for alias, members in ALIASES.items():
+        if set(members) <= set(names):
+            at = names.index(members[0])
+            names = [n for n in names if n not in members]
+            names.insert(at, alias)
+    words = (names[0] + " lens" if len(names) == 1
+             else ", ".join(names[:-1]) + f" and {names[-1]} lenses")
+
+    def asked(a) -> bool:
         from sitelens.lenses import parse_lenses
 
-        return set(parse_lenses(T.split_csv(a.lenses)))
+        return bool(set(parse_lenses(T.split_csv(a.lenses))) & set(readers))
 
-    return When(lambda a: test(lenses(a)), f"{what}, which --lenses {{a.lenses}} does not ask for",
+    add = f"add {names[0]}" if len(names) == 1 else "add one of them"
+    return When(asked, f"to the {before}{words}{after}, which --lenses {{a.lenses}} does not ask for",
                 f"{add} to --lenses or drop {{flags}}")
 
 
 _NO_ADAPTER = When(lambda a: not a.adapter, "when heads fits α itself (no --adapter); with --adapter "
                    "every lens reads that adapter (its α for alpha and dla, its embedding for the "
                    "others) and nothing is fitted", "drop {flags}, or drop --adapter to fit with them")
-_FITS = _lenses_read(lambda ls: bool(ls & {"alpha", "dla"}), "to the fits of the alpha and dla lenses",
-                     "add alpha")
+_FITS = _lenses_reading("fit", before="fits of the ")
 
 
 @config
@@ -342,15 +354,10 @@ class HeadsCommand(HeadOptions):
     COMMAND: ClassVar[str] = "heads"
     READ_WHEN: ClassVar[dict] = {
         "fit": (_NO_ADAPTER, _FITS), "protocol": (_NO_ADAPTER, _FITS), "embedding": (_NO_ADAPTER,),
-        "seeds": (_NO_ADAPTER, _lenses_read(lambda ls: "alpha" in ls,
-                                            "to the alpha lens (SITE fits over seeds)", "add alpha")),
-        "corrupted": (_lenses_read(
-            lambda ls: bool(ls & {"atp", "atp-star", "effect", "ablation-mean", "ablation-zero"}),
-            "to the atp, atp-star, effect and ablation lenses", "add one of them"),),
-        "alpha-grad": (_lenses_read(lambda ls: "alpha-grad" in ls, "to the alpha-grad lens",
-                                    "add alpha-grad"),),
-        "intervals": (_lenses_read(lambda ls: bool(ls - {"alpha", "dla"}), "to the intervals of the "
-                                   "lenses other than alpha and dla", "add one of them"),),
+        "seeds": (_NO_ADAPTER, _lenses_reading("seeds", after=" (SITE fits over seeds)")),
+        "corrupted": (_lenses_reading("corrupted"),),
+        "alpha-grad": (_lenses_reading("alpha-grad"),),
+        "intervals": (_lenses_reading("intervals", before="intervals of the "),),
     }
     lenses: str | None = option(required=True, type=T.LENS_NAMES, help="comma-separated lenses: "
                                 + ", ".join(available_lenses()) + " (" + "; ".join(

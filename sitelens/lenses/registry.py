@@ -61,12 +61,17 @@ class LensInputs:
 class Lens:
     """One head-importance lens: its name, one line on what it measures, and ``impl``, the
     function ``(LensInputs) -> HeadScores`` that computes it, named as ``"package.module:function"``
-    (imported when the lens first runs) or given itself. ``needs_adapter``: the lens reads a fitted
-    α (an adapter, or the first seed's fit when none is given)."""
+    (imported when the lens first runs) or given itself. ``reads``: the settings it reads beyond
+    the shared embedding (``sitelens heads`` refuses an option that no lens asked for reads):
+    ``"fit"`` (the SITE fit's stage 2), ``"seeds"`` (one fit per seed), ``"corrupted"`` (the
+    configs' ``n_prompts``), ``"alpha-grad"`` (``n_alpha_items``), ``"intervals"`` (``n_boot``).
+    ``needs_adapter``: the lens reads a fitted α (an adapter, or the first seed's fit when none is
+    given)."""
 
     name: str
     what: str
     impl: str | Callable[[LensInputs], HeadScores]
+    reads: tuple[str, ...] = ()
     needs_adapter: bool = False
 
     def run(self, x: LensInputs) -> HeadScores:
@@ -76,21 +81,21 @@ class Lens:
 # The one list of lenses: one entry per lens, its function in its module
 _LENSES = [
     Lens("alpha", "SITE's learned α, mean and 95% interval over seeds",
-         "sitelens.lenses.alpha:alpha_lens"),
+         "sitelens.lenses.alpha:alpha_lens", reads=("fit", "seeds")),
     Lens("alpha-grad", "−∂loss/∂α at α = 0 on zero-shot prompts",
-         "sitelens.lenses.attribution:alpha_grad_lens"),
+         "sitelens.lenses.attribution:alpha_grad_lens", reads=("alpha-grad", "intervals")),
     Lens("atp", "attribution patching, the linear estimate of effect",
-         "sitelens.lenses.attribution:atp_lens"),
+         "sitelens.lenses.attribution:atp_lens", reads=("corrupted", "intervals")),
     Lens("atp-star", "AtP with GradDrop (Kramár et al. 2024)",
-         "sitelens.lenses.attribution:atp_star_lens"),
+         "sitelens.lenses.attribution:atp_star_lens", reads=("corrupted", "intervals")),
     Lens("ablation-mean", "drop in P(answer) when one head is mean-ablated",
-         "sitelens.lenses.ablation:mean_ablation_lens"),
+         "sitelens.lenses.ablation:mean_ablation_lens", reads=("corrupted", "intervals")),
     Lens("ablation-zero", "drop in P(answer) when one head is zero-ablated",
-         "sitelens.lenses.ablation:zero_ablation_lens"),
+         "sitelens.lenses.ablation:zero_ablation_lens", reads=("corrupted", "intervals")),
     Lens("effect", "exact activation patching on corrupted prompts",
-         "sitelens.lenses.attribution:effect_lens"),
+         "sitelens.lenses.attribution:effect_lens", reads=("corrupted", "intervals")),
     Lens("dla", "direct logit attribution of each head's injected write",
-         "sitelens.lenses.logit_lens:dla_lens", needs_adapter=True),
+         "sitelens.lenses.logit_lens:dla_lens", reads=("fit",), needs_adapter=True),
 ]
 REGISTRY: dict[str, Lens] = {lens.name: lens for lens in _LENSES}
 LENSES: tuple[str, ...] = tuple(REGISTRY)
