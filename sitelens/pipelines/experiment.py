@@ -22,8 +22,8 @@ the markdown report starts with the command that regenerates it (:func:`write_re
 (start-up: whole fresh processes); for fits of how a cost
 grows, :func:`fit_power_law` and :func:`predict`.
 
-``--data-root`` defaults to :data:`DATA_ROOT`, the ``shared/datasets`` folder beside the
-repository, resolved here once.
+``--data-root`` defaults to :data:`DATA_ROOT`: ``$SITELENS_DATA_ROOT``, else the
+``shared/datasets`` folder beside the repository (this checkout's copy), resolved here once.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ from sitelens.pipelines.executors import SPEC_HELP, Cell, make_executor
 from sitelens.pipelines.store import ObjectCache, ResultsStore
 
 REPO = Path(__file__).resolve().parents[2]
-DATA_ROOT = REPO.parent / "shared" / "datasets"  # the datasets folder beside the repository
+# the datasets root: $SITELENS_DATA_ROOT, else this checkout's copy beside the repository
+DATA_ROOT = Path(os.environ.get("SITELENS_DATA_ROOT") or REPO.parent / "shared" / "datasets")
 RESULTS = REPO / "benchmarks" / "results"
 
 
