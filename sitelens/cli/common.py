@@ -12,14 +12,17 @@ STAGE2 = ("lr", "n_examples", "batch_size", "sparsity")  # FitConfig fields that
 
 
 def setup_torch(args) -> None:
-    """``--threads`` (if given) and the torch seed ``--seed``; nothing for ``sitelens atlas`` from
-    the committed tables, which imports no torch."""
+    """The torch threads (``--threads``, else :func:`sitelens.threads.default_threads`: the cores
+    not busy with other work) and the torch seed ``--seed``; nothing for ``sitelens atlas`` from the
+    committed tables, which imports no torch."""
     if args.cmd == "atlas" and not args.refit:
         return
     import torch
 
-    if getattr(args, "threads", None):
-        torch.set_num_threads(args.threads)
+    from sitelens.threads import default_threads
+
+    if hasattr(args, "threads"):
+        torch.set_num_threads(args.threads or default_threads())
     torch.manual_seed(args.seed)
 
 
