@@ -15,6 +15,9 @@ that shows how far a long step has got.
   of a fit, evaluation, each lens, a bench): a tqdm bar where it can redraw (a terminal, a
   notebook), else :class:`PlainProgress`, plain lines at each tenth of the work (a log file, a
   pipe: no carriage-return redraws).
+- :class:`StageLog`: plain lines naming the stages of a long run (the frontier's seeds, selectors,
+  budgets and resamples) and, where output is not live, a heartbeat line at least every
+  ``every_s`` seconds of a stage that writes nothing else (checked at each block of the model).
 
 A leaf module: the standard library only (tqdm is imported when a live bar is drawn), importable
 from anywhere in sitelens.
@@ -28,6 +31,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 MISSING = "–"  # an en dash: a missing value in a table
+monotonic = time.monotonic  # the one clock of progress lines (a test replaces it with a fake one)
+_last_line = [monotonic()]  # when a plain progress line was last written (StageLog's heartbeat reads it)
+
+
+def now() -> float:
+    """The progress clock's time in seconds (:data:`monotonic`, looked up at each call)."""
+    return monotonic()
 
 
 def round_or_none(x, digits: int = 4):
@@ -97,7 +107,7 @@ class PlainProgress:
 
     def __init__(self, iterable: Iterable | None = None, *, total: int | None = None,
                  desc: str = "", stream=None, every_s: float = 60.0, quiet: bool = False,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = now):
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
             total = len(iterable)
         self.iterable, self.total, self.desc, self.n = iterable, total, desc, 0
@@ -160,6 +170,7 @@ class PlainProgress:
         stream = self.stream if self.stream is not None else sys.stderr
         stream.write(f"{self.desc}: {text}" + (f"  {self.postfix}" if self.postfix else "") + "\n")
         stream.flush()
+        _last_line[0] = now
 
 
 def live_output(stream) -> bool:
@@ -192,5 +203,69 @@ def progress_bar(iterable: Iterable | None = None, *, total: int | None = None, 
     return PlainProgress(iterable, total=total, desc=desc, stream=stream, quiet=not enabled)
 
 
-__all__ = ["MISSING", "PlainProgress", "array_summary", "fmt_float", "fmt_int", "live_output", "progress_bar",
-           "round_or_none", "round_sig_or_none", "round_values"]
+class StageLog:
+    """Plain lines ``"{desc}: {text}"`` naming each stage of a long run as it starts and ends
+    (:meth:`write`, :meth:`begin`), never a ``\\r`` redraw, on ``stream`` (default: ``sys.stderr``
+    at each write). A stage that writes nothing for ``every_s`` seconds gets a heartbeat line
+    ``"{desc}: {stage}: still running, {seconds}s"``: :meth:`watch` checks at every block of the
+    model (a forward pre-hook on each of ``model.blocks``), so no stage of model work stays
+    silent much longer than ``every_s``. The heartbeat is off where output is live (a terminal or
+    a notebook: tqdm bars show their own time). ``enabled=False``: nothing is written."""
+
+    def __init__(self, desc: str, *, enabled: bool = True, stream=None, every_s: float = 30.0):
+        self.desc, self.enabled, self._stream, self.every_s = desc, enabled, stream, every_s
+        self.stage, self.stage_t0, self.t0 = "", now(), now()
+        self.heartbeat = enabled and not live_output(self.stream)
+        _last_line[0] = now()
+
+    @property
+    def stream(self):
+        return self._stream if self._stream is not None else sys.stderr
+
+    def write(self, text: str) -> None:
+        """One line ``"{desc}: {text}"``."""
+        if not self.enabled:
+            return
+        self.stream.write(f"{self.desc}: {text}\n")
+        self.stream.flush()
+        _last_line[0] = now()
+
+    def begin(self, stage: str, text: str | None = None) -> None:
+        """Start ``stage`` (what the heartbeat names) and write ``text`` (default ``stage``)."""
+        self.stage, self.stage_t0 = stage, now()
+        self.write(stage if text is None else text)
+
+    def seconds(self) -> float:
+        """Seconds since the log was made."""
+        return now() - self.t0
+
+    def beat(self) -> None:
+        """The heartbeat line, if nothing was written for ``every_s`` seconds."""
+        t = now()
+        if self.heartbeat and t - _last_line[0] >= self.every_s:
+            self.write(f"{self.stage or 'running'}: still running, {t - self.stage_t0:.0f}s")
+
+    def watch(self, model) -> _Watch:
+        """A ``with`` block in which every block of ``model`` (``model.blocks``, else the model
+        itself) calls :meth:`beat` as it starts."""
+        return _Watch(self, model)
+
+
+class _Watch:
+    def __init__(self, log: StageLog, model):
+        self.log, self.model, self.handles = log, model, []
+
+    def __enter__(self) -> StageLog:
+        if self.log.heartbeat and self.model is not None:
+            mods = list(getattr(self.model, "blocks", None) or [self.model])
+            self.handles = [m.register_forward_pre_hook(lambda *_: self.log.beat()) for m in mods]
+        return self.log
+
+    def __exit__(self, *exc) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+__all__ = ["MISSING", "PlainProgress", "StageLog", "array_summary", "fmt_float", "fmt_int", "live_output",
+           "now", "progress_bar", "round_or_none", "round_sig_or_none", "round_values"]

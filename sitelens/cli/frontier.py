@@ -6,12 +6,20 @@ the summary. Bad input (an unknown selector, a budget above the model's head cou
 to split, a malformed number) exits 2 before any model loads; for a model whose head count is not
 known before loading it (no bundled record), the budgets are checked right after the load, before
 any work.
+
+Resuming: ``--out/cells/`` keeps each finished part as it finishes (each seed's and resample's
+fit and each selector's sets for every budget, each seed's scored rows:
+:class:`sitelens.lenses.frontier.CellStore`) and ``--out/frontier_run.json`` the settings of
+the run (:func:`frontier_settings`). A rerun of the same command reads the finished parts instead
+of redoing them; one with other settings is refused before any model loads, naming the options
+that differ, unless ``--force``, which redoes every part.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from sitelens.cli.common import fit_config_from_args, load_task_and_model
 from sitelens.cli.types import split_csv
@@ -46,6 +54,49 @@ def check_frontier_options(args) -> None:
         check_budgets([int(k) for k in split_csv(args.budgets)], n)
     if getattr(args, "_task", None) is not None:
         check_task_splits(args._task)
+
+
+CELLS, RECORD = "cells", "frontier_run.json"
+NOT_SETTINGS = ("out", "json", "force", "threads")  # options that change no number of the frontier
+
+
+def frontier_settings(args) -> dict:
+    """What makes a frontier, as JSON: every option of ``sitelens frontier`` but
+    :data:`NOT_SETTINGS`, the hash of the task's items and the numerics version."""
+    from dataclasses import fields
+
+    from sitelens.cli.configs import FrontierCommand
+    from sitelens.provenance import NUMERICS_VERSION, canonical, task_hash
+
+    d = {f.name: getattr(args, f.name, None) for f in fields(FrontierCommand) if f.name not in NOT_SETTINGS}
+    task = getattr(args, "_task", None)
+    d["task_hash"] = task_hash(task) if task is not None else None
+    d["numerics_version"] = NUMERICS_VERSION
+    return json.loads(json.dumps(canonical(d)))
+
+
+def plan_frontier(args) -> None:
+    """Before any model loads: an ``--out`` holding a frontier (its ``frontier.csv`` or its
+    record) made with other settings is refused, naming the options that differ, unless
+    ``--force``; the same settings resume."""
+    from sitelens.cli.configs import FrontierCommand
+    from sitelens.cli.options import option_names
+    from sitelens.cli.run import _differs
+    from sitelens.errors import UsageError
+
+    out = Path(args.out)
+    now = frontier_settings(args)
+    try:
+        rec = json.loads((out / RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        rec = None
+    held = (out / "frontier.csv").exists() or (out / CELLS).exists()
+    if held and rec != now and not args.force:
+        why = (", ".join(option_names(_differs(rec, now), FrontierCommand)) if isinstance(rec, dict)
+               else f"unknown: no {RECORD}")
+        raise UsageError(f"--out {out} already holds a frontier made with other settings ({why}); "
+                         "refusing to replace it: pass --force to redo it, or choose another --out.")
+    args._frontier_settings = now
 
 
 def _k_cell(a: dict) -> str:
@@ -107,8 +158,14 @@ def cmd_frontier(args) -> int:
                          n_shots=args.n_shots, greedy_max_k=args.greedy_max_k,
                          greedy_pool=args.greedy_pool, test_limit=args.test_limit,
                          exact_match=not args.no_exact_match, n_bootstrap=args.n_bootstrap)
+    from sitelens.io import atomic_write_json, ensure_dir
+
+    out = ensure_dir(args.out)
+    settings = getattr(args, "_frontier_settings", None) or frontier_settings(args)
+    atomic_write_json(out / RECORD, settings)  # before any part: the cells are of these settings
     res = frontier(model, task, budgets=budgets, selectors=split_csv(args.selectors),
-                   seeds=range(args.seed, args.seed + args.seeds), config=cfg, progress=True)
+                   seeds=range(args.seed, args.seed + args.seeds), config=cfg, progress=True,
+                   resume_dir=out / CELLS, force=args.force)
     csv, js = res.to_dir(args.out)
     print(f"wrote {csv} ({len(res.table)} rows) and {js}", file=sys.stderr)
     if args.json:

@@ -2,10 +2,10 @@
 (from :func:`sitelens.cli.validate.check_outputs`) and raises a
 :class:`~sitelens.errors.UsageError`, printed as one line with exit status 2, for an output that
 already holds an earlier result (an adapter in ``fit --out`` or ``--save-adapter``, a file at
-``--out`` / ``--items``, ``frontier.csv`` in ``frontier --out``) unless ``--force``. ``bench`` and
+``--out`` / ``--items``) unless ``--force``. ``bench`` and
 ``figures`` are not checked: their results are keyed and resumed, never replaced; the ``atlas``
-page is a view of its tables, rebuilt in seconds; ``run`` resumes or refuses part by part
-(:func:`sitelens.cli.run.plan_run`)."""
+page is a view of its tables, rebuilt in seconds; ``run`` and ``frontier`` resume or refuse
+(:func:`sitelens.cli.run.plan_run`, :func:`sitelens.cli.frontier.plan_frontier`)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def check_no_replace(args, cmd: str) -> None:
     """Refuse to replace an earlier adapter or result file unless ``--force`` (commands without
     the option are not checked): an adapter in a path option of kind ``"adapter"``, a file at one
     of kind ``"csv"`` or at the ``result`` of a directory (:func:`sitelens.cli.options.paths`)."""
-    if not hasattr(args, "force") or args.force or cmd == "run":
+    if not hasattr(args, "force") or args.force or cmd in ("run", "frontier"):
         return
     for option, value, kind, result in paths(args, CONFIGS[cmd]):
         if kind == "adapter" and _adapter_in(value):

@@ -63,6 +63,28 @@ def flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+# Settings that a resume record holds under a name that is not an option: the FitConfig fields
+# that no option sets follow --protocol (the official protocol's own defaults), the task's items
+# follow --task, the numerics version follows the installed sitelens.
+SETTING_OPTIONS = {"config": "--protocol", "init": "--protocol", "eval_every": "--protocol",
+                   "n_valid": "--protocol", "task_hash": "--task (its items)",
+                   "numerics_version": "the installed sitelens (its numerics version)"}
+
+
+def option_names(keys, config: type) -> list[str]:
+    """The command-line options behind the differing settings ``keys`` of a resume record
+    (dotted keys: their last part), for a refusal that names what the user changed: a field of
+    the command's config is its flag, the others as :data:`SETTING_OPTIONS` says; ``--protocol``
+    first (it changes other options' defaults), each once."""
+    names = {f.name for f in fields(config)}
+    out = []
+    for key in keys:
+        last = str(key).rsplit(".", 1)[-1]
+        out.append(SETTING_OPTIONS.get(last) or (flag(last) if last in names else last))
+    out = list(dict.fromkeys(out))
+    return sorted(out, key=lambda o: o != "--protocol")
+
+
 def has_default(default) -> bool:
     """Whether a default is worth showing: not None, not False (a switch that is off), not an
     empty sequence."""

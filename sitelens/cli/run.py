@@ -79,6 +79,18 @@ def _differs(old, new, prefix: str = "") -> list[str]:
             for d in _differs(old.get(k), new.get(k), f"{prefix}{k}.")]
 
 
+def _changed(old: dict | None, new: dict, parts: tuple[str, ...]) -> str:
+    """The options whose settings differ between the record ``old`` and ``new`` in ``parts``,
+    as the user types them (:func:`sitelens.cli.options.option_names`)."""
+    from sitelens.cli.configs import CONFIGS
+    from sitelens.cli.options import option_names
+
+    if not old:
+        return f"unknown: no {RECORD}"
+    diff = [d for p in parts for d in _differs(old.get(p), new.get(p))]
+    return ", ".join(option_names(diff, CONFIGS["run"]))
+
+
 def _refuse(out: Path, what: str, why: str) -> None:
     raise UsageError(f"--out {out} already holds {what} {why}; refusing to replace it: pass --force "
                      "to replace it, or choose another --out.")
@@ -103,15 +115,12 @@ def plan_run(args) -> dict:
     if now["fit"] is not None:
         plan["fit"] = "reuse" if has_adapter and same_base and rec.get("fit") == now["fit"] else "fit"
         if plan["fit"] == "fit" and has_adapter and not args.force:
-            diff = (_differs(rec.get("base"), now["base"]) + _differs(rec.get("fit"), now["fit"])
-                    if rec else [f"unknown: no {RECORD}"])
-            _refuse(out, "an adapter", f"fitted with other settings ({', '.join(diff)})")
+            _refuse(out, "an adapter", f"fitted with other settings ({_changed(rec, now, ('base', 'fit'))})")
     if has_eval and same_base and rec.get("eval") == now["eval"] and plan["fit"] != "fit":
         plan["eval"] = "reuse" if (out / EVAL).exists() and (out / ITEMS).exists() else "run"
     elif has_eval and not args.force:
-        diff = (_differs(rec.get("base"), now["base"]) + _differs(rec.get("eval"), now["eval"])
-                if rec else [f"unknown: no {RECORD}"])
-        _refuse(out, "an evaluation", f"made with other settings ({', '.join(diff) or 'its fit'})")
+        _refuse(out, "an evaluation",
+                f"made with other settings ({_changed(rec, now, ('base', 'eval')) or 'its fit'})")
     args._plan = plan
     return plan
 

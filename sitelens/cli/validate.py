@@ -350,6 +350,10 @@ def check_outputs(args) -> None:
         from sitelens.cli.run import plan_run
 
         plan_run(args)
+    if cmd == "frontier":  # what an earlier frontier left there (resumed or refused)
+        from sitelens.cli.frontier import plan_frontier
+
+        plan_frontier(args)
     check_no_replace(args, cmd)
 
 

@@ -57,9 +57,9 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from sitelens.eval.evaluation import evaluate
+from sitelens.format import StageLog
 from sitelens.heads import head_label, mask_of
 from sitelens.lenses.joint_fit import fit_many
 from sitelens.lenses.registry import DEFAULT_BUDGETS, SELECTORS, parse_selectors
@@ -210,6 +210,175 @@ def resample_selection_items(task: Task, b: int) -> Task:
                    valid=[rng.choice(task.valid) for _ in task.valid])
 
 
+class CellStore:
+    """The finished parts of a frontier, kept on disk so that a rerun skips them: per seed (and
+    bootstrap resample) the full SITE fit (its adapter and counted cost) and each selector's sets
+    for every budget, and per seed the scored rows. Each part is one file (or folder) named by what
+    it is and a hash of everything that made it (:meth:`key`: the model's name, weight
+    fingerprint, device and dtype; the task's items; the whole :class:`FrontierConfig`; the
+    seed, resample, selector, budgets and injections; the numerics version), written atomically
+    when the part finishes, so an interrupted run leaves only whole parts and a part made with
+    other settings is never read."""
+
+    def __init__(self, root: str | Path, model, task: Task, config: FrontierConfig, *, read: bool = True):
+        from sitelens.models import fingerprint
+        from sitelens.provenance import NUMERICS_VERSION, canonical, task_hash
+
+        self.root, self.read = Path(root), read  # read=False: every part redone (and stored again)
+        self.base = {"model": model_name(model), "fingerprint": fingerprint(model),
+                     "device": str(model.cfg.device), "dtype": str(model.cfg.dtype),
+                     "task": task_hash(task), "config": canonical(config),
+                     "numerics_version": NUMERICS_VERSION}
+
+    def key(self, **parts) -> str:
+        from sitelens.provenance import settings_hash
+
+        return settings_hash({**self.base, **parts}, n=16)
+
+    def _json(self, name: str):
+        if not self.read:
+            return None
+        try:
+            return json.loads((self.root / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def _put(self, name: str, obj) -> None:
+        from sitelens.io import atomic_write_text, ensure_dir
+
+        ensure_dir(self.root)
+        atomic_write_text(self.root / name, json.dumps(_json_safe(obj)))
+
+    def fit(self, key: str):
+        """``(adapter, cost)`` of a finished fit, else None."""
+        from sitelens.errors import AdapterError
+        from sitelens.site import SiteAdapter
+
+        cost = self._json(f"fit-{key}/cost.json")
+        if cost is None:
+            return None
+        try:
+            return SiteAdapter.load(self.root / f"fit-{key}"), cost
+        except AdapterError:
+            return None
+
+    def fit_cost(self, key: str) -> dict | None:
+        return self._json(f"fit-{key}/cost.json")
+
+    def put_fit(self, key: str, adapter, cost: dict) -> None:
+        adapter.save(self.root / f"fit-{key}")
+        self._put(f"fit-{key}/cost.json", cost)  # last: its presence marks a whole fit
+
+    def selection(self, key: str) -> Selection | None:
+        d = self._json(f"select-{key}.json")
+        if d is None:
+            return None
+        d["sets"] = {int(k): v for k, v in d["sets"].items()}
+        return Selection(**d)
+
+    def put_selection(self, key: str, s: Selection) -> None:
+        self._put(f"select-{key}.json", {"selector": s.selector, "seed": s.seed, "sets": s.sets,
+                                         "forward_passes": s.forward_passes,
+                                         "backward_passes": s.backward_passes, "seconds": s.seconds,
+                                         "meta": s.meta})
+
+    def scores(self, key: str):
+        """``(rows, scores, refit)`` of a finished scoring, else None."""
+        d = self._json(f"score-{key}.json")
+        if d is None:
+            return None
+        nan = float("nan")
+        rows = [{k: (nan if v is None and k != "cond" else v) for k, v in r.items()} for r in d["rows"]]
+        scores = {k: np.asarray(v, dtype=bool) for k, v in d["scores"].items()}
+        return rows, scores, d["refit"]
+
+    def put_scores(self, key: str, rows, scores, refit) -> None:
+        self._put(f"score-{key}.json", {"rows": rows, "scores": {k: v.astype(int).tolist()
+                                                                 for k, v in scores.items()},
+                                        "refit": refit})
+
+
+def _table_cost(s: Selection, fit_cost: dict | None) -> dict:
+    """A selector's cost as the table reports it: its own, and for ``alpha`` the full fit's too."""
+    base = (fit_cost or {}) if s.selector == "alpha" else {}
+    return {key: getattr(s, key) + base.get(key, 0) for key in COST}
+
+
+class _Replicate:
+    """One seed (or bootstrap resample) of the frontier: the full SITE fit, made or read from the
+    store only when a part that needs it is not already stored, and the selectors' sets."""
+
+    def __init__(self, model, task: Task, cfg: FrontierConfig, seed: int, *, bootstrap: int | None,
+                 store: CellStore | None, log: StageLog | None, progress: bool, name: str):
+        self.model, self.cfg, self.seed, self.bootstrap = model, cfg, seed, bootstrap
+        self.task = task if bootstrap is None else resample_selection_items(task, bootstrap)
+        self.store, self.log, self.progress, self.name = store, log, progress, name
+        self.fit_key = store.key(part="fit", seed=seed, bootstrap=bootstrap) if store else None
+        self._ctx: SelectionContext | None = None
+        self._fit_cost: dict | None = None
+
+    def say(self, text: str) -> None:
+        if self.log is not None:
+            self.log.write(f"{self.name}: {text}")
+
+    @property
+    def fit_cost(self) -> dict:
+        if self._fit_cost is None and self.store is not None:
+            self._fit_cost = self.store.fit_cost(self.fit_key)
+        if self._fit_cost is None:
+            self.context()
+        return self._fit_cost
+
+    def context(self) -> SelectionContext:
+        if self._ctx is None:
+            got = self.store.fit(self.fit_key) if self.store is not None else None
+            if got is not None:
+                adapter, self._fit_cost = got
+                self.say("full SITE fit read from an earlier run")
+            else:
+                if self.log is not None:
+                    self.log.begin(f"{self.name}: full SITE fit")
+                adapter, self._fit_cost = fit_site_counted(self.model, self.task, self.cfg, self.seed,
+                                                           progress=self.progress)
+                c = self._fit_cost
+                self.say(f"full SITE fitted in {c['seconds']:.1f}s (forward {c['forward_passes']}, "
+                         f"backward {c['backward_passes']})")
+                if self.store is not None:
+                    self.store.put_fit(self.fit_key, adapter, self._fit_cost)
+            self._ctx = SelectionContext(self.model, self.task, adapter, self.cfg, self.seed,
+                                         self.progress, self.log)
+        return self._ctx
+
+    def select(self, selectors: list[str], budgets: list[int]) -> tuple[list[Selection], list[str]]:
+        """Each selector's sets (stored ones read, the others run and stored as each finishes),
+        and the keys of the stored parts (None without a store)."""
+        out, keys = [], []
+        ks = ",".join(map(str, budgets))
+        for i, name in enumerate(selectors, start=1):
+            key = (self.store.key(part="select", seed=self.seed, bootstrap=self.bootstrap, selector=name,
+                                  budgets=list(budgets)) if self.store else None)
+            s = self.store.selection(key) if self.store is not None else None
+            where = f"selector {name} ({i} of {len(selectors)}), budgets {ks}"
+            if s is not None:
+                self.say(f"{where}: done in an earlier run, skipped")
+            else:
+                ctx = self.context()
+                if self.log is not None:
+                    self.log.begin(f"{self.name}: selector {name}", f"{self.name}: {where}")
+                s = select(ctx, name, budgets)
+                if self.store is not None:
+                    self.store.put_selection(key, s)
+                c = _table_cost(s, self.fit_cost)
+                reached = [k for k in budgets if s.sets.get(k) is not None]
+                self.say(f"selector {name} done in {c['seconds']:.1f}s (forward {c['forward_passes']}, "
+                         f"backward {c['backward_passes']}"
+                         + (", with the full SITE fit" if name == "alpha" else "") + "); budgets "
+                         + (",".join(map(str, reached)) or "none") + " reached")
+            out.append(s)
+            keys.append(key)
+        return out, keys
+
+
 def frontier_sets(
     model, task: Task, *, budgets: Sequence[int] = DEFAULT_BUDGETS,
     selectors: Sequence[str] = SELECTORS, seed: int = 0, bootstrap: int | None = None,
@@ -224,14 +393,16 @@ def frontier_sets(
     selectors = parse_selectors(selectors)
     budgets = check_budgets(budgets, model.cfg.n_layers * model.cfg.n_heads)
     check_task_splits(task)
-    t = task if bootstrap is None else resample_selection_items(task, bootstrap)
-    adapter, fit_cost = fit_site_counted(model, t, cfg, seed, progress=progress)
-    ctx = SelectionContext(model, t, adapter, cfg, seed, progress)
-    out = [select(ctx, name, budgets) for name in selectors]
+    name = f"seed {seed}" if bootstrap is None else f"resample {bootstrap} (seed {seed})"
+    log = StageLog(f"frontier sets [{task.name}]", enabled=progress)
+    rep = _Replicate(model, task, cfg, seed, bootstrap=bootstrap, store=None, log=log, progress=progress,
+                     name=name)
+    with log.watch(model):
+        out, _ = rep.select(selectors, budgets)
     for s in out:
         if s.selector == "alpha":
             for key in COST:
-                setattr(s, key, getattr(s, key) + fit_cost.get(key, 0))
+                setattr(s, key, getattr(s, key) + rep.fit_cost.get(key, 0))
     return out
 
 
@@ -240,7 +411,8 @@ def _refit_all(ctx: SelectionContext, sets: list[tuple[int, ...]], cfg: Frontier
     (:func:`~sitelens.lenses.joint_fit.fit_many`: the same fits as one ``fit_many`` per set, up
     to float rounding). Returns
     ``{set: (weights [L, H], cost)}``; each set's cost is its share of the joint fit's counted
-    passes and seconds (the total over the sets)."""
+    passes and seconds (the total over the sets), and ``"total"``: the joint fit's whole counts and
+    the number of sets it served (``{"sets", "forward_passes", "backward_passes", "seconds"}``)."""
     if not sets:
         return {}
     shape = ctx.shape
@@ -252,9 +424,12 @@ def _refit_all(ctx: SelectionContext, sets: list[tuple[int, ...]], cfg: Frontier
                         template=ctx.adapter.template, what="α on each head set",
                         max_rows=cfg.batch_size)
     n = len(sets)
+    total = {"sets": n, "forward_passes": fwd.count, "backward_passes": bwd.count, "seconds": fwd.seconds}
+    ctx.say(f"{n} set(s) fitted in {fwd.seconds:.1f}s (forward {fwd.count}, "
+            f"backward {bwd.count}; each refit row carries 1/{n} of it)")
     cost = {"forward_passes": fwd.count / n, "backward_passes": bwd.count / n, "seconds": fwd.seconds / n}
     w = torch.sigmoid(kept.reshape(n, -1)) * masks
-    return {h: (w[i].reshape(shape), cost) for i, h in enumerate(sets)}
+    return {h: (w[i].reshape(shape), cost) for i, h in enumerate(sets)} | {"total": total}
 
 
 def _exact_match(model, task, cfg: FrontierConfig, weights: Tensor, embedding, template) -> np.ndarray:
@@ -266,12 +441,12 @@ def _exact_match(model, task, cfg: FrontierConfig, weights: Tensor, embedding, t
 
 
 def _score_seed(ctx: SelectionContext, selections: list[Selection], budgets, injections, cfg,
-                fit_cost: dict) -> tuple[list[dict], dict[str, np.ndarray]]:
+                fit_cost: dict) -> tuple[list[dict], dict[str, np.ndarray], dict]:
     """The rows of one seed: every (selector, k, injection) set injected on the test items and on
     the selectors' valid items, each split in one batched first-token pass (and one generation per
     distinct mix for exact match). Also returns the per-item correctness ``{"test": [n_cond,
     n_test], "valid": [n_cond, n_valid]}``; each row's ``cond`` indexes it (condition 0 is
-    zero-shot, 1 full SITE)."""
+    zero-shot, 1 full SITE), and the joint refit's whole cost (:func:`_refit_all`'s ``"total"``)."""
     model, task = ctx.model, ctx.task
     L, H = ctx.shape
     items = task.test[: cfg.test_limit] if cfg.test_limit else task.test
@@ -281,10 +456,13 @@ def _score_seed(ctx: SelectionContext, selections: list[Selection], budgets, inj
     seen: dict[bytes, int] = {}  # identical mixes (the same set from two selectors) run once
     todo = {tuple(sorted(h)): None for s in selections for h in s.sets.values()
             if h is not None and "refit" in injections}
+    if todo and ctx.log is not None:
+        ctx.log.begin(f"seed {ctx.seed}: refit", f"seed {ctx.seed}: refit of {len(todo)} distinct set(s) "
+                      f"(every selector and budget, one joint fit)")
     refits = _refit_all(ctx, list(todo), cfg)
+    refit_total = refits.pop("total", {"sets": 0, "forward_passes": 0, "backward_passes": 0, "seconds": 0.0})
     for s in selections:
-        base = dict(fit_cost) if s.selector == "alpha" else {}
-        cost = {key: getattr(s, key) + base.get(key, 0) for key in COST}
+        cost = _table_cost(s, fit_cost)
         for k in budgets:
             heads = s.sets.get(k)
             for inj in injections:
@@ -303,6 +481,10 @@ def _score_seed(ctx: SelectionContext, selections: list[Selection], budgets, inj
                     row["_cond"] = seen[key]
                 conds.append(row)
     W = torch.stack(weights)  # [n_cond, L, H]
+    if ctx.log is not None:
+        ctx.log.begin(f"seed {ctx.seed}: scoring", f"seed {ctx.seed}: scoring {len(W)} distinct mixes on "
+                      f"{len(test)} test and {len(ctx.valid)} valid items"
+                      + (" (then exact match: one generation per mix)" if cfg.exact_match else ""))
     correct = inject_scores(model, test, W, ctx.adapter.embedding, batch_size=cfg.batch_size)
     valid = inject_scores(model, ctx.valid, W, ctx.adapter.embedding, batch_size=cfg.batch_size)
     n = correct.shape[1]
@@ -324,7 +506,7 @@ def _score_seed(ctx: SelectionContext, selections: list[Selection], budgets, inj
                      "zero_shot_valid": float(vacc[0]),
                      "zero_shot_exact_match": float(em[0]), "full_site_exact_match": float(em[1]),
                      "seed": ctx.seed, "n_test": n, "n_valid": valid.shape[1], "cond": c})
-    return rows, {"test": correct, "valid": valid}
+    return rows, {"test": correct, "valid": valid}, refit_total
 
 
 def _k_text(k: float):
@@ -446,12 +628,23 @@ def frontier(
     seeds: int | Sequence[int] = 1,
     config: FrontierConfig | None = None,
     progress: bool = False,
+    resume_dir: str | Path | None = None,
+    force: bool = False,
 ) -> FrontierResult:
     """The accuracy-vs-heads frontier of ``model`` on ``task`` (see the module docstring).
     ``seeds``: a number n (seeds 0..n-1) or the seeds themselves; each seed refits full SITE and
     reruns every selector. Bad input raises before any work: :class:`~sitelens.errors.LensError`
     for an unknown selector or injection or a budget outside [1, the model's head count],
-    :class:`~sitelens.errors.TaskError` for a task too small to split."""
+    :class:`~sitelens.errors.TaskError` for a task too small to split.
+
+    ``progress``: plain lines on stderr naming each seed, selector (with its budgets), refit,
+    scoring and bootstrap resample as it starts and ends, with the cost each adds to the table,
+    and a heartbeat at least every 30 s of a step that writes nothing else
+    (:class:`~sitelens.format.StageLog`). ``resume_dir``: a folder keeping each finished part
+    (:class:`CellStore`: each seed's and resample's fit and selectors' sets, each seed's scored
+    rows); a rerun with the same folder reads the parts made with the same settings instead of
+    redoing them (the counted passes and seconds in the table are those of the run that made
+    them); ``force=True``: nothing is read, every part is redone and stored again."""
     cfg = config or FrontierConfig()
     selectors = parse_selectors(selectors)
     budgets = check_budgets(budgets, model.cfg.n_layers * model.cfg.n_heads)
@@ -462,21 +655,39 @@ def frontier(
         raise LensError(f"Unknown injection {bad[0] if bad else None!r}; use {', '.join(INJECTIONS)}.")
     check_task_splits(task)
     seed_list = list(range(int(seeds))) if isinstance(seeds, int) else [int(s) for s in seeds]
-    rows, selections, scores = [], [], {}
+    store = CellStore(resume_dir, model, task, cfg, read=not force) if resume_dir is not None else None
+    log = StageLog(f"frontier [{task.name}]", enabled=progress)
+    rows, selections, scores, refits = [], [], {}, {}
     boot: dict[str, list[dict]] = {s: [] for s in selectors}
-    for seed in tqdm(seed_list, desc=f"frontier [{task.name}]", disable=not progress):
-        adapter, fit_cost = fit_site_counted(model, task, cfg, seed, progress=progress)
-        ctx = SelectionContext(model, task, adapter, cfg, seed, progress)
-        sel = [select(ctx, name, budgets) for name in selectors]
-        selections += sel
-        seed_rows, scores[seed] = _score_seed(ctx, sel, budgets, list(injections), cfg, fit_cost)
-        rows += seed_rows
-    for b in range(cfg.n_bootstrap):  # the same selectors on resampled selection items
-        for s in frontier_sets(model, task, budgets=budgets, selectors=selectors, seed=seed_list[0],
-                               bootstrap=b, config=cfg):
-            boot[s.selector].append(s.sets)
+    with log.watch(model):
+        for i, seed in enumerate(seed_list, start=1):
+            name = f"seed {seed} ({i} of {len(seed_list)})" if len(seed_list) > 1 else f"seed {seed}"
+            rep = _Replicate(model, task, cfg, seed, bootstrap=None, store=store, log=log,
+                             progress=progress, name=name)
+            sel, keys = rep.select(selectors, budgets)
+            selections += sel
+            key = (store.key(part="score", seed=seed, selectors=selectors, budgets=budgets,
+                             injections=list(injections), selections=keys) if store else None)
+            got = store.scores(key) if store is not None else None
+            if got is not None:
+                rep.say("scored in an earlier run, skipped")
+                seed_rows, scores[seed], refits[seed] = got
+            else:
+                seed_rows, scores[seed], refits[seed] = _score_seed(
+                    rep.context(), sel, budgets, list(injections), cfg, rep.fit_cost)
+                if store is not None:
+                    store.put_scores(key, seed_rows, scores[seed], refits[seed])
+                rep.say(f"scored ({len(seed_rows)} rows)")
+            rows += seed_rows
+        for b in range(cfg.n_bootstrap):  # the same selectors on resampled selection items
+            rep = _Replicate(model, task, cfg, seed_list[0], bootstrap=b, store=store, log=log,
+                             progress=progress, name=f"resample {b + 1} of {cfg.n_bootstrap}")
+            for s in rep.select(selectors, budgets)[0]:
+                boot[s.selector].append(s.sets)
     full = pd.DataFrame(rows)
     summary = _summary(full, selections, boot, budgets, scores, model.cfg.n_layers * model.cfg.n_heads)
+    summary["refit"] = {str(s): r for s, r in refits.items()}
+    log.write(f"done in {log.seconds():.1f}s")
     return FrontierResult(full[COLUMNS].copy(), summary, selections)
 
 

@@ -41,6 +41,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from sitelens.errors import LensError, TaskError
+from sitelens.format import StageLog
 from sitelens.heads import mask_of, order, ranking
 from sitelens.lenses.attribution import AttributionConfig
 from sitelens.lenses.greedy_rows import branched_scores
@@ -118,7 +119,14 @@ class SelectionContext:
     config: FrontierConfig
     seed: int
     progress: bool = False
+    log: StageLog | None = None  # the frontier's progress lines (None: none)
     _valid: LastTokenSet | None = None
+
+    def say(self, text: str) -> None:
+        """A progress line of the current stage (:class:`~sitelens.format.StageLog`), where
+        there is a log."""
+        if self.log is not None:
+            self.log.write(f"{self.log.stage}: {text}" if self.log.stage else text)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -273,6 +281,9 @@ def greedy_sets(ctx: SelectionContext, budgets) -> tuple[dict, dict]:
         b = best_candidate(acc, prob)
         chosen.append(cands[b])
         accs.append(float(acc[b]))
+        if len(chosen) in budgets:
+            ctx.say(f"budget k = {len(chosen)} reached, valid accuracy {accs[-1]:.3f} "
+                    f"(target {target:.3f})")
         if cfg.greedy_stop and accs[-1] >= target:
             stop = "reached full SITE's valid accuracy"
             break
