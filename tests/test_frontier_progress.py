@@ -199,3 +199,41 @@ def test_a_part_made_with_other_settings_is_not_read(model_task, tmp_path, monke
         warnings.simplefilter("ignore")
         F.frontier(model, task, budgets=(1, 2), config=FAST, resume_dir=tmp_path / "cells")
     assert sels.n == 2 * len(SELECTORS)  # other budgets: every selection redone
+
+
+# ----------------------------------------------------------------------------------------------
+# the command line: resume, and refusals that name the options
+
+
+CLI = ["frontier", "--model", "tiny-random", "--task", "antonym", "--n-examples", "8",
+       "--n-mean-prompts", "4", "--n-shots", "2", "--n-prompts", "4", "--limit", "6", "--n-boot", "20",
+       "--test-limit", "4", "--budgets", "1,2", "--selectors", "alpha,atp", "--no-exact-match"]
+
+
+def test_cli_frontier_resumes_and_refuses_other_settings_by_option(tmp_path, monkeypatch, capsys):
+    import sitelens.models
+    from sitelens.cli import main
+
+    out = tmp_path / "fr"
+    argv = [*CLI, "--out", str(out)]
+    assert main(argv) == 0
+    first = (out / "frontier.csv").read_text()
+    capsys.readouterr()
+    sels, fits = Calls(monkeypatch, "select"), Calls(monkeypatch, "fit_site_counted")
+    assert main(argv) == 0  # the same command: resumed, nothing fitted or selected again
+    assert (sels.n, fits.n) == (0, 0) and (out / "frontier.csv").read_text() == first
+    assert "done in an earlier run, skipped" in capsys.readouterr().err
+
+    def fail(*a, **kw):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(sitelens.models, "load_model", fail)
+    for change, named in ((["--protocol", "official"], "(--protocol)"),
+                          (["--budgets", "1"], "(--budgets)"), (["--lr", "0.1"], "(--lr)")):
+        assert main([*argv, *change]) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and err.startswith("sitelens: error: "), err
+        assert f"made with other settings {named}" in err and "--force" in err, err
+        for field in ("batch_size", "config", "eval_every", "n_valid"):
+            assert field not in err, err
+    assert (out / "frontier.csv").read_text() == first

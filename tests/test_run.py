@@ -27,6 +27,7 @@ FIT = ["--n-prompts", "2", "--n-shots", "2", "--n-examples", "8"]
 RUN = ["run", *TINY, *FIT, "--limit", "6"]
 evaluate_module = importlib.import_module("sitelens.eval.evaluation")  # the module, not the function
 TIMING = "seconds_per_item"  # wall-clock: the one thing two runs may not share
+ITEMS_TIMING = "method_seconds_per_item"  # the same in items.csv: the method's mean, not the item's
 
 
 class Counter:
@@ -79,7 +80,7 @@ def test_run_writes_what_fit_and_eval_write(done, tmp_path, capsys):
     assert list(written) == ["zero-shot", "icl", "site"]
     assert _without_timing(written) == _without_timing(printed)
     ours, theirs = pd.read_csv(done / "items.csv"), pd.read_csv(items)
-    pd.testing.assert_frame_equal(ours.drop(columns=[TIMING]), theirs.drop(columns=[TIMING]))
+    pd.testing.assert_frame_equal(ours.drop(columns=[ITEMS_TIMING]), theirs.drop(columns=[ITEMS_TIMING]))
 
 
 def test_a_finished_run_is_reused_without_loading_a_model(done, monkeypatch, capsys):
@@ -110,10 +111,13 @@ def test_an_unfinished_evaluation_reuses_the_adapter(done, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("change, needle", [
-    (["--limit", "5"], "an evaluation made with other settings (limit)"),
-    (["--lr", "0.1"], "an adapter fitted with other settings (lr)"),
-    (["--seed", "1"], "an adapter fitted with other settings"),
-], ids=["limit", "lr", "seed"])
+    (["--limit", "5"], "an evaluation made with other settings (--limit)"),
+    (["--lr", "0.1"], "an adapter fitted with other settings (--lr)"),
+    (["--seed", "1"], "an adapter fitted with other settings (--seed)"),
+    # the options, never the fields behind them (batch_size, config, eval_every, n_valid): the
+    # official protocol's own batch size is what --batch-size would set
+    (["--protocol", "official"], "an adapter fitted with other settings (--protocol, --batch-size)"),
+], ids=["limit", "lr", "seed", "protocol"])
 def test_other_settings_are_refused_before_any_model_loads(done, monkeypatch, capsys, change,
                                                            needle):
     _no_load(monkeypatch)
@@ -182,3 +186,16 @@ def test_items_record_the_items_scored_not_only_the_limit(tmp_path, capsys):
     items = pd.read_csv(out / "items.csv")
     assert n_test < 50 and len(items) == n_test
     assert (items["limit"] == 50).all() and (items["n_items"] == n_test).all()
+
+
+def test_items_name_the_method_mean_time_as_the_methods(done):
+    """items.csv (issue 43, point 9): the generation is timed per method, so no column presents
+    its mean as each item's own ``seconds_per_item``; ``method_seconds_per_item`` is that mean,
+    the one eval.json reports, the same on every row of a method."""
+    items = pd.read_csv(done / "items.csv")
+    assert TIMING not in items.columns and ITEMS_TIMING in items.columns
+    per_method = items.groupby("method")[ITEMS_TIMING].agg(["nunique", "first"])
+    assert (per_method["nunique"] == 1).all()
+    written = json.loads((done / "eval.json").read_text())
+    for method, row in per_method.iterrows():
+        assert row["first"] == pytest.approx(written[method][TIMING], rel=1e-3, abs=1e-5), method

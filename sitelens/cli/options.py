@@ -75,13 +75,16 @@ def option_names(keys, config: type) -> list[str]:
     """The command-line options behind the differing settings ``keys`` of a resume record
     (dotted keys: their last part), for a refusal that names what the user changed: a field of
     the command's config is its flag, the others as :data:`SETTING_OPTIONS` says; ``--protocol``
-    first (it changes other options' defaults), each once."""
+    first (it changes other options' defaults), each once; the task's items only where neither
+    ``--task`` nor ``--seed`` (which draws the split) explains them."""
     names = {f.name for f in fields(config)}
     out = []
     for key in keys:
         last = str(key).rsplit(".", 1)[-1]
         out.append(SETTING_OPTIONS.get(last) or (flag(last) if last in names else last))
     out = list(dict.fromkeys(out))
+    if "--task" in out or "--seed" in out:  # these change the items (the seed draws the split)
+        out = [o for o in out if o != SETTING_OPTIONS["task_hash"]]
     return sorted(out, key=lambda o: o != "--protocol")
 
 

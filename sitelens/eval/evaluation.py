@@ -201,7 +201,10 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     label ranks, also label_acc_first (over the items where it is defined), label_acc_full,
     label_acc_full_norm and chance (the mean of 1 / n_labels). Then, for every accuracy ``m``
     of these, ``m_ci_low`` and ``m_ci_high``: its 95% Wilson score interval over the items
-    (:func:`sitelens.stats.wilson_interval`; over the items where it is defined)."""
+    (:func:`sitelens.stats.wilson_interval`; over the items where it is defined). Rows read from
+    an ``items.csv`` (the method's time as ``method_seconds_per_item``) are summarized alike."""
+    if "seconds_per_item" not in df.columns and "method_seconds_per_item" in df.columns:
+        df = df.rename(columns={"method_seconds_per_item": "seconds_per_item"})  # an items.csv
     keys = [k for k in ("model", "task", "method") if k in df.columns]
     g = df.groupby(keys, sort=False)
     aggs = dict(
