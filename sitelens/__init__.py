@@ -84,6 +84,7 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
     )
     from sitelens.tasks.regression import regression_mse, regression_task
     from sitelens.testing import tiny_model
+    from sitelens.viz.export import notebook_setup
 
 __version__ = "0.1.0"
 
@@ -121,6 +122,7 @@ __getattr__, __dir__ = lazy_names(__name__, {
         "zero_shot_prompt"),
     "sitelens.tasks.regression": ("regression_mse", "regression_task"),
     "sitelens.testing": ("tiny_model",),
+    "sitelens.viz.export": ("notebook_setup",),
 })
 
 __all__ = [
@@ -154,6 +156,8 @@ __all__ = [
     "explore",
     # bench and figures (the figures names load plotly, on first access)
     "run_bench", "BenchConfig", "summary_markdown", "make_figures", "FigureConfig",
+    # Jupyter: figures saved as plotly JSON and a static PNG (shown on GitHub and nbviewer)
+    "notebook_setup",
     # provenance: the version of the numerics that every cached result is keyed on
     "NUMERICS_VERSION",
     # errors: SitelensError and its subclasses, each message naming the fix

@@ -166,7 +166,18 @@ class HeadSet:
         return jaccard(self.flat, other)
 
     def __repr__(self) -> str:
-        return f"HeadSet({self.n_layers}×{self.n_heads}: {' '.join(self.labels()) or 'no heads'})"
+        return f"HeadSet({self.n_layers}×{self.n_heads}: {labels_line(self.labels()) or 'no heads'})"
+
+
+SHOWN_LABELS = 12  # heads a repr names before it counts the rest
+
+
+def labels_line(labels: Sequence[str], shown: int = SHOWN_LABELS) -> str:
+    """``L{l}H{h}`` labels joined by spaces, the first ``shown`` of a longer set then ``… (+N)``,
+    so a repr stays one short line."""
+    labels = list(labels)
+    more = len(labels) - shown
+    return " ".join(labels[:shown]) + (f" … (+{more})" if more > 0 else "")
 
 
 def mask_of(heads: Sequence[int], shape: tuple[int, int]) -> Float[Tensor, "n_layers n_heads"]:
@@ -174,4 +185,4 @@ def mask_of(heads: Sequence[int], shape: tuple[int, int]) -> Float[Tensor, "n_la
     return HeadSet(shape[0], shape[1], tuple(heads)).mask()
 
 
-__all__ = ["HeadSet", "head_label", "mask_of", "order", "ranking"]
+__all__ = ["HeadSet", "head_label", "labels_line", "mask_of", "order", "ranking"]

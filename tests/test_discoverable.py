@@ -256,3 +256,120 @@ def test_saturated_adapter_prints_without_a_warning():
     assert "L0H1=1.00" in r and "(of 8 heads at α > 0.95)" in r, r
     with pytest.warns(AlphaSaturationWarning):  # the ranking itself still warns
         ad.top_heads(3)
+
+
+# ----------------------------------------------------------------------------------------------
+# Jupyter as researchers use it (issue 43, point 7): short reprs with L{l}H{h} labels, figures
+# that show on GitHub and nbviewer
+
+
+def _big_frontier():
+    """A FrontierResult the size of a real one: 7 selectors × 6 budgets × 2 injections on a
+    30-layer, 9-head model, k* = 50 for every selector (S_50: 50 labels in the table)."""
+    import pandas as pd
+
+    from sitelens.heads import head_label
+    from sitelens.lenses.frontier import FrontierResult
+    from sitelens.lenses.registry import SELECTORS
+
+    rows, summary = [], {"status": "ok", "selectors": {}}
+    for i, sel in enumerate(SELECTORS):
+        for k in (1, 2, 5, 10, 20, 50):
+            for inj in ("alpha1", "refit"):
+                heads = ";".join(head_label((i * 7 + j) % 270, 9) for j in range(k))
+                rows.append({"model": "smollm2-135m-instruct", "task": "antonym", "selector": sel,
+                             "k": k, "injection": inj, "heads": heads, "seed": 0})
+        summary["selectors"][sel] = {"k_star": {"alpha1": 50, "refit": 20}}
+    return FrontierResult(pd.DataFrame(rows), summary, [])
+
+
+def test_frontier_result_prints_short_with_head_labels():
+    r = repr(_big_frontier())
+    assert "\n" not in r and len(r) <= 600, (len(r), r)
+    assert "alpha k*=50/20 {L0H0 L0H1 L0H2 … (+47)}" in r, r  # labels, never flat indices
+    assert not re.search(r"\[\d+, \d+", r), r
+
+
+def test_fitted_selection_and_large_head_sets_print_short():
+    from sitelens.baselines.base import Fitted
+    from sitelens.heads import HeadSet
+    from sitelens.lenses.selectors import Selection
+
+    f = Fitted("function-vector", n_params=576, fit_seconds=1.234,
+               state={"vector": torch.zeros(576), "layer": 3, "W": torch.zeros(64, 64)})
+    r = repr(f)
+    assert r == ("Fitted(method='function-vector', scope=none, n_params=576, fit_seconds=1.23, "
+                 "state: vector=tensor[576 float32], layer=3, W=tensor[64×64 float32])"), r
+    hs = HeadSet(30, 9, tuple(range(100)))
+    assert repr(hs).endswith("L1H2 … (+88))") and len(repr(hs)) < 150, repr(hs)
+    sel = Selection("alpha", 0, {1: [51], 2: [51, 127], 50: list(range(50))}, n_heads=9)
+    r = repr(sel)
+    assert "k=1: L5H6; k=2: L5H6 L14H1; k=50: L0H0 L0H1 L0H2 L0H3 … (+46)" in r and len(r) < 200, r
+
+
+def test_notebook_setup_saves_plotly_json_and_a_static_png(monkeypatch):
+    """One call: every figure's output holds plotly's JSON (interactive in Jupyter) and a PNG
+    (what GitHub and nbviewer show). The PNG's maker is stubbed here (kaleido + Chromium are
+    the figures extra's); the real export is tested where it works."""
+    import plotly.graph_objects as go
+    import plotly.io as pio
+    import plotly.io._base_renderers as base
+
+    import sitelens.viz.export as export
+
+    before = pio.renderers.default
+    monkeypatch.setattr(export, "png_export_error", lambda: None)
+    monkeypatch.setattr(export, "_start_kaleido_server", lambda: False)
+    monkeypatch.setattr(base, "to_image", lambda *a, **kw: b"\x89PNG fake")
+    try:
+        assert sl.notebook_setup() == "plotly_mimetype+png"
+        bundle = go.Figure(go.Bar(y=[1, 2]))._repr_mimebundle_()
+    finally:
+        pio.renderers.default = before
+    assert {"application/vnd.plotly.v1+json", "image/png"} <= set(bundle), set(bundle)
+
+
+def test_notebook_setup_without_png_export_says_why(monkeypatch):
+    import plotly.io as pio
+
+    import sitelens.viz.export as export
+
+    before = pio.renderers.default
+    monkeypatch.setattr(export, "png_export_error", lambda: "kaleido is not installed (pip install "
+                        "'sitelens[figures]')")
+    try:
+        with pytest.warns(export.StaticFigureWarning, match="blank on GitHub and nbviewer: kaleido"):
+            assert sl.notebook_setup() == "plotly_mimetype"
+    finally:
+        pio.renderers.default = before
+
+
+def test_notebook_setup_makes_a_real_png_offline():
+    """Where kaleido and a Chromium are installed: the PNG is made here (no network needed)."""
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    from sitelens.viz.export import png_export_error
+
+    if png_export_error() is not None:
+        pytest.skip(f"no PNG export here: {png_export_error()}")
+    before = pio.renderers.default
+    try:
+        sl.notebook_setup()
+        bundle = go.Figure(go.Bar(y=[1, 2]))._repr_mimebundle_()
+    finally:
+        pio.renderers.default = before
+    import base64
+
+    assert base64.b64decode(bundle["image/png"])[:4] == b"\x89PNG"
+
+
+def test_the_dev_install_opens_the_notebooks():
+    """The dev extra brings a notebook front end, and the notebooks page says how to open them."""
+    import tomllib
+
+    root = Path(__file__).parents[1]
+    dev = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    assert any(re.match(r"(jupyterlab|notebook)\b", d) for d in dev), dev
+    page = (root / "docs" / "notebooks.md").read_text()
+    assert "jupyter lab notebooks/" in page and "notebook_setup()" in page

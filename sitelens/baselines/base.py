@@ -108,6 +108,21 @@ class Fitted:
             return "prefill"
         return getattr(self.intervention, "scope", "prefill")
 
+    def __repr__(self) -> str:
+        """One line: the method, its scope, parameter count and fit time, and what ``state``
+        holds (tensors as their shapes, never their values)."""
+        from sitelens.format import array_summary
+
+        def short(v) -> str:
+            r = array_summary(v)
+            return r if len(r) <= 40 else r[:37] + "..."
+
+        state = ", ".join(f"{k}={short(v)}" for k, v in list(self.state.items())[:6])
+        more = len(self.state) - 6
+        return (f"Fitted(method={self.method!r}, scope={self.scope}, n_params={self.n_params}, "
+                f"fit_seconds={self.fit_seconds:.2f}, state: {state or 'none'}"
+                + (f", … (+{more})" if more > 0 else "") + ")")
+
     @property
     def every_position(self) -> bool:
         """True when the hooks must stay active on KV-cached decode steps."""

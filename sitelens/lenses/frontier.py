@@ -153,6 +153,30 @@ class FrontierResult:
     summary: dict
     selections: list[Selection] = field(default_factory=list)
 
+    def __repr__(self) -> str:
+        """One short line: model, task, the table's size, the status, and per selector its k*
+        (``alpha1``; ``refit`` after a slash) with S_{k*} as ``L{l}H{h}`` labels (first seed;
+        long sets shortened)."""
+        from sitelens.heads import labels_line
+
+        t, s = self.table, self.summary
+        row = t.iloc[0] if len(t) else {"model": "?", "task": "?"}
+        parts = []
+        if s.get("status") != "ok":  # no k*: the selectors only
+            parts.append("no k*; selectors " + ", ".join(s.get("selectors", {})))
+        for sel, d in s.get("selectors", {}).items() if s.get("status") == "ok" else ():
+            ks = d.get("k_star", {})
+            k = ks.get("alpha1", ks.get("refit"))
+            text = f"{sel} k*={k}" + (f"/{ks['refit']}" if "alpha1" in ks and "refit" in ks else "")
+            if isinstance(k, int):
+                hit = t[(t.selector == sel) & (t.k == k)]
+                if len(hit) and hit.heads.iloc[0]:
+                    text += f" {{{labels_line(hit.heads.iloc[0].split(';'), 3)}}}"
+            parts.append(text)
+        return (f"FrontierResult(model={row['model']!r}, task={row['task']!r}, {len(t)} rows, "
+                f"budgets {','.join(map(str, sorted(set(t.k)))) if len(t) else '-'}, "
+                f"status {s.get('status')}; " + "; ".join(parts) + ")")
+
     def figure(self, injection: str | None = None):
         """Test accuracy vs k, one line per selector (solid ``alpha1``, dashed ``refit``), 95%
         Wilson bands, full SITE and zero-shot as reference lines. Returns a plotly Figure."""
@@ -280,7 +304,7 @@ class CellStore:
         self._put(f"select-{key}.json", {"selector": s.selector, "seed": s.seed, "sets": s.sets,
                                          "forward_passes": s.forward_passes,
                                          "backward_passes": s.backward_passes, "seconds": s.seconds,
-                                         "meta": s.meta})
+                                         "meta": s.meta, "n_heads": s.n_heads})
 
     def scores(self, key: str):
         """``(rows, scores, refit)`` of a finished scoring, else None."""

@@ -42,7 +42,7 @@ from torch import Tensor
 
 from sitelens.errors import LensError, TaskError
 from sitelens.format import StageLog
-from sitelens.heads import mask_of, order, ranking
+from sitelens.heads import head_label, labels_line, mask_of, order, ranking
 from sitelens.lenses.attribution import AttributionConfig
 from sitelens.lenses.greedy_rows import branched_scores
 from sitelens.lenses.joint_fit import fit_many
@@ -162,6 +162,25 @@ class Selection:
     backward_passes: int = 0
     seconds: float = 0.0
     meta: dict = field(default_factory=dict)
+    n_heads: int | None = None  # the model's n_heads: how a flat index reads as L{l}H{h}
+
+    def labels(self, k: int) -> list[str] | None:
+        """S_k as ``L{l}H{h}`` labels (flat indices where ``n_heads`` is unknown); None: not reached."""
+        heads = self.sets.get(k)
+        if heads is None:
+            return None
+        return [head_label(j, self.n_heads) if self.n_heads else str(j) for j in heads]
+
+    def __repr__(self) -> str:
+        """One line: the selector, seed, each budget's set as ``L{l}H{h}`` labels (long sets
+        shortened) and the cost."""
+        def one(k: int) -> str:
+            labels = self.labels(k)
+            return f"k={k}: " + ("not reached" if labels is None else labels_line(labels, 4))
+
+        sets = "; ".join(one(k) for k in sorted(self.sets))
+        return (f"Selection({self.selector}, seed {self.seed}, {sets}; forward {self.forward_passes:g}, "
+                f"backward {self.backward_passes:g}, {self.seconds:.1f}s)")
 
 
 def fit_site_counted(model, task: Task, config: FrontierConfig, seed: int, *, progress: bool = False
@@ -330,7 +349,7 @@ def select(ctx: SelectionContext, selector: str, budgets: Sequence[int]) -> Sele
     run = get_selector(selector).run
     with ForwardPassCounter(ctx.model) as fwd, BackwardPassCounter(ctx.model) as bwd:
         sets, meta = run(ctx, list(budgets))
-    return Selection(selector, ctx.seed, sets, fwd.count, bwd.count, fwd.seconds, meta)
+    return Selection(selector, ctx.seed, sets, fwd.count, bwd.count, fwd.seconds, meta, n_heads=ctx.shape[1])
 
 
 __all__ = [

@@ -3,8 +3,10 @@ renderer.
 
 :class:`FigureWriter` writes each figure atomically (:mod:`sitelens.io`) as ``.png`` (plotly +
 kaleido + a Chrome/Chromium), ``.html`` and ``.csv``; without kaleido or Chromium it still writes
-HTML + CSV and says why (:func:`png_export_error`). :func:`notebook_renderer` picks plotly's
-renderer for a notebook (static PNGs where export works, else interactive).
+HTML + CSV and says why (:func:`png_export_error`). :func:`notebook_setup` sets plotly's
+renderer for a notebook to plotly's JSON and a static PNG in each output (interactive in Jupyter,
+an image on GitHub and nbviewer); :func:`notebook_renderer` sets one renderer (static PNGs where
+export works, else interactive).
 
 HTML figures work offline: every folder that holds them gets one shared copy of plotly.js
 (:data:`PLOTLYJS_NAME`, from the installed plotly package; :func:`ensure_plotlyjs`) and each page
@@ -107,6 +109,32 @@ def notebook_renderer(preferred: str = "png") -> str:
     return renderer
 
 
+class StaticFigureWarning(UserWarning):
+    """Notebook figures get no static image here (no kaleido or no Chrome/Chromium), so they will
+    not show on GitHub or nbviewer."""
+
+
+def notebook_setup(interactive: str = "plotly_mimetype") -> str:
+    """Call once at the top of a notebook: plotly's default renderer becomes ``interactive`` plus
+    ``png``, so every figure is saved as plotly's JSON (drawn, interactive, by JupyterLab and
+    Notebook) and, in the same output, a static PNG made here by kaleido and the local
+    Chrome/Chromium, without network (what GitHub and nbviewer show, as they do not run plotly).
+    Where PNG export does not work (:func:`png_export_error`), ``interactive`` alone, and a
+    :class:`StaticFigureWarning` says why and what to install. Returns the renderer set."""
+    import plotly.io as pio
+
+    err = png_export_error()
+    if err is None:
+        renderer = f"{interactive}+png"
+        _start_kaleido_server()
+    else:
+        renderer = interactive
+        warnings.warn(f"Notebook figures get no static PNG, so they will be blank on GitHub and "
+                      f"nbviewer: {err}.", StaticFigureWarning, stacklevel=2)
+    pio.renderers.default = renderer
+    return renderer
+
+
 class FigureWriter:
     """Writes figures as PNG (plotly + kaleido + Chromium) / HTML and their CSVs, atomically.
     If PNG export is unavailable, HTML + CSV are still written and :attr:`png_error` says why."""
@@ -161,6 +189,7 @@ class FigureWriter:
 
 
 __all__ = [
-    "FigureWriter", "png_export_error", "notebook_renderer", "PLOTLYJS_NAME", "ensure_plotlyjs",
+    "FigureWriter", "StaticFigureWarning", "png_export_error", "notebook_renderer", "notebook_setup",
+    "PLOTLYJS_NAME", "ensure_plotlyjs",
     "figure_html", "write_figure_html",
 ]
