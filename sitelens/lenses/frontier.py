@@ -15,7 +15,9 @@ items. Cost columns: the selector's counted forward and backward passes and seco
 (``alpha`` is the full SITE fit: its cost; the other selectors share that fit's embedding and do not
 pay for it); ``refit`` rows add their share of the refit: every distinct set of every selector is
 re-fitted in one joint fit (:func:`~sitelens.lenses.joint_fit.fit_many`, the same fits as one by
-one up to float rounding), whose counted passes and seconds are split evenly over the sets.
+one up to float rounding), whose counted passes and seconds are split evenly over the sets (so a
+``refit`` row's passes are fractional; ``summary["refit"]`` holds each seed's whole joint refit:
+the sets it served, its passes and seconds).
 
 Every set is also scored on the valid items the selectors use
 (:attr:`~sitelens.lenses.selectors.SelectionContext.valid`: the first
