@@ -115,6 +115,8 @@ def test_printed_seconds_are_the_table_seconds(model_task, monkeypatch, capsys):
         assert m, (sel, err)
         assert m.group(1) == f"{d['seconds']:.1f}", (sel, m.group(0))
         assert (int(m.group(2)), int(m.group(3))) == (d["forward_passes"], d["backward_passes"]), sel
+        # no second "done in" for a selector that times only a part of it (the lens's own bar)
+        assert not re.search(rf"^{sel} \[planted\]: .*done in", err, re.M), sel
 
 
 def test_refit_rows_share_a_whole_joint_refit(model_task):

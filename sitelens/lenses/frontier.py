@@ -371,8 +371,12 @@ class _Replicate:
                          f"backward {c['backward_passes']})")
                 if self.store is not None:
                     self.store.put_fit(self.fit_key, adapter, self._fit_cost)
-            self._ctx = SelectionContext(self.model, self.task, adapter, self.cfg, self.seed,
-                                         self.progress, self.log)
+            # the selectors' own bars only where they redraw in place (a terminal, a notebook); in
+            # a log the selector lines and the heartbeat say it, with no second "done in" figure
+            # that times only a part of the selector
+            live = self.progress and not (self.log is not None and self.log.heartbeat)
+            self._ctx = SelectionContext(self.model, self.task, adapter, self.cfg, self.seed, live,
+                                         self.log)
         return self._ctx
 
     def select(self, selectors: list[str], budgets: list[int]) -> tuple[list[Selection], list[str]]:
