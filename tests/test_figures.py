@@ -39,12 +39,14 @@ def test_make_figures_end_to_end_and_resumable(tmp_path):
         assert (d / f"{name}.html").exists(), name
         assert (d / f"{name}.csv").exists(), name
         assert not (d / f"{name}.png").exists()
-    assert (d / "patching_gaps.csv").exists()
+    assert (d / "patching_gaps.csv").exists() and (d / "patching_gaps_paired.csv").exists()
     s = json.loads((tmp_path / "summary.json").read_text())
     m = s["models"][0]
     assert m["model"] == "tiny-random" and m["n_heads_total"] == 8
     assert set(m["intra"]) == {"0", "2"}
     assert m["intra"]["2"]["k=5%"]["k"] == 1 and m["intra"]["2"]["k=10"]["k"] == 8
+    g = m["intra"]["2"]["k=10"]  # the gap's interval is over the tasks' paired differences
+    assert g["gap_ci_low"] - 1e-4 <= g["gap"] <= g["gap_ci_high"] + 1e-4  # rounded to 4 places
     assert {"within", "between", "gap"} <= set(m["transfer"]["alpha"])
     assert "rho" in m["similarity_transfer_spearman"]["spearman"]
     assert "rho_alpha_lam2" in m["effects"]["antonym"]

@@ -73,3 +73,18 @@ def test_cross_model_pairs_items_and_tests_them_exactly():
     # McNemar: 3 discordant items all for A: two-sided exact p = 2 · (1/2)^3 = 0.25
     assert (r.only_a, r.only_b) == (3, 0) and r.p_mcnemar == pytest.approx(0.25, abs=1e-12)
     assert r.p_holm == pytest.approx(0.25, abs=1e-12)  # one comparison: Holm changes nothing
+
+
+def test_figures_gap_is_top_minus_bottom_paired_over_tasks():
+    from sitelens.patching.analysis import paired_gaps
+
+    gaps = pd.DataFrame([
+        {"sparsity": 5.0, "task": "a", "k": 10, "top": 0.9, "bottom": 0.1},
+        {"sparsity": 5.0, "task": "b", "k": 10, "top": 0.2, "bottom": 0.4},
+        {"sparsity": 5.0, "task": "mean", "k": 10, "top": 0.55, "bottom": 0.25},  # not a task
+    ])
+    r = paired_gaps(gaps).iloc[0]
+    # per task 0.8 and −0.2: mean 0.3, top ahead on one task, bottom on the other; n counts tasks only
+    assert r["diff"] == pytest.approx(0.3, abs=1e-12)
+    assert (r.n, r.top_ahead, r.bottom_ahead) == (2, 1, 1)
+    assert r.ci_low == pytest.approx(-0.2, abs=1e-12) and r.ci_high == pytest.approx(0.8, abs=1e-12)

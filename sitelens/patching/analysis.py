@@ -301,9 +301,24 @@ def intra_gaps(intra: pd.DataFrame, ks: Sequence[int]) -> pd.DataFrame:
     return pd.concat([df, mean[df.columns]], ignore_index=True)
 
 
+def paired_gaps(gaps: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Per (sparsity, k) of :func:`intra_gaps`'s per-task rows: top − bottom paired over the tasks
+    (both selections are scored on each task's same items), by
+    :func:`sitelens.stats.paired_difference`: the mean difference, its 95% bootstrap interval over
+    tasks, n and the tasks where top / bottom is ahead."""
+    from sitelens.stats import paired_difference
+
+    rows = []
+    for (lam, k), d in gaps[gaps.task != "mean"].groupby(["sparsity", "k"], sort=False):
+        r = paired_difference(d.top.to_numpy(float), d.bottom.to_numpy(float), over="tasks",
+                              n_boot=n_boot, seed=seed)
+        rows.append({"sparsity": lam, "k": k, "diff": r.diff, "ci_low": r.ci_low, "ci_high": r.ci_high,
+                     "n": r.n, "over": r.over, "top_ahead": r.a_ahead, "bottom_ahead": r.b_ahead})
+    return pd.DataFrame(rows)
+
 
 __all__ = [
     "TASK_FAMILIES", "transfer_matrix", "alpha_similarity", "transfer_similarity_correlation",
     "within_between", "target_centred", "by_target_family", "effect_alpha_correlation",
-    "intra_mean", "intra_gaps",
+    "intra_mean", "intra_gaps", "paired_gaps",
 ]

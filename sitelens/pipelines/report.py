@@ -33,6 +33,7 @@ from sitelens.patching.analysis import (
     effect_alpha_correlation,
     intra_gaps,
     intra_mean,
+    paired_gaps,
     target_centred,
     transfer_matrix,
     transfer_similarity_correlation,
@@ -104,9 +105,11 @@ def _norm_suffix(normalize: str) -> str:
 
 def _intra_summary(run: ModelRun) -> dict:
     """Per λ: top / bottom / random accuracy and their gap at each ``gap_ks`` (mean over the intra
-    tasks, and how many tasks have top > bottom), and the zero-shot / SITE references."""
+    tasks, the gap's paired 95% bootstrap interval over those tasks, and how many tasks have
+    top > bottom), and the zero-shot / SITE references."""
     ks = {str(g): gap_k(g, run.n_total) for g in run.config.gap_ks}
     gaps = intra_gaps(run.intra, sorted(set(ks.values())))
+    paired = paired_gaps(gaps, seed=run.config.seed)  # top − bottom over the tasks
     intra = {}
     for lam in run.config.sparsity:
         d = {}
@@ -116,8 +119,10 @@ def _intra_summary(run: ModelRun) -> dict:
                 continue
             r = m.iloc[0]
             per_task = gaps[(gaps.sparsity == lam) & (gaps.task != "mean") & (gaps.k == k)]
+            gap = paired[(paired.sparsity == lam) & (paired.k == k)].iloc[0]
             d[f"k={spec}"] = {"k": k, **round_values({"top": r.top, "bottom": r.bottom,
-                                                  "random": r.random, "gap": r.gap}),
+                                                  "random": r.random, "gap": r.gap,
+                                                  "gap_ci_low": gap.ci_low, "gap_ci_high": gap.ci_high}),
                               "tasks_top_gt_bottom": int((per_task.gap > 0).sum()),
                               "n_tasks": len(per_task)}
         sub = gaps[(gaps.sparsity == lam) & (gaps.task == "mean")]
@@ -282,6 +287,7 @@ def model_figures(run: ModelRun) -> dict[str, tuple]:
         )
     gaps = intra_gaps(intra, intra_ks(run.n_total, cfg))
     out["patching_gaps"] = (None, gaps)
+    out["patching_gaps_paired"] = (None, paired_gaps(gaps, seed=cfg.seed))
 
     out["inter_accuracy"] = (
         matrix_heatmap(run.inter, f"{m}: inject B's embedding through A's α (accuracy on B)",
