@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from sitelens.errors import ModelError
-from sitelens.models.hf_arch import check_hf_dir
+from sitelens.models.hf_arch import check_hf_dir, check_hf_files
 from sitelens.models.registry import BUNDLED_MODELS, TINY_MODELS
 
 ALLOW_DOWNLOAD_ENV = "SITELENS_ALLOW_DOWNLOAD"
@@ -103,7 +103,9 @@ def check_model_available(name: str, backend: str | None = None) -> None:
     """Raise :class:`ModelError` at once if :func:`~sitelens.models.load.load_model` cannot load
     ``name`` from local files: an empty or unknown name, a directory without ``config.json`` or of
     an architecture ``backend`` cannot load (:func:`~sitelens.models.hf_arch.check_hf_dir`; the
-    error names the family and what is missing), or a TransformerLens official model whose weights
+    error names the family and what is missing) or with files that cannot load (no or truncated
+    weights, a dtype that is not a float type, no tokenizer:
+    :func:`~sitelens.models.hf_arch.check_hf_files`), or a TransformerLens official model whose weights
     are not in the local Hugging Face cache. Reads no
     weights and makes no network requests (set ``SITELENS_ALLOW_DOWNLOAD=1`` to let TransformerLens
     download uncached official models instead)."""
@@ -123,6 +125,7 @@ def check_model_available(name: str, backend: str | None = None) -> None:
                 f"{', '.join(BUNDLED_MODELS)}."
             )
         check_hf_dir(name, backend=backend)
+        check_hf_files(name)
         return
     official = _official_names()
     if name not in official:

@@ -21,7 +21,7 @@ from sitelens.models.available import (  # noqa: F401 (re-exported: load.py read
     hf_cached,
 )
 from sitelens.models.bridge import bridge_from_hf
-from sitelens.models.hf_arch import architecture_of, check_hf_dir, read_config
+from sitelens.models.hf_arch import architecture_of, check_hf_dir, check_hf_files, read_config
 from sitelens.models.hf_convert import hooked_from_hf
 
 
@@ -97,6 +97,25 @@ def _load_official(name: str, *, n_ctx: int, backend: str, device=None, dtype=No
     return model
 
 
+@contextmanager
+def _folder_errors(path: Path):
+    """A failure of transformers to read the files of the directory ``path`` (the checks of
+    :func:`~sitelens.models.hf_arch.check_hf_files` passed, yet a file is unreadable: a corrupt
+    ``pytorch_model.bin``, weights that do not match config.json) as one :class:`ModelError`
+    naming the folder, whatever the exception (a garbled pickle raises anything from IndexError to
+    UnpicklingError); running out of memory is not a folder's failure and is raised as it is."""
+    try:
+        yield
+    except (MemoryError, torch.OutOfMemoryError):
+        raise
+    except Exception as e:  # whatever transformers and torch raise on a bad file (pickle, zip, ...)
+        why = (str(e).strip().splitlines() or [""])[0]
+        raise ModelError(
+            f"The Hugging Face directory {str(path)!r} cannot load ({type(e).__name__}: {why}); "
+            "save the model and its tokenizer into it again (save_pretrained(DIR)) or copy its "
+            "complete files there.") from e
+
+
 def _load_hf_dir(path: Path, *, n_ctx: int, backend: str = "hooked", device=None, dtype=None,
                  n_devices: int = 1, device_map=None):
     """A local Hugging Face directory of any family sitelens maps, read from the folder's own
@@ -108,8 +127,14 @@ def _load_hf_dir(path: Path, *, n_ctx: int, backend: str = "hooked", device=None
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     check_hf_dir(path, backend=backend)  # before anything loads
+    check_hf_files(path)
     arch = architecture_of(read_config(path))
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    with _folder_errors(path):
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    if not tokenizer("a b", add_special_tokens=False)["input_ids"]:
+        raise ModelError(f"The Hugging Face directory {str(path)!r} has a tokenizer that encodes "
+                         "text to nothing (no vocabulary); save the model's tokenizer into it "
+                         "(tokenizer.save_pretrained(DIR)).")
     kw = {}
     if backend == "bridge":
         kw["dtype"] = dtype or torch.float32
@@ -120,7 +145,8 @@ def _load_hf_dir(path: Path, *, n_ctx: int, backend: str = "hooked", device=None
             kw["device_map"] = "balanced"
             kw["max_memory"] = {i: torch.cuda.mem_get_info(i)[0]
                                 for i in range(first, first + n_devices)}
-    hf = AutoModelForCausalLM.from_pretrained(str(path), **{"dtype": torch.float32, **kw})
+    with _folder_errors(path):
+        hf = AutoModelForCausalLM.from_pretrained(str(path), **{"dtype": torch.float32, **kw})
     if arch is not None and not getattr(hf.config, "architectures", None):
         hf.config.architectures = [arch]  # a config.json with model_type only
     if backend == "bridge":
