@@ -149,10 +149,11 @@ BAD_LR = st.one_of(  # not a positive finite number
     _ODD,
     _TEXT.filter(lambda s: not (math.isfinite(_float(s)) and _float(s) > 0)),
 )
-BAD_FINITE = st.one_of(  # not a finite number
-    st.sampled_from(["nan", "inf", "-inf", "1e999", "NaN"]),
+BAD_NONNEG = st.one_of(  # not a finite number >= 0
+    st.sampled_from(["nan", "inf", "-inf", "1e999", "NaN", "-1", "-1e-9"]),
+    st.floats(max_value=-1e-300).map(repr),
     _ODD,
-    _TEXT.filter(lambda s: not math.isfinite(_float(s))),
+    _TEXT.filter(lambda s: not (math.isfinite(_float(s)) and _float(s) >= 0)),
 )
 
 
@@ -177,7 +178,7 @@ def bad_list(item_ok, good: list[str], min_items: int = 1, item=_TEXT):
 
 
 def _lambda_ok(s: str) -> bool:
-    return math.isfinite(_float(s))
+    return math.isfinite(_float(s)) and _float(s) >= 0
 
 
 BAD_KS = bad_list(lambda s: _int_ok(s, 1), ["1", "2", "4"])
@@ -253,7 +254,7 @@ def bad_choice(choices):
 
 
 KINDS = {
-    "pos": BAD_POS, "seed": BAD_SEED, "threads": BAD_THREADS, "lr": BAD_LR, "finite": BAD_FINITE,
+    "pos": BAD_POS, "seed": BAD_SEED, "threads": BAD_THREADS, "lr": BAD_LR, "nonneg": BAD_NONNEG,
     "ks": BAD_KS, "lambdas": BAD_LAMBDAS, "bench_methods": BAD_BENCH_METHODS,
     "eval_methods": BAD_EVAL_METHODS, "lenses": BAD_LENSES, "model": BAD_MODEL,
     "models": BAD_MODELS, "task": BAD_TASK, "task_list": BAD_TASK_LIST,
@@ -272,7 +273,7 @@ DEVICE = [("--device", "device"), ("--n-devices", "pos")]  # --dtype, --device-m
 COMMON = [("--model", "model"), ("--task", "task"), ("--seed", "seed"), ("--threads", "threads")
           ] + DEVICE
 FIT = [("--n-prompts", "pos"), ("--n-shots", "pos"), ("--lr", "lr"), ("--n-examples", "pos"),
-       ("--batch-size", "pos"), ("--sparsity", "finite")]
+       ("--batch-size", "pos"), ("--sparsity", "nonneg")]
 OPTIONS = {
     "fit": COMMON + FIT,
     "eval": COMMON + [("--methods", "eval_methods"), ("--limit", "pos"), ("--n-shots", "pos")],
@@ -291,11 +292,11 @@ OPTIONS = {
     "heads": COMMON + [("--lenses", "lenses"), ("--seeds", "pos"), ("--n-prompts", "pos"),
                        ("--n-shots", "pos"), ("--n-mean-prompts", "pos"), ("--limit", "pos"),
                        ("--n-boot", "pos"), ("--lr", "lr"), ("--n-examples", "pos"),
-                       ("--batch-size", "pos"), ("--sparsity", "finite")],
+                       ("--batch-size", "pos"), ("--sparsity", "nonneg")],
     "frontier": COMMON + [("--seeds", "pos"), ("--n-prompts", "pos"), ("--n-shots", "pos"),
                           ("--n-mean-prompts", "pos"), ("--limit", "pos"), ("--n-boot", "pos"),
                           ("--lr", "lr"), ("--n-examples", "pos"), ("--batch-size", "pos"),
-                          ("--sparsity", "finite")],
+                          ("--sparsity", "nonneg")],
     "figures": [("--models", "models"), ("--tasks", "task_list"), ("--intra-tasks", "subset"),
                 ("--effect-tasks", "subset"), ("--limit", "pos"), ("--sparsity", "lambdas"),
                 ("--n-examples", "pos"), ("--n-prompts", "pos"), ("--n-shots", "pos"),
@@ -502,9 +503,13 @@ EXPLICIT = [
     ("unrecognized", BASE["eval"] + ["--bogus", "1"], ["unrecognized arguments: --bogus"], None),
     ("unrecognized-newline", BASE["eval"] + ["a\nb"], ["unrecognized arguments"], None),
     # values
-    ("lr-inf", BASE["fit"] + ["--lr", "inf"], ["FitConfig.lr must be a positive finite number"], None),
-    ("lr-zero", BASE["fit"] + ["--lr", "0"], ["positive finite"], None),
+    ("lr-inf", BASE["fit"] + ["--lr", "inf"], ["argument --lr: must be a finite number > 0"], None),
+    ("lr-zero", BASE["fit"] + ["--lr", "0"], ["must be a finite number > 0, got '0'"], None),
     ("sparsity-nan", BASE["fit"] + ["--sparsity", "nan"], ["--sparsity"], None),
+    ("sparsity-negative", BASE["fit"] + ["--sparsity", "-1"],
+     ["argument --sparsity: must be a finite number >= 0, got '-1'"], None),
+    ("figures-sparsity-negative", BASE["figures"] + ["--sparsity", "0,-5"],
+     ["--sparsity", "numbers >= 0", "'-5'"], None),
     ("figures-sparsity-abc", BASE["figures"] + ["--sparsity", "abc"], ["--sparsity", "'abc'"], None),
     ("figures-models-unknown", BASE["figures"] + ["--models", "unknown"],
      ["Unknown model 'unknown'"], None),
@@ -562,7 +567,7 @@ EXPLICIT = [
     ("heads-too-many-shots", BASE["heads"] + ["--n-shots", "500"], ["Asked for 500 demonstrations"],
      None),
     ("heads-protocol", BASE["heads"] + ["--protocol", "paper"], ["invalid choice: 'paper'"], None),
-    ("heads-lr-nan", BASE["heads"] + ["--lr", "nan"], ["FitConfig.lr must be a positive finite"],
+    ("heads-lr-nan", BASE["heads"] + ["--lr", "nan"], ["argument --lr: must be a finite number > 0"],
      None),
     ("heads-unknown-model", BASE["heads"] + ["--model", "tiny-randm"], ["Unknown model 'tiny-randm'"],
      None),

@@ -102,13 +102,13 @@ class Force:
 class Stage2:
     """Stage 2 of a SITE fit (``read_by="fit"``; ``--protocol``: ``"protocol"``)."""
 
-    lr: float = option(FIT_DEFAULTS["lr"], type=float, read_by=("fit",),
+    lr: float = option(FIT_DEFAULTS["lr"], above=0, read_by=("fit",),
                        help="stage-2 learning rate (Adam on the logits of α)")
     n_examples: int = count(FIT_DEFAULTS["n_examples"], "training examples in stage 2", read_by=("fit",))
     batch_size: int = count(FIT_DEFAULTS["batch_size"], f"stage-2 batch size (default "
                             f"{FIT_DEFAULTS['batch_size']}; 1 with --protocol official)", read_by=("fit",))
-    sparsity: float = option(FIT_DEFAULTS["sparsity"], type=T.LAMBDA, read_by=("fit",),
-                             help="λ of the λ·mean(α) penalty")
+    sparsity: float = option(FIT_DEFAULTS["sparsity"], at_least=0, read_by=("fit",),
+                             help="λ of the λ·mean(α) penalty (a negative λ would reward large α)")
     protocol: str = option("default", choices=PROTOCOLS, read_by=("protocol",), help="stage 2 as "
                            "sitelens does it (batched passes, best α) or as the paper's code does "
                            "(400 i.i.d. steps of batch 1, final α, no space before digits)")

@@ -7,6 +7,9 @@ A field made with :func:`option` is the option ``--field-name`` (underscores as 
   names its default itself; a field whose default is ``False`` is a switch;
 - ``type`` checks and converts the value while parsing (a callable that raises
   ``argparse.ArgumentTypeError``, printed as one line: :mod:`sitelens.cli.types`);
+- ``at_least`` / ``above``: the range of a number, checked while parsing with the type
+  (:func:`sitelens.cli.types.bounded`); every number an option takes has a range, from these or
+  from its type's ``bounds`` (counts >= 1, seeds, threads), and a test checks that none lacks one;
 - ``path``: the option is a path, checked before any work (:func:`sitelens.cli.validate.validate`,
   :func:`~sitelens.cli.validate.check_outputs`, :func:`~sitelens.cli.guards.check_no_replace`):
   ``"path"`` any path, ``"csv"`` / ``"html"`` a file of that kind, ``"dir"`` a writable directory
@@ -40,9 +43,13 @@ def config(cls: type) -> type:
 def option(default=None, *, help: str, type: Callable | None = None, choices=None,
            required: bool = False, nargs=None, metavar: str | None = None,
            read_by: tuple[str, ...] = (), group: str | None = None, path: str | None = None,
-           result: str | None = None):
+           result: str | None = None, at_least: float | None = None, above: float | None = None):
     """A config field that is a command-line option (the module docstring says how it becomes
-    one)."""
+    one); ``at_least`` / ``above``: its range (a number ``>=`` / ``>`` that bound)."""
+    if at_least is not None or above is not None:
+        from sitelens.cli.types import bounded
+
+        type = bounded(type or float, at_least=at_least, above=above)
     return field(default=default, metadata={
         "help": help, "type": type, "choices": choices, "required": required, "nargs": nargs,
         "metavar": metavar, "read_by": read_by, "group": group, "path": path, "result": result})

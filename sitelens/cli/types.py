@@ -21,7 +21,7 @@ def _named(parse: Callable, what: str) -> Callable:
 
 
 def int_in_range(lo: int, hi: int | None = None, what: str = "a positive integer") -> Callable:
-    """An integer in ``[lo, hi]`` (``hi=None``: no upper bound)."""
+    """An integer in ``[lo, hi]`` (``hi=None``: no upper bound); its ``bounds`` are ``(lo, hi)``."""
 
     def parse(s: str) -> int:
         try:
@@ -32,6 +32,7 @@ def int_in_range(lo: int, hi: int | None = None, what: str = "a positive integer
             raise argparse.ArgumentTypeError(f"must be {what}, got {s!r}")
         return v
 
+    parse.bounds = (lo, hi)
     return _named(parse, what)
 
 
@@ -66,6 +67,27 @@ def _library_check(module: str, function: str, what: str, strip: bool = False) -
         return s.strip() if strip else s
 
     return _named(parse, what)
+
+
+def bounded(parse: Callable, *, at_least: float | None = None, above: float | None = None) -> Callable:
+    """``parse`` (a type of this module, or ``float``/``int``), then the value ``>= at_least`` or
+    ``> above`` (the range of :func:`sitelens.cli.options.option`); its ``bounds`` name them."""
+    kind = ("a finite number" if parse in (float, LAMBDA) else "an integer" if parse is int
+            else getattr(parse, "__name__", "a number"))
+    what = f"{kind} {'>= ' + format(at_least, 'g') if at_least is not None else '> ' + format(above, 'g')}"
+    inner = LAMBDA if parse is float else parse  # nan and inf are never in a range
+
+    def check(s: str):
+        try:
+            v = inner(s)
+        except (argparse.ArgumentTypeError, ValueError):
+            v = None
+        if v is None or (at_least is not None and v < at_least) or (above is not None and v <= above):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {s!r}")
+        return v
+
+    check.bounds = (at_least if at_least is not None else above, None)
+    return _named(check, what)
 
 
 # cpu, cuda, cuda:N or mps that exists here (e.g. no cuda where torch sees no GPU)
@@ -143,7 +165,8 @@ def _lens(x: str) -> None:
 
 
 KS = csv_list_of(_item(POSITIVE_INT, "positive integers (numbers of heads)"), "k")
-LAMBDAS = csv_list_of(_item(LAMBDA, "finite numbers (λ values)"), "λ")
+# λ of the λ·mean(α) penalty: a negative one would reward large α
+LAMBDAS = csv_list_of(_item(bounded(LAMBDA, at_least=0), "numbers >= 0 (λ values)"), "λ")
 BENCH_METHODS = csv_list_of(_method("bench"), "method")
 EVAL_METHODS = csv_list_of(_method("eval"), "method")
 NAMES = csv_list_of(lambda x: None, "name")  # models and tasks are checked before the load

@@ -186,21 +186,50 @@ def _load_tasks(args, cmd: str) -> list:
     return []  # atlas: its tasks are read with --refit
 
 
+def _queries_from_train(args, cmd: str) -> bool:
+    """Whether the command draws few-shot queries from the train split, whose demonstrations are
+    then the other training items: stage 1 of a SITE fit, the corrupted and clean prompts of the
+    lenses and of patch effects. Only eval (and run without the site method) prompt the queries
+    of ``--split`` valid or test, with every training item free to be a demonstration."""
+    if cmd in ("eval", "run"):
+        return args.split == "train" or (cmd == "run" and "site" in split_csv(args.methods))
+    return True
+
+
 def _check_n_shots(args, cmd: str, tasks: list) -> None:
-    """``--n-shots`` demonstrations fit in every task's train split, where the command reads
-    ``--n-shots`` (eval only with the icl method, ...: :func:`sitelens.cli.options.is_read`)."""
+    """Every task holds the ``--n-shots`` demonstrations, and the query too when queries come from
+    the train split (:func:`_queries_from_train`), where the command reads ``--n-shots`` (eval
+    only with the icl method, ...: :func:`sitelens.cli.options.is_read`). The message gives the
+    numbers: the pairs a split task needs (:func:`sitelens.tasks.core.items_needed` of the 70/10/20
+    split), or the training items of an FV-layout folder, against what it has."""
     from sitelens.errors import TaskError
+    from sitelens.tasks.core import items_needed, split_sizes
 
     n_shots = getattr(args, "n_shots", None)
     if not (n_shots and is_read(args, CONFIGS[cmd], "n_shots")):
         return
+    query = int(_queries_from_train(args, cmd))
+    need = n_shots + query
+    shots = f"{n_shots} shot{'s' if n_shots > 1 else ''}"
     for task in tasks:
-        if n_shots > len(task.train):
+        if len(task.train) >= need:
+            continue
+        most = len(task.train) - query
+        fewer = f", or use --n-shots {most} or fewer" if most >= 1 else ""
+        why = (f"{n_shots} demonstration{'s' if n_shots > 1 else ''} besides each query drawn from "
+               "train" if query else f"{n_shots} demonstration{'s' if n_shots > 1 else ''}")
+        if task.source == "builtin" or task.source.endswith(".json"):  # split 70/10/20 here
+            has = len(task.train) + len(task.valid) + len(task.test)
+            n = items_needed(need)
+            tr, va, te = split_sizes(n)
             raise TaskError(
-                f"Asked for {n_shots} demonstrations but {task.name} has only "
-                f"{len(task.train)} training items; use fewer shots (--n-shots) or a task "
-                "with more training items."
-            )
+                f"--n-shots {n_shots}: task {task.name!r} needs at least {n} pairs for {shots} and "
+                f"the splits ({need} training items for {why}; {n} pairs split into train {tr}, "
+                f"valid {va}, test {te}); has {has}. Give the task at least {n} pairs{fewer}.")
+        raise TaskError(
+            f"--n-shots {n_shots}: task {task.name!r} needs at least {need} training items for "
+            f"{shots} ({why}); its train.json has {len(task.train)}. Give it at least {need} "
+            f"training items{fewer}.")
 
 
 def _check_label_metrics(args, cmd: str) -> None:
@@ -235,14 +264,23 @@ def check_seeds(args) -> None:
 
 def check_heads_options(args) -> None:
     """``sitelens heads``: the ``dla`` lens, which reads ``W_O``, ``W_U`` and the norms, gets a
-    ``HookedTransformer``."""
+    ``HookedTransformer``: the backend of ``--backend``, else the default one, is checked before
+    any load."""
     from sitelens.lenses import parse_lenses
-    from sitelens.models import resolve_backend
+    from sitelens.models import BACKEND_ENV, has_hooked_transformer, resolve_backend
 
-    if "dla" in parse_lenses(split_csv(args.lenses)) and resolve_backend(None) != "hooked":
-        raise UsageError("--lenses dla reads W_O, W_U and the norms of a HookedTransformer, but "
-                         "models load on the bridge backend here; set SITELENS_BACKEND=hooked "
-                         "(TransformerLens 3.x) or drop dla from --lenses.")
+    if "dla" not in parse_lenses(split_csv(args.lenses)):
+        return
+    given_backend = getattr(args, "backend", None)
+    if resolve_backend(given_backend) == "hooked":
+        return
+    why = ("--backend bridge" if given_backend else
+           f"the bridge backend, the default here (${BACKEND_ENV} or TransformerLens 4)")
+    fix = ("use --backend hooked (TransformerLens 3.x), or drop dla from --lenses"
+           if has_hooked_transformer() else "drop dla from --lenses (TransformerLens "
+           "3.x, with --backend hooked, runs it)")
+    raise UsageError(f"--lenses dla reads W_O, W_U and the norms of a HookedTransformer, which "
+                     f"{why} does not give; {fix}.")
 
 
 def validate(args) -> None:
@@ -290,7 +328,15 @@ def check_device_options(args) -> None:
     try:
         backend = resolve_backend(getattr(args, "backend", None))
     except ModelError as e:
-        raise UsageError(f"--backend: {e}") from None
+        if getattr(args, "backend", None) != "hooked":  # e.g. an unknown $SITELENS_BACKEND
+            raise UsageError(f"--backend: {e}") from None
+        import importlib.metadata as md
+
+        from sitelens.models import BACKEND_ENV
+
+        raise UsageError(f"--backend hooked needs HookedTransformer, which TransformerLens "
+                         f"{md.version('transformer-lens')} no longer has; use --backend bridge "
+                         f"(or {BACKEND_ENV}=bridge), or install 'transformer-lens>=3.9,<4'.") from None
 
     device = resolve_device(getattr(args, "device", None))
     try:

@@ -36,8 +36,15 @@ class FitConfig:
             raise FitError(
                 f"FitConfig.init and .sparsity must be finite, got {self.init!r}, {self.sparsity!r}."
             )
-        if self.n_examples < 1 or self.batch_size < 1 or self.eval_every < 1:
-            raise FitError("FitConfig.n_examples, .batch_size and .eval_every must be at least 1.")
+        if self.sparsity < 0:  # λ·mean(α) with λ < 0 rewards large α instead of penalizing it
+            raise FitError(f"FitConfig.sparsity must be >= 0 (a negative λ rewards large α), got "
+                           f"{self.sparsity!r}.")
+        if min(self.n_examples, self.batch_size, self.eval_every, self.n_valid) < 1:
+            raise FitError("FitConfig.n_examples, .batch_size, .eval_every and .n_valid must be at "
+                           f"least 1, got {self.n_examples!r}, {self.batch_size!r}, "
+                           f"{self.eval_every!r}, {self.n_valid!r}.")
+        if not 0 <= self.seed <= 2**32 - 1:
+            raise FitError(f"FitConfig.seed must be in [0, 4294967295], got {self.seed!r}.")
 
     @property
     def steps(self) -> int:

@@ -206,6 +206,24 @@ def _read_json(path: Path):
         raise TaskError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); fix the file.") from e
 
 
+def split_sizes(n: int, fractions=SPLIT_FRACTIONS) -> tuple[int, int, int]:
+    """``(train, valid, test)`` sizes of :func:`split_examples` on ``n`` items: valid and test
+    ``fractions`` of ``n``, rounded, at least 1 each; train the rest."""
+    n_valid = max(1, round(n * fractions[1]))
+    n_test = max(1, round(n * fractions[2]))
+    return n - n_valid - n_test, n_valid, n_test
+
+
+def items_needed(n_train: int, fractions=SPLIT_FRACTIONS) -> int:
+    """The fewest items whose split (:func:`split_sizes`) has ``n_train`` training items (at
+    least 3: one per split). The train size never shrinks as items are added, so every larger
+    task has them too."""
+    n = max(3, n_train + 2)
+    while split_sizes(n, fractions)[0] < n_train:
+        n += 1
+    return n
+
+
 def split_examples(
     items: list[Example], *, seed: int = 0, fractions=SPLIT_FRACTIONS
 ) -> tuple[list[Example], list[Example], list[Example]]:
@@ -214,10 +232,7 @@ def split_examples(
         raise TaskError(f"A task needs at least 3 items to split, got {len(items)}.")
     items = list(items)
     random.Random(seed).shuffle(items)
-    n = len(items)
-    n_valid = max(1, round(n * fractions[1]))
-    n_test = max(1, round(n * fractions[2]))
-    n_train = n - n_valid - n_test
+    n_train, n_valid, _ = split_sizes(len(items), fractions)
     return items[:n_train], items[n_train : n_train + n_valid], items[n_train + n_valid :]
 
 
