@@ -346,7 +346,7 @@ def test_cli_in_process_non_finite_lr(tmp_path, capsys):
     rc = cli_main(["fit", "--model", "tiny-random", "--task", "antonym", "--out", str(tmp_path / "ad"),
                    "--lr", "inf", *TINY_FIT])
     err = capsys.readouterr().err
-    assert rc == 2 and "FitConfig.lr must be a positive finite number" in err and "Traceback" not in err
+    assert rc == 2 and "argument --lr: must be a finite number > 0" in err and "Traceback" not in err
 
 
 ZS = ["--methods", "zero-shot"]
@@ -377,7 +377,7 @@ def _write(path: Path, text: str) -> Path:
          ["duplicate item(s)", "--dedupe"]),
         (lambda d: ["eval", "--model", "tiny-random", "--task", "antonym", "--methods", "icl",
                     "--n-shots", "100", "--limit", "2"],
-         ["Asked for 100 demonstrations"]),
+         ["needs at least 142 pairs for 100 shots"]),
         (lambda d: ["eval", "--model", "tiny-random", "--task", "antonym", "--methods", "icl",
                     "--n-shots", "40", "--limit", "2"],
          ["the model's context (n_ctx) is 256"]),

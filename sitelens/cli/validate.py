@@ -267,17 +267,17 @@ def check_heads_options(args) -> None:
     ``HookedTransformer``: the backend of ``--backend``, else the default one, is checked before
     any load."""
     from sitelens.lenses import parse_lenses
-    from sitelens.models import BACKEND_ENV, has_hooked_transformer, resolve_backend
+    from sitelens.models import spec
 
     if "dla" not in parse_lenses(split_csv(args.lenses)):
         return
     given_backend = getattr(args, "backend", None)
-    if resolve_backend(given_backend) == "hooked":
+    if spec.resolve_backend(given_backend) == "hooked":
         return
     why = ("--backend bridge" if given_backend else
-           f"the bridge backend, the default here (${BACKEND_ENV} or TransformerLens 4)")
-    fix = ("use --backend hooked (TransformerLens 3.x), or drop dla from --lenses"
-           if has_hooked_transformer() else "drop dla from --lenses (TransformerLens "
+           f"the bridge backend, the default here (${spec.BACKEND_ENV} or TransformerLens 4),")
+    fix = (f"use --backend hooked (or {spec.BACKEND_ENV}=hooked), or drop dla from --lenses"
+           if spec.has_hooked_transformer() else "drop dla from --lenses (TransformerLens "
            "3.x, with --backend hooked, runs it)")
     raise UsageError(f"--lenses dla reads W_O, W_U and the norms of a HookedTransformer, which "
                      f"{why} does not give; {fix}.")

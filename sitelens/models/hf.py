@@ -106,7 +106,7 @@ def _folder_errors(path: Path):
     UnpicklingError); running out of memory is not a folder's failure and is raised as it is."""
     try:
         yield
-    except (MemoryError, torch.OutOfMemoryError):
+    except (MemoryError, torch.cuda.OutOfMemoryError):
         raise
     except Exception as e:  # whatever transformers and torch raise on a bad file (pickle, zip, ...)
         why = (str(e).strip().splitlines() or [""])[0]
