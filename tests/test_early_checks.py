@@ -153,11 +153,22 @@ def test_run_on_a_three_pair_task_with_one_shot(tmp_path, monkeypatch, no_load):
      "needs at least 16 pairs for 10 shots"),
     # icl on test: the queries are not training items, 11 demonstrations need 11 of them
     (["eval", *TINY, "--methods", "icl", "--n-shots", "11"], "needs at least 16 pairs for 11 shots"),
-], ids=["fit", "heads", "patch-effects", "eval-icl-train", "eval-icl-test"])
+    (["frontier", *TINY, "--out", "fr", "--n-shots", "10"], "needs at least 16 pairs for 10 shots"),
+], ids=["fit", "heads", "patch-effects", "eval-icl-train", "eval-icl-test", "frontier"])
 def test_a_task_too_small_for_the_shots(argv, needle, tmp_path, monkeypatch, no_load):
     task = _pairs(tmp_path, 15)  # split 10 / 2 / 3: one training item short of 10 shots + a query
     line = _refused([*argv, "--task", task], tmp_path, monkeypatch)
     assert needle in line and "has 15" in line, line
+
+
+def test_the_frontier_counts_its_valid_and_test_items(tmp_path, monkeypatch, no_load):
+    """The frontier selects on valid and scores on test, 2 items each: 10 pairs (split 7 / 1 / 2)
+    hold the shots but not the splits; 15 pairs (10 / 2 / 3) are the fewest that do."""
+    task = _pairs(tmp_path, 10)
+    line = _refused(["frontier", *TINY, "--task", task, "--out", "fr", "--n-shots", "1"], tmp_path,
+                    monkeypatch)
+    assert "needs at least 15 pairs for 1 shot and the splits" in line, line
+    assert "valid and test 2 each" in line and "has 10" in line and "--n-shots 0" not in line, line
 
 
 def test_an_fv_folder_too_small_for_the_shots(tmp_path, monkeypatch, no_load):
@@ -183,6 +194,22 @@ def test_the_pairs_needed_are_exact(n_shots, tmp_path):
     few_shot_prompts(enough, enough.test, n_shots)
     short = load_task(str(tmp_path / _pairs(tmp_path, n - 1, "b.json")))
     with pytest.raises(TaskError):
+        embedding_prompts(short, n_prompts=8, n_shots=n_shots)
+
+
+@pytest.mark.parametrize("n_shots", [1, 2, 10])
+def test_the_frontier_pairs_needed_are_exact(n_shots, tmp_path):
+    """With the frontier's splits (MIN_SPLIT valid and test items too): N pairs pass its split
+    check and build stage 1's prompts; N - 1 fail one or the other."""
+    from sitelens.lenses.selectors import MIN_SPLIT, check_task_splits
+
+    n = items_needed(n_shots + 1, n_valid=MIN_SPLIT, n_test=MIN_SPLIT)
+    enough = load_task(str(tmp_path / _pairs(tmp_path, n, "a.json")))
+    check_task_splits(enough)
+    embedding_prompts(enough, n_prompts=8, n_shots=n_shots)
+    short = load_task(str(tmp_path / _pairs(tmp_path, n - 1, "b.json")))
+    with pytest.raises(TaskError):
+        check_task_splits(short)
         embedding_prompts(short, n_prompts=8, n_shots=n_shots)
 
 

@@ -342,7 +342,8 @@ TINY_ARGS = ["frontier", "--model", "tiny-random", "--task", "antonym", "--out",
     (["--selectors", "greedyy"], "Did you mean 'greedy'?"),
     (["--budgets", "1,9"], "outside [1, 8]"),
     (["--budgets", "1,x"], "argument --budgets"),
-    (["--task", "pairs.json", "--n-shots", "1", "--budgets", "1"], "too small to split"),
+    (["--task", "pairs.json", "--n-shots", "1", "--budgets", "1"],
+     "needs at least 15 pairs for 1 shot and the splits"),
     (["--lenses", "atp"], "unrecognized arguments: --lenses"),
 ])
 def test_cli_frontier_bad_input_exits_2_before_loading(extra, needle, monkeypatch, tmp_path):

@@ -199,9 +199,11 @@ def _queries_from_train(args, cmd: str) -> bool:
 def _check_n_shots(args, cmd: str, tasks: list) -> None:
     """Every task holds the ``--n-shots`` demonstrations, and the query too when queries come from
     the train split (:func:`_queries_from_train`), where the command reads ``--n-shots`` (eval
-    only with the icl method, ...: :func:`sitelens.cli.options.is_read`). The message gives the
-    numbers: the pairs a split task needs (:func:`sitelens.tasks.core.items_needed` of the 70/10/20
-    split), or the training items of an FV-layout folder, against what it has."""
+    only with the icl method, ...: :func:`sitelens.cli.options.is_read`); for the frontier, also
+    :data:`~sitelens.lenses.selectors.MIN_SPLIT` items in each split. The message gives the
+    numbers: the pairs a task split here needs (:func:`sitelens.tasks.core.items_needed` of the
+    70/10/20 split), or the training items of an FV-layout folder (whose valid and test splits
+    :func:`~sitelens.lenses.selectors.check_task_splits` checks), against what it has."""
     from sitelens.errors import TaskError
     from sitelens.tasks.core import items_needed, split_sizes
 
@@ -209,26 +211,33 @@ def _check_n_shots(args, cmd: str, tasks: list) -> None:
     if not (n_shots and is_read(args, CONFIGS[cmd], "n_shots")):
         return
     query = int(_queries_from_train(args, cmd))
-    need = n_shots + query
+    least = 1
+    if cmd == "frontier":
+        from sitelens.lenses.selectors import MIN_SPLIT as least
+    need = max(n_shots + query, least)
     shots = f"{n_shots} shot{'s' if n_shots > 1 else ''}"
+    demos = f"{n_shots} demonstration{'s' if n_shots > 1 else ''}"
+    why = f"{demos} besides each query drawn from train" if query else demos
     for task in tasks:
-        if len(task.train) >= need:
+        split_here = task.source == "builtin" or task.source.endswith(".json")  # 70/10/20 here
+        sizes = (len(task.train), len(task.valid), len(task.test))
+        if sizes[0] >= need and (not split_here or min(sizes[1:]) >= least):
             continue
-        most = len(task.train) - query
-        fewer = f", or use --n-shots {most} or fewer" if most >= 1 else ""
-        why = (f"{n_shots} demonstration{'s' if n_shots > 1 else ''} besides each query drawn from "
-               "train" if query else f"{n_shots} demonstration{'s' if n_shots > 1 else ''}")
-        if task.source == "builtin" or task.source.endswith(".json"):  # split 70/10/20 here
-            has = len(task.train) + len(task.valid) + len(task.test)
-            n = items_needed(need)
+        most = sizes[0] - query
+        fewer = (f", or use --n-shots {most} or fewer" if most >= max(1, least - query)
+                 and min(sizes[1:]) >= least else "")
+        if split_here:
+            n = items_needed(need, n_valid=least, n_test=least)
             tr, va, te = split_sizes(n)
+            each = f"; valid and test {least} each" if least > 1 else ""
             raise TaskError(
                 f"--n-shots {n_shots}: task {task.name!r} needs at least {n} pairs for {shots} and "
-                f"the splits ({need} training items for {why}; {n} pairs split into train {tr}, "
-                f"valid {va}, test {te}); has {has}. Give the task at least {n} pairs{fewer}.")
+                f"the splits ({need} training items for {why}{each}; {n} pairs split into train "
+                f"{tr}, valid {va}, test {te}); has {sum(sizes)}. Give the task at least {n} "
+                f"pairs{fewer}.")
         raise TaskError(
             f"--n-shots {n_shots}: task {task.name!r} needs at least {need} training items for "
-            f"{shots} ({why}); its train.json has {len(task.train)}. Give it at least {need} "
+            f"{shots} ({why}); its train.json has {sizes[0]}. Give it at least {need} "
             f"training items{fewer}.")
 
 

@@ -214,12 +214,13 @@ def split_sizes(n: int, fractions=SPLIT_FRACTIONS) -> tuple[int, int, int]:
     return n - n_valid - n_test, n_valid, n_test
 
 
-def items_needed(n_train: int, fractions=SPLIT_FRACTIONS) -> int:
-    """The fewest items whose split (:func:`split_sizes`) has ``n_train`` training items (at
-    least 3: one per split). The train size never shrinks as items are added, so every larger
-    task has them too."""
-    n = max(3, n_train + 2)
-    while split_sizes(n, fractions)[0] < n_train:
+def items_needed(n_train: int, fractions=SPLIT_FRACTIONS, *, n_valid: int = 1, n_test: int = 1) -> int:
+    """The fewest items whose split (:func:`split_sizes`) has at least ``n_train`` training,
+    ``n_valid`` validation and ``n_test`` test items. No split shrinks as items are added, so
+    every larger task has them too."""
+    n = max(3, n_train + n_valid + n_test)
+    while any(have < want for have, want in zip(split_sizes(n, fractions), (n_train, n_valid, n_test),
+                                                strict=True)):
         n += 1
     return n
 
