@@ -2,13 +2,16 @@
 
 :func:`validate` checks what the parser cannot: path arguments, the fit options (``FitConfig``'s
 own checks), model names (bundled, TransformerLens names in the local Hugging Face cache, HF
-directories), tasks (loaded here, cheap, and kept on ``args`` for the command), enough training
-items for ``--n-shots``, adapter directories, option combinations (:func:`check_heads_options`
-for ``sitelens heads``, :func:`~sitelens.cli.frontier.check_frontier_options`; options the command
-would ignore, :func:`sitelens.cli.options.check_ignored`). :func:`check_outputs` refuses output paths of
-the wrong kind, and earlier results without ``--force``. :func:`check_heads` is the one check that
-needs the model (k at most its number of heads); the commands call it right after the load. Each raises a
-:class:`~sitelens.errors.SitelensError`, which :func:`sitelens.cli.main` prints as one line.
+directories and their files: :func:`sitelens.models.hf_arch.check_hf_files`), tasks (loaded
+here, cheap, and kept on ``args`` for the command), enough pairs for ``--n-shots`` and the splits
+(:func:`_check_n_shots`), adapter directories, option combinations (:func:`check_heads_options`
+for ``sitelens heads``: ``dla`` and the backend,
+:func:`~sitelens.cli.frontier.check_frontier_options`; options the command would ignore,
+:func:`sitelens.cli.options.check_ignored`). :func:`check_outputs` refuses output paths of the
+wrong kind, and earlier results without ``--force``. :func:`check_heads` is the one check that
+needs the model (k at most its number of heads); the commands call it right after the load. Each
+raises a :class:`~sitelens.errors.SitelensError`, which :func:`sitelens.cli.main` prints as one
+line.
 """
 
 from __future__ import annotations
