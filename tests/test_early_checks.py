@@ -69,6 +69,24 @@ def test_dla_on_the_bridge_backend_is_refused_before_the_load(lenses, tmp_path, 
     assert "--backend hooked" in line and "backend='" not in line, line  # the CLI's syntax
 
 
+def test_a_lens_limited_to_one_backend_is_refused_from_its_registry_entry(tmp_path, monkeypatch,
+                                                                         no_load):
+    """The limit is the lens's registry entry (``Lens.backends``), not a rule about dla: an entry
+    limited to the bridge is refused with --backend hooked, and one of the hooked backend with
+    --backend bridge, each naming the backend it runs on."""
+    from dataclasses import replace
+
+    from sitelens.lenses import registry
+
+    monkeypatch.setitem(registry.REGISTRY, "atp", replace(registry.REGISTRY["atp"],
+                                                          backends=("bridge",)))
+    argv = ["heads", *TINY, "--task", "antonym", "--out", "h.csv", "--lenses"]
+    line = _refused([*argv, "alpha,atp", "--backend", "hooked"], tmp_path, monkeypatch)
+    assert "--lenses atp runs only on --backend bridge" in line and "use --backend bridge" in line
+    line = _refused([*argv, "atp,dla", "--backend", "bridge"], tmp_path, monkeypatch)
+    assert "--lenses dla runs only on --backend hooked" in line, line
+
+
 # ----------------------------------------------------------------------------------------------
 # the sign and range of every number
 

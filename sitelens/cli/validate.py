@@ -275,24 +275,28 @@ def check_seeds(args) -> None:
 
 
 def check_heads_options(args) -> None:
-    """``sitelens heads``: the ``dla`` lens, which reads ``W_O``, ``W_U`` and the norms, gets a
-    ``HookedTransformer``: the backend of ``--backend``, else the default one, is checked before
-    any load."""
+    """``sitelens heads``: every lens asked for runs on the backend of ``--backend``, else the
+    default one (:attr:`sitelens.lenses.registry.Lens.backends`: ``dla`` reads ``W_O``, ``W_U``
+    and the norms of a ``HookedTransformer``), checked before any load."""
     from sitelens.lenses import parse_lenses
+    from sitelens.lenses.registry import REGISTRY
     from sitelens.models import spec
 
-    if "dla" not in parse_lenses(split_csv(args.lenses)):
-        return
     given_backend = getattr(args, "backend", None)
-    if spec.resolve_backend(given_backend) == "hooked":
+    backend = spec.resolve_backend(given_backend)
+    refused = [n for n in parse_lenses(split_csv(args.lenses)) if backend not in REGISTRY[n].backends]
+    if not refused:
         return
-    why = ("--backend bridge" if given_backend else
-           f"the bridge backend, the default here (${spec.BACKEND_ENV} or TransformerLens 4),")
-    fix = (f"use --backend hooked (or {spec.BACKEND_ENV}=hooked), or drop dla from --lenses"
-           if spec.has_hooked_transformer() else "drop dla from --lenses (TransformerLens "
-           "3.x, with --backend hooked, runs it)")
-    raise UsageError(f"--lenses dla reads W_O, W_U and the norms of a HookedTransformer, which "
-                     f"{why} does not give; {fix}.")
+    lenses = ", ".join(refused)
+    other = next(b for b in REGISTRY[refused[0]].backends)
+    why = (f"the model would load with --backend {backend}" if given_backend else
+           f"models load on the {backend} backend here (${spec.BACKEND_ENV} or TransformerLens 4)")
+    can = other != "hooked" or spec.has_hooked_transformer()
+    fix = (f"use --backend {other} (or {spec.BACKEND_ENV}={other}), or drop {lenses} from --lenses"
+           if can else f"drop {lenses} from --lenses (TransformerLens 3.x, with --backend hooked, "
+           "runs it)")
+    reads = " (it reads W_O, W_U and the norms of a HookedTransformer)" if refused == ["dla"] else ""
+    raise UsageError(f"--lenses {lenses} runs only on --backend {other}{reads}, and {why}; {fix}.")
 
 
 def validate(args) -> None:

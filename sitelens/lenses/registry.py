@@ -66,13 +66,15 @@ class Lens:
     ``"fit"`` (the SITE fit's stage 2), ``"seeds"`` (one fit per seed), ``"corrupted"`` (the
     configs' ``n_prompts``), ``"alpha-grad"`` (``n_alpha_items``), ``"intervals"`` (``n_boot``).
     ``needs_adapter``: the lens reads a fitted α (an adapter, or the first seed's fit when none is
-    given)."""
+    given). ``backends``: the model backends it runs on (``sitelens heads`` refuses another before
+    the model loads)."""
 
     name: str
     what: str
     impl: str | Callable[[LensInputs], HeadScores]
     reads: tuple[str, ...] = ()
     needs_adapter: bool = False
+    backends: tuple[str, ...] = ("hooked", "bridge")
 
     def run(self, x: LensInputs) -> HeadScores:
         return resolve(self.impl)(x)
@@ -95,7 +97,8 @@ _LENSES = [
     Lens("effect", "exact activation patching on corrupted prompts",
          "sitelens.lenses.attribution:effect_lens", reads=("corrupted", "intervals")),
     Lens("dla", "direct logit attribution of each head's injected write",
-         "sitelens.lenses.logit_lens:dla_lens", reads=("fit",), needs_adapter=True),
+         "sitelens.lenses.logit_lens:dla_lens", reads=("fit",), needs_adapter=True,
+         backends=("hooked",)),  # W_O, W_U and the norms of a HookedTransformer
 ]
 REGISTRY: dict[str, Lens] = {lens.name: lens for lens in _LENSES}
 LENSES: tuple[str, ...] = tuple(REGISTRY)
