@@ -240,3 +240,21 @@ def test_a_task_of_exactly_the_pairs_needed_passes(n_shots, tmp_path, monkeypatc
     task = _pairs(tmp_path, items_needed(n_shots + 1))
     validate(build_parser().parse_args(["fit", *TINY, "--task", task, "--out", "ad",
                                         "--n-shots", str(n_shots)]))
+
+
+def test_a_fit_that_fails_after_the_load_leaves_no_folder(tmp_path, monkeypatch):
+    """The one refusal of ``run`` that needs the model (a fit that fails) writes nothing either:
+    no empty ``OUT/adapter/``, no ``OUT``."""
+    import sitelens.cli.run as run
+
+    def fails(*a, **k):
+        raise FitError("Non-finite loss at step 1 (a fit refused after the load).")
+
+    monkeypatch.setattr(run, "fit_from_args", fails)
+    monkeypatch.chdir(tmp_path)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(["run", *TINY, "--task", "antonym", "--n-shots", "2", "--out", "r"])
+    last = err.getvalue().strip().splitlines()[-1]  # after the load's own line
+    assert rc == 2 and last.startswith("sitelens: error: Non-finite loss"), err.getvalue()
+    assert _files(tmp_path) == set(), _files(tmp_path)

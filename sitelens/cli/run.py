@@ -144,8 +144,8 @@ def _fit_or_reuse(model, task, args, plan):
         print(f"reused the adapter in {where} (same settings; fitted in stage1 "
               f"{m['stage1_seconds']:.1f}s  stage2 {m['stage2_seconds']:.1f}s)", file=sys.stderr)
         return adapter
-    ensure_dir(where)
     adapter = fit_from_args(model, task, args)
+    ensure_dir(where)  # after the fit: one that fails leaves no empty folder (writable: plan_run)
     adapter.save(where)
     _write_record(out, plan["settings"], ("fit",))  # the evaluation, if any, is now stale
     m = adapter.meta
