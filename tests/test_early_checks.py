@@ -139,6 +139,22 @@ def test_fitconfig_refuses_the_same_values(kw, words):
         assert isinstance(e.value, SitelensError) and words in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize("kw, words", [
+    ({"n_bootstrap": -1}, "n_bootstrap must be a whole number >= 0"),
+    ({"n_valid": 0}, "n_valid must be a whole number >= 1"),
+    ({"greedy_pool": 0}, "greedy_pool must be a whole number >= 1"),
+    ({"test_limit": 2.5}, "test_limit must be a whole number >= 1"),
+    ({"sparsity_grid": (1.0, -5.0)}, "sparsity_grid must hold finite λ >= 0"),
+])
+def test_frontierconfig_refuses_the_values_the_frontier_options_refuse(kw, words):
+    from sitelens.errors import LensError
+    from sitelens.lenses.selectors import FrontierConfig
+
+    with pytest.raises(LensError, match=words):
+        FrontierConfig(**kw)
+    FrontierConfig(n_bootstrap=0, greedy_pool=None, test_limit=1, sparsity_grid=(0.0,))
+
+
 def test_the_ranges_keep_every_value_in_range():
     """The bounds refuse only what is out of range: 0 and a tiny λ, the smallest positive lr."""
     p = build_parser()

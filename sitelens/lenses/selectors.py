@@ -32,6 +32,7 @@ Costs are counted by hooks (:class:`~sitelens.patching.engine.ForwardPassCounter
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -76,6 +77,26 @@ class FrontierConfig:
     exact_match: bool = True  # also generate under each set (slow)
     n_bootstrap: int = 0  # resamples of the selection items for the stability
     batch_size: int = 512  # rows per forward pass (bounded by the prefix-cache copy budget)
+
+    def __post_init__(self):
+        """The ranges of the command line's options (:mod:`sitelens.cli.configs`): counts >= 1
+        (None where allowed), ``n_bootstrap`` >= 0, each λ of ``sparsity_grid`` finite and >= 0
+        (a negative one rewards large α); :class:`LensError` naming the field otherwise."""
+        def whole(v) -> bool:
+            return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+        for name in ("n_prompts", "n_shots", "n_valid", "batch_size", "greedy_max_k", "greedy_pool",
+                     "test_limit"):
+            v = getattr(self, name)
+            if v is not None and not (whole(v) and v >= 1):
+                raise LensError(f"FrontierConfig.{name} must be a whole number >= 1, got {v!r}.")
+        if not (whole(self.n_bootstrap) and self.n_bootstrap >= 0):
+            raise LensError(f"FrontierConfig.n_bootstrap must be a whole number >= 0, got "
+                            f"{self.n_bootstrap!r}.")
+        bad = [lam for lam in self.sparsity_grid if not (math.isfinite(lam) and lam >= 0)]
+        if bad or not self.sparsity_grid:
+            raise LensError(f"FrontierConfig.sparsity_grid must hold finite λ >= 0 (a negative λ "
+                            f"rewards large α), got {self.sparsity_grid!r}.")
 
 
 def check_budgets(budgets: Sequence[int], n_heads_total: int) -> list[int]:
