@@ -53,26 +53,31 @@ def _rep(task, replicate, index, sets):
              "index": index, "selector": "alpha", "k": k, "heads": h} for k, h in sets.items()]
 
 
-def test_stability_table_equals_hand_jaccards():
+def test_stability_table_equals_hand_adjusted_jaccards():
+    """The study's stability is the chance-adjusted Jaccard over every seed pair and seed 0 vs each
+    resample, worked by hand over N = 9 heads: (J − E) / (1 − E) per pair, E the expected Jaccard
+    of two random k-sets (k = 1: 1/9; k = 2: overlap 0, 1, 2 with probability 21/36, 14/36, 1/36,
+    so E = 14/36 · 1/3 + 1/36 = 17/108)."""
     df = pd.DataFrame(_main_rows("t", {1: "L0H0", 2: "L0H0;L0H1"}))
     sets = pd.DataFrame(_rep("t", "seed", 1, {1: "L0H1", 2: "L0H0;L0H1"})
                         + _rep("t", "seed", 2, {1: "L0H0", 2: "L0H0;L1H0"})
                         + _rep("t", "bootstrap", 0, {1: "L0H0", 2: "L1H1;L1H0"})
                         + _rep("t", "bootstrap", 1, {1: "L2H2", 2: "L0H1;L1H0"}))
-    st = study.stability_table(df, sets).set_index("k")
-    # k = 1: seed sets {H0}, {H1}, {H0}: pairs 0, 1, 0; bootstrap vs seed 0: 1, 0
-    assert st.loc[1, "jaccard_seeds"] == pytest.approx(1 / 3) and st.loc[1, "jaccard_bootstrap"] == 0.5
-    # k = 2: seeds {00,01} {00,01} {00,10}: pairs 1, 1/3, 1/3; bootstrap: 0, 1/3
-    assert st.loc[2, "jaccard_seeds"] == pytest.approx(5 / 9)
-    assert st.loc[2, "jaccard_bootstrap"] == pytest.approx(1 / 6)
-    assert (st.seeds == 3).all() and (st.bootstraps == 2).all()
+    st = study.stability_table(df, sets, n_total=lambda m: 9).set_index("k")
+    # k = 1: seed pairs 0, 1, 0 and seed 0 vs the resamples 1, 0: raw 2/5; adjusted 1 for J = 1,
+    # (0 − 1/9) / (8/9) = −1/8 for J = 0: (2 − 3/8) / 5 = 13/40
+    assert st.loc[1, "raw_jaccard"] == pytest.approx(2 / 5, abs=1e-12)
+    assert st.loc[1, "stability"] == pytest.approx(13 / 40, abs=1e-12)
+    # k = 2: seed pairs 1, 1/3, 1/3, resamples 0, 1/3: adjusted 1, 19/91 (three), −17/91: 131/455
+    assert st.loc[2, "stability"] == pytest.approx(131 / 455, abs=1e-12)
+    assert (st.n_pairs == 5).all() and (st.seeds == 3).all() and (st.bootstraps == 2).all()
     ks = pd.DataFrame([{"model": "m", "task": "t", "selector": "alpha", "injection": "alpha1", "k_star": 1},
                        {"model": "m", "task": "t", "selector": "alpha", "injection": "refit", "k_star": 2}])
-    marked = study.mark_unstable(ks, study.stability_table(df, sets))
-    # at k* = 1 the mean of 1/3 and 1/2 is 0.42 < 0.5: unstable; at k* = 2, (5/9 + 1/6) / 2 = 0.36
-    assert list(marked.k_star_marked) == ["1 (unstable)", "2 (unstable)"]
+    marked = study.mark_unstable(ks, st.reset_index())
+    assert list(marked.k_star_marked) == ["1 (unstable)", "2 (unstable)"]  # 0.325 and 0.288 < 0.5
     stable = sets.assign(heads=sets.k.map({1: "L0H0", 2: "L0H0;L0H1"}))
-    assert list(study.mark_unstable(ks, study.stability_table(df, stable)).k_star_marked) == ["1", "2"]
+    st2 = study.stability_table(df, stable, n_total=lambda m: 9)
+    assert list(study.mark_unstable(ks, st2).k_star_marked) == ["1", "2"]
 
 
 def test_study_stability_cells_run_resume_and_report(tmp_path, monkeypatch):
@@ -91,11 +96,14 @@ def test_study_stability_cells_run_resume_and_report(tmp_path, monkeypatch):
     assert main(study.FrontierStudy(), argv) == 0
     assert (tmp_path / "frontier_study_sets.csv").read_text() == first
     md = (tmp_path / "frontier_study.md").read_text()
-    per_sel = md[md.index("Per model and selector"):md.index("Over fit seeds, per task")]
+    per_sel = md[md.index("Per model and selector"):md.index("Per task (mean over budgets)")]
     row = next(s for s in per_sel.splitlines() if s.startswith("| tiny-random | alpha |"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[2] != "nan" and cells[3] != "nan"  # seeds and bootstrap Jaccards measured
-    assert cells[4:6] == ["2", "1"]  # two seed sets (the scored cell's and one replicate), one resample
+    header = next(s for s in per_sel.splitlines() if s.startswith("| model | selector |"))
+    cells = dict(zip([c.strip() for c in header.strip("|").split("|")],
+                     [c.strip() for c in row.strip("|").split("|")]))
+    assert cells["stability"] != "nan" and cells["raw_jaccard"] != "nan"  # measured
+    # two seed sets (the scored cell's and one replicate) and one resample: 2 pairs per value
+    assert (cells["seeds"], cells["bootstraps"], cells["pairs_per_value"]) == ("2", "1", "2.0")
 
 
 def test_config_bootstrap_in_frontier_uses_the_same_replicates(tiny_mha, task):
