@@ -29,7 +29,7 @@ PKG = ROOT / "sitelens"
 # Lowest first; a module may import from its own layer or any layer below it. The leaves are the
 # top-level modules; `sitelens/__init__.py` (the public API) sits above all.
 LAYERS = [
-    {"errors", "io", "provenance", "format", "lazy", "stats", "heads"},
+    {"errors", "io", "provenance", "format", "lazy", "stats", "heads", "threads"},
     {"models", "testing"},  # sitelens.testing builds models; load_model names its tiny ones
     {"tasks"},
     {"site"},
