@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Second CI job: the unit tier on TransformerLens 4.x (HookedTransformer removed), TransformerBridge
 # backend. A separate venv .venv-tl4 (idempotent: a second run only checks the install stamp).
-# The project pins transformer-lens>=3.9,<4 for its main job; here TL 4 is installed on top with
-# the project itself installed --no-deps.
+# The project admits transformer-lens>=3.9,<5 and the main job runs 3.9; here TL 4 is installed
+# first, then the project itself --no-deps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -69,7 +69,9 @@ class Compute:
                                   "of layers)", read_by=("compute",), group=DEVICES)
     backend: str | None = option(choices=BACKENDS, read_by=("compute",), group=DEVICES, help="hooked "
                                  "(HookedTransformer, TransformerLens 3.x) or bridge (TransformerBridge, "
-                                 "TransformerLens 4) (default: $SITELENS_BACKEND, else hooked)")
+                                 "TransformerLens 3.9 and 4.x); adapters load on either (default: "
+                                 "$SITELENS_BACKEND, else what the installed TransformerLens has: hooked "
+                                 "on 3.x, bridge on 4.x)")
     device_map: str | None = option(choices=("auto", "balanced", "balanced_low_0", "sequential"),
                                     read_by=("compute",), group=DEVICES, help="bridge backend only: "
                                     "Hugging Face's device_map (instead of --device / --n-devices)")

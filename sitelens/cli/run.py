@@ -40,17 +40,21 @@ def default_out(args) -> Path:
 
 def run_settings(args) -> dict:
     """What made each part, as JSON-able dicts: ``base`` (model as given, task and the hash of its
-    splits, seed, the load options, the numerics version), ``fit`` (the adapter's hyperparameters
-    as ``adapter.json`` records them; None without the site method) and ``eval`` (methods, split,
-    limit, shots, protocol, label metrics, and the fit its site rows used)."""
+    splits, seed, the load options with the backend used, the numerics version), ``fit`` (the
+    adapter's hyperparameters as ``adapter.json`` records them; None without the site method) and
+    ``eval`` (methods, split, limit, shots, protocol, label metrics, and the fit its site rows
+    used)."""
     from dataclasses import asdict
 
     from sitelens.provenance import NUMERICS_VERSION, canonical, task_hash
 
     task, methods = args._task, split_csv(args.methods)
+    from sitelens.models.spec import chosen_backend
+
+    load = {k: getattr(args, k) for k in ("device", "dtype", "n_devices", "device_map")}
+    load["backend"] = chosen_backend(args.backend)  # the backend used, also when not given
     base = {"model": args.model, "task": task.name, "task_hash": task_hash(task), "seed": args.seed,
-            "load": {k: getattr(args, k) for k in ("device", "dtype", "n_devices", "device_map", "backend")},
-            "numerics_version": NUMERICS_VERSION}
+            "load": load, "numerics_version": NUMERICS_VERSION}
     fit = None
     if "site" in methods:
         cfg = fit_config_from_args(args)
@@ -108,6 +112,11 @@ def plan_run(args) -> dict:
         check_output(out / name, kind, option=f"--out (its {name})")
     now = run_settings(args)
     rec = _record(out) or {}
+    load = (rec.get("base") or {}).get("load")
+    if isinstance(load, dict) and load.get("backend", "") is None:
+        # a run.json written before the backend used was recorded: it ran on the default, which
+        # follows the same rule today
+        load["backend"] = now["base"]["load"]["backend"]
     same_base = rec.get("base") == now["base"]
     has_adapter = (out / ADAPTER / "adapter.json").exists() or (out / ADAPTER).is_file()
     has_eval = (out / EVAL).exists() or (out / ITEMS).exists()

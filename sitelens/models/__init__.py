@@ -14,7 +14,8 @@ model classes (with :mod:`sitelens.models.attention`, the fused attention forwar
   (``bridge_from_hf``), ``prepare_bridge``.
 - :mod:`sitelens.models.prepare`: the last steps of every load (``prepare_model``: eval mode,
   ``fast_layout``, fused attention, left padding, self-check).
-- :mod:`sitelens.models.identity`: ``model_name``, ``fingerprint``.
+- :mod:`sitelens.models.identity`: ``model_name``, ``backend_of``, ``fingerprint`` (results' key),
+  ``weights_fingerprint`` (adapters' check, the same on both backends).
 - :mod:`sitelens.models.families`: architecture families as data (``FAMILIES``); imported from
   the submodule. Tiny test models of them, and of any size: :mod:`sitelens.testing`.
 - :mod:`sitelens.models.tokens`: ``encode`` (BOS, left padding), memory-bounded batches.
@@ -75,7 +76,7 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
         wrap_hook,
         z_hook_name,
     )
-    from sitelens.models.identity import fingerprint, model_name
+    from sitelens.models.identity import backend_of, fingerprint, model_name, weights_fingerprint
     from sitelens.models.kv import (
         SELECT_BUDGET_BYTES,
         BridgeKVCache,
@@ -135,7 +136,7 @@ __getattr__, __dir__ = lazy_names(__name__, {
     "sitelens.models.gguf": ("llama_config_from_hf", "load_hf_reference"),
     "sitelens.models.hooks": ("act_name", "canonical_hook_name", "check_z_shape", "forward_until",
         "is_bridge", "position_wise", "self_check", "wrap_hook", "z_hook_name"),
-    "sitelens.models.identity": ("fingerprint", "model_name"),
+    "sitelens.models.identity": ("backend_of", "fingerprint", "model_name", "weights_fingerprint"),
     "sitelens.models.kv": ("SELECT_BUDGET_BYTES", "BridgeKVCache", "RecomputeCache", "block_forward",
         "cache_rows_per_batch", "drive_hf_cache", "kv_forward", "last_position_logits",
         "last_token_forward", "new_kv_cache", "prefix_cache", "select_cache", "select_entry",
@@ -159,6 +160,7 @@ __all__ = [
     # load, hf, bridge, prepare, identity
     "ALLOW_DOWNLOAD_ENV", "bridge_from_hf", "check_model_available", "fast_layout", "fingerprint",
     "hf_cached", "load_model", "model_name", "prepare_bridge", "prepare_model", "timed_load",
+    "backend_of", "weights_fingerprint",
     # tokens
     "ATTENTION_BUDGET_BYTES", "Encoded", "budget_batches", "encode", "length_batches",
     "prepends_bos", "token_ids",

@@ -57,6 +57,25 @@ def default_backend() -> str:
     return "hooked" if has_hooked_transformer() else "bridge"
 
 
+def chosen_backend(backend: str | None) -> str:
+    """``backend``, or the default backend read without importing TransformerLens (the command
+    line records it in run.json before anything loads): ``$SITELENS_BACKEND`` if set, else
+    ``"hooked"`` where the installed transformer-lens distribution is 3.x, else ``"bridge"``.
+    It agrees with :func:`default_backend` wherever TransformerLens imports."""
+    if backend is not None:
+        return backend
+    env = os.environ.get(BACKEND_ENV, "").strip().lower()
+    if env:
+        return env
+    import importlib.metadata as md
+
+    try:
+        major = int(md.version("transformer-lens").split(".")[0])
+    except (md.PackageNotFoundError, ValueError):
+        return default_backend()
+    return "hooked" if major < 4 else "bridge"
+
+
 def resolve_backend(backend: str | None) -> str:
     """``backend``, or :func:`default_backend` for ``None``; :class:`ModelError` for an unknown
     backend or ``"hooked"`` on a TransformerLens without ``HookedTransformer``."""
@@ -97,5 +116,5 @@ class LoadSpec:
         return hash(repr(self))
 
 
-__all__ = ["BACKENDS", "BACKEND_ENV", "LoadSpec", "default_backend", "has_hooked_transformer",
-           "resolve_backend"]
+__all__ = ["BACKENDS", "BACKEND_ENV", "LoadSpec", "chosen_backend", "default_backend",
+           "has_hooked_transformer", "resolve_backend"]

@@ -3,7 +3,9 @@ one call.
 
 A :class:`SiteAdapter` holds α [n_layers, n_heads] (:mod:`sitelens.site.alpha`), the task
 embedding t [n_layers, n_heads, d_head] (:mod:`sitelens.site.embedding`) and the metadata that
-ties them to one model and template (name, weight fingerprint, hyperparameters, versions). Applied,
+ties them to one model and template (name, weight fingerprint, backend, hyperparameters, versions).
+The fingerprint is of the weights themselves (:func:`~sitelens.models.identity.weights_fingerprint`),
+so an adapter fitted on one backend loads on the other for the same weights. Applied,
 it is one :class:`~sitelens.site.injection.HeadMix` at the last prompt token during prefill,
 
     z[l, h, -1] ← (1 − α[l, h]) · z[l, h, -1] + α[l, h] · t[l, h]
@@ -31,7 +33,8 @@ from torch import Tensor
 from sitelens.errors import AdapterError, FitError
 from sitelens.heads import HeadSet, head_label
 from sitelens.io import atomic_write, ensure_dir
-from sitelens.models import fingerprint, model_name
+from sitelens.models import backend_of, fingerprint, model_name, weights_fingerprint
+from sitelens.models.identity import dtype_of
 from sitelens.site.alpha import fit_alpha, site_mix
 from sitelens.site.config import FitConfig
 from sitelens.site.embedding import task_embedding
@@ -53,7 +56,13 @@ def _versions() -> dict:
 @dataclass
 class SiteAdapter:
     """A fitted SITE adapter: α [n_layers, n_heads], task embedding [n_layers, n_heads, d_head],
-    and metadata (model name and weight fingerprint, task, template, hyperparameters, versions)."""
+    and metadata (model name and weight fingerprint, backend and dtype, task, template,
+    hyperparameters, versions).
+
+    ``meta["fingerprint"]`` is :func:`~sitelens.models.identity.weights_fingerprint` when
+    ``meta["fingerprint_of"] == "weights"`` (every adapter fitted now): the same on both backends.
+    An adapter without ``fingerprint_of`` holds the older :func:`~sitelens.models.fingerprint` of
+    the backend it was fitted on, and loads on that backend only."""
 
     alpha: Float[Tensor, "n_layers n_heads"]
     embedding: Float[Tensor, "n_layers n_heads d_head"]
@@ -108,18 +117,44 @@ class SiteAdapter:
                 f"{model_name(model)!r} [{c.n_layers}, {c.n_heads}, {c.d_head}]: the adapter was "
                 f"fitted on {self.meta.get('model')!r}. Load that model or refit the adapter."
             )
-        fp = self.meta.get("fingerprint")
-        if fp and fp != fingerprint(model):
-            raise AdapterError(
-                f"Adapter was fitted on {self.meta.get('model')!r} (weights {fp}) but the model is "
-                f"{model_name(model)!r} (weights {fingerprint(model)}). Load the matching model or "
-                "refit the adapter."
-            )
+        self._check_weights(model)
         if template is not None and template.to_dict() != self.meta.get("template"):
             raise AdapterError(
                 f"Adapter was fitted with template {self.meta.get('template')!r} but "
                 f"{template.to_dict()!r} was given. Use the adapter's template or refit."
             )
+
+    def _check_weights(self, model) -> None:
+        """Raise :class:`AdapterError` unless the adapter's weight fingerprint is ``model``'s,
+        saying what differs: the dtype, or the weights themselves."""
+        m = self.meta
+        fp = m.get("fingerprint")
+        if not fp:
+            return
+        if m.get("fingerprint_of") != "weights":  # an adapter of the backend-layout fingerprint
+            if fp != fingerprint(model):
+                raise AdapterError(
+                    f"Adapter was fitted on {m.get('model')!r} (weights {fp}, a fingerprint of the "
+                    f"backend it was fitted on, which adapters of this sitelens version no longer "
+                    f"record) but the model is {model_name(model)!r} on the {backend_of(model)} "
+                    "backend. Load it on the backend it was fitted on, or refit the adapter "
+                    "(adapters fitted now load on either backend)."
+                )
+            return
+        got = weights_fingerprint(model)
+        if fp == got:
+            return
+        want_dtype, got_dtype = m.get("dtype"), dtype_of(model)
+        if want_dtype is not None and want_dtype != got_dtype:
+            what = f"the dtype differs: the adapter's model was {want_dtype}, this one is {got_dtype}"
+        else:
+            what = ("the weights themselves differ (the fingerprint hashes d_model, d_vocab and "
+                    "every layer's attention output W_O; the backend does not enter it)")
+        raise AdapterError(
+            f"Adapter was fitted on {m.get('model')!r} (weights {fp}) but the model is "
+            f"{model_name(model)!r} (weights {got}): {what}. Load the matching model or refit "
+            "the adapter."
+        )
 
     # -- persistence ---------------------------------------------------------------------------
 
@@ -245,7 +280,10 @@ def fit_site(
     res = fit_alpha(model, task, emb, cfg, template=template, progress=progress)
     meta = {
         "model": model_name(model),
-        "fingerprint": fingerprint(model),
+        "fingerprint": weights_fingerprint(model),
+        "fingerprint_of": "weights",  # the same on both backends (weights_fingerprint)
+        "backend": backend_of(model),
+        "dtype": dtype_of(model),
         "task": task.name,
         "template": template.to_dict(),
         "hyperparameters": dict(asdict(cfg), n_prompts=n_prompts, n_shots=n_shots),
