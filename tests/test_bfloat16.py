@@ -62,7 +62,7 @@ from sitelens.eval.evaluation import evaluate
 from sitelens.eval.generation import last_logits
 from sitelens.lenses import AblationConfig, AttributionConfig, available_lenses, head_scores
 from sitelens.lenses.logit_lens import head_logit_lens
-from sitelens.models import encode, fingerprint, has_hooked_transformer, load_model
+from sitelens.models import encode, fingerprint, has_hooked_transformer, load_model, weights_fingerprint
 from sitelens.patching import head_causal_effects, inter_task, intra_task
 from sitelens.site import FitConfig, fit_site, site_mix
 from sitelens.tasks import zero_shot_prompt
@@ -106,10 +106,11 @@ def twins(request):
 @pytest.fixture(scope="module")
 def fitted(twins, task):
     """A float32 SITE adapter, and the same α and embedding keyed to each model (an adapter
-    carries its model's weight fingerprint, which includes the dtype)."""
+    carries its model's weights fingerprint, which includes the dtype)."""
     m32, m16 = twins
     ad = fit_site(m32, task, n_prompts=4, n_shots=2, config=FIT)
-    return ad, dataclasses.replace(ad, meta={**ad.meta, "fingerprint": fingerprint(m16)})
+    return ad, dataclasses.replace(ad, meta={**ad.meta, "fingerprint": weights_fingerprint(m16),
+                                             "dtype": "bfloat16"})
 
 
 def float_tensors(x):
@@ -238,7 +239,8 @@ def test_inter_task_in_bfloat16(twins, task, fitted):
     ad32, ad16 = fitted
     other = sl.load_task("synonym")
     o32 = fit_site(m32, other, n_prompts=4, n_shots=2, config=FIT)
-    o16 = dataclasses.replace(o32, meta={**o32.meta, "fingerprint": fingerprint(m16)})
+    o16 = dataclasses.replace(o32, meta={**o32.meta, "fingerprint": weights_fingerprint(m16),
+                                          "dtype": "bfloat16"})
     tasks = [task, other]
     df32 = inter_task(m32, tasks, [ad32, o32], limit=8, n_boot=0)
     df16 = inter_task(m16, tasks, [ad16, o16], limit=8, n_boot=0)

@@ -167,6 +167,31 @@ def test_bundled_smollm2_on_the_bridge(request):
     assert score(tv.intervention) > zs
 
 
+@pytest.mark.skipif(not has_hooked_transformer(), reason="HookedTransformer only (TL 3.x): an "
+                    "adapter crossing between the hooked backend and the bridge")
+def test_an_adapter_moves_between_backends_on_smollm2(smollm2, tmp_path):
+    """The bundled SmolLM2 (its GGUF converted to a HookedTransformer, and dequantized into a
+    bridge): the weights fingerprint is the same, an adapter fitted on either backend and saved
+    passes the other's check, and the hooked-fitted α and t applied on the bridge give the same
+    first-token accuracy as on the HookedTransformer but for a float-rounding near-tie (at most one
+    test item: the two backends compute the same model to float rounding)."""
+    from sitelens.models import weights_fingerprint
+    from sitelens.site import SiteAdapter
+
+    bridge = load_model("smollm2-135m-instruct", backend="bridge")
+    assert weights_fingerprint(smollm2) == weights_fingerprint(bridge)
+    task = load_task("antonym")
+    cfg = FitConfig(n_examples=16, batch_size=8, eval_every=2, n_valid=8)
+    for fit_on, other in ((smollm2, bridge), (bridge, smollm2)):
+        fit_site(fit_on, task, n_prompts=4, n_shots=3, config=cfg).save(tmp_path / "ad")
+        SiteAdapter.load(tmp_path / "ad").check_model(other)
+    hooked_fit = fit_site(smollm2, task, n_prompts=4, n_shots=3, config=cfg)
+    prompts = [zero_shot_prompt(ex.input) for ex in task.test]
+    answers = answer_token_ids(smollm2, [ex.output for ex in task.test])
+    on = {m: first_token_accuracy(m, prompts, answers, hooked_fit.mix()) for m in (smollm2, bridge)}
+    assert abs(on[smollm2] - on[bridge]) <= 1 / len(prompts) + 1e-9, on
+
+
 def bridge_kv_cache_matches_full_pass(bridge, prompts=PROMPTS, steps: int = 3):
     """The driven Hugging Face KV cache on the real model (tests/test_bridge_kv.py does it on tiny
     ones): a left-padded prefill and ``steps`` one-token steps give one full pass's logits, within
