@@ -97,6 +97,22 @@ def test_a_finished_run_is_reused_without_loading_a_model(done, monkeypatch, cap
     assert "[low, high]" in out and "top heads by α: L" in out
 
 
+def test_run_json_and_the_adapter_record_the_backend_used(done, monkeypatch, capsys):
+    """Without --backend: the default this TransformerLens gives (or $SITELENS_BACKEND), in run.json
+    and adapter.json alike. A run.json from before the backend was recorded (``null``) still
+    resumes: it ran on the same default."""
+    from sitelens.models import default_backend
+
+    rec = json.loads((done / "run.json").read_text())
+    assert rec["base"]["load"]["backend"] == default_backend()
+    assert SiteAdapter.load(done / "adapter").meta["backend"] == default_backend()
+    rec["base"]["load"]["backend"] = None
+    (done / "run.json").write_text(json.dumps(rec))
+    _no_load(monkeypatch)
+    assert main([*RUN, "--out", str(done)]) == 0
+    assert "nothing to redo" in capsys.readouterr().err
+
+
 def test_an_unfinished_evaluation_reuses_the_adapter(done, monkeypatch, capsys):
     """The evaluation lost (as if interrupted): the adapter is reused, only the evaluation runs."""
     (done / "eval.json").unlink()
