@@ -46,11 +46,10 @@ def run_settings(args) -> dict:
     used)."""
     from dataclasses import asdict
 
+    from sitelens.models.spec import chosen_backend
     from sitelens.provenance import NUMERICS_VERSION, canonical, task_hash
 
     task, methods = args._task, split_csv(args.methods)
-    from sitelens.models.spec import chosen_backend
-
     load = {k: getattr(args, k) for k in ("device", "dtype", "n_devices", "device_map")}
     load["backend"] = chosen_backend(args.backend)  # the backend used, also when not given
     base = {"model": args.model, "task": task.name, "task_hash": task_hash(task), "seed": args.seed,
