@@ -31,9 +31,14 @@ print('torch', m.version('torch'), 'transformer-lens', m.version('transformer-le
 }
 
 t0=$(now)
-# 1. the wheel, built in an isolated build environment from pyproject.toml (setuptools)
-rm -rf "$WORK/dist"
-"$PY" -m pip wheel -q --no-deps -w "$WORK/dist" "$ROOT" >/dev/null
+# 1. the wheel, built in an isolated build environment from pyproject.toml (setuptools), from a copy
+#    of the checkout's files (tracked and not ignored), so that setuptools' build/ is not written
+#    into the checkout
+rm -rf "$WORK/dist" "$WORK/src"
+mkdir -p "$WORK/src"
+git -C "$ROOT" ls-files -z -co --exclude-standard | tar -C "$ROOT" --null -T - -cf - \
+  | tar -xf - -C "$WORK/src"
+"$PY" -m pip wheel -q --no-deps -w "$WORK/dist" "$WORK/src" >/dev/null
 WHEEL=$(ls "$WORK"/dist/sitelens-*.whl)
 t1=$(now)
 
