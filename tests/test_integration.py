@@ -102,7 +102,11 @@ def test_bos_conventions(smollm2, gemma):
 
 
 def test_second_load_uses_the_weight_cache(smollm2):
+    from conftest import needs_hooked
+
     from sitelens.models import cache_dir, load_model
+
+    needs_hooked(smollm2, "the processed-weight cache is the hooked backend's")
     from sitelens.models.cache import _weights_key
 
     target = cache_dir() / "models" / f"smollm2-135m-instruct-{_weights_key('smollm2-135m-instruct', 2048)}"
