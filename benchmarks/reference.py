@@ -228,13 +228,40 @@ def score(items: pd.DataFrame, task: str) -> pd.DataFrame:
     return items
 
 
+def reference_side(args, py, hf, site, out, scratch, ref_sched, common) -> tuple[dict, list]:
+    """The reference's row (wall, load, its stages, its own score) and each test item's text."""
+    task, ref, baukit = args.task, Path(args.reference).resolve(), Path(args.baukit).resolve()
+    cmd = [str(py), "launch.py", "--exact_match", "--model_name", str(hf), "--data_name", "icl",
+           *ref_sched, "--num_shot", "10", "--max_token", "20", "--eval_num_shot", "0",
+           "--activation_path", f"{out}/mean_activations", "--alphas_path", f"{out}/alphas.pt",
+           "--result_folder", f"{out}/result", "--cur_mode", "interv", "--experiment_name", "run",
+           "--batch_size", "1", "--test_batch_size", "1", "--data_path", "./dataset",
+           "--dataset_names", task, "--lr", "0.2"]
+    env = os.environ | {"PYTHONPATH": str(site / "lib"), "OMP_NUM_THREADS": str(args.threads),
+                        "REF_SEED": str(args.seed), "REF_ITEMS": str(out / "texts.json")}
+    out.mkdir(parents=True)
+    wall, load, _, _ = timed(cmd, site, env, scratch / "reference.log")
+    res = json.loads((out / "result" / "run.json").read_text())
+    texts = json.loads((out / "texts.json").read_text())
+    t = res["time_cost"]
+    return dict(side="reference", wall_s=wall, load_avg_1min=load,
+                stage1_s=t["time_for_mean_activations"], stage2_s=t["time_for_alphas"],
+                eval_s=t["time_for_eval"],
+                reported_exact_match=res["accuracy"][task]["Intervention Accuracy"],
+                commit=git_commit(ref), baukit_commit=git_commit(baukit),
+                versions=versions(py, PINNED), command=" ".join(cmd), **common), texts
+
+
 def run(args) -> None:
     scratch = Path(args.scratch).resolve()
     scratch.mkdir(parents=True, exist_ok=True)
     ref, baukit = Path(args.reference).resolve(), Path(args.baukit).resolve()
     task, limit = args.task, (5 if args.tiny else None)
     site = scratch / "site"
-    prepare_reference(ref, baukit, site, task, limit)
+    saved = scratch / "reference_side.json"  # the reference's row and texts, for --reuse-reference
+    if not (args.reuse_reference and saved.exists()):
+        saved.unlink(missing_ok=True)
+        prepare_reference(ref, baukit, site, task, limit)
     py = make_venv(Path(args.venv).resolve() if args.venv else scratch / "venv")
     hf = make_hf_model(scratch / HF_NAME)
     test = json.loads((site / "dataset" / task / "test.json").read_text())
@@ -248,25 +275,12 @@ def run(args) -> None:
     rows, items = [], []
 
     out = site / "site_out"
-    cmd = [str(py), "launch.py", "--exact_match", "--model_name", str(hf), "--data_name", "icl",
-           *ref_sched, "--num_shot", "10", "--max_token", "20", "--eval_num_shot", "0",
-           "--activation_path", f"{out}/mean_activations", "--alphas_path", f"{out}/alphas.pt",
-           "--result_folder", f"{out}/result", "--cur_mode", "interv", "--experiment_name", "run",
-           "--batch_size", "1", "--test_batch_size", "1", "--data_path", "./dataset",
-           "--dataset_names", task, "--lr", "0.2"]
-    env = os.environ | {"PYTHONPATH": str(site / "lib"), "OMP_NUM_THREADS": threads,
-                        "REF_SEED": str(args.seed), "REF_ITEMS": str(out / "texts.json")}
-    out.mkdir(parents=True)
-    wall, load, _, _ = timed(cmd, site, env, scratch / "reference.log")
-    res = json.loads((out / "result" / "run.json").read_text())
-    texts = json.loads((out / "texts.json").read_text())
-    t = res["time_cost"]
-    rows.append(dict(side="reference", wall_s=wall, load_avg_1min=load,
-                     stage1_s=t["time_for_mean_activations"], stage2_s=t["time_for_alphas"],
-                     eval_s=t["time_for_eval"],
-                     reported_exact_match=res["accuracy"][task]["Intervention Accuracy"],
-                     commit=git_commit(ref), baukit_commit=git_commit(baukit),
-                     versions=versions(py, PINNED), command=" ".join(cmd), **common))
+    if saved.exists():
+        row, texts = json.loads(saved.read_text())
+    else:
+        row, texts = reference_side(args, py, hf, site, out, scratch, ref_sched, common)
+        saved.write_text(json.dumps([row, texts]))
+    rows.append(row)
     items.append(pd.DataFrame(dict(side="reference", input=[x["input"] for x in test],
                                    target=[x["output"] for x in test], prediction=texts)))
 
@@ -384,6 +398,9 @@ def main(argv: list[str] | None = None) -> None:
                                      "with --tiny: SCRATCH/results)")
     p.add_argument("--tiny", action="store_true", help="a smoke run: 5 test items, 5 prompts, "
                                                        "20 reference α steps, 16 sitelens examples")
+    p.add_argument("--reuse-reference", action="store_true",
+                   help="reuse the reference's side of an earlier run with this scratch folder "
+                        "(its row is kept in SCRATCH/reference_side.json); run the sitelens sides")
     p.add_argument("--report", action="store_true", help="rewrite reference.md from the CSVs")
     args = p.parse_args(argv)
     if args.report:
