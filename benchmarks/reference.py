@@ -390,7 +390,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--task", default="country-capital", help="a task folder of the reference's "
                                                              "dataset/ (default: country-capital)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2, help="torch threads of each side (default 2)")
+    p.add_argument("--threads", type=int, help="torch threads of each side, the same for both "
+                   "(default: sitelens's rule once before the runs, the usable cores minus the busy "
+                   "ones by the load average: on a shared machine, threads that outnumber the idle "
+                   "cores wait on each other at every operation)")
     p.add_argument("--scratch", default="/tmp/sitelens-reference",
                    help="the patched copy, the venv and the model folder (default: %(default)s)")
     p.add_argument("--venv", help="the reference's venv, made if missing (default: SCRATCH/venv)")
@@ -413,6 +416,10 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--baukit {args.baukit} is not a checkout of davidbau/baukit")
     if not (Path(args.reference) / "dataset" / args.task / "test.json").exists():
         p.error(f"no task {args.task!r} in the reference's dataset/")
+    if args.threads is None:
+        from sitelens.threads import default_threads
+
+        args.threads = default_threads()
     run(args)
 
 
