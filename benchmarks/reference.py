@@ -341,7 +341,7 @@ def report(res_dir: Path = RES) -> str:
     r = df.loc["reference"]
     md = [f"# The public SITE reference code against `sitelens run`, one run, same items\n\n"
           f"Made by `python benchmarks/reference.py --reference DIR` ({r.model}, {r.task}, its "
-          f"{int(r.n_items)} test items, seed {int(r.seed)}, {int(r.threads)} threads each, host "
+          f"{int(r.n_items)} test items, seed {int(r.seed)}, torch threads: {int(r.threads)} each, host "
           f"{r.host} with {int(r.cpus)} CPUs, shared: the 1-minute load average before each side "
           f"says how busy it was){' — a --tiny smoke run' if bool(r.tiny) else ''}. Each side is "
           "a fresh process timed whole (interpreter start to exit); the stages are as each side "

@@ -189,7 +189,7 @@ def test_cited_numbers_are_read_from_the_cited_table(cc):
     from lib.cited import load
 
     table = load()
-    assert {"reference_code_s", "paper_top10_alpha"} <= set(table)
+    assert {"issue33_fit_eval_site_s", "paper_top10_alpha"} <= set(table)
     assert all(c.source and c.model and c.setting for c in table.values())
     assert "0.573" not in (ROOT / "benchmarks" / "frontier_study.py").read_text(encoding="utf-8")
     run_time = (ROOT / "scripts" / "run_time.py").read_text(encoding="utf-8")
