@@ -63,6 +63,9 @@ class Threads(Experiment):
 
         from sitelens.threads import usable_cores
 
+        cores = usable_cores()
+        n_cores = len(cores) if isinstance(cores, set) else cores
+
         spinners = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(job["busy"])]
         rows = []
         try:
@@ -78,7 +81,7 @@ class Threads(Experiment):
                 rows.append({"setting": job["setting"], "threads_flag": SETTINGS[job["setting"]] or "",
                              "busy_processes": job["busy"], "wall_s": round(wall, 2),
                              "exact_match": site["exact_match"], "load_average": la,
-                             "cores": usable_cores(), "host": xp.host_name(), "torch": torch.__version__,
+                             "cores": n_cores, "host": xp.host_name(), "torch": torch.__version__,
                              "date": xp.now()})
         finally:
             for p in spinners:
@@ -91,7 +94,7 @@ class Threads(Experiment):
              .agg(runs=("wall_s", "size"), wall_s=("wall_s", "median"), exact_match=("exact_match", "first"),
                   load_average=("load_average", lambda s: f"{s.min():.1f}–{s.max():.1f}"),
                   cores=("cores", "first"))
-             .reset_index())
+             .reset_index().round({"wall_s": 1}))
         return ("Whole `sitelens run --methods site` processes, wall seconds (median of the runs); "
                 "`load_average`: the 1-minute load average before each run (the quiet rows are only as "
                 "quiet as that). `torch default` passes `--threads` = the core count (torch's own choice "

@@ -58,8 +58,8 @@ class Compute:
     seed: int = option(0, type=T.SEED, read_by=("compute",), help="random seed of the task split, the "
                        "prompt and demonstration draws and the fits")
     threads: int | None = option(type=T.THREADS, read_by=("compute",),
-                                 help="torch CPU threads (default: auto, the usable cores minus the busy "
-                                 "ones by the 1-minute load average, at least 1; see sitelens.threads)")
+                                 help="torch CPU threads (default: auto, the usable cores minus the ones "
+                                 "busy with other work now, at least 1; see sitelens.threads)")
     device: str | None = option(type=T.DEVICE, read_by=("compute",), group=DEVICES,
                                 help="cpu, cuda, cuda:N or mps (default: cpu for the bundled models)")
     dtype: str | None = option(choices=("float32", "bfloat16", "float16"), read_by=("compute",),
