@@ -85,7 +85,9 @@ def test_device_map_needs_the_bridge(tmp_path, monkeypatch):
                     reason="TransformerBridge job only: TransformerLens 3.x still has HookedTransformer")
 def test_hooked_backend_refused_without_hooked_transformer(tmp_path, monkeypatch):
     rc, err = _main(LOADING["eval"] + ["--backend", "hooked"], tmp_path, monkeypatch)
-    assert rc == 2 and err.startswith("sitelens: error: --backend:") and err.count("\n") == 1
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith("sitelens: error: --backend hooked needs HookedTransformer"), err
+    assert "--backend bridge" in err  # the fix, in the CLI's own words
 
 
 @pytest.mark.skipif(not has_hooked_transformer(),
