@@ -30,6 +30,7 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 from lib.cited import cited
+from lib.study import heads_total
 
 from sitelens.io import atomic_write_csv
 from sitelens.pipelines.experiment import Experiment, Job, main, md_table
@@ -72,21 +73,6 @@ def k_star_table(df: pd.DataFrame, threshold: float = 0.9) -> pd.DataFrame:
                      "test_acc_at_k_star": float(test[ks]) if isinstance(ks, int) else float("nan"),
                      "full_site": float(d.full_site.mean()), "zero_shot": float(d.zero_shot.mean())})
     return pd.DataFrame(rows)
-
-
-def heads_total(model: str) -> int:
-    """N = n_layers · n_heads of a study model (its bundled record, or the tiny smoke model's
-    config), the population the chance level of a set overlap is taken over."""
-    from sitelens.models.registry import BUNDLED, TINY_MODELS
-
-    if model in BUNDLED:
-        return BUNDLED[model].n_layers * BUNDLED[model].n_heads
-    if model in TINY_MODELS:
-        from sitelens.testing import tiny_model
-
-        cfg = tiny_model(**TINY_MODELS[model]).cfg
-        return cfg.n_layers * cfg.n_heads
-    raise ValueError(f"{model!r} is not a study model ({', '.join(BUNDLED)} or a tiny test model)")
 
 
 def stability_table(df: pd.DataFrame, sets: pd.DataFrame | None = None,

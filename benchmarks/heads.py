@@ -191,10 +191,11 @@ def schedule(units, k: int = 10) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFra
     # the top-k Jaccard against chance: two random k-sets of the model's N heads share
     # expected_jaccard(k, k, N); the adjusted index is linear in the raw one at fixed k and N, so the
     # mean of the per-pair adjusted values is the adjusted mean
-    from sitelens.models.registry import BUNDLED
+    from lib.study import heads_total
+
     from sitelens.stats import expected_jaccard
 
-    n_total = stab.model.map(lambda m: BUNDLED[m].n_layers * BUNDLED[m].n_heads)
+    n_total = stab.model.map(heads_total)
     stab[f"top{k}_chance"] = [expected_jaccard(k, k, n) for n in n_total]
     stab[f"top{k}_adjusted"] = ((stab[f"top{k}_jaccard"] - stab[f"top{k}_chance"])
                                / (1 - stab[f"top{k}_chance"]))

@@ -18,3 +18,18 @@ def study_model(args):
     from sitelens.testing import tiny_model
 
     return tiny_model(n_layers=2, n_heads=4, d_head=8) if args.tiny else load_model(args.model)
+
+
+def heads_total(model: str) -> int:
+    """N = n_layers · n_heads of a study model (its bundled record, or the tiny smoke model's
+    config), the population the chance level of a set overlap is taken over."""
+    from sitelens.models.registry import BUNDLED, TINY_MODELS
+
+    if model in BUNDLED:
+        return BUNDLED[model].n_layers * BUNDLED[model].n_heads
+    if model in TINY_MODELS:
+        from sitelens.testing import tiny_model
+
+        cfg = tiny_model(**TINY_MODELS[model]).cfg
+        return cfg.n_layers * cfg.n_heads
+    raise ValueError(f"{model!r} is not a study model ({', '.join(BUNDLED)} or a tiny test model)")
