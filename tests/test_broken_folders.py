@@ -3,8 +3,9 @@ each backend (issue 43): a tiny valid folder (tests/hf_families.py, saved as a u
 one way per case, ``sitelens fit --model DIR`` run as a real process. Each message names the folder
 and what is wrong; nothing is written to ``--out``. The cases whose files can be judged without
 loading them are refused before any weight or tokenizer loads (:func:`check_hf_files`); a file that
-passes those checks and still does not load (a garbled pickle) is refused at the load, as one line
-naming the folder (``sitelens.models.hf._folder_errors``)."""
+passes those checks and still does not load (a garbled pickle) or does not fit its config.json (a
+tensor of another shape, a missing tensor) is refused at the load, as one line naming the folder
+(``sitelens.models.hf._folder_errors``, ``_check_loading_info``)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,16 @@ def _garbled_bin(d: Path) -> None:
     (d / "pytorch_model.bin").write_bytes(b"\x80\x02" + bytes(range(256)) * 8)
 
 
+def _drop_tensor(d: Path) -> None:
+    """model.safetensors without one layer's MLP weight: a valid file the model cannot fill."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(d / "model.safetensors")
+    key = next(k for k in sorted(tensors) if "mlp" in k)
+    del tensors[key]
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+
+
 def _rm(*names: str):
     def breaks(d: Path) -> None:
         for n in names:
@@ -87,6 +98,10 @@ CASES = {
     "dtype-integer": (_edit_config(dtype="int8"), ["'int8'", "not a floating-point"], True),
     "no-tokenizer": (_rm("tokenizer.json", "tokenizer_config.json"), ["no tokenizer"], True),
     "tokenizer-config-only": (_rm("tokenizer.json"), ["no tokenizer"], True),
+    "config-size-mismatch": (lambda d: _edit_config(intermediate_size=json.loads(
+        (d / "config.json").read_text())["intermediate_size"] * 2)(d),
+        ["does not match its config.json", "intermediate_size"], False),
+    "weights-missing-tensor": (_drop_tensor, ["lacks 1 weight(s)", "mlp"], False),
     "config-not-json": (lambda d: (d / "config.json").write_text('{"model_type": "qwen2", '),
                         ["config.json is not valid JSON"], True),
     "config-not-object": (lambda d: (d / "config.json").write_text("[1, 2]"),

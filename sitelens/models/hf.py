@@ -116,6 +116,44 @@ def _folder_errors(path: Path):
             "complete files there.") from e
 
 
+@contextmanager
+def _quiet_transformers():
+    """transformers' warnings and progress bars off for the duration (a failed load is one line
+    of sitelens's own; a loaded folder's size is printed by the loader)."""
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _check_loading_info(path: Path, info: dict) -> None:
+    """Refuse a folder whose weights do not fit the model its ``config.json`` describes: a tensor
+    of another shape (a ``hidden_size`` or ``intermediate_size`` edited by hand) or one the model
+    needs that the weights lack (transformers would fill it with random numbers)."""
+    where = f"The Hugging Face directory {str(path)!r}"
+    mismatched = list(info.get("mismatched_keys") or [])
+    if mismatched:
+        key, in_file, in_model = mismatched[0]
+        raise ModelError(
+            f"{where} does not match its config.json: {key} is {list(in_file)} in the weights but "
+            f"{list(in_model)} in the model config.json describes ({len(mismatched)} tensor(s) "
+            "differ); correct config.json (hidden_size, intermediate_size, vocab_size, ...) or "
+            "save the model into it again (save_pretrained(DIR)).")
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        raise ModelError(
+            f"{where} lacks {len(missing)} weight(s) the model of its config.json needs "
+            f"({missing[0]}, ...), which would be random; save the model into it again "
+            "(save_pretrained(DIR)) or copy its complete weights files there.")
+
+
 def _load_hf_dir(path: Path, *, n_ctx: int, backend: str = "hooked", device=None, dtype=None,
                  n_devices: int = 1, device_map=None):
     """A local Hugging Face directory of any family sitelens maps, read from the folder's own
@@ -145,8 +183,13 @@ def _load_hf_dir(path: Path, *, n_ctx: int, backend: str = "hooked", device=None
             kw["device_map"] = "balanced"
             kw["max_memory"] = {i: torch.cuda.mem_get_info(i)[0]
                                 for i in range(first, first + n_devices)}
-    with _folder_errors(path):
-        hf = AutoModelForCausalLM.from_pretrained(str(path), **{"dtype": torch.float32, **kw})
+    with _folder_errors(path), _quiet_transformers():
+        # mismatched sizes are reported here (one line naming the tensor), not as transformers'
+        # multi-line load report; the model loaded with them is thrown away
+        hf, info = AutoModelForCausalLM.from_pretrained(
+            str(path), ignore_mismatched_sizes=True, output_loading_info=True,
+            **{"dtype": torch.float32, **kw})
+    _check_loading_info(path, info)
     if arch is not None and not getattr(hf.config, "architectures", None):
         hf.config.architectures = [arch]  # a config.json with model_type only
     if backend == "bridge":
