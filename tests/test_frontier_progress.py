@@ -142,13 +142,14 @@ def test_refit_rows_share_a_whole_joint_refit(model_task):
 
 
 class Calls:
-    """Counts the calls of ``F.name`` (the real function still runs)."""
+    """Counts the calls of ``F.name`` and keeps their arguments (the real function still runs)."""
 
     def __init__(self, monkeypatch, name):
-        self.n, real = 0, getattr(F, name)
+        self.n, self.args, real = 0, [], getattr(F, name)
 
         def counted(*a, **kw):
             self.n += 1
+            self.args.append(a)
             return real(*a, **kw)
 
         monkeypatch.setattr(F, name, counted)
@@ -174,7 +175,7 @@ def test_resume_skips_finished_parts_and_force_redoes_them(model_task, tmp_path,
     # interrupted after greedy's sets of seed 0 were lost and before scoring: only those redone
     cells = tmp_path / "cells"
     greedy = [p for p in cells.glob("select-*.json") if '"selector": "greedy", "seed": 0' in p.read_text()]
-    assert len(greedy) == 2  # the seed's and the resample's
+    assert len(greedy) == 2 * len(BUDGETS)  # per budget (greedy is budgetwise), seed and resample
     for p in [*greedy, *cells.glob("score-*.json")]:
         p.unlink()
     part = _run(model, task, tmp_path)
@@ -194,14 +195,34 @@ def _same_json(a, b) -> bool:
     return json.dumps(F._json_safe(a), sort_keys=True) == json.dumps(F._json_safe(b), sort_keys=True)
 
 
-def test_a_part_made_with_other_settings_is_not_read(model_task, tmp_path, monkeypatch):
-    model, task = model_task
-    _run(model, task, tmp_path)
-    sels = Calls(monkeypatch, "select")
+def _budgets_run(model, task, root, budgets):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        F.frontier(model, task, budgets=(1, 2), config=FAST, resume_dir=tmp_path / "cells")
-    assert sels.n == 2 * len(SELECTORS)  # other budgets: every selection redone
+        return F.frontier(model, task, budgets=budgets, config=FAST, resume_dir=root)
+
+
+def test_resume_is_per_selector_and_budget(model_task, tmp_path, monkeypatch):
+    """After a run with budgets 1, 2, 5: with budgets 1, 2 every budgetwise selector reads its
+    sets and runs nothing; alpha-sparse (λ chosen over the budgets) and sparse (budgets fitted
+    jointly) run again. With 1, 2, 5, 6 the budgetwise selectors run budget 6 only, and every set
+    equals that of a fresh run with 1, 2, 5, 6."""
+    from sitelens.lenses.registry import get_selector
+
+    model, task = model_task
+    _run(model, task, tmp_path)
+    across = [n for n in SELECTORS if not get_selector(n).budgetwise]
+    assert set(across) == {"alpha-sparse", "sparse"}
+    sels = Calls(monkeypatch, "select")
+    _budgets_run(model, task, tmp_path / "cells", (1, 2))
+    assert sorted(a[1] for a in sels.args) == sorted(across * 2)  # the seed and the resample
+
+    sels = Calls(monkeypatch, "select")
+    more = _budgets_run(model, task, tmp_path / "cells", (1, 2, 5, 6))
+    ran = {(a[1], tuple(a[2])) for a in sels.args}
+    assert ran == {(n, (6,)) for n in SELECTORS if n not in across} | {(n, (1, 2, 5, 6)) for n in across}
+    fresh = _budgets_run(model, task, tmp_path / "fresh", (1, 2, 5, 6))
+    cols = ["selector", "k", "injection", "heads"]
+    pd.testing.assert_frame_equal(more.table[cols], fresh.table[cols])
 
 
 # ----------------------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ from sitelens.eval.evaluation import evaluate
 from sitelens.format import StageLog
 from sitelens.heads import head_label, mask_of
 from sitelens.lenses.joint_fit import fit_many
-from sitelens.lenses.registry import DEFAULT_BUDGETS, SELECTORS, parse_selectors
+from sitelens.lenses.registry import DEFAULT_BUDGETS, SELECTORS, get_selector, parse_selectors
 from sitelens.lenses.selectors import (
     FrontierConfig,
     Selection,
@@ -302,6 +302,22 @@ class CellStore:
         d["sets"] = {int(k): v for k, v in d["sets"].items()}
         return Selection(**d)
 
+    def budget_set(self, key: str) -> dict | None:
+        """One budget's stored set of a budgetwise selector (:meth:`put_budget_sets`), else None."""
+        return self._json(f"select-{key}.json")
+
+    def put_budget_sets(self, keys: dict[int, str], s: Selection) -> dict[int, dict]:
+        """Each budget of ``s`` as its own part, with the cost and ``meta`` of the run that made
+        them all (``run``: the same record in each, so a cost is counted once however many of
+        its budgets a later run reads); returns the parts."""
+        run = _json_safe({"budgets": sorted(keys), "forward_passes": s.forward_passes,
+                          "backward_passes": s.backward_passes, "seconds": s.seconds, "meta": s.meta})
+        parts = {k: {"selector": s.selector, "seed": s.seed, "budget": k, "set": s.sets.get(k),
+                     "n_heads": s.n_heads, "run": run} for k in keys}
+        for k, key in keys.items():
+            self._put(f"select-{key}.json", parts[k])
+        return parts
+
     def put_selection(self, key: str, s: Selection) -> None:
         self._put(f"select-{key}.json", {"selector": s.selector, "seed": s.seed, "sets": s.sets,
                                          "forward_passes": s.forward_passes,
@@ -379,9 +395,30 @@ class _Replicate:
                                          self.log)
         return self._ctx
 
+    def _budget_keys(self, name: str, budgets: list[int]) -> dict[int, str]:
+        return {k: self.store.key(part="select-budget", seed=self.seed, bootstrap=self.bootstrap,
+                                  selector=name, budget=k) for k in budgets}
+
+    def _stored_budgets(self, name: str, keys: dict[int, str]) -> dict[int, dict]:
+        """The budgets of a budgetwise selector stored by earlier runs (any budget lists)."""
+        got = {k: self.store.budget_set(key) for k, key in keys.items()}
+        return {k: d for k, d in got.items() if d is not None}
+
+    @staticmethod
+    def _joined(name: str, seed: int, budgets: list[int], parts: dict[int, dict]) -> Selection:
+        """One Selection from per-budget parts: each distinct run's cost counted once, the meta
+        of the run that made the largest budget."""
+        runs = {json.dumps(d["run"], sort_keys=True): d["run"] for d in parts.values()}.values()
+        last = parts[max(parts)]["run"]
+        return Selection(name, seed, {k: parts[k]["set"] for k in budgets},
+                         sum(r["forward_passes"] for r in runs), sum(r["backward_passes"] for r in runs),
+                         sum(r["seconds"] for r in runs), last["meta"], parts[max(parts)]["n_heads"])
+
     def select(self, selectors: list[str], budgets: list[int]) -> tuple[list[Selection], list[str]]:
         """Each selector's sets (stored ones read, the others run and stored as each finishes),
-        and the keys of the stored parts (None without a store)."""
+        and the keys of the stored parts (None without a store). A budgetwise selector
+        (:class:`~sitelens.lenses.registry.Selector`) is stored and read budget by budget: only
+        the budgets no earlier run made are run."""
         out, keys = [], []
         ks = ",".join(map(str, budgets))
         for i, name in enumerate(selectors, start=1):
@@ -389,14 +426,26 @@ class _Replicate:
                                   budgets=list(budgets)) if self.store else None)
             s = self.store.selection(key) if self.store is not None else None
             where = f"selector {name} ({i} of {len(selectors)}), budgets {ks}"
+            bkeys = (self._budget_keys(name, list(budgets))
+                     if self.store is not None and get_selector(name).budgetwise else None)
+            parts = self._stored_budgets(name, bkeys) if s is None and bkeys else {}
+            todo = [k for k in budgets if k not in parts]
+            if s is None and parts and not todo:
+                s = self._joined(name, self.seed, list(budgets), parts)
             if s is not None:
                 self.say(f"{where}: done in an earlier run, skipped")
             else:
                 ctx = self.context()
                 if self.log is not None:
                     self.log.begin(f"{self.name}: selector {name}", f"{self.name}: {where}")
-                s = select(ctx, name, budgets)
-                if self.store is not None:
+                if parts:
+                    self.say(f"selector {name}: budgets {','.join(map(str, sorted(parts)))} done in "
+                             f"an earlier run; running {','.join(map(str, todo))}")
+                s = select(ctx, name, todo)
+                if bkeys:
+                    made = self.store.put_budget_sets({k: bkeys[k] for k in todo}, s)
+                    s = self._joined(name, self.seed, list(budgets), {**parts, **made})
+                elif self.store is not None:
                     self.store.put_selection(key, s)
                 c = _table_cost(s, self.fit_cost)
                 reached = [k for k in budgets if s.sets.get(k) is not None]

@@ -112,11 +112,16 @@ class Selector:
     on how it picks S_k, and ``impl``, the function ``(ctx, budgets) -> (sets, meta)`` that picks
     them (``ctx`` a :class:`~sitelens.lenses.selectors.SelectionContext`; ``sets[k]``: S_k's flat
     head indices, ``None`` where not reached), named as ``"package.module:function"`` (imported
-    when the selector first runs) or given itself."""
+    when the selector first runs) or given itself. ``budgetwise``: S_k does not depend on which
+    other budgets are asked for, so a frontier resumes it budget by budget (a rerun with one more
+    budget runs the selector for that budget only); not for selectors that choose across budgets
+    (``alpha-sparse``'s λ is the best on average over them) or fit them jointly (``sparse``: equal
+    to one fit per budget only up to float rounding)."""
 
     name: str
     what: str
     impl: str | Callable[..., tuple[dict, dict]]
+    budgetwise: bool = False
 
     def run(self, ctx, budgets: list[int]) -> tuple[dict, dict]:
         return resolve(self.impl)(ctx, budgets)
@@ -125,15 +130,18 @@ class Selector:
 # The one list of selectors: :func:`~sitelens.lenses.selectors.select`, :func:`parse_selectors`,
 # the frontier's default and ``sitelens frontier --selectors`` read it
 SELECTOR_REGISTRY: tuple[Selector, ...] = (
-    Selector("alpha", "the top-k of the full SITE fit's α", "sitelens.lenses.selectors:alpha_sets"),
+    Selector("alpha", "the top-k of the full SITE fit's α",
+             "sitelens.lenses.selectors:alpha_sets", budgetwise=True),
     Selector("alpha-sparse", "the top-k of α refitted with the sparsity λ (of sparsity_grid) chosen "
              "on valid", "sitelens.lenses.selectors:alpha_sparse_sets"),
-    Selector("alpha-grad", "the top-k of lens alpha-grad", "sitelens.lenses.selectors:alpha_grad_sets"),
-    Selector("atp", "the top-k of lens atp (attribution patching)", "sitelens.lenses.selectors:atp_sets"),
+    Selector("alpha-grad", "the top-k of lens alpha-grad",
+             "sitelens.lenses.selectors:alpha_grad_sets", budgetwise=True),
+    Selector("atp", "the top-k of lens atp (attribution patching)",
+             "sitelens.lenses.selectors:atp_sets", budgetwise=True),
     Selector("effect", "the top-k of lens effect (exact activation patching)",
-             "sitelens.lenses.selectors:effect_sets"),
+             "sitelens.lenses.selectors:effect_sets", budgetwise=True),
     Selector("greedy", "forward selection by valid accuracy, then answer probability",
-             "sitelens.lenses.selectors:greedy_sets"),
+             "sitelens.lenses.selectors:greedy_sets", budgetwise=True),
     Selector("sparse", "a learned k-sparse α per budget (straight-through top-k)",
              "sitelens.lenses.selectors:sparse_sets"),
 )
