@@ -417,6 +417,58 @@ def select_cache(cache, idx):
     return TransformerLensKeyValueCache(entries, cache.previous_attention_mask[idx], frozen=True)
 
 
+def concat_caches(caches: list) -> Any:
+    """Frozen prefix caches of the same model joined row-wise into one frozen cache, in order
+    (rows of ``caches[0]`` first), each left-padded to the widest prefix with zero keys and values
+    and 0 in the attention mask: the layout :func:`prefix_cache` gives a batch of prompts of
+    different lengths, so a row attends to exactly its own positions (padding is masked out and
+    positions come from the mask) and its logits equal those of its own cache up to the float
+    rounding of a wider softmax. A :class:`RecomputeCache` pads its tokens with token id 0
+    (masked out like the rest of the padding); every cache must be of one kind."""
+    if not caches:
+        raise ValueError("concat_caches needs at least one cache.")
+    if all(isinstance(c, BridgeKVCache) for c in caches):
+        width = max(c.attention_mask.shape[1] for c in caches)
+        per = [c.kv() for c in caches]
+        kv = [(torch.cat([_left_pad(p[layer][0], width, -2) for p in per]),
+               torch.cat([_left_pad(p[layer][1], width, -2) for p in per]))
+              for layer in range(len(per[0]))]  # [rows, n_kv_heads, width, d_head] per layer
+        mask = torch.cat([_left_pad(c.attention_mask, width, -1) for c in caches])
+        return BridgeKVCache(_hf_cache_from(kv), mask, frozen=True)
+    if all(isinstance(c, RecomputeCache) for c in caches):
+        if not all(c.frozen for c in caches):
+            raise ValueError("concat_caches joins frozen prefix caches only.")
+        width = max(c.tokens.shape[1] for c in caches)
+        tokens = torch.cat([_left_pad(c.tokens, width, -1) for c in caches])  # [rows, width]
+        mask = torch.cat([_left_pad(c.attention_mask, width, -1) for c in caches])
+        return RecomputeCache(tokens, mask, [(0, width)] if width else [], frozen=True)
+    if any(isinstance(c, (BridgeKVCache, RecomputeCache)) for c in caches):
+        raise ValueError("concat_caches joins caches of one kind only.")
+    from transformer_lens import TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
+
+    width = max(c.previous_attention_mask.shape[1] for c in caches)
+    entries = [
+        TransformerLensKeyValueCacheEntry(
+            torch.cat([_left_pad(c.entries[layer].past_keys, width, 1) for c in caches]),
+            torch.cat([_left_pad(c.entries[layer].past_values, width, 1) for c in caches]),
+            frozen=True,
+        )  # [rows, width, n_kv_heads, d_head]
+        for layer in range(len(caches[0].entries))
+    ]
+    mask = torch.cat([_left_pad(c.previous_attention_mask, width, -1) for c in caches])
+    return TransformerLensKeyValueCache(entries, mask, frozen=True)
+
+
+def _left_pad(x: Tensor, width: int, dim: int) -> Tensor:
+    """``x`` with zeros prepended along ``dim`` up to ``width`` (``x`` itself when already that wide)."""
+    n = x.shape[dim]
+    if n == width:
+        return x
+    shape = list(x.shape)
+    shape[dim] = width - n
+    return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+
 def select_entry(entry, idx):
     """Rows ``idx`` of one layer's HookedTransformer KV cache entry, as a new frozen entry (on the
     entry's device)."""
@@ -451,6 +503,7 @@ def last_token_forward(model, cache, last_tokens: Int[Tensor, "batch 1"]):
 
 __all__ = [
     "SELECT_BUDGET_BYTES", "BridgeKVCache", "RecomputeCache", "block_forward", "cache_rows_per_batch",
+    "concat_caches",
     "drive_hf_cache", "hf_seq_length", "kv_forward",
     "last_position_logits", "last_token_forward", "new_kv_cache", "prefix_cache", "select_cache",
     "select_entry", "unembed_last",

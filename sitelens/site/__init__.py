@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
     )
     from sitelens.site.config import FitConfig, OfficialFitConfig
     from sitelens.site.embedding import capture_last, last_token_z, task_embedding
+    from sitelens.site.joint import fit_alpha_tasks
     from sitelens.site.injection import (
         HeadMix,
         apply_hooks,
@@ -57,6 +58,7 @@ __getattr__, __dir__ = lazy_names(__name__, {
     "sitelens.site.config": ("FitConfig", "OfficialFitConfig"),
     "sitelens.site.embedding": ("capture_last", "last_token_z", "task_embedding"),
     "sitelens.site.injection": ("HeadMix", "apply_hooks", "head_mask"),
+    "sitelens.site.joint": ("fit_alpha_tasks",),
     "sitelens.site.saturation": ("SATURATION_THRESHOLD", "AlphaSaturation", "AlphaSaturationWarning",
         "alpha_saturation"),
     "sitelens.site.training": ("KEEP", "BatchPlan", "BatchRows", "Hook", "LastTokenSet", "RunConfig", "T",
@@ -92,6 +94,7 @@ __all__ = [
     "FitResult",
     "StalledFitWarning",
     "fit_alpha",
+    "fit_alpha_tasks",
     "SiteAdapter",
     "fit_site",
     "SATURATION_THRESHOLD",

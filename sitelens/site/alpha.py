@@ -88,6 +88,9 @@ class FitResult:
     best_step: int = 0
     seconds: float = 0.0
     data: dict = field(default_factory=dict)  # the items used: :func:`data_used`
+    # tasks fitted in the same passes (:func:`sitelens.site.joint.fit_alpha_tasks`; 1: alone);
+    # with several, ``seconds`` is the joint run's wall time divided evenly over them
+    joint_tasks: int = 1
 
     def __repr__(self) -> str:
         return (f"FitResult(alpha={array_summary(self.alpha)}, best_step={self.best_step}, "

@@ -1,0 +1,113 @@
+"""K tasks' α fitted in one joint run (:func:`sitelens.site.fit_alpha_tasks`) equal the same K
+fits run one by one (:func:`sitelens.site.fit_alpha`), on a tiny random model, both backends.
+
+The tasks have different prompt lengths, so every joint pass left-pads some tasks' prefix caches
+(:func:`sitelens.models.concat_caches`), and ``max_rows=16`` puts two tasks in a pass, so a step
+runs several passes. Tolerance ``ATOL`` = 1e-5 on the kept logits and on every history number: a
+joint pass sums the same float32 terms in another order (a wider, padded softmax; a matmul over more
+rows), about 1e-7 relative per pass; over the 10 steps Adam carries that forward and the numbers
+measured here differ by at most ~5e-7 (logits of order 1, losses of order 5). The broken variants
+below (padding that is attended to, one task's embedding as every task's target) move the
+kept logits or the losses by more than 1e-3, so the tolerance separates them by two orders of
+magnitude. The kept step must be equal: the checks (steps 0, 5, 10) differ by far more than the
+rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sitelens.site.joint as J
+from sitelens import FitConfig, load_task
+from sitelens.models import concat_caches
+from sitelens.site import fit_alpha, fit_alpha_tasks, task_embedding
+from sitelens.site.training import FitData, training_batches
+
+NAMES = ("antonym", "choose_first_of_3", "present_past", "capitalize")
+FIT = FitConfig(n_examples=80, n_valid=8, eval_every=5)  # 10 steps, checks at 0, 5 and 10
+ATOL = 1e-5  # see the module docstring
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_mha):
+    tasks = [load_task(n) for n in NAMES]
+    embs = [task_embedding(tiny_mha, t, n_prompts=4, n_shots=2) for t in tasks]
+    alone = [fit_alpha(tiny_mha, t, e, FIT) for t, e in zip(tasks, embs)]
+    return tasks, embs, alone
+
+
+def check_joint_equals_one_by_one(model, tasks, embs, alone) -> None:
+    joint = fit_alpha_tasks(model, tasks, embs, FIT, max_rows=16)  # two tasks per pass
+    assert len(joint) == len(tasks)
+    for task, j, a in zip(tasks, joint, alone):
+        assert torch.allclose(j.logits, a.logits, rtol=0, atol=ATOL), (
+            task.name, (j.logits - a.logits).abs().max())
+        assert torch.allclose(j.alpha, a.alpha, rtol=0, atol=ATOL)
+        assert j.best_step == a.best_step, task.name
+        assert [h["step"] for h in j.history] == [h["step"] for h in a.history]
+        for key in ("train_loss", "valid_loss"):
+            assert [h[key] for h in j.history] == pytest.approx(
+                [h[key] for h in a.history], rel=0, abs=ATOL, nan_ok=True), (task.name, key)
+        assert j.data == a.data  # the same batches and validation items
+        assert j.joint_tasks == len(tasks) and a.joint_tasks == 1
+
+
+def test_tasks_have_different_prompt_lengths(tiny_mha, setup):
+    tasks, _, _ = setup
+    widths = {J.cache_width(FitData.build(
+        tiny_mha, t, list(training_batches(list(range(len(t.train))), FIT)), n_valid=FIT.n_valid
+    ).train.cache) for t in tasks}
+    assert len(widths) >= 3, widths  # three prompt lengths: every join pads some task
+
+
+def test_joint_fit_equals_one_by_one(tiny_mha, setup):
+    tasks, embs, alone = setup
+    assert sum(a.best_step > 0 for a in alone) >= 3  # fits that moved: not a comparison of starts
+    check_joint_equals_one_by_one(tiny_mha, tasks, embs, alone)
+
+
+def test_joint_fit_task_order_does_not_matter(tiny_mha, setup):
+    tasks, embs, alone = setup
+    rev = slice(None, None, -1)
+    check_joint_equals_one_by_one(tiny_mha, tasks[rev], embs[rev], alone[rev])
+
+
+def _attended_padding(caches):
+    """concat_caches with the padding's mask set to 1: padded zeros are attended to."""
+    joined = concat_caches(caches)
+    mask = getattr(joined, "attention_mask", None)
+    if mask is None:
+        mask = joined.previous_attention_mask
+    mask.fill_(1)
+    return joined
+
+
+def test_mutation_attended_padding_is_caught(tiny_mha, setup, monkeypatch):
+    monkeypatch.setattr(J, "concat_caches", _attended_padding)
+    with pytest.raises(AssertionError):
+        check_joint_equals_one_by_one(tiny_mha, *setup)
+
+
+def test_mutation_one_shared_target_is_caught(tiny_mha, setup, monkeypatch):
+    tasks, embs, alone = setup
+    real = J.place_layer_rows
+    first = embs[0]
+    monkeypatch.setattr(J, "place_layer_rows", lambda emb, model, **kw: real(first, model, **kw))
+    with pytest.raises(AssertionError):
+        check_joint_equals_one_by_one(tiny_mha, tasks, embs, alone)
+
+
+def test_pass_groups_bound_rows_and_bytes():
+    # widths ascending; 8 rows each; 100 bytes a position
+    groups = J.pass_groups([2, 3, 5, 40], [8] * 4, 100, max_rows=16, budget_bytes=10_000)
+    assert groups == [range(0, 2), range(2, 3), range(3, 4)]
+    # the budget alone splits: 16 rows × 5 positions × 100 bytes > 4,000
+    assert J.pass_groups([2, 5], [8, 8], 100, max_rows=64, budget_bytes=4_000) == [range(0, 1), range(1, 2)]
+    # one task over the budget still gets its own pass
+    assert J.pass_groups([500], [8], 100, max_rows=4, budget_bytes=1) == [range(0, 1)]
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="one embedding per task"):
+        fit_alpha_tasks(None, [load_task("antonym")], [], FIT)
+    assert fit_alpha_tasks(None, [], [], FIT) == []
