@@ -36,8 +36,9 @@ def setup(tiny_mha):
     return tasks, embs, alone
 
 
-def check_joint_equals_one_by_one(model, tasks, embs, alone) -> None:
-    joint = fit_alpha_tasks(model, tasks, embs, FIT, max_rows=16)  # two tasks per pass
+def check_joint_equals_one_by_one(model, tasks, embs, alone, **bounds) -> None:
+    bounds = {"max_rows": 16, **bounds}  # two tasks per pass
+    joint = fit_alpha_tasks(model, tasks, embs, FIT, **bounds)
     assert len(joint) == len(tasks)
     for task, j, a in zip(tasks, joint, alone):
         assert torch.allclose(j.logits, a.logits, rtol=0, atol=ATOL), (
@@ -49,7 +50,8 @@ def check_joint_equals_one_by_one(model, tasks, embs, alone) -> None:
             assert [h[key] for h in j.history] == pytest.approx(
                 [h[key] for h in a.history], rel=0, abs=ATOL, nan_ok=True), (task.name, key)
         assert j.data == a.data  # the same batches and validation items
-        assert j.joint_tasks == len(tasks) and a.joint_tasks == 1
+        assert a.joint_tasks == 1
+        assert j.joint_tasks == (1 if bounds.get("memory_bytes") == 1 else len(tasks))
 
 
 def test_tasks_have_different_prompt_lengths(tiny_mha, setup):
@@ -70,6 +72,10 @@ def test_joint_fit_task_order_does_not_matter(tiny_mha, setup):
     tasks, embs, alone = setup
     rev = slice(None, None, -1)
     check_joint_equals_one_by_one(tiny_mha, tasks[rev], embs[rev], alone[rev])
+
+
+def test_joint_fit_in_chunks_equals_one_by_one(tiny_mha, setup):
+    check_joint_equals_one_by_one(tiny_mha, *setup, memory_bytes=1)  # one task per chunk
 
 
 def _attended_padding(caches):

@@ -23,12 +23,12 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
     )
     from sitelens.site.config import FitConfig, OfficialFitConfig
     from sitelens.site.embedding import capture_last, last_token_z, task_embedding
-    from sitelens.site.joint import fit_alpha_tasks
     from sitelens.site.injection import (
         HeadMix,
         apply_hooks,
         head_mask,
     )
+    from sitelens.site.joint import fit_alpha_tasks
     from sitelens.site.saturation import (
         SATURATION_THRESHOLD,
         AlphaSaturation,

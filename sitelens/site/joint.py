@@ -93,67 +93,19 @@ def pass_groups(widths: Sequence[int], rows: Sequence[int], per_position: int, *
     return groups
 
 
-@dataclass
-class _TaskGroups(RunConfig):
-    """A :class:`RunConfig` whose passes are the given groups of conditions (tasks)."""
-
-    pass_groups: tuple[range, ...] = ()
-
-    def groups(self) -> list[range]:
-        return list(self.pass_groups)
+def held_bytes(data: FitData) -> int:
+    """Bytes of the prefix caches ``data`` holds (its train and validation sets)."""
+    return sum(position_bytes(s.cache) * cache_width(s.cache) * len(s)
+               for s in (data.train, data.valid))
 
 
-def fit_alpha_tasks(
-    model,
-    tasks: Sequence[Task],
-    embeddings: Sequence[Float[Tensor, "n_layers n_heads d_head"]],
-    config: FitConfig | None = None,
-    *,
-    template: Template = DEFAULT_TEMPLATE,
-    progress: bool = False,
-    max_rows: int = 512,
-    budget_bytes: int = SELECT_BUDGET_BYTES,
-) -> list[FitResult]:
-    """Stage 2 for every task of ``tasks`` in one joint run (see the module docstring): one
-    :class:`FitResult` per task, in order, each equal to ``fit_alpha(model, task, embedding,
-    config, template=template)`` up to float rounding, with the same warnings
-    (:class:`StalledFitWarning`, a shared first answer token) and errors (a non-finite embedding).
-
-    ``max_rows``: rows per forward pass (training and validation); ``budget_bytes``: bytes of one
-    pass's joined prefix cache. ``FitResult.seconds``: the joint run's wall time divided evenly
-    over the tasks (they share every pass, so no task has a time of its own);
-    ``FitResult.joint_tasks``: how many tasks shared the run. Works on both backends (the
-    TransformerBridge's caches join as well, :func:`sitelens.models.concat_caches`)."""
-    cfg = config or FitConfig()
-    tasks, embeddings = list(tasks), list(embeddings)
-    if len(tasks) != len(embeddings):
-        raise ValueError(f"fit_alpha_tasks needs one embedding per task, got {len(tasks)} tasks "
-                         f"and {len(embeddings)} embeddings.")
-    if not tasks:
-        return []
-    official = cfg.protocol == "official"
-    if official:
-        template = replace(template, bare_digits=True)
-    t0 = time.perf_counter()
-    for task, emb in zip(tasks, embeddings):
-        if not torch.isfinite(emb).all():
-            bad = int((~torch.isfinite(emb)).sum())
-            raise FitError(
-                f"The task embedding of {task.name!r} has {bad} non-finite value(s) (inf/nan), so "
-                "the loss would be non-finite. Recompute it in float32 (task_embedding) or refit."
-            )
-        warn_shared_answer_token(model, task.name, [ex.output for ex in task.train], template)
-
-    def batches_of(task: Task) -> list[list[int]]:  # exactly fit_alpha's draw
-        if official:
-            return list(iid_batches(len(task.train), cfg))
-        return list(training_batches(list(range(len(task.train))), cfg))
-
-    datas = [FitData.build(model, t, batches_of(t), n_valid=cfg.n_valid, template=template)
-             for t in tasks]
+def _fit_chunk(model, chunk: list[tuple[int, FitData]], embeddings, cfg: FitConfig, runs: list, *,
+               official: bool, progress: bool, max_rows: int, budget_bytes: int) -> None:
+    """One joint run over the tasks of ``chunk`` (``(index, its FitData)`` pairs); writes
+    ``runs[index] = (TrainRun, FitData, tasks in the run)``."""
     # conditions: the tasks ordered by training prefix width (similar widths share a pass)
-    order = sorted(range(len(tasks)), key=lambda k: (cache_width(datas[k].train.cache), k))
-    data = [datas[k] for k in order]
+    chunk = sorted(chunk, key=lambda kd: (cache_width(kd[1].train.cache), kd[0]))
+    order, data = [k for k, _ in chunk], [d for _, d in chunk]
     K, B = len(order), cfg.batch_size
     per_position = max(position_bytes(d.train.cache) for d in data)
     train_groups = pass_groups([cache_width(d.train.cache) for d in data], [B] * K, per_position,
@@ -199,22 +151,99 @@ def fit_alpha_tasks(
                 out[conds] = losses([data[r].valid for r in conds], conds, alpha).cpu()
         return out  # [K]
 
-    names = ", ".join(t.name for t in tasks)
-    runs = run_training(
+    out = run_training(
         a, [[s] for s in range(len(data[0].batches))], objective, valid_loss,
         snapshot=lambda r: torch.stack([w[r].detach().to(devs[0]) for w in a]).cpu(),
         config=_TaskGroups(
             lr=cfg.lr, seed=cfg.seed, eval_every=cfg.eval_every,
-            keep="last_check" if official else "best", what="α", task=names if K <= 3 else
-            f"{K} tasks", progress=progress, check_params=True, conditions=K,
+            keep="last_check" if official else "best", what="α", task=f"{K} tasks",
+            progress=progress, check_params=True, conditions=K,
             hint="Lower the learning rate (lr), check the model dtype (float32 is safest), or "
                  "the embeddings.", pass_groups=tuple(train_groups),
         ),
     )
-    seconds = (time.perf_counter() - t0) / K
-    results: list[FitResult | None] = [None] * K
     for r, k in enumerate(order):
-        run, task, d = runs[r], tasks[k], data[r]
+        runs[k] = (out[r], data[r], K)
+
+
+@dataclass
+class _TaskGroups(RunConfig):
+    """A :class:`RunConfig` whose passes are the given groups of conditions (tasks)."""
+
+    pass_groups: tuple[range, ...] = ()
+
+    def groups(self) -> list[range]:
+        return list(self.pass_groups)
+
+
+def fit_alpha_tasks(
+    model,
+    tasks: Sequence[Task],
+    embeddings: Sequence[Float[Tensor, "n_layers n_heads d_head"]],
+    config: FitConfig | None = None,
+    *,
+    template: Template = DEFAULT_TEMPLATE,
+    progress: bool = False,
+    max_rows: int = 512,
+    budget_bytes: int = SELECT_BUDGET_BYTES,
+    memory_bytes: int = 4 * SELECT_BUDGET_BYTES,
+) -> list[FitResult]:
+    """Stage 2 for every task of ``tasks`` in one joint run (see the module docstring): one
+    :class:`FitResult` per task, in order, each equal to ``fit_alpha(model, task, embedding,
+    config, template=template)`` up to float rounding, with the same warnings
+    (:class:`StalledFitWarning`, a shared first answer token) and errors (a non-finite embedding).
+
+    ``max_rows``: rows per forward pass (training and validation); ``budget_bytes``: bytes of one
+    pass's joined prefix cache; ``memory_bytes``: bytes of the prefix caches held at once (every
+    task's train and validation items): the tasks run in consecutive chunks (in the order given)
+    whose caches fit, each chunk one joint run (a task over the bound runs alone).
+    ``FitResult.seconds``: this call's wall time divided evenly over the tasks (they share every
+    pass, so no task has a time of its own); ``FitResult.joint_tasks``: how many tasks shared its
+    joint run. Works on both backends (the TransformerBridge's caches join as well,
+    :func:`sitelens.models.concat_caches`)."""
+    cfg = config or FitConfig()
+    tasks, embeddings = list(tasks), list(embeddings)
+    if len(tasks) != len(embeddings):
+        raise ValueError(f"fit_alpha_tasks needs one embedding per task, got {len(tasks)} tasks "
+                         f"and {len(embeddings)} embeddings.")
+    if not tasks:
+        return []
+    official = cfg.protocol == "official"
+    if official:
+        template = replace(template, bare_digits=True)
+    t0 = time.perf_counter()
+    for task, emb in zip(tasks, embeddings):
+        if not torch.isfinite(emb).all():
+            bad = int((~torch.isfinite(emb)).sum())
+            raise FitError(
+                f"The task embedding of {task.name!r} has {bad} non-finite value(s) (inf/nan), so "
+                "the loss would be non-finite. Recompute it in float32 (task_embedding) or refit."
+            )
+        warn_shared_answer_token(model, task.name, [ex.output for ex in task.train], template)
+
+    def batches_of(task: Task) -> list[list[int]]:  # exactly fit_alpha's draw
+        if official:
+            return list(iid_batches(len(task.train), cfg))
+        return list(training_batches(list(range(len(task.train))), cfg))
+
+    runs: list = [None] * len(tasks)
+    chunk: list[tuple[int, FitData]] = []
+    held = 0
+    for k, task in enumerate(tasks):
+        d = FitData.build(model, task, batches_of(task), n_valid=cfg.n_valid, template=template)
+        size = held_bytes(d)
+        if chunk and held + size > memory_bytes:  # run what is held, then start a new chunk
+            _fit_chunk(model, chunk, embeddings, cfg, runs, official=official, progress=progress,
+                       max_rows=max_rows, budget_bytes=budget_bytes)
+            chunk, held = [], 0
+        chunk.append((k, d))
+        held += size
+    _fit_chunk(model, chunk, embeddings, cfg, runs, official=official, progress=progress,
+               max_rows=max_rows, budget_bytes=budget_bytes)
+    K = len(tasks)
+    seconds = (time.perf_counter() - t0) / K
+    results = []
+    for task, (run, d, n) in zip(tasks, runs):
         kept = run.kept  # [n_layers, n_heads], float32, CPU
         if run.best_step == 0 and not official:
             warnings.warn(
@@ -223,11 +252,11 @@ def fit_alpha_tasks(
                 "longer (n_examples), check the learning rate (lr), or give the task more items.",
                 StalledFitWarning, stacklevel=2,
             )
-        results[k] = FitResult(
+        results.append(FitResult(
             alpha=torch.sigmoid(kept), logits=kept, history=run.history, best_step=run.best_step,
             seconds=seconds, data=data_used(task, len(d.valid), d.batches, len(d.rows.used)),
-            joint_tasks=K,
-        )
+            joint_tasks=n,
+        ))
     return results
 
 
