@@ -14,11 +14,14 @@ rounding."""
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 import torch
 
 import sitelens.site.joint as J
-from sitelens import FitConfig, load_task
+from sitelens import FitConfig, fit_site, load_task
+from sitelens.eval.evaluation import evaluate
+from sitelens.eval.joint import evaluate_site_tasks
 from sitelens.models import concat_caches
 from sitelens.site import fit_alpha, fit_alpha_tasks, task_embedding
 from sitelens.site.training import FitData, training_batches
@@ -117,3 +120,41 @@ def test_bad_input():
     with pytest.raises(ValueError, match="one embedding per task"):
         fit_alpha_tasks(None, [load_task("antonym")], [], FIT)
     assert fit_alpha_tasks(None, [], [], FIT) == []
+
+
+# ----------------------------------------------------------------------------------------------
+# the evaluation: items of all tasks in shared generation batches
+
+COLS = ["task", "method", "input", "target", "prediction", "first_token_correct", "correct"]
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_mha, setup):
+    tasks, embs, _ = setup
+    return [fit_site(tiny_mha, t, embedding=e, config=FIT) for t, e in zip(tasks, embs)]
+
+
+def check_joint_evaluation_equals_one_task(model, tasks, adapters) -> None:
+    one = pd.concat([evaluate(model, t, methods=["site"], adapter=a, limit=10)
+                     for t, a in zip(tasks, adapters)], ignore_index=True)
+    joint = evaluate_site_tasks(model, tasks, adapters, limit=10, batch_size=7)  # batches mix tasks
+    assert len(joint) == len(one)
+    assert joint[COLS].equals(one[COLS]), joint[COLS].compare(one[COLS])
+
+
+def test_joint_evaluation_equals_one_task(tiny_mha, setup, adapters):
+    check_joint_evaluation_equals_one_task(tiny_mha, setup[0], adapters)
+
+
+def test_mutation_joint_evaluation_with_one_adapter_is_caught(tiny_mha, setup, adapters, monkeypatch):
+    import sitelens.eval.joint as E
+
+    real = E.HeadMix
+    monkeypatch.setattr(E, "HeadMix", lambda w, t: real(w[:1].expand_as(w), t))  # row 0's α for all
+    with pytest.raises(AssertionError):
+        check_joint_evaluation_equals_one_task(tiny_mha, setup[0], adapters)
+
+
+def test_joint_evaluation_bad_input(tiny_mha, setup, adapters):
+    with pytest.raises(ValueError, match="one adapter per task"):
+        evaluate_site_tasks(tiny_mha, setup[0], adapters[:1])
