@@ -23,7 +23,7 @@ from sitelens import FitConfig, fit_site, load_task
 from sitelens.eval.evaluation import evaluate
 from sitelens.eval.joint import evaluate_site_tasks
 from sitelens.models import concat_caches
-from sitelens.site import fit_alpha, fit_alpha_tasks, task_embedding
+from sitelens.site import fit_alpha, fit_alpha_tasks, fit_site_tasks, task_embedding
 from sitelens.site.training import FitData, training_batches
 
 NAMES = ("antonym", "choose_first_of_3", "present_past", "capitalize")
@@ -158,3 +158,18 @@ def test_mutation_joint_evaluation_with_one_adapter_is_caught(tiny_mha, setup, a
 def test_joint_evaluation_bad_input(tiny_mha, setup, adapters):
     with pytest.raises(ValueError, match="one adapter per task"):
         evaluate_site_tasks(tiny_mha, setup[0], adapters[:1])
+
+
+def test_fit_site_tasks_equals_fit_site(tiny_mha, setup):
+    tasks = setup[0]
+    joint = fit_site_tasks(tiny_mha, tasks, n_prompts=4, n_shots=2, config=FIT, max_rows=16)
+    for t, j in zip(tasks, joint):
+        a = fit_site(tiny_mha, t, n_prompts=4, n_shots=2, config=FIT)
+        # stage 1 pooled: the same prompts in other batches (float32 rounding, values of order 1)
+        assert torch.allclose(j.embedding, a.embedding, rtol=0, atol=ATOL)
+        assert torch.allclose(j.alpha, a.alpha, rtol=0, atol=ATOL)
+        assert j.meta["best_step"] == a.meta["best_step"]
+        assert j.meta["joint_tasks"] == len(tasks) and "joint_tasks" not in a.meta
+        skip = ("seconds", "joint_tasks", "valid_loss")  # timings; float-rounded losses
+        assert {k: v for k, v in j.meta.items() if not k.endswith(skip)} == \
+            {k: v for k, v in a.meta.items() if not k.endswith(skip)}

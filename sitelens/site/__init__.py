@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
         apply_hooks,
         head_mask,
     )
-    from sitelens.site.joint import fit_alpha_tasks
+    from sitelens.site.joint import fit_alpha_tasks, fit_site_tasks, task_embeddings
     from sitelens.site.saturation import (
         SATURATION_THRESHOLD,
         AlphaSaturation,
@@ -58,7 +58,7 @@ __getattr__, __dir__ = lazy_names(__name__, {
     "sitelens.site.config": ("FitConfig", "OfficialFitConfig"),
     "sitelens.site.embedding": ("capture_last", "last_token_z", "task_embedding"),
     "sitelens.site.injection": ("HeadMix", "apply_hooks", "head_mask"),
-    "sitelens.site.joint": ("fit_alpha_tasks",),
+    "sitelens.site.joint": ("fit_alpha_tasks", "fit_site_tasks", "task_embeddings"),
     "sitelens.site.saturation": ("SATURATION_THRESHOLD", "AlphaSaturation", "AlphaSaturationWarning",
         "alpha_saturation"),
     "sitelens.site.training": ("KEEP", "BatchPlan", "BatchRows", "Hook", "LastTokenSet", "RunConfig", "T",
@@ -97,6 +97,8 @@ __all__ = [
     "fit_alpha_tasks",
     "SiteAdapter",
     "fit_site",
+    "fit_site_tasks",
+    "task_embeddings",
     "SATURATION_THRESHOLD",
     "AlphaSaturation",
     "AlphaSaturationWarning",

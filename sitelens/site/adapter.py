@@ -278,6 +278,16 @@ def fit_site(
     if embedding is not None:
         t0 = t1 - (stage1_seconds or 0.0)
     res = fit_alpha(model, task, emb, cfg, template=template, progress=progress)
+    return adapter_of(model, task, emb, res, cfg, template=template, n_prompts=n_prompts,
+                      n_shots=n_shots, stage1_seconds=t1 - t0)
+
+
+def adapter_of(model, task: Task, embedding: Tensor, res, cfg: FitConfig, *, template: Template,
+               n_prompts: int, n_shots: int, stage1_seconds: float) -> SiteAdapter:
+    """The :class:`SiteAdapter` of a fitted task: its embedding, stage 2's :class:`FitResult`
+    ``res`` under ``cfg`` and ``template`` (the fit's own), and ``meta`` (settings, versions,
+    timings, the kept step and validation loss; ``"joint_tasks"`` when ``res`` came from a joint
+    fit of several tasks, :func:`sitelens.site.joint.fit_site_tasks`)."""
     meta = {
         "model": model_name(model),
         "fingerprint": weights_fingerprint(model),
@@ -288,7 +298,7 @@ def fit_site(
         "template": template.to_dict(),
         "hyperparameters": dict(asdict(cfg), n_prompts=n_prompts, n_shots=n_shots),
         "versions": _versions(),
-        "stage1_seconds": t1 - t0,
+        "stage1_seconds": stage1_seconds,
         "stage2_seconds": res.seconds,
         "best_step": res.best_step,
         "data": res.data,  # the split sizes and the items stage 2 used (absent in older adapters)
@@ -301,4 +311,6 @@ def fit_site(
         meta["valid_history"] = [{"step": h["step"], "valid_loss": h["valid_loss"]} for h in checks]
     else:
         meta["final_valid_loss"] = min(h["valid_loss"] for h in checks)
-    return SiteAdapter(alpha=res.alpha, embedding=emb, meta=meta)
+    if res.joint_tasks > 1:
+        meta["joint_tasks"] = res.joint_tasks
+    return SiteAdapter(alpha=res.alpha, embedding=embedding, meta=meta)

@@ -43,8 +43,10 @@ from torch import Tensor
 
 from sitelens.errors import FitError
 from sitelens.models import SELECT_BUDGET_BYTES, concat_caches, layer_devices, place_layer_rows
+from sitelens.site.adapter import SiteAdapter, adapter_of
 from sitelens.site.alpha import FitResult, StalledFitWarning, data_used, site_mix
 from sitelens.site.config import FitConfig
+from sitelens.site.embedding import last_token_z
 from sitelens.site.training import (
     FitData,
     LastTokenSet,
@@ -53,7 +55,7 @@ from sitelens.site.training import (
     run_training,
     training_batches,
 )
-from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template, warn_shared_answer_token
+from sitelens.tasks import DEFAULT_TEMPLATE, Task, Template, embedding_prompts, warn_shared_answer_token
 
 
 def cache_width(cache) -> int:
@@ -260,4 +262,48 @@ def fit_alpha_tasks(
     return results
 
 
-__all__ = ["cache_width", "fit_alpha_tasks", "pass_groups", "position_bytes"]
+def task_embeddings(
+    model, tasks: Sequence[Task], *, n_prompts: int = 50, n_shots: int = 10, batch_size: int = 8,
+    seed: int = 0, template: Template = DEFAULT_TEMPLATE, progress: bool = False,
+) -> list[Float[Tensor, "n_layers n_heads d_head"]]:
+    """Stage 1 for every task of ``tasks``: :func:`sitelens.site.task_embedding` of each (the same
+    prompts), with the prompts of all tasks pooled into length-sorted batches of ``batch_size``
+    (:func:`sitelens.site.last_token_z`), so that prompts of similar length share a batch whatever
+    their task. Each embedding equals its one-task value up to the float rounding of another
+    batch (other padding)."""
+    prompts = [embedding_prompts(t, n_prompts, n_shots, seed=seed, template=template, model=model)
+               for t in tasks]
+    z = last_token_z(model, [p for ps in prompts for p in ps], batch_size=batch_size, reduce="none",
+                     progress=progress, desc=f"task embedding [{len(tasks)} tasks]")  # [N, L, H, d]
+    out, start = [], 0
+    for ps in prompts:
+        out.append(z[start:start + len(ps)].mean(0))  # [n_layers, n_heads, d_head]
+        start += len(ps)
+    return out
+
+
+def fit_site_tasks(
+    model, tasks: Sequence[Task], *, n_prompts: int = 50, n_shots: int = 10,
+    config: FitConfig | None = None, template: Template = DEFAULT_TEMPLATE, batch_size: int = 8,
+    progress: bool = False, **bounds,
+) -> list[SiteAdapter]:
+    """:func:`sitelens.site.fit_site` for every task of ``tasks``, stage 1 pooled
+    (:func:`task_embeddings`) and stage 2 joint (:func:`fit_alpha_tasks`; ``bounds``: its
+    ``max_rows``, ``budget_bytes``, ``memory_bytes``). Each adapter equals its one-task fit up to
+    float rounding; ``meta["stage1_seconds"]`` and ``meta["stage2_seconds"]`` are each stage's
+    wall time divided evenly over the tasks, and ``meta["joint_tasks"]`` says how many shared it."""
+    cfg = config or FitConfig()
+    if cfg.protocol == "official":
+        template = replace(template, bare_digits=True)
+    tasks = list(tasks)
+    t0 = time.perf_counter()
+    embs = task_embeddings(model, tasks, n_prompts=n_prompts, n_shots=n_shots,
+                           batch_size=batch_size, seed=cfg.seed, template=template, progress=progress)
+    stage1 = (time.perf_counter() - t0) / max(1, len(tasks))
+    fits = fit_alpha_tasks(model, tasks, embs, cfg, template=template, progress=progress, **bounds)
+    return [adapter_of(model, t, e, r, cfg, template=template, n_prompts=n_prompts, n_shots=n_shots,
+                       stage1_seconds=stage1) for t, e, r in zip(tasks, embs, fits)]
+
+
+__all__ = ["cache_width", "fit_alpha_tasks", "fit_site_tasks", "pass_groups", "position_bytes",
+           "task_embeddings"]
