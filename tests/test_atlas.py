@@ -249,3 +249,20 @@ def test_plotly_bundle_choice(monkeypatch, tmp_path):
     assert html.plotly_bundle("auto")[0] == "full"  # another version: never mix
     with pytest.raises(UsageError, match="v?0.0.1"):
         html.plotly_bundle("cartesian")
+
+
+def test_atlas_joint_fits_equal_one_task_fits(atlas, tmp_path):
+    """``joint=True``: the fits run all tasks at once (sitelens.site.fit_site_tasks) and give the
+    same α table up to float32 rounding (1e-4: ~1e-7 per pass carried over the steps by Adam, as in
+    tests/test_joint_tasks.py; a real change of α moves it by far more)."""
+    import glob
+
+    from sitelens.site import SiteAdapter
+
+    model, tasks, data, _, _ = atlas
+    joint = build_atlas_data(model, tasks, SMALL, cache_dir=tmp_path, joint=True)
+    assert joint.alpha[["task", "layer", "head"]].equals(data.alpha[["task", "layer", "head"]])
+    assert np.allclose(joint.alpha.alpha, data.alpha.alpha, rtol=0, atol=1e-4)
+    saved = glob.glob(str(tmp_path / "**" / "adapter.json"), recursive=True)
+    assert len(saved) == len(tasks)
+    assert all(SiteAdapter.load(p.rsplit("/", 1)[0]).meta["joint_tasks"] == len(tasks) for p in saved)

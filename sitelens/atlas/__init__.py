@@ -75,7 +75,7 @@ def refit_atlas(
     config: AtlasConfig | None = None, *, cache_dir: str | Path = "runs/atlas",
     heads_results: str | Path | None = "benchmarks/results",
     log: Callable[[str], None] | None = None, n_ctx: int = 4096, executor=None,
-    load: LoadSpec | None = None,
+    load: LoadSpec | None = None, joint: bool = False,
 ) -> list[AtlasData]:
     """Fit (or reuse) and measure every model's atlas and save it under ``data_dir/{model}``
     (default: :data:`DEFAULT_DATA_DIR`, where the shipped tables live).
@@ -84,7 +84,8 @@ def refit_atlas(
     default 2048 (the context length changes no number, only the size of TransformerLens's
     causal mask, and is not part of the fit cache key). ``executor``: where the fits run
     (:func:`sitelens.pipelines.executors.make_executor`; default in this process). ``load``: how
-    every model loads, here and in the workers (:class:`~sitelens.models.LoadSpec`)."""
+    every model loads, here and in the workers (:class:`~sitelens.models.LoadSpec`). ``joint``: the
+    fits of this process run all tasks at once (:func:`build_atlas_data`)."""
     from sitelens.models import load_model, model_name
     from sitelens.pipelines.executors import make_executor
     from sitelens.tasks import load_task
@@ -99,7 +100,8 @@ def refit_atlas(
             tasks = [load_task(p, dedupe=True) for p in atlas_task_dirs(tasks_dir, which)]
             lenses = lens_rows_from_heads(heads_results, mname) if heads_results else None
             data = build_atlas_data(model, tasks, config, cache_dir=cache_dir, lenses=lenses,
-                                    log=log, executor=ex, model_spec=name, n_ctx=n_ctx, load=load)
+                                    log=log, executor=ex, model_spec=name, n_ctx=n_ctx, load=load,
+                                    joint=joint)
             data.save(Path(data_dir or DEFAULT_DATA_DIR) / mname)
             out.append(data)
     finally:

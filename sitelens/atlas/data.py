@@ -312,13 +312,47 @@ def _fast_lenses(model, task, adapter, cfg: AtlasConfig) -> pd.DataFrame:
     return HeadScores.concat(parts).df
 
 
+def _fit_joint(model, tasks, cfg: AtlasConfig, cells, log) -> None:
+    """The missing (task, seed) fits, per seed all tasks at once (:func:`sitelens.site.fit_site_tasks`:
+    stage 1 pooled, stage 2 joint), saved into the fit cache where the one-task loop of
+    :func:`_fit_all` then finds them; each fit's recorded seconds is its even share of the joint
+    wall time. A :class:`~sitelens.errors.SitelensError` (e.g. a task with too few items for the
+    shots) leaves that seed's fits to the one-task loop, which names the task it skips."""
+    from sitelens.errors import SitelensError
+    from sitelens.site import fit_site_tasks
+
+    for seed in cfg.seeds:
+        todo = []
+        for task in tasks:
+            path, fc = _fit_path(task, seed, cfg, cells)
+            if not (path / "adapter.json").exists():
+                todo.append((task, path))
+        if len(todo) < 2:
+            continue
+        t0 = time.perf_counter()
+        try:
+            ads = fit_site_tasks(model, [t for t, _ in todo], n_prompts=cfg.n_prompts,
+                                 n_shots=cfg.n_shots, config=fc)
+        except SitelensError as e:
+            log(f"  joint fit of seed {seed} failed ({e}); fitting one task at a time")
+            continue
+        share = (time.perf_counter() - t0) / len(todo)
+        for (task, path), ad in zip(todo, ads):
+            ad.save(path)
+            cells.record(f"fit/{task.name}/s{seed}", share)
+        log(f"  fitted {len(todo)} tasks jointly, seed {seed}, in {share * len(todo):.1f}s")
+
+
 def _fit_all(model, tasks, cfg: AtlasConfig, cells, log,
-             skipped: dict[str, str] | None = None) -> tuple[dict, dict, float]:
+             skipped: dict[str, str] | None = None, *, joint: bool = False) -> tuple[dict, dict, float]:
     """``({task: [adapter per seed]}, {skipped task: why}, seconds)``; tasks already in
-    ``skipped`` (their fit failed on a worker) are not tried again."""
+    ``skipped`` (their fit failed on a worker) are not tried again. ``joint``: the missing fits
+    first run jointly (:func:`_fit_joint`)."""
     from sitelens.errors import SitelensError
 
     t0 = time.perf_counter()
+    if joint:
+        _fit_joint(model, [t for t in tasks if t.name not in (skipped or {})], cfg, cells, log)
     adapters: dict[str, list] = {}
     skipped = dict(skipped or {})
     for i, task in enumerate(tasks):
@@ -413,6 +447,7 @@ def build_atlas_data(
     model_spec: str | None = None,
     n_ctx: int | None = None,
     load: LoadSpec | None = None,
+    joint: bool = False,
 ) -> AtlasData:
     """Fit, measure and tabulate one model's atlas (see the module docstring). ``tasks``: loaded
     :class:`~sitelens.tasks.Task` objects (a task that cannot be fitted, e.g. too few items for
@@ -425,7 +460,8 @@ def build_atlas_data(
     ``processes:N`` or ``ray[:ADDRESS]`` the missing fits run on workers first
     (:func:`fit_on_executor`; each loads ``model_spec``, default the model's name, with ``n_ctx``
     and the load specification ``load``, and writes into ``cache_dir``, which they must see), the
-    rest as above."""
+    rest as above. ``joint``: the fits left to this process run all tasks at once, per seed
+    (:func:`sitelens.site.fit_site_tasks`; each equals its one-task fit up to float rounding)."""
     import torch
 
     from sitelens.models import fingerprint, model_name
@@ -447,7 +483,7 @@ def build_atlas_data(
     finally:
         if ex is not executor:
             ex.close()
-    adapters, skipped, fit_seconds = _fit_all(model, tasks, cfg, cells, log, failed)
+    adapters, skipped, fit_seconds = _fit_all(model, tasks, cfg, cells, log, failed, joint=joint)
     tasks = [t for t in tasks if t.name in adapters]
     names = list(adapters)
     alpha = _alpha_table(adapters, L, H)
