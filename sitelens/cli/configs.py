@@ -445,6 +445,9 @@ class AtlasCommand(Compute):
     limit: int = count(20, "test items per target task in the transfer measurement (--refit)",
                        read_by=("compute",))
     cache_dir: str = option("runs/atlas", path="path", read_by=("compute",), help="cached fits of --refit")
+    joint: bool = option(False, read_by=("compute",), help="--refit's fits in this process run all tasks "
+                         "at once per seed (sitelens.site.fit_site_tasks: the same fits up to float "
+                         "rounding, the rows of many tasks in every pass)")
     plotly: str = option("auto", choices=("auto", "cartesian", "full"), help="the plotly.js inlined: its "
                          "cartesian bundle (fetched by scripts/setup.sh; opens in about half the time), "
                          "the full one, or auto (cartesian when present)")
