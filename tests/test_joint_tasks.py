@@ -10,7 +10,12 @@ measured here differ by at most ~5e-7 (logits of order 1, losses of order 5). Th
 below (padding that is attended to, one task's embedding as every task's target) move the
 kept logits or the losses by more than 1e-3, so the tolerance separates them by two orders of
 magnitude. The kept step must be equal: the checks (steps 0, 5, 10) differ by far more than the
-rounding."""
+rounding.
+
+Also: :func:`sitelens.site.fit_site_tasks` (stage 1 pooled) against :func:`sitelens.fit_site`,
+the evaluation of many tasks in shared generation batches
+(:func:`sitelens.eval.joint.evaluate_site_tasks`) against :func:`sitelens.evaluate` item by item
+(the same predictions), and :func:`sitelens.models.concat_caches` on every cache kind."""
 
 from __future__ import annotations
 
@@ -173,3 +178,31 @@ def test_fit_site_tasks_equals_fit_site(tiny_mha, setup):
         skip = ("seconds", "joint_tasks", "valid_loss")  # timings; float-rounded losses
         assert {k: v for k, v in j.meta.items() if not k.endswith(skip)} == \
             {k: v for k, v in a.meta.items() if not k.endswith(skip)}
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_concat_caches_rows_equal_their_own_caches(tiny_mha, setup, recompute, monkeypatch):
+    """Each row of joined prefix caches (three prompt lengths) gives the logits of its own cache,
+    on every cache kind: TransformerLens's, the bridge's HF cache and its RecomputeCache. 1e-5:
+    float32 rounding of a wider, padded softmax (logits of order 1); attended padding moves them
+    by far more (checked below)."""
+    import sitelens.models.kv as KV
+    from sitelens.models import is_bridge, last_token_forward
+    from sitelens.site.training import LastTokenSet
+
+    if recompute:
+        if not is_bridge(tiny_mha):
+            pytest.skip("the RecomputeCache is the bridge's")
+        monkeypatch.setitem(KV._DRIVEN, tiny_mha, False)
+    sets = [LastTokenSet.build(tiny_mha, t.train[:3]) for t in setup[0][:3]]
+    kinds = {type(s.cache) for s in sets}
+    assert len(kinds) == 1 and (not recompute or kinds == {KV.RecomputeCache})
+    assert len({J.cache_width(s.cache) for s in sets}) == 3
+    with torch.no_grad():
+        alone = torch.cat([last_token_forward(tiny_mha, s.cache, s.last) for s in sets])
+        last = torch.cat([s.last for s in sets])
+        joint = last_token_forward(tiny_mha, concat_caches([s.cache for s in sets]), last)
+        assert torch.allclose(joint, alone, rtol=0, atol=1e-5)
+        assert not torch.allclose(
+            last_token_forward(tiny_mha, _attended_padding([s.cache for s in sets]), last),
+            alone, rtol=0, atol=1e-3)
