@@ -25,8 +25,15 @@ validation checks of a task tie to within that rounding (``tests/test_joint_task
 
 Passes are bounded: tasks are ordered by prefix width (so a pass joins similar widths and pads
 little) and grouped so that a pass has at most ``max_rows`` rows and its joined cache at most
-``budget_bytes``; validation is batched across tasks under the same bounds. Every task must use
-the same :class:`~sitelens.site.config.FitConfig` (the same steps and checks), as in a sweep.
+``budget_bytes``; validation is batched across tasks under the same bounds. The prefix caches of
+all tasks held at once are bounded by ``memory_bytes``: past it, the tasks run in consecutive
+chunks, each one joint run (a pass's autograd also keeps its joined cache, and a grouped-query
+model's attention may expand it per query head, so a pass costs a few times ``budget_bytes``).
+Every task must use the same :class:`~sitelens.site.config.FitConfig` (the same steps and checks),
+as in a sweep.
+
+:func:`task_embeddings` is stage 1 for many tasks (their prompts pooled into shared length-sorted
+batches) and :func:`fit_site_tasks` both stages, returning one :class:`SiteAdapter` per task.
 """
 
 from __future__ import annotations
