@@ -154,10 +154,15 @@ class SweepJoint(Experiment):
         return [dict(r, **self.common(), load_avg_before=load0, load_avg_after=load1) for r in rows]
 
     def report(self, df: pd.DataFrame) -> str:
-        both = set(df[df.arm == "joint"].task) & set(df[df.arm == "one-by-one"].task)
+        # complete chunks only: a joint row's seconds are an even share of its chunk's wall time
+        ones = set(df[df.arm == "one-by-one"].task)
+        joint = df[df.arm == "joint"]
+        complete = [c for c, g in joint.groupby("chunk") if set(g.task) <= ones]
+        both = set(joint[joint.chunk.isin(complete)].task)
         d = df[df.task.isin(both)]
         if d.empty:
-            return "No task has both arms yet."
+            return "No chunk has both arms yet."
+        left = sorted(set(df.task) - both)
         tot = d.groupby("arm")[list(STAGES)].sum()
         tot["total"] = tot.sum(axis=1)
         tab = pd.DataFrame({
@@ -176,7 +181,9 @@ class SweepJoint(Experiment):
         means = d.groupby("arm")[["exact_match", "first_token_acc"]].mean()
         loads = d[["load_avg_before", "load_avg_after"]].stack()
         lines = [
-            f"`{d.model.iloc[0]}`, {len(both)} FV tasks, SITE fit (stage 1: 50 ten-shot prompts; stage "
+            f"`{d.model.iloc[0]}`, {len(both)} FV tasks in {len(complete)} complete chunk(s) of "
+            f"{joint[joint.chunk.isin(complete)].groupby('chunk').size().tolist()} tasks (each fitted "
+            f"jointly, then one by one), SITE fit (stage 1: 50 ten-shot prompts; stage "
             f"2: the default FitConfig, seed 0) and SITE's evaluation on the first {int(d.n.max())} test "
             f"items of each task, both arms in one run on `{d.host.iloc[0]}` with "
             f"{int(d.threads.iloc[0])} torch thread(s) ({d.when.min()} to {d.when.max()} UTC). Machine load "
@@ -188,8 +195,8 @@ class SweepJoint(Experiment):
             "",
             md_table(tab),
             "",
-            f"Accuracy: mean exact match one-by-one {pct(means.loc['one-by-one', 'exact_match'])}, joint "
-            f"{pct(means.loc['joint', 'exact_match'])}; paired over tasks (joint − one-by-one, "
+            f"Accuracy: mean exact match one-by-one {pct(means.loc['one-by-one', 'exact_match'])}%, joint "
+            f"{pct(means.loc['joint', 'exact_match'])}%; paired over tasks (joint − one-by-one, "
             f"`sitelens.stats.paired_difference`, 95% bootstrap interval): exact match "
             f"{100 * pr['diff'].iloc[0]:+.2f} points [{100 * pr.ci_low.iloc[0]:+.2f}, "
             f"{100 * pr.ci_high.iloc[0]:+.2f}], n = {int(pr.n.iloc[0])}; first-token accuracy "
@@ -198,7 +205,8 @@ class SweepJoint(Experiment):
             f"differs: {step_diff}; largest |α − α_joint| over all heads and tasks: "
             f"{one.alpha_max_abs_diff.max():.2g}.",
             "",
-            "Per task: `sweep_joint.csv`.",
+            "Per task: `sweep_joint.csv`."
+            + (f" Not in the comparison (their chunk is incomplete): {', '.join(left)}." if left else ""),
         ]
         return "\n".join(lines)
 
