@@ -1,7 +1,7 @@
 """The FV sweep fitted jointly against one task at a time (issue 44), both in one run.
 
-    python benchmarks/sweep_joint.py --threads 1
-    python benchmarks/sweep_joint.py --tasks antonym,country-capital,singular-plural --threads 1
+    python benchmarks/sweep_joint.py --threads 1            # every FV task: hours one by one here
+    python benchmarks/sweep_joint.py --threads 1 --chunks 2 --tasks TASKS   # the committed run
     python benchmarks/sweep_joint.py --report
 
 For every FV task (``DATA_ROOT/fv``) and one model: SITE's stage 1 (the 50 ten-shot prompts),
