@@ -6,16 +6,17 @@ with ``--junit``), reads one outcome per (check, family) and the attention path 
 (a ``record_property`` of the attention check), and replaces the text between the two
 ``families-table`` markers of docs/models.md. A check that failed shows ✗, one that did not run
 shows –. Families TransformerLens 3.9 cannot build get a row with the reason
-(``sitelens.models.families.FAMILIES``).
+(``sitelens.models.families.FAMILIES``). These HookedTransformer suites run under the TransformerLens
+3.9 venv of the second CI job (``.venv-tl39/bin/python``, ``--hooked-python``).
 
 The "bridge (TL 4)" column comes from ``tests/test_families_bridge.py`` run by the TransformerLens 4
-venv of the second CI job (``.venv-tl4/bin/python``, ``SITELENS_BACKEND=bridge``; or JUnit files
+venv of the main CI job (``.venv/bin/python``, ``SITELENS_BACKEND=bridge``; or JUnit files
 given with ``--bridge-junit``). The same run covers the bridge's planted bugs
 (``tests/test_family_mutations.py::test_planted_bug_fails_the_bridge_family_suite``): they fill the
 "planted bugs caught" cell of the families only the bridge builds, marked "(bridge)".
 
 Usage: ``python scripts/families_table.py [--junit FILE ...] [--bridge-junit FILE ...]
-[--bridge-python PY] [--doc docs/models.md] [--check]``;
+[--hooked-python PY] [--bridge-python PY] [--doc docs/models.md] [--check]``;
 ``--check`` writes nothing and exits 1 when the page's table differs from the results.
 """
 
@@ -47,7 +48,7 @@ COLUMNS = {
     "bfloat16": "test_bfloat16_within_bounds_of_float32",
 }
 MUTATION_TEST = "test_planted_bug_fails_the_family_suite"
-# the bridge column: tests/test_families_bridge.py, run by the TransformerLens 4 venv of the TL 4 job,
+# the bridge column: tests/test_families_bridge.py, run by the TransformerLens 4 venv of the main job,
 # with the bridge's planted bugs (the planted-bugs cell of the families only the bridge builds)
 BRIDGE_SUITE = "tests/test_families_bridge.py"
 BRIDGE_MUTATION_TEST = "test_planted_bug_fails_the_bridge_family_suite"
@@ -58,7 +59,8 @@ BRIDGE_TESTS = ("test_hooks_and_z_shapes", "test_injection_at_the_last_token",
                 "test_head_effects_equal_a_generic_activation_patch_reference",
                 "test_alpha_gradient_is_exact_and_lenses_run",
                 "test_bfloat16_within_bounds_of_float32")
-BRIDGE_PYTHON = ROOT / ".venv-tl4" / "bin" / "python"
+BRIDGE_PYTHON = ROOT / ".venv" / "bin" / "python"  # TransformerLens 4 (scripts/setup.sh)
+HOOKED_PYTHON = ROOT / ".venv-tl39" / "bin" / "python"  # TransformerLens 3.9 (scripts/test_tl39.sh)
 CASE = re.compile(r"^(?P<test>\w+)\[(?P<params>.*)\]$")
 
 
@@ -184,11 +186,11 @@ def replace_section(doc: str, table: str) -> str:
 
 
 def run_bridge_suite(out_dir: Path, python: Path) -> Path:
-    """Run the bridge suite and the bridge's planted bugs under ``python`` (the TL 4 job's venv)
-    with ``SITELENS_BACKEND=bridge``, as scripts/test_tl4.sh does; one JUnit file."""
+    """Run the bridge suite and the bridge's planted bugs under ``python`` (the main job's
+    TransformerLens 4 venv) with ``SITELENS_BACKEND=bridge``; one JUnit file."""
     if not Path(python).is_file():
         raise SystemExit(f"{python} not found: the bridge column needs the TransformerLens 4 venv "
-                         "(bash scripts/test_tl4.sh creates it), or pass --bridge-junit FILE")
+                         "(bash scripts/setup.sh creates it), or pass --bridge-junit FILE")
     xml = out_dir / "test_families_bridge.xml"
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "SITELENS_BACKEND": "bridge"}
@@ -197,13 +199,17 @@ def run_bridge_suite(out_dir: Path, python: Path) -> Path:
     return xml
 
 
-def run_suite(out_dir: Path) -> list[Path]:
-    """Run the family suites once, one JUnit file each (their failures are results, not errors)."""
+def run_suite(out_dir: Path, python: Path) -> list[Path]:
+    """Run the family suites once under ``python`` (the 3.9 job's venv, with HookedTransformer),
+    one JUnit file each (their failures are results, not errors)."""
+    if not Path(python).is_file():
+        raise SystemExit(f"{python} not found: the check columns need the TransformerLens 3.9 venv "
+                         "(bash scripts/test_tl39.sh creates it), or pass --junit FILE")
     paths = []
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     for suite in SUITES:
         xml = out_dir / (Path(suite).stem + ".xml")
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", suite,
+        subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", suite,
                         f"--junitxml={xml}", "-o", "junit_family=xunit1"],
                        cwd=ROOT, env=env, check=False)
         paths.append(xml)
@@ -216,14 +222,16 @@ def main(argv=None) -> int:
     ap.add_argument("--bridge-junit", nargs="*", type=Path,
                     help="JUnit XML of tests/test_families_bridge.py and the bridge's planted bugs on "
                          "TransformerLens 4 (default: run them with --bridge-python)")
+    ap.add_argument("--hooked-python", type=Path, default=HOOKED_PYTHON,
+                    help="the TransformerLens 3.9 venv's python (default .venv-tl39/bin/python)")
     ap.add_argument("--bridge-python", type=Path, default=BRIDGE_PYTHON,
-                    help="the TransformerLens 4 venv's python (default .venv-tl4/bin/python)")
+                    help="the TransformerLens 4 venv's python (default .venv/bin/python)")
     ap.add_argument("--doc", type=Path, default=ROOT / "docs" / "models.md")
     ap.add_argument("--check", action="store_true", help="exit 1 if the page differs; write nothing")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     with tempfile.TemporaryDirectory() as tmp:
-        paths = args.junit or run_suite(Path(tmp))
+        paths = args.junit or run_suite(Path(tmp), args.hooked_python)
         bridge = args.bridge_junit or [run_bridge_suite(Path(tmp), args.bridge_python)]
         table = render(parse_junit(paths), parse_junit(bridge))
     doc = args.doc.read_text(encoding="utf-8")

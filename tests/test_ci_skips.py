@@ -7,13 +7,16 @@ skip."""
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import sys
 import types
+from pathlib import Path
 
 import conftest
 import pytest
 
 pytest_plugins = ["pytester"]
+ROOT = Path(__file__).resolve().parents[1]
 
 SUITE = {
     "test_skips": """
@@ -160,3 +163,42 @@ def test_under_ci_a_broken_hooked_backend_fails_the_session(ci, pytester, monkey
         assert "hooked backend does not import (ModuleNotFoundError" in out, out
     else:
         result.assert_outcomes(passed=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# scripts/ci_skips.py: no test skipped by every CI job
+
+
+def _junit(path, cases: dict[str, str | None]):
+    """A JUnit file of ``{name: None (passed) | "skip: why" | "failure"}`` in classname tests.test_a."""
+    rows = []
+    for name, what in cases.items():
+        body = ""
+        if what == "failure":
+            body = '<failure message="boom"/>'
+        elif what is not None:
+            body = f'<skipped message="{what}"/>'
+        rows.append(f'<testcase classname="tests.test_a" name="{name}">{body}</testcase>')
+    path.write_text(f'<testsuites><testsuite>{"".join(rows)}</testsuite></testsuites>')
+    return path
+
+
+def test_ci_skips_fails_a_test_no_job_ran(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("ci_skips", ROOT / "scripts" / "ci_skips.py")
+    cs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cs)
+    main = _junit(tmp_path / "main.xml", {
+        "test_hooked_only": "HookedTransformer only", "test_both": None,
+        "test_nowhere": "HookedTransformer only", "test_gpu": "needs a CUDA GPU", "test_x[bridge]": None,
+        "test_gone": "TransformerBridge only"})
+    tl39 = _junit(tmp_path / "tl39.xml", {
+        "test_hooked_only": None, "test_both": None, "test_nowhere": "TransformerBridge only",
+        "test_gpu": "needs a CUDA GPU", "test_x[hooked]": None})
+    assert cs.main([str(main), str(tl39)]) == 1
+    err = capsys.readouterr().err
+    assert "2 tests skipped in one job and passed in none" in err
+    assert "tests.test_a::test_nowhere: main skipped (HookedTransformer only); tl39 skipped" in err
+    assert "tests.test_a::test_gone: main skipped (TransformerBridge only); tl39 not collected" in err
+    assert "test_hooked_only" not in err and "test_gpu" not in err  # ran in tl39; no job has a GPU
+    _junit(tl39, {"test_hooked_only": None, "test_both": None, "test_nowhere": None, "test_gone": None})
+    assert cs.main([str(main), str(tl39)]) == 0
