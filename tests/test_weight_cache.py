@@ -1,10 +1,13 @@
 """The processed-weight cache on a tiny model: a cached load is the same model as the one written
 (bit-identical logits, the fast layout without a copy), a directory of another format is rebuilt
-and never read, and the tokenizer read straight from its file behaves like ``AutoTokenizer``'s."""
+and never read, the tokenizer read straight from its file behaves like ``AutoTokenizer``'s, and
+concurrent first loads convert once."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 import torch
@@ -98,7 +101,8 @@ def test_a_cache_of_another_format_is_rebuilt_never_read(fake_bundled, monkeypat
     model = prepare_model(L._load_bundled("fake", n_ctx=256, use_cache=True))
     assert converted == ["fake"] and C.stored_format(target) == C.CACHE_FORMAT
     assert torch.equal(_logits(model), _logits(tiny_model(seed=0)))
-    assert sorted(p.name for p in target.parent.iterdir()) == [target.name]  # nothing left aside
+    # nothing left aside (the conversion's lock file, one_converter's, stays by design)
+    assert sorted(p.name for p in target.parent.iterdir() if p.suffix != ".lock") == [target.name]
 
 
 def test_the_cache_format_is_part_of_the_cache_key(tmp_path, monkeypatch):
@@ -182,3 +186,71 @@ def test_a_dequantized_model_loads_back_exactly(tmp_path, arch, tied):
     emb, head = back.get_input_embeddings().weight, back.get_output_embeddings().weight
     assert (emb.data_ptr() == head.data_ptr()) == tied
     assert tok2("Q: hot")["input_ids"] == tok("Q: hot")["input_ids"]
+
+
+def _tiny_llama(tok):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                      max_position_embeddings=64, bos_token_id=tok.bos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _load_twice_at_once(load) -> list:
+    """``load()`` in two threads that start together; their results."""
+    start, out = threading.Barrier(2), []
+
+    def run():
+        start.wait()
+        out.append(load())
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return out
+
+
+def test_concurrent_first_loads_dequantize_once(tmp_path, monkeypatch):
+    """Two loads of one bundled model on a cold cache at the same time (two pytest-xdist workers,
+    two executor processes): one dequantizes and writes the cache directory, the other waits on
+    its lock and loads what it wrote, with the same weights. The conversion here takes 1 s, so the
+    second load asks while the first converts (a real one takes minutes)."""
+    tok = _tiny().tokenizer
+    calls = []
+
+    def dequantize(name):
+        calls.append(name)
+        time.sleep(1.0)
+        return _tiny_llama(tok), tok
+
+    monkeypatch.setattr(L, "dequantized_dir", lambda name: tmp_path / "hf" / name)
+    monkeypatch.setattr(L, "_dequantize_bundled", dequantize)
+    monkeypatch.setattr(L, "bridge_from_hf", lambda hf, tokenizer, **kw: hf)  # the HF model itself
+    out = _load_twice_at_once(lambda: L._load_bundled_bridge("smollm2-135m-instruct", n_ctx=64))
+    assert calls == ["smollm2-135m-instruct"] and len(out) == 2
+    assert C.is_cached(tmp_path / "hf" / "smollm2-135m-instruct")
+    ref = _tiny_llama(tok).state_dict()
+    for hf in out:  # the writer's own model and the waiter's load of the file: the same weights
+        assert all(torch.equal(v, ref[k]) for k, v in hf.state_dict().items())
+
+
+@HOOKED
+def test_concurrent_first_loads_convert_once(fake_bundled, monkeypatch):
+    """The same on the processed-weight cache (backend="hooked")."""
+    target, converted = fake_bundled
+    slow = L._convert_bundled
+
+    def convert(name, *, n_ctx):
+        time.sleep(1.0)
+        return slow(name, n_ctx=n_ctx)
+
+    monkeypatch.setattr(L, "_convert_bundled", convert)
+    out = _load_twice_at_once(lambda: prepare_model(L._load_bundled("fake", n_ctx=256, use_cache=True)))
+    assert converted == ["fake"] and len(out) == 2
+    for model in out:
+        assert torch.equal(_logits(model), _logits(tiny_model(seed=0)))

@@ -16,11 +16,15 @@ A bundled model is converted once and cached under :func:`cache_dir`:
   on first use.
 
 Every directory is written atomically (:func:`sitelens.io.atomic_write_dir`), so concurrent
-first loads are safe.
+first loads are safe; and one process converts while the others that want the same directory wait
+for it (:func:`one_converter`) and then load what it wrote, so that concurrent first loads (two
+pytest-xdist workers, an executor's worker processes) do not each spend minutes on the same
+conversion.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.metadata
@@ -33,7 +37,7 @@ from typing import Any
 import torch
 
 from sitelens.errors import ModelError
-from sitelens.io import atomic_write_dir
+from sitelens.io import atomic_write_dir, flocked
 from sitelens.models.registry import BUNDLED
 
 # 1: plain (contiguous) state dict; 2: weight matrices in fast_layout memory order, format in the
@@ -81,6 +85,22 @@ def _gguf_path(name: str) -> Path:
 def is_cached(target: Path) -> bool:
     """Whether the cache directory ``target`` holds its weights (directories appear complete)."""
     return (target / WEIGHTS_FILE).exists()
+
+
+@contextlib.contextmanager
+def one_converter(target: Path):
+    """An exclusive lock for writing the cache directory ``target`` (``.NAME.lock`` beside it),
+    held for the ``with`` body: the caller checks :func:`is_cached` again inside and converts only
+    if it is still missing. Where the lock file cannot be made (a read-only cache), no lock: the
+    atomic write alone keeps concurrent conversions correct."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target.with_name(f".{target.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    with flocked(fd):
+        yield
 
 
 # ----------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from sitelens.models.cache import (
     is_cached,
     load_dequantized,
     load_processed,
+    one_converter,
     processed_dir,
     save_dequantized,
     save_processed,
@@ -155,16 +156,27 @@ def _load_bundled(name: str, *, n_ctx: int, use_cache: bool):
     """A bundled model as a ``HookedTransformer``: converted from its GGUF file once, then loaded
     from the processed-weight cache (also right after writing it, so both paths give the same
     model); ``use_cache=False`` returns the converted model and writes nothing. A directory of
-    another cache format (:func:`~sitelens.models.cache.stored_format`) is discarded and rebuilt."""
+    another cache format (:func:`~sitelens.models.cache.stored_format`) is discarded and rebuilt.
+    One process converts, others wanting the same directory wait for it (:func:`one_converter`)."""
+    if not use_cache:
+        return _convert_bundled(name, n_ctx=n_ctx)[0]
     target = processed_dir(name, n_ctx)
-    if use_cache and is_cached(target) and stored_format(target) != CACHE_FORMAT:
-        discard(target)
-    if not (use_cache and is_cached(target)):
-        model, tokenizer = _convert_bundled(name, n_ctx=n_ctx)
-        if not use_cache:
-            return model
-        save_processed(target, model, tokenizer)
+    if not (is_cached(target) and stored_format(target) == CACHE_FORMAT):
+        with one_converter(target):
+            if is_cached(target) and stored_format(target) != CACHE_FORMAT:
+                discard(target)
+            if not is_cached(target):
+                model, tokenizer = _convert_bundled(name, n_ctx=n_ctx)
+                save_processed(target, model, tokenizer)
     return load_processed(target, name)
+
+
+def _dequantize_bundled(name: str):
+    """``(hf, tokenizer)``: the bundled model's GGUF file dequantized by transformers."""
+    hf, tokenizer = _hf_load(_gguf_path(name))
+    if (architecture := BUNDLED[name].architecture) is not None:  # a GGUF-loaded config lacks it
+        hf.config.architectures = [architecture]
+    return hf, tokenizer
 
 
 def _load_bundled_bridge(name: str, *, n_ctx: int, use_cache: bool = True, device=None,
@@ -172,17 +184,17 @@ def _load_bundled_bridge(name: str, *, n_ctx: int, use_cache: bool = True, devic
     """A bundled model on the bridge backend: the GGUF file dequantized by transformers, wrapped
     in a ``TransformerBridge`` (raw HF numerics, no folded LayerNorm). The dequantized Hugging
     Face model is cached under :func:`~sitelens.models.cache.cache_dir` ``/hf`` (safetensors;
-    loads in seconds)."""
+    loads in seconds; one process writes it, others wanting it wait: :func:`one_converter`)."""
     record = BUNDLED[name]
     target = dequantized_dir(name)
-    if use_cache and is_cached(target):
-        hf, tokenizer = load_dequantized(target)
-    else:
-        hf, tokenizer = _hf_load(_gguf_path(name))
-        if record.architecture is not None:  # a GGUF-loaded config lacks it
-            hf.config.architectures = [record.architecture]
-        if use_cache:
-            save_dequantized(target, hf, tokenizer)
+    hf = None
+    if use_cache and not is_cached(target):
+        with one_converter(target):
+            if not is_cached(target):
+                hf, tokenizer = _dequantize_bundled(name)
+                save_dequantized(target, hf, tokenizer)
+    if hf is None:
+        hf, tokenizer = load_dequantized(target) if use_cache else _dequantize_bundled(name)
     if dtype is not None:
         hf.to(dtype)
     if device_map is not None or n_devices > 1:
