@@ -355,6 +355,41 @@ def _what_page_says(blocks: list[Block], quote: str) -> str | None:
     return None
 
 
+# claim values already computed in this process: {(root, the claims, the sources' sizes and
+# mtimes): {id: value or the error}}. tests/test_claims.py checks edited copies of the pages against
+# the same claims many times; recomputing every value each time took most of its minutes.
+_VALUES: dict[tuple, dict[str, float | Exception]] = {}
+
+
+def claim_values(root: Path, claims: dict[str, dict]) -> dict[str, float | Exception]:
+    """Every claim's value (:func:`value_of`) or the error computing it; reused while the claims
+    and every source file (size and modification time) stay the same."""
+    paths: set[str] = set()
+    for claim in claims.values():
+        try:
+            paths |= sources_of(claim, claims)
+        except (KeyError, TypeError):  # an expr naming no claim: value_of reports it
+            pass
+    stamps = []
+    for path in sorted(paths):
+        try:
+            st = (root / path).stat()
+            stamps.append((path, st.st_size, st.st_mtime_ns))
+        except OSError:
+            stamps.append((path, None, None))
+    key = (str(root), json.dumps(claims, sort_keys=True, default=str), tuple(stamps))
+    if key not in _VALUES:
+        src, values = Sources(root), {}
+        for cid, claim in claims.items():
+            try:
+                values[cid] = value_of(claim, claims, src)
+            except (KeyError, ValueError, OSError, IndexError, TypeError) as e:
+                values[cid] = e
+        _VALUES.clear()  # one set of values is all a run needs
+        _VALUES[key] = values
+    return _VALUES[key]
+
+
 def check(root: Path = ROOT, claims_path: Path | None = None,
           pages: dict[str, str] | None = None) -> list[str]:
     """All errors (empty when every quoted number matches its source). ``pages`` overrides the text
@@ -362,7 +397,7 @@ def check(root: Path = ROOT, claims_path: Path | None = None,
     claims_path = claims_path or root / "docs" / "claims.toml"
     table = tomllib.loads(claims_path.read_text(encoding="utf-8"))
     claims = {c["id"]: c for c in table.get("claim", [])}
-    src = Sources(root)
+    values = claim_values(root, claims)
     errors: list[str] = []
     page_names = sorted({"README.md", *(str(p.relative_to(root)) for p in (root / "docs").glob("*.md"))})
     texts = {p: (pages or {}).get(p) or (root / p).read_text(encoding="utf-8") for p in page_names}
@@ -370,10 +405,9 @@ def check(root: Path = ROOT, claims_path: Path | None = None,
     covered: dict[tuple[str, int], list[tuple[int, int]]] = {}
 
     for cid, claim in claims.items():
-        try:
-            value = value_of(claim, claims, src)
-        except (KeyError, ValueError, OSError, IndexError, TypeError) as e:
-            errors.append(f"claim {cid}: cannot compute its value: {type(e).__name__}: {e}")
+        value = values[cid]
+        if isinstance(value, Exception):
+            errors.append(f"claim {cid}: cannot compute its value: {type(value).__name__}: {value}")
             continue
         rendered = render(value, claim)
         srcs = sources_of(claim, claims)

@@ -218,3 +218,27 @@ def test_pair_is_the_pearson_r_of_a_column_between_two_row_sets_matched_on_a_key
     x, y = np.array([1, 2, 3, 4.0]), np.array([2, 3, 7, 10.0])  # matched bins 0..3
     expected = float(np.corrcoef(x, y)[0, 1])
     assert cc.value_of(claim, {"t": claim}, cc.Sources(tmp_path)) == pytest.approx(expected)
+
+
+def test_claim_values_are_reused_only_while_claims_and_sources_stay(cc, tmp_path, monkeypatch):
+    """check() computes the claims' values once per process (the pages are checked many times in
+    this file) and again when a source file or a claim changes."""
+    (tmp_path / "r.csv").write_text("model,x\nm,1\nm,3\n")
+    claims = {"mean": {"id": "mean", "source": "r.csv", "csv": {"where": {"model": "m"}, "column": "x",
+                                                                "agg": "mean"}}}
+    computed = []
+    real = cc.value_of
+
+    def counting(claim, *a, **kw):
+        computed.append(claim["id"])
+        return real(claim, *a, **kw)
+
+    monkeypatch.setattr(cc, "value_of", counting)
+    assert cc.claim_values(tmp_path, claims) == {"mean": 2.0}
+    assert cc.claim_values(tmp_path, claims) == {"mean": 2.0} and computed == ["mean"]
+    (tmp_path / "r.csv").write_text("model,x\nm,1\nm,30\n")  # a new size: another file
+    assert cc.claim_values(tmp_path, claims) == {"mean": 15.5}
+    claims["mean"]["csv"]["agg"] = "max"
+    assert cc.claim_values(tmp_path, claims) == {"mean": 30.0} and computed == ["mean"] * 3
+    (tmp_path / "r.csv").unlink()
+    assert isinstance(cc.claim_values(tmp_path, claims)["mean"], OSError)
