@@ -142,6 +142,7 @@ def bad_int(lo: int, hi: int | None = None):
 
 BAD_POS = bad_int(1)
 BAD_SEED = bad_int(0, 2**32 - 1)
+BAD_NONNEG_INT = bad_int(0)
 BAD_THREADS = bad_int(1, 1024)
 BAD_LR = st.one_of(  # not a positive finite number
     st.sampled_from(["nan", "inf", "-inf", "1e999", "0", "-0.0"]),
@@ -255,6 +256,7 @@ def bad_choice(choices):
 
 KINDS = {
     "pos": BAD_POS, "seed": BAD_SEED, "threads": BAD_THREADS, "lr": BAD_LR, "nonneg": BAD_NONNEG,
+    "nonneg_int": BAD_NONNEG_INT,
     "ks": BAD_KS, "lambdas": BAD_LAMBDAS, "bench_methods": BAD_BENCH_METHODS,
     "eval_methods": BAD_EVAL_METHODS, "lenses": BAD_LENSES, "model": BAD_MODEL,
     "models": BAD_MODELS, "task": BAD_TASK, "task_list": BAD_TASK_LIST,
@@ -273,7 +275,8 @@ DEVICE = [("--device", "device"), ("--n-devices", "pos")]  # --dtype, --device-m
 COMMON = [("--model", "model"), ("--task", "task"), ("--seed", "seed"), ("--threads", "threads")
           ] + DEVICE
 FIT = [("--n-prompts", "pos"), ("--n-shots", "pos"), ("--lr", "lr"), ("--n-examples", "pos"),
-       ("--batch-size", "pos"), ("--sparsity", "nonneg")]
+       ("--batch-size", "pos"), ("--sparsity", "nonneg"), ("--eval-every", "pos"), ("--n-valid", "pos"),
+       ("--patience", "nonneg_int")]
 OPTIONS = {
     "fit": COMMON + FIT,
     "eval": COMMON + [("--methods", "eval_methods"), ("--limit", "pos"), ("--n-shots", "pos")],

@@ -63,10 +63,18 @@ def current() -> dict[str, dict]:
 # the changes made on purpose since the snapshot: heads's --lenses, optional while `heads --frontier`
 # ran without it, is required now that the frontier is its own command
 INTENDED = {("heads", "--lenses"): {"required": True}}
+# options added since the snapshot: stage 2's schedule options (issue 44) on the commands that fit
+# one adapter at a time (FitOptions; heads and frontier fit jointly and keep one schedule)
+SCHEDULE = {"--eval-every": {"default": 10, "choices": None}, "--n-valid": {"default": 64, "choices": None},
+            "--patience": {"default": 0, "choices": None},
+            "--lr-rule": {"default": "fixed", "choices": ["fixed", "sqrt", "linear"]}}
+ADDED = {cmd: {f: {"flags": [f], "required": False, "switch": False, **spec} for f, spec in SCHEDULE.items()}
+         for cmd in ("fit", "run", "patch intra", "patch inter")}
 
 
 def test_every_command_keeps_its_options_and_defaults():
     want = json.loads(SNAPSHOT.read_text(encoding="utf-8"))
+    want = {cmd: {**opts, **ADDED.get(cmd, {})} for cmd, opts in want.items()}
     got = json.loads(json.dumps(current()))  # tuples as lists, as in the snapshot
     assert sorted(got) == sorted(want)
     for cmd in want:
@@ -149,3 +157,18 @@ def test_documented_command_lines_use_real_commands_and_options():
     bad = [(page, cmd, flag) for page, cmd, flags in lines for flag in flags
            if cmd not in parsers or flag not in parsers[cmd]._option_string_actions]
     assert bad == []
+
+
+def test_schedule_options_reach_the_fit_config():
+    """The stage-2 schedule options set the FitConfig a fit uses; untyped, today's schedule."""
+    from sitelens.cli.common import fit_config_from_args
+    from sitelens.site.config import FitConfig
+
+    base = ["fit", "--model", "tiny-random", "--task", "antonym", "--out", "ad"]
+    args = build_parser().parse_args([*base, "--eval-every", "25", "--n-valid", "32", "--patience", "2",
+                                      "--lr-rule", "sqrt", "--batch-size", "16"])
+    cfg = fit_config_from_args(args)
+    assert (cfg.eval_every, cfg.n_valid, cfg.patience, cfg.lr_rule, cfg.batch_size) == (25, 32, 2, "sqrt", 16)
+    assert fit_config_from_args(build_parser().parse_args(base)) == FitConfig()
+    official = fit_config_from_args(build_parser().parse_args([*base, "--protocol", "official"]))
+    assert (official.eval_every, official.n_valid) == (50, 100)  # the official protocol's own

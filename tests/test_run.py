@@ -131,8 +131,9 @@ def test_an_unfinished_evaluation_reuses_the_adapter(done, monkeypatch, capsys):
     (["--lr", "0.1"], "an adapter fitted with other settings (--lr)"),
     (["--seed", "1"], "an adapter fitted with other settings (--seed)"),
     # the options, never the fields behind them (batch_size, config, eval_every, n_valid): the
-    # official protocol's own batch size is what --batch-size would set
-    (["--protocol", "official"], "an adapter fitted with other settings (--protocol, --batch-size)"),
+    # official protocol's own batch size and validation are what those options would set
+    (["--protocol", "official"], "an adapter fitted with other settings (--protocol, --batch-size, "
+                                 "--eval-every, --n-valid)"),
 ], ids=["limit", "lr", "seed", "protocol"])
 def test_other_settings_are_refused_before_any_model_loads(done, monkeypatch, capsys, change,
                                                            needle):

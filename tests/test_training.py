@@ -24,7 +24,8 @@ C = torch.tensor([1.0, 3.0, 6.0], dtype=torch.float64)[:, None] * torch.ones(N_D
 ATOL = 1e-12  # see the module docstring
 
 
-def run(targets: torch.Tensor, per_pass: int | None = None, keep: str = "best", bad_step: int | None = None):
+def run(targets: torch.Tensor, per_pass: int | None = None, keep: str = "best", bad_step: int | None = None,
+        patience: int = 0):
     """One runner call over ``len(targets)`` conditions (one row of ``w`` each)."""
     w = torch.zeros(len(targets), N_DIM, dtype=torch.float64)  # [R, n_dim]
     batches = [[(3 * s + j) % N_ITEMS for j in range(3)] for s in range(STEPS)]
@@ -43,7 +44,7 @@ def run(targets: torch.Tensor, per_pass: int | None = None, keep: str = "best", 
     return training.run_training(
         [w], batches, objective, valid_loss, snapshot=lambda r: w[r].detach().clone(),
         config=training.RunConfig(lr=0.1, eval_every=2, keep=keep, conditions=len(targets),
-                                  per_pass=per_pass, check_params=True))
+                                  per_pass=per_pass, check_params=True, patience=patience))
 
 
 def check_joint_equals_one_by_one(keep: str = "best") -> None:
@@ -139,3 +140,119 @@ def test_a_fit_that_keeps_its_start_warns(tiny_mha):
         warnings.simplefilter("error", StalledFitWarning)
         moved = fit_site(tiny_mha, task, n_prompts=4, n_shots=2, config=FitConfig(n_examples=32))
     assert moved.meta["best_step"] > 0
+
+
+EVAL_EVERY = 2  # run()'s validation interval
+
+
+@pytest.mark.parametrize("patience", [1, 3])
+def test_patience_stops_that_many_checks_after_the_best_keeping_it(patience):
+    """The same batches and seed: the stopped run is the full run cut at the check ``patience``
+    checks after its best, and it keeps the full run's best (exactly: the same numbers)."""
+    for r in range(len(C)):
+        (full,) = run(C[r:r + 1])
+        (cut,) = run(C[r:r + 1], patience=patience)
+        stop = full.best_step + patience * EVAL_EVERY
+        assert stop < STEPS  # the toy's validation loss rises well before the end
+        assert [h["step"] for h in cut.history] == list(range(stop + 1))
+        for key in ("train_loss", "valid_loss"):  # the same numbers (NaN where not checked)
+            assert [h[key] for h in cut.history] == pytest.approx(
+                [h[key] for h in full.history[:stop + 1]], rel=0, abs=0, nan_ok=True)
+        assert cut.best_step == full.best_step and torch.equal(cut.kept, full.kept)
+
+
+def test_patience_with_conditions_waits_for_the_last_to_stop_improving():
+    """Several conditions stop together: after ``patience`` checks in which none improved, so each
+    keeps the best of its own full run."""
+    full = run(C)
+    cut = run(C, patience=2)
+    stop = max(f.best_step for f in full) + 2 * EVAL_EVERY
+    assert len({f.best_step for f in full}) == len(C)  # the conditions' bests differ
+    for f, c in zip(full, cut):
+        assert c.history[-1]["step"] == stop and c.best_step == f.best_step
+        assert torch.equal(c.kept, f.kept)
+
+
+def test_patience_zero_runs_every_batch_and_negative_is_refused():
+    (a,) = run(C[:1], patience=0)
+    assert a.history[-1]["step"] == STEPS
+    with pytest.raises(ValueError, match="patience"):
+        training.RunConfig(lr=0.1, patience=-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# FitConfig's schedule options through fit_alpha (tiny model)
+
+
+@pytest.fixture(scope="module")
+def antonym_embedding(tiny_mha):
+    from sitelens import load_task
+    from sitelens.site.embedding import task_embedding
+
+    task = load_task("antonym")
+    return task, task_embedding(tiny_mha, task, n_prompts=4, n_shots=2)
+
+
+def test_lr_rule_sqrt_is_the_scaled_lr(tiny_mha, antonym_embedding):
+    """``lr_rule="sqrt"`` at batch 16 is exactly the fixed rule at lr·√(16/8); it does move α
+    away from the unscaled lr's."""
+    import math
+
+    from sitelens import FitConfig
+    from sitelens.site.alpha import fit_alpha
+
+    task, emb = antonym_embedding
+    wide = dict(batch_size=16, n_examples=48, n_valid=16)
+    cfg = FitConfig(lr_rule="sqrt", **wide)
+    assert cfg.step_lr == pytest.approx(0.2 * math.sqrt(2), rel=1e-15)
+    assert FitConfig(lr_rule="linear", **wide).step_lr == pytest.approx(0.4, rel=1e-15)
+    assert FitConfig(**wide).step_lr == 0.2
+    ruled = fit_alpha(tiny_mha, task, emb, cfg)
+    scaled = fit_alpha(tiny_mha, task, emb, FitConfig(lr=0.2 * math.sqrt(2), **wide))
+    plain = fit_alpha(tiny_mha, task, emb, FitConfig(**wide))
+    assert torch.equal(ruled.logits, scaled.logits)
+    assert not torch.equal(ruled.logits, plain.logits)
+
+
+def test_patience_stops_a_fit_and_records_the_examples_seen(tiny_mha, antonym_embedding):
+    """lr = 1e-30 moves no logit (every check ties the start), so with a check every step and
+    patience 2 the fit stops at step 2 of 8; the data record counts the 2 batches run."""
+    from sitelens import FitConfig
+    from sitelens.site import StalledFitWarning
+    from sitelens.site.alpha import fit_alpha
+
+    task, emb = antonym_embedding
+    cfg = FitConfig(lr=1e-30, n_examples=64, eval_every=1, n_valid=16, patience=2)
+    with pytest.warns(StalledFitWarning):
+        res = fit_alpha(tiny_mha, task, emb, cfg)
+    assert [h["step"] for h in res.history] == [0, 1, 2]
+    assert res.data["train_examples"] == 2 * cfg.batch_size
+    with pytest.warns(StalledFitWarning):
+        full = fit_alpha(tiny_mha, task, emb, FitConfig(lr=1e-30, n_examples=64, eval_every=1, n_valid=16))
+    assert full.history[-1]["step"] == 8 and full.data["train_examples"] == 64
+
+
+def test_schedule_options_are_checked_and_left_out_of_records_at_their_defaults():
+    from dataclasses import asdict
+
+    from sitelens import FitConfig
+
+    with pytest.raises(FitError, match="patience"):
+        FitConfig(patience=-1)
+    with pytest.raises(FitError, match="lr_rule"):
+        FitConfig(lr_rule="cosine")
+    base = asdict(FitConfig())
+    assert FitConfig().settings() == {k: v for k, v in base.items() if k not in ("patience", "lr_rule")}
+    assert FitConfig(patience=2, lr_rule="sqrt").settings() == dict(base, patience=2, lr_rule="sqrt")
+    assert FitConfig.official().step_lr == FitConfig.official().lr  # the official schedule is unscaled
+
+
+def test_joint_fits_refuse_patience(tiny_mha, antonym_embedding):
+    from sitelens import FitConfig
+    from sitelens.lenses.joint_fit import fit_many
+    from sitelens.tasks import DEFAULT_TEMPLATE
+
+    task, emb = antonym_embedding
+    with pytest.raises(FitError, match="patience"):
+        fit_many(tiny_mha, task, emb, FitConfig(patience=1), torch.sigmoid, 2,
+                 template=DEFAULT_TEMPLATE, what="α")

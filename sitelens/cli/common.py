@@ -8,7 +8,8 @@ import time
 
 from sitelens.cli.options import given
 
-STAGE2 = ("lr", "n_examples", "batch_size", "sparsity")  # FitConfig fields that are options
+# FitConfig fields that are options
+STAGE2 = ("lr", "n_examples", "batch_size", "sparsity", "eval_every", "n_valid", "patience", "lr_rule")
 
 
 def setup_torch(args) -> None:

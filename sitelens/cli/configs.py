@@ -118,10 +118,21 @@ class Stage2:
 
 @config
 class FitOptions(Stage2):
-    """Stage 1 and stage 2 of a SITE fit."""
+    """Stage 1 and stage 2 of a SITE fit, with stage 2's schedule options (the joint fits of heads
+    and frontier run every batch under one schedule, so they take only :class:`Stage2`)."""
 
     n_prompts: int = count(50, "few-shot prompts for stage 1", read_by=("fit",))
     n_shots: int = count(10, SHOTS, read_by=("shots",))
+    eval_every: int = count(FIT_DEFAULTS["eval_every"], f"stage-2 steps between validation checks (default "
+                            f"{FIT_DEFAULTS['eval_every']}; 50 with --protocol official)", read_by=("fit",))
+    n_valid: int = count(FIT_DEFAULTS["n_valid"], f"validation items that choose the kept α (default "
+                         f"{FIT_DEFAULTS['n_valid']}; 100 with --protocol official)", read_by=("fit",))
+    patience: int = option(FIT_DEFAULTS["patience"], type=T.NON_NEGATIVE_INT, read_by=("fit",),
+                           help="stop stage 2 after this many validation checks in a row without a "
+                           "lower validation loss (0: never stop early)")
+    lr_rule: str = option(FIT_DEFAULTS["lr_rule"], choices=FitConfig.LR_RULES, read_by=("fit",),
+                          help=f"--lr scaled for --batch-size: fixed, sqrt (×√(batch/{FitConfig.LR_BATCH})) "
+                          f"or linear (×batch/{FitConfig.LR_BATCH})")
 
 
 @config

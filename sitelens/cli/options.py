@@ -70,9 +70,9 @@ def flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-# Settings that a resume record holds under a name that is not an option: the FitConfig fields
-# that no option sets follow --protocol (the official protocol's own defaults), the task's items
-# follow --task, the numerics version follows the installed sitelens.
+# Settings that a resume record holds under a name that is not an option of the command: the
+# FitConfig fields that it has no option for follow --protocol (the official protocol's own
+# defaults), the task's items follow --task, the numerics version follows the installed sitelens.
 SETTING_OPTIONS = {"config": "--protocol", "init": "--protocol", "eval_every": "--protocol",
                    "n_valid": "--protocol", "task_hash": "--task (its items)",
                    "numerics_version": "the installed sitelens (its numerics version)"}
@@ -81,14 +81,14 @@ SETTING_OPTIONS = {"config": "--protocol", "init": "--protocol", "eval_every": "
 def option_names(keys, config: type) -> list[str]:
     """The command-line options behind the differing settings ``keys`` of a resume record
     (dotted keys: their last part), for a refusal that names what the user changed: a field of
-    the command's config is its flag, the others as :data:`SETTING_OPTIONS` says; ``--protocol``
-    first (it changes other options' defaults), each once; the task's items only where neither
-    ``--task`` nor ``--seed`` (which draws the split) explains them."""
+    the command's config is its flag, the others as :data:`SETTING_OPTIONS` says (else their
+    name); ``--protocol`` first (it changes other options' defaults), each once; the task's
+    items only where neither ``--task`` nor ``--seed`` (which draws the split) explains them."""
     names = {f.name for f in fields(config)}
     out = []
     for key in keys:
         last = str(key).rsplit(".", 1)[-1]
-        out.append(SETTING_OPTIONS.get(last) or (flag(last) if last in names else last))
+        out.append(flag(last) if last in names else SETTING_OPTIONS.get(last, last))
     out = list(dict.fromkeys(out))
     if "--task" in out or "--seed" in out:  # these change the items (the seed draws the split)
         out = [o for o in out if o != SETTING_OPTIONS["task_hash"]]

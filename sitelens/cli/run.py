@@ -44,7 +44,6 @@ def run_settings(args) -> dict:
     adapter's hyperparameters as ``adapter.json`` records them; None without the site method) and
     ``eval`` (methods, split, limit, shots, protocol, label metrics, and the fit its site rows
     used)."""
-    from dataclasses import asdict
 
     from sitelens.models.spec import chosen_backend
     from sitelens.provenance import NUMERICS_VERSION, canonical, task_hash
@@ -58,7 +57,7 @@ def run_settings(args) -> dict:
     if "site" in methods:
         cfg = fit_config_from_args(args)
         fit = {"config": type(cfg).__name__,
-               **dict(asdict(cfg), n_prompts=args.n_prompts, n_shots=args.n_shots)}
+               **dict(cfg.settings(), n_prompts=args.n_prompts, n_shots=args.n_shots)}
     ev = {"methods": methods, "split": args.split, "limit": args.limit,
           "n_shots": args.n_shots if "icl" in methods else None, "protocol": args.protocol,
           "label_metrics": bool(args.label_metrics), "fit": fit}

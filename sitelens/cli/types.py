@@ -95,6 +95,7 @@ DEVICE = _library_check("sitelens.models.devices", "resolve_device", "device", s
 # local, processes:N or ray[:ADDRESS] (nothing is started while parsing)
 EXECUTOR = _library_check("sitelens.pipelines.executors", "parse_executor", "executor")
 POSITIVE_INT = int_in_range(1)
+NON_NEGATIVE_INT = int_in_range(0, what="an integer >= 0")
 SEED = int_in_range(0, 2**32 - 1, "an integer seed in [0, 4294967295]")
 THREADS = int_in_range(1, 1024, "a number of threads in [1, 1024]")
 LAMBDA = finite_float("a finite number")

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
+from sitelens.errors import FitError
 from sitelens.models import layer_devices, place_layer_rows
 from sitelens.site import FitConfig
 from sitelens.site.alpha import site_mix
@@ -67,6 +68,9 @@ def fit_many(
     training loss (not to the validation loss, as SITE's sparsity); ``max_rows``: rows per forward
     pass (conditions are grouped to fit it; the gradients of the groups add up before the step).
     Returns the kept logits ``[n_fits, n_layers, n_heads]`` on the CPU."""
+    if config.patience:  # one condition's stop would stop (or, waiting, outlive) the others'
+        raise FitError(f"FitConfig.patience={config.patience} stops a single fit early; joint fits "
+                       "run every batch (use patience=0).")
     L, H = model.cfg.n_layers, model.cfg.n_heads
     devs = layer_devices(model)
     start = (torch.full((n_fits, L * H), float(config.init)) if init is None
@@ -97,7 +101,7 @@ def fit_many(
 
     runs = run_training(
         a, batches, objective, valid_loss, snapshot=lambda r: flat()[r].detach().cpu().clone(),
-        config=RunConfig(lr=config.lr, seed=config.seed, eval_every=config.eval_every, what=what,
+        config=RunConfig(lr=config.step_lr, seed=config.seed, eval_every=config.eval_every, what=what,
                          task=task.name, progress=progress, check_params=True, conditions=n_fits,
                          per_pass=max(1, max_rows // config.batch_size)))
     return torch.stack([run.kept for run in runs]).reshape(n_fits, L, H)

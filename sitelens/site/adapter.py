@@ -24,7 +24,7 @@ import json
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from jaxtyping import Float
@@ -296,7 +296,7 @@ def adapter_of(model, task: Task, embedding: Tensor, res, cfg: FitConfig, *, tem
         "dtype": dtype_of(model),
         "task": task.name,
         "template": template.to_dict(),
-        "hyperparameters": dict(asdict(cfg), n_prompts=n_prompts, n_shots=n_shots),
+        "hyperparameters": dict(cfg.settings(), n_prompts=n_prompts, n_shots=n_shots),
         "versions": _versions(),
         "stage1_seconds": stage1_seconds,
         "stage2_seconds": res.seconds,

@@ -170,7 +170,7 @@ def fit_alpha(
     (run,) = run_training(
         a, batches, objective, valid_loss, snapshot=lambda r: stack_rows(a),
         config=RunConfig(
-            lr=cfg.lr, seed=cfg.seed, eval_every=cfg.eval_every,
+            lr=cfg.step_lr, seed=cfg.seed, eval_every=cfg.eval_every, patience=cfg.patience,
             keep="last_check" if official else "best",  # official: the α of the last check
             what="α", task=task.name, progress=progress, check_params=True,
             hint="Lower the learning rate (lr), check the model dtype (float32 is safest), or "
@@ -178,6 +178,7 @@ def fit_alpha(
         ),
     )
     kept = run.kept.cpu()  # [n_layers, n_heads], float32
+    seen = batches[:max(h["step"] for h in run.history)]  # the batches run (patience may stop early)
     if run.best_step == 0 and not official:
         warnings.warn(
             f"Fit of {task.name!r}: no step improved the validation loss, so α stayed at its start "
@@ -191,5 +192,5 @@ def fit_alpha(
         history=run.history,
         best_step=run.best_step,
         seconds=time.perf_counter() - t0,
-        data=data_used(task, len(valid), batches, len(data.rows.used)),
+        data=data_used(task, len(valid), seen, len({i for b in seen for i in b})),
     )

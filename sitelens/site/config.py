@@ -5,10 +5,14 @@ command line checks ``--lr`` and the other fit options without importing torch."
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 from sitelens.errors import FitError
+
+# The schedule options added after the first records were written, at the values that are the
+# schedule before them (FitConfig.settings leaves them out there).
+SCHEDULE_DEFAULTS = {"patience": 0, "lr_rule": "fixed"}
 
 
 @dataclass
@@ -28,6 +32,17 @@ class FitConfig:
     eval_every: int = 10  # steps between validation-loss checks (and at the end)
     n_valid: int = 64  # validation items used for model selection
     seed: int = 0
+    # Schedule options (docs/benchmarks.md, benchmarks/schedule_compare.py); the defaults are the
+    # schedule above. patience: stop after this many validation checks in a row without a lower
+    # validation loss (0: never stop early; the best α so far is kept either way).
+    patience: int = 0
+    # lr_rule: the learning rate actually used for this batch size, from ``lr`` set for a batch of
+    # LR_BATCH: "fixed" (lr as given), "sqrt" (lr·√(batch_size/LR_BATCH)) or "linear"
+    # (lr·batch_size/LR_BATCH). :attr:`step_lr` is the result.
+    lr_rule: str = "fixed"
+
+    LR_BATCH: ClassVar[int] = 8  # the batch the default lr was chosen for
+    LR_RULES: ClassVar[tuple[str, ...]] = ("fixed", "sqrt", "linear")
 
     def __post_init__(self):
         if not (math.isfinite(self.lr) and self.lr > 0):
@@ -43,12 +58,30 @@ class FitConfig:
             raise FitError("FitConfig.n_examples, .batch_size, .eval_every and .n_valid must be at "
                            f"least 1, got {self.n_examples!r}, {self.batch_size!r}, "
                            f"{self.eval_every!r}, {self.n_valid!r}.")
+        if self.patience < 0:
+            raise FitError(f"FitConfig.patience must be >= 0 (0: never stop early), got {self.patience!r}.")
+        if self.lr_rule not in self.LR_RULES:
+            raise FitError(f"FitConfig.lr_rule must be one of {self.LR_RULES}, got {self.lr_rule!r}.")
         if not 0 <= self.seed <= 2**32 - 1:
             raise FitError(f"FitConfig.seed must be in [0, 4294967295], got {self.seed!r}.")
 
     @property
     def steps(self) -> int:
         return max(1, math.ceil(self.n_examples / self.batch_size))
+
+    def settings(self) -> dict:
+        """The fields as records and settings hashes hold them (``adapter.json``'s
+        ``hyperparameters``, ``sitelens run``'s ``run.json``): a schedule option at its default
+        (:data:`SCHEDULE_DEFAULTS`) is left out, so that records made before it existed still
+        match."""
+        return {k: v for k, v in asdict(self).items()
+                if k not in SCHEDULE_DEFAULTS or v != SCHEDULE_DEFAULTS[k]}
+
+    @property
+    def step_lr(self) -> float:
+        """The learning rate Adam uses: ``lr`` scaled for ``batch_size`` by ``lr_rule``."""
+        ratio = self.batch_size / self.LR_BATCH
+        return self.lr * {"fixed": 1.0, "sqrt": math.sqrt(ratio), "linear": ratio}[self.lr_rule]
 
     @classmethod
     def official(cls, **overrides) -> OfficialFitConfig:

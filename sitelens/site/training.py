@@ -234,6 +234,9 @@ class RunConfig:
     check_params: also fail when a step leaves non-finite parameters.
     conditions: how many fits run at once (R; see :func:`run_training`).
     per_pass: conditions per forward and backward pass (``None``: all); bounds the rows of a pass.
+    patience: with ``keep="best"``, stop after this many validation checks in a row in which no
+        condition's validation loss went below its kept one (0: run every batch). Each condition
+        still keeps its best; the history ends at the step where training stopped.
     """
 
     lr: float
@@ -248,12 +251,15 @@ class RunConfig:
     progress: bool = False
     conditions: int = 1
     per_pass: int | None = None
+    patience: int = 0
 
     def __post_init__(self):
         if self.keep not in KEEP:
             raise ValueError(f"RunConfig.keep must be one of {KEEP}, got {self.keep!r}.")
         if self.conditions < 1 or (self.per_pass is not None and self.per_pass < 1):
             raise ValueError("RunConfig.conditions and .per_pass must be at least 1.")
+        if self.patience < 0:
+            raise ValueError(f"RunConfig.patience must be >= 0, got {self.patience!r}.")
 
     def groups(self) -> list[range]:
         """The conditions of each pass (:func:`condition_groups`)."""
@@ -319,6 +325,7 @@ def run_training(
     # steps not yet read back: (step, a record per condition, (conds, loss, value) per group, finite)
     pending: list[tuple[int, list[dict], list[tuple[range, Tensor, Any]], list[Tensor]]] = []
     kept: list[tuple[float, Any, int] | None] = [None] * R  # per condition (valid loss, snapshot, step)
+    stale = 0  # validation checks in a row that improved no condition (for cfg.patience)
 
     def check() -> list[float]:
         return _per_condition(valid_loss(), R)
@@ -375,12 +382,17 @@ def run_training(
                         kept[r] = (v[r], snapshot(r), step)
             elif checking:
                 v = check()
+                improved = False
                 for r in range(R):
                     recs[r]["valid_loss"] = v[r]
                     if v[r] < kept[r][0]:  # strictly lower: ties keep the earlier
                         kept[r] = (v[r], snapshot(r), step)
+                        improved = True
+                stale = 0 if improved else stale + 1
             for r in range(R):
                 history[r].append(recs[r])
+            if cfg.keep == "best" and cfg.patience and stale >= cfg.patience:
+                break  # early stop: the kept parameters are the best seen
         settle(bar)
     for p in params:
         p.requires_grad_(False)
