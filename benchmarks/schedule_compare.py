@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import pandas as pd
 
@@ -43,7 +44,9 @@ SCHEDULES = {
 }
 PATIENCES = (1, 2)  # simulated on the default's validation history (the same run, stopped early)
 FIELDS = ["model", "task", "schedule", "phase", "exact_match", "first_token_acc", "n", "stage1_seconds",
-          "stage2_seconds", "best_step", "steps_run", "final_valid_loss", "valid_history", "load_avg"]
+          "stage2_seconds", "stage2_cpu_seconds", "best_step", "steps_run", "final_valid_loss",
+          "valid_history", "load_avg"]
+OLDER = [[f for f in FIELDS if f != "stage2_cpu_seconds"]]
 COMMANDS = ("python benchmarks/schedule_compare.py --models MODEL --phase dev --threads 1",
             "python benchmarks/schedule_compare.py --models MODEL --phase test --candidate CANDIDATE "
             "--threads 1")
@@ -77,7 +80,7 @@ def stopped_at(history: list[dict], patience: int) -> tuple[int, int]:
 
 class ScheduleCompare(Experiment):
     name, title = "schedule_compare", "Stage-2 schedules against today's default"
-    columns, key, per_model, limit = FIELDS, None, True, 50
+    columns, older, key, per_model, limit = FIELDS, OLDER, None, True, 50
 
     def add_arguments(self, p) -> None:
         p.add_argument("--phase", choices=("dev", "test"), default="dev")
@@ -120,6 +123,7 @@ class ScheduleCompare(Experiment):
         return [{"model": model_name, "task": name, "schedule": sched, "phase": job["phase"],
                  "exact_match": round(r.exact_match, 4), "first_token_acc": round(r.first_token_acc, 4),
                  "n": r.n, "stage1_seconds": round(s1, 2), "stage2_seconds": round(m["stage2_seconds"], 2),
+                 "stage2_cpu_seconds": round(rec.cpu, 2),
                  "best_step": m["best_step"], "steps_run": max(h["step"] for h in rec.res.history),
                  "final_valid_loss": round(m["final_valid_loss"], 6), "valid_history": json.dumps(hist),
                  "load_avg": la}]
@@ -138,7 +142,7 @@ class ScheduleCompare(Experiment):
                 "default cut at that check.", ""]
         paired = []
         for path in tables:
-            df = pd.read_csv(path)
+            df = pd.read_csv(path).reindex(columns=FIELDS)  # a table with an older header: blanks
             sec, rows = model_section(df)
             body += sec
             paired += rows
@@ -149,7 +153,6 @@ class ScheduleCompare(Experiment):
 
 
 def _timed(fn):
-    import time
     t0 = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t0
@@ -157,13 +160,17 @@ def _timed(fn):
 
 class _recorded:
     """Within the block, :func:`fit_site`'s stage-2 :class:`FitResult` is kept as ``.res`` (its
-    validation history, which the adapter does not record for the default protocol)."""
+    validation history, which the adapter does not record for the default protocol) and the
+    process CPU seconds of stage 2 as ``.cpu`` (with one torch thread, what other jobs on the
+    shared cores inflate least)."""
 
     def __enter__(self):
         self._orig = site_adapter.fit_alpha
 
         def fit_alpha(*a, **kw):
+            c0 = time.process_time()
             self.res = self._orig(*a, **kw)
+            self.cpu = time.process_time() - c0
             return self.res
 
         site_adapter.fit_alpha = fit_alpha
@@ -193,13 +200,20 @@ def model_section(df: pd.DataFrame) -> tuple[list[str], list[dict]]:
         both = d.groupby("task").schedule.nunique()
         d = d[d.task.isin(both[both == both.max()].index)]  # tasks with every schedule of the phase
         n = d.task.nunique()
-        means = d.groupby("schedule")[["exact_match", "first_token_acc", "stage2_seconds"]].mean()
+        cols = ["exact_match", "first_token_acc", "stage2_seconds", "stage2_cpu_seconds"]
+        means = d.groupby("schedule")[cols].mean()
         means = means.loc[[s for s in SCHEDULES if s in means.index]]
-        base = means.stage2_seconds.get("default")
+        timed = d.dropna(subset=["stage2_cpu_seconds"])  # rows from before the CPU column: wall only
+        cpu = timed[timed.task.isin(timed.groupby("task").schedule.nunique().loc[
+            lambda x: x == x.max()].index)].groupby("schedule").stage2_cpu_seconds.mean()
         table = pd.DataFrame({"mean EM": means.exact_match.map(pct),
                               "mean FT": means.first_token_acc.map(pct),
-                              "mean stage 2 s": means.stage2_seconds.map("{:.1f}".format),
-                              "stage 2 vs default": (means.stage2_seconds / base).map("{:.2f}×".format)})
+                              "mean stage 2 wall s": means.stage2_seconds.map("{:.1f}".format),
+                              "wall vs default": (means.stage2_seconds / means.stage2_seconds.get("default")
+                                                  ).map("{:.2f}×".format),
+                              f"mean stage 2 CPU s ({timed.task.nunique()} tasks)": cpu.map("{:.1f}".format),
+                              "CPU vs default": (cpu / cpu.get("default", float("nan"))
+                                                 ).map("{:.2f}×".format)})
         what = "development tasks" if phase == "dev" else "held-out tasks (the decisive comparison)"
         lines += [f"## {df.model.iloc[0]}: {what}, {n} task(s) with every schedule", "",
                   md_table(table.reset_index()), ""]

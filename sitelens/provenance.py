@@ -32,13 +32,24 @@ NUMERICS_HISTORY = {
 }
 
 
+OMIT_DEFAULT = "omit_default"  # field metadata: left out of canonical() while at its default
+
+
+def at_omitted_default(obj: Any, f: dataclasses.Field) -> bool:
+    """Whether field ``f`` of ``obj`` is marked ``metadata={OMIT_DEFAULT: True}`` (a setting added
+    after records and hashes were written) and holds its default, so that canonical forms (and
+    the hashes and records made from them) stay those of before the field existed."""
+    return bool(f.metadata.get(OMIT_DEFAULT)) and getattr(obj, f.name) == f.default
+
+
 def canonical(obj: Any) -> Any:
     """A JSON-able, order-independent form of ``obj`` (dataclasses, tuples, sets, floats).
-    Dataclass fields declared with ``compare=False`` (bookkeeping, not settings) are left out."""
+    Dataclass fields declared with ``compare=False`` (bookkeeping, not settings) are left out, and
+    so are fields at their default marked :data:`OMIT_DEFAULT` (:func:`at_omitted_default`)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {"__type__": type(obj).__name__,
                 **{f.name: canonical(getattr(obj, f.name)) for f in dataclasses.fields(obj)
-                   if f.compare}}
+                   if f.compare and not at_omitted_default(obj, f)}}
     if isinstance(obj, dict):
         return {str(k): canonical(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
     if isinstance(obj, (list, tuple)):

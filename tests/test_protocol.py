@@ -153,9 +153,12 @@ def test_official_config_and_default_unchanged():
     assert (off.batch_size, off.n_examples, off.steps, off.eval_every, off.n_valid, off.lr) == (
         1, 400, 400, 50, 100, 0.2)
     assert off.protocol == "official" and FitConfig().protocol == "default"
-    # the default config's fields (and so its settings hashes and adapter metadata) are unchanged
-    assert list(asdict(FitConfig())) == [
-        "lr", "init", "n_examples", "batch_size", "sparsity", "eval_every", "n_valid", "seed"]
+    # the default config's settings (and so its settings hashes and adapter metadata) are
+    # unchanged: the schedule options added later are left out at their defaults
+    before = ["lr", "init", "n_examples", "batch_size", "sparsity", "eval_every", "n_valid", "seed"]
+    assert list(FitConfig().settings()) == before
+    assert list(canonical(FitConfig())) == ["__type__", *before]
+    assert list(asdict(FitConfig())) == [*before, "patience", "lr_rule"]
     assert canonical(FitConfig())["__type__"] == "FitConfig"
     assert canonical(off)["__type__"] == "OfficialFitConfig"
     assert replace(off, seed=3).protocol == "official"

@@ -244,6 +244,10 @@ def test_schedule_options_are_checked_and_left_out_of_records_at_their_defaults(
     base = asdict(FitConfig())
     assert FitConfig().settings() == {k: v for k, v in base.items() if k not in ("patience", "lr_rule")}
     assert FitConfig(patience=2, lr_rule="sqrt").settings() == dict(base, patience=2, lr_rule="sqrt")
+    from sitelens.provenance import settings_hash  # a set option changes the hash; unset, it does not
+
+    assert settings_hash(FitConfig(patience=2)) != settings_hash(FitConfig())
+    assert settings_hash(FitConfig(lr_rule="fixed")) == settings_hash(FitConfig())
     assert FitConfig.official().step_lr == FitConfig.official().lr  # the official schedule is unscaled
 
 

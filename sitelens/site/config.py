@@ -5,14 +5,15 @@ command line checks ``--lr`` and the other fit options without importing torch."
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 from sitelens.errors import FitError
+from sitelens.provenance import OMIT_DEFAULT, at_omitted_default
 
-# The schedule options added after the first records were written, at the values that are the
-# schedule before them (FitConfig.settings leaves them out there).
-SCHEDULE_DEFAULTS = {"patience": 0, "lr_rule": "fixed"}
+# A schedule option added after the first records were written: at its default (the schedule
+# before it) it is left out of records and settings hashes (FitConfig.settings, canonical).
+_NEW = {OMIT_DEFAULT: True}
 
 
 @dataclass
@@ -35,11 +36,11 @@ class FitConfig:
     # Schedule options (docs/benchmarks.md, benchmarks/schedule_compare.py); the defaults are the
     # schedule above. patience: stop after this many validation checks in a row without a lower
     # validation loss (0: never stop early; the best α so far is kept either way).
-    patience: int = 0
+    patience: int = field(default=0, metadata=_NEW)
     # lr_rule: the learning rate actually used for this batch size, from ``lr`` set for a batch of
     # LR_BATCH: "fixed" (lr as given), "sqrt" (lr·√(batch_size/LR_BATCH)) or "linear"
     # (lr·batch_size/LR_BATCH). :attr:`step_lr` is the result.
-    lr_rule: str = "fixed"
+    lr_rule: str = field(default="fixed", metadata=_NEW)
 
     LR_BATCH: ClassVar[int] = 8  # the batch the default lr was chosen for
     LR_RULES: ClassVar[tuple[str, ...]] = ("fixed", "sqrt", "linear")
@@ -70,12 +71,11 @@ class FitConfig:
         return max(1, math.ceil(self.n_examples / self.batch_size))
 
     def settings(self) -> dict:
-        """The fields as records and settings hashes hold them (``adapter.json``'s
-        ``hyperparameters``, ``sitelens run``'s ``run.json``): a schedule option at its default
-        (:data:`SCHEDULE_DEFAULTS`) is left out, so that records made before it existed still
+        """The fields as records hold them (``adapter.json``'s ``hyperparameters``, ``sitelens
+        run``'s ``run.json``): a schedule option at its default is left out, as in
+        :func:`sitelens.provenance.canonical`, so that records made before it existed still
         match."""
-        return {k: v for k, v in asdict(self).items()
-                if k not in SCHEDULE_DEFAULTS or v != SCHEDULE_DEFAULTS[k]}
+        return {f.name: getattr(self, f.name) for f in fields(self) if not at_omitted_default(self, f)}
 
     @property
     def step_lr(self) -> float:
