@@ -148,8 +148,13 @@ class ScheduleCompare(Experiment):
             paired += rows
         if paired:
             atomic_write_csv(self.out / "schedule_compare_paired.csv", pd.DataFrame(paired))
+            body += choice(pd.DataFrame(paired))
         return write_report(self.out / "schedule_compare.md", self.title,
                             "python benchmarks/schedule_compare.py --report", "\n".join(body))
+
+
+def num1(x: float) -> str:
+    return "–" if x != x else f"{x:.1f}"
 
 
 def _timed(fn):
@@ -178,6 +183,26 @@ class _recorded:
 
     def __exit__(self, *exc):
         site_adapter.fit_alpha = self._orig
+
+
+def choice(paired: pd.DataFrame) -> list[str]:
+    """Each schedule against the rules: on the development tasks, a candidate is within ±1 point
+    of the default's exact match on every model (the test command names the one compared); on
+    the held-out tasks, the issue's adoption rule."""
+    lines = ["## The rules", ""]
+    em = paired[paired.metric == "exact_match"]
+    for phase, rule in (("dev", "candidate if within ±1 point on every model"),
+                        ("test", "adopted only if within ±1 point with an interval that includes 0 "
+                                 "on both models, over all held-out tasks")):
+        for a, g in em[em.phase == phase].groupby("a", sort=False):
+            within = all(abs(d) <= 0.01 for d in g["diff"])
+            has0 = all(lo <= 0 <= hi for lo, hi in zip(g.ci_low, g.ci_high))
+            diffs = ", ".join(f"{m}: {100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}], n = {n}"
+                              for m, d, lo, hi, n in zip(g.model, g["diff"], g.ci_low, g.ci_high, g.n))
+            lines.append(f"- {phase}, {a} − default EM ({diffs}): within ±1 point on every model: "
+                         f"{'yes' if within else 'no'}; intervals include 0: {'yes' if has0 else 'no'} "
+                         f"({rule})")
+    return lines + [""]
 
 
 def paired(df: pd.DataFrame, a: str, b: str, metric: str) -> dict | None:
@@ -211,9 +236,9 @@ def model_section(df: pd.DataFrame) -> tuple[list[str], list[dict]]:
                               "mean stage 2 wall s": means.stage2_seconds.map("{:.1f}".format),
                               "wall vs default": (means.stage2_seconds / means.stage2_seconds.get("default")
                                                   ).map("{:.2f}×".format),
-                              f"mean stage 2 CPU s ({timed.task.nunique()} tasks)": cpu.map("{:.1f}".format),
+                              f"mean stage 2 CPU s ({timed.task.nunique()} tasks)": cpu.map(num1),
                               "CPU vs default": (cpu / cpu.get("default", float("nan"))
-                                                 ).map("{:.2f}×".format)})
+                                                 ).map(lambda x: "–" if x != x else f"{x:.2f}×")})
         what = "development tasks" if phase == "dev" else "held-out tasks (the decisive comparison)"
         lines += [f"## {df.model.iloc[0]}: {what}, {n} task(s) with every schedule", "",
                   md_table(table.reset_index()), ""]
