@@ -129,7 +129,8 @@ class ScheduleCompare(Experiment):
                  "load_avg": la}]
 
     def write_report(self) -> str:
-        tables = sorted(p for p in self.out.glob("schedule_compare_*.csv") if not p.stem.endswith("_paired"))
+        tables = sorted(p for p in self.out.glob("schedule_compare_*.csv")
+                        if not p.stem.endswith(("_paired", "_summary")))
         body = ["Per task: stage 1 once (seed 0), stage 2 under each schedule (`FitConfig(seed=0, ...)`), "
                 "SITE scored on the first 50 test items (EM, FT: exact match and first-token accuracy "
                 "in %); one torch thread on the shared 2-core machine (the load average at each fit "
@@ -140,12 +141,14 @@ class ScheduleCompare(Experiment):
                 + ". Patience P (early stopping after P checks without improvement) is read off the "
                 "default's own validation history: the same batches and seed, so the stopped run is the "
                 "default cut at that check.", ""]
-        paired = []
+        paired, summary = [], []
         for path in tables:
             df = pd.read_csv(path).reindex(columns=FIELDS)  # a table with an older header: blanks
-            sec, rows = model_section(df)
+            sec, rows = model_section(df, summary)
             body += sec
             paired += rows
+        if summary:
+            atomic_write_csv(self.out / "schedule_compare_summary.csv", pd.DataFrame(summary))
         if paired:
             atomic_write_csv(self.out / "schedule_compare_paired.csv", pd.DataFrame(paired))
             body += choice(pd.DataFrame(paired))
@@ -216,7 +219,8 @@ def paired(df: pd.DataFrame, a: str, b: str, metric: str) -> dict | None:
             "a_ahead": r.a_ahead, "b_ahead": r.b_ahead}
 
 
-def model_section(df: pd.DataFrame) -> tuple[list[str], list[dict]]:
+def model_section(df: pd.DataFrame, summary: list[dict]) -> tuple[list[str], list[dict]]:
+    """The report's section of one model; appends each schedule's means per phase to ``summary``."""
     lines, rows = [], []
     for phase in ("dev", "test"):
         d = df[df.phase == phase]
@@ -239,6 +243,12 @@ def model_section(df: pd.DataFrame) -> tuple[list[str], list[dict]]:
                               f"mean stage 2 CPU s ({timed.task.nunique()} tasks)": cpu.map(num1),
                               "CPU vs default": (cpu / cpu.get("default", float("nan"))
                                                  ).map(lambda x: "–" if x != x else f"{x:.2f}×")})
+        for sched in means.index:
+            summary.append({"model": df.model.iloc[0], "phase": phase, "schedule": sched, "n_tasks": n,
+                            **means.loc[sched].to_dict(), "cpu_tasks": timed.task.nunique(),
+                            "cpu_mean": cpu.get(sched, float("nan")),
+                            "cpu_vs_default": cpu.get(sched, float("nan"))
+                            / cpu.get("default", float("nan"))})
         what = "development tasks" if phase == "dev" else "held-out tasks (the decisive comparison)"
         lines += [f"## {df.model.iloc[0]}: {what}, {n} task(s) with every schedule", "",
                   md_table(table.reset_index()), ""]
