@@ -192,7 +192,7 @@ def test_concat_caches_rows_equal_their_own_caches(tiny_mha, setup, recompute, m
 
     if recompute:
         if not is_bridge(tiny_mha):
-            pytest.skip("the RecomputeCache is the bridge's")
+            pytest.skip("the RecomputeCache exists only on the bridge backend")
         monkeypatch.setitem(KV._DRIVEN, tiny_mha, False)
     sets = [LastTokenSet.build(tiny_mha, t.train[:3]) for t in setup[0][:3]]
     kinds = {type(s.cache) for s in sets}
