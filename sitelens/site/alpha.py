@@ -117,6 +117,17 @@ class StalledFitWarning(UserWarning):
     """A fit kept its starting α: no step improved the validation loss."""
 
 
+def warn_stalled(task: Task, cfg: FitConfig) -> None:
+    """:class:`StalledFitWarning` for a fit of ``task`` that kept its starting α (best step 0),
+    pointing at the caller of the fit function that called this."""
+    warnings.warn(
+        f"Fit of {task.name!r}: no step improved the validation loss, so α stayed at its start "
+        f"(sigmoid({cfg.init:g}) for every head) and the adapter injects that. Fit longer "
+        "(n_examples), check the learning rate (lr), or give the task more items.",
+        StalledFitWarning, stacklevel=3,
+    )
+
+
 def fit_alpha(
     model,
     task: Task,
@@ -180,12 +191,7 @@ def fit_alpha(
     kept = run.kept.cpu()  # [n_layers, n_heads], float32
     seen = batches[:max(h["step"] for h in run.history)]  # the batches run (patience may stop early)
     if run.best_step == 0 and not official:
-        warnings.warn(
-            f"Fit of {task.name!r}: no step improved the validation loss, so α stayed at its start "
-            f"(sigmoid({cfg.init:g}) for every head) and the adapter injects that. Fit longer "
-            "(n_examples), check the learning rate (lr), or give the task more items.",
-            StalledFitWarning, stacklevel=2,
-        )
+        warn_stalled(task, cfg)
     return FitResult(
         alpha=torch.sigmoid(kept),
         logits=kept,

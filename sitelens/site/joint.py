@@ -39,7 +39,6 @@ batches) and :func:`fit_site_tasks` both stages, returning one :class:`SiteAdapt
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -51,7 +50,7 @@ from torch import Tensor
 from sitelens.errors import FitError
 from sitelens.models import SELECT_BUDGET_BYTES, concat_caches, layer_devices, place_layer_rows
 from sitelens.site.adapter import SiteAdapter, adapter_of
-from sitelens.site.alpha import FitResult, StalledFitWarning, data_used, site_mix
+from sitelens.site.alpha import FitResult, data_used, site_mix, warn_stalled
 from sitelens.site.config import FitConfig
 from sitelens.site.embedding import last_token_z
 from sitelens.site.training import (
@@ -255,12 +254,7 @@ def fit_alpha_tasks(
     for task, (run, d, n) in zip(tasks, runs):
         kept = run.kept  # [n_layers, n_heads], float32, CPU
         if run.best_step == 0 and not official:
-            warnings.warn(
-                f"Fit of {task.name!r}: no step improved the validation loss, so α stayed at its "
-                f"start (sigmoid({cfg.init:g}) for every head) and the adapter injects that. Fit "
-                "longer (n_examples), check the learning rate (lr), or give the task more items.",
-                StalledFitWarning, stacklevel=2,
-            )
+            warn_stalled(task, cfg)
         results.append(FitResult(
             alpha=torch.sigmoid(kept), logits=kept, history=run.history, best_step=run.best_step,
             seconds=seconds, data=data_used(task, len(d.valid), d.batches, len(d.rows.used)),
