@@ -70,6 +70,9 @@ SCHEDULE = {"--eval-every": {"default": 10, "choices": None}, "--n-valid": {"def
             "--lr-rule": {"default": "fixed", "choices": ["fixed", "sqrt", "linear"]}}
 ADDED = {cmd: {f: {"flags": [f], "required": False, "switch": False, **spec} for f, spec in SCHEDULE.items()}
          for cmd in ("fit", "run", "patch intra", "patch inter")}
+# ... and bench's joint fits of the site cells (issue 44)
+ADDED["bench"] = {"--joint": {"flags": ["--joint"], "required": False, "switch": False, "default": 1,
+                              "choices": None}}
 
 
 def test_every_command_keeps_its_options_and_defaults():

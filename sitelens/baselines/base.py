@@ -27,7 +27,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -186,6 +186,23 @@ class Method:
         """The method's own work: what it runs (intervention or prompts), its trainable-parameter
         count, fitted state and metadata."""
         raise NotImplementedError
+
+    # True where :meth:`fit_tasks` fits several tasks in one joint run (SITE); runners that fit
+    # many tasks (``run_bench(joint=K)``) call it for such methods only.
+    fits_jointly: ClassVar[bool] = False
+
+    def fit_tasks(
+        self,
+        model,
+        tasks: Sequence[Task],
+        *,
+        seed: int = 0,
+        template: Template = DEFAULT_TEMPLATE,
+        progress: bool = False,
+    ) -> list[Fitted]:
+        """:meth:`fit` on each of ``tasks``, in order. A method with ``fits_jointly`` fits them in
+        one joint run instead, each result equal to its :meth:`fit` up to float rounding."""
+        return [self.fit(model, t, seed=seed, template=template, progress=progress) for t in tasks]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -229,6 +229,9 @@ class BenchCommand(Compute):
     n_ctx: int | None = count(None, "context length for the models (default 2048; squad_val needs 4096)")
     label_metrics: bool = option(False, help=LABEL_METRICS)
     executor: str = executor_option("the (model, task, method) cells")
+    joint: int = count(1, "fit the site cells K tasks at a time, in one joint run each (their rows, "
+                       "equal to one-task fits up to float rounding, are keyed apart); default 1: "
+                       "one task at a time")
 
 
 # ----------------------------------------------------------------------------------------------

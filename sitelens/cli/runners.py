@@ -30,7 +30,7 @@ def cmd_bench(args) -> int:
             [m for m in args.models.split(",") if m], bench_tasks(args),
             [m for m in args.methods.split(",") if m], out, limit=args.limit, seed=args.seed,
             progress=True, n_ctx=args.n_ctx, executor=executor, load=load_spec(args),
-            label_metrics=args.label_metrics,
+            label_metrics=args.label_metrics, joint=args.joint,
         )
     md = summary_markdown(df)
     atomic_write_text(md_path, md)

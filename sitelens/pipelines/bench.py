@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -86,18 +87,23 @@ _TEXT = ("model", "fingerprint", "task", "task_hash", "method", "method_params",
 
 
 def cell_settings(model, task: Task, method: Method, *, seed: int, n_shots: int,
-                  limit: int | None, batch_size: int, template: Template) -> dict:
+                  limit: int | None, batch_size: int, template: Template, joint: bool = False) -> dict:
     """Everything that made a bench row, as the values of :data:`SETTINGS`: the model's name and
     weight fingerprint, the task's name and a hash of its splits, the method's name and every
-    hyperparameter (JSON), seed, ``n_shots``, ``limit``, the model's ``n_ctx``, batch size, the
-    prompt template (JSON) and :data:`sitelens.provenance.NUMERICS_VERSION`."""
+    hyperparameter (JSON; ``"joint": true`` added when ``joint``, the method fitted with other
+    tasks by :meth:`~sitelens.baselines.Method.fit_tasks`, equal to its one-task fit up to float
+    rounding only), seed, ``n_shots``, ``limit``, the model's ``n_ctx``, batch size, the prompt
+    template (JSON) and :data:`sitelens.provenance.NUMERICS_VERSION`."""
+    params = canonical(method)
+    if joint:
+        params = {**params, "joint": True}
     return {
         "model": model_name(model),
         "fingerprint": fingerprint(model),
         "task": task.name,
         "task_hash": task_hash(task),
         "method": method.name,
-        "method_params": json.dumps(canonical(method), sort_keys=True, separators=(",", ":")),
+        "method_params": json.dumps(params, sort_keys=True, separators=(",", ":")),
         "seed": int(seed),
         "n_shots": int(n_shots),
         "limit": -1 if limit is None else int(limit),
@@ -237,6 +243,11 @@ class BenchConfig:
     load: LoadSpec | None = None  # device, dtype, ... of models loaded by name (None: load_model's)
     dntp: bool = True  # False: no k-shot ICL reference pass; dNTP is NaN and the row's error says so
     label_metrics: bool = False  # True: rank the labels of every closed-label task (else: declared only)
+    # K > 1: the cells of a method that fits jointly (SITE, ``Method.fits_jointly``) are fitted K
+    # tasks at a time (``Method.fit_tasks``), each group's other cells run right after it; such
+    # rows carry ``"joint": true`` in ``method_params`` (their key), since they equal the one-task
+    # fits up to float rounding, not bit for bit. 0 or 1: every cell fits alone.
+    joint: int = 0
 
 
 def run_bench(
@@ -303,26 +314,32 @@ def run_bench(
             # when all of its cells are done: SmolLM2 takes about a second from the weight cache.
             model = load_model(spec, n_ctx=cfg.n_ctx, spec=cfg.load) if isinstance(spec, str) else spec
             ref = spec if isinstance(spec, str) else f"<in-process model {id(model)}>"
-            cells = []
-            for task in task_list:
-                for method in methods:
-                    settings = cell_settings(model, task, method, seed=cfg.seed,
-                                             n_shots=cfg.n_shots, limit=cfg.limit,
-                                             batch_size=cfg.batch_size, template=cfg.template)
-                    key = cell_key(settings)
-                    keys_this_run.append(key)
-                    if key in done:
-                        bar.update(1)
-                        continue
-                    done.add(key)  # listed twice (a model or task given twice): run once
-                    job = BenchJob(ref, cfg.n_ctx, task, method, settings, key, cfg)
-                    cells.append(Cell(key, run_cell, (job,),
-                                      label=f"{settings['model']}/{task.name}/{method.name}"))
-            if ex.in_process:
-                with preloaded(ref, cfg.n_ctx, model, cfg.load):
-                    ex.run(cells, on_result)
-            else:
-                later += cells
+            k = max(1, cfg.joint)
+            with preloaded(ref, cfg.n_ctx, model, cfg.load):
+                for start in range(0, len(task_list), k):
+                    jobs = []
+                    for task in task_list[start:start + k]:
+                        for method in methods:
+                            settings = cell_settings(
+                                model, task, method, seed=cfg.seed, n_shots=cfg.n_shots,
+                                limit=cfg.limit, batch_size=cfg.batch_size, template=cfg.template,
+                                joint=k > 1 and method.fits_jointly)
+                            key = cell_key(settings)
+                            keys_this_run.append(key)
+                            if key in done:
+                                bar.update(1)
+                                continue
+                            done.add(key)  # listed twice (a model or task given twice): run once
+                            jobs.append(BenchJob(ref, cfg.n_ctx, task, method, settings, key, cfg))
+                    if k > 1:
+                        jobs = _fit_jointly(model, jobs, cfg)
+                    cells = [Cell(j.key, run_cell, (j,),
+                                  label=f"{j.settings['model']}/{j.task.name}/{j.method.name}")
+                             for j in jobs]
+                    if ex.in_process:
+                        ex.run(cells, on_result)
+                    else:
+                        later += cells
             del model
         if later:
             ex.run(later, on_result)
@@ -350,6 +367,31 @@ class BenchJob:
     settings: dict
     key: str
     config: BenchConfig
+    fitted: Fitted | None = None  # fitted already (with other tasks, :func:`_fit_jointly`)
+
+
+def _fit_jointly(model, jobs: list[BenchJob], cfg: BenchConfig) -> list[BenchJob]:
+    """``jobs`` with the cells of each method that fits jointly fitted together
+    (:meth:`~sitelens.baselines.Method.fit_tasks`, in this process). A joint fit that raises a
+    :class:`SitelensError` leaves its cells to fit alone in :func:`run_cell`, where a task's own
+    error lands in its row."""
+    by_method: dict[str, list[int]] = {}
+    for i, j in enumerate(jobs):
+        if j.method.fits_jointly:
+            by_method.setdefault(j.method.name, []).append(i)
+    jobs = list(jobs)
+    for idx in by_method.values():
+        method = jobs[idx[0]].method
+        try:
+            fits = method.fit_tasks(model, [jobs[i].task for i in idx], seed=cfg.seed,
+                                    template=cfg.template)
+        except SitelensError as e:
+            warnings.warn(f"the joint fit of {method.name} on {len(idx)} tasks failed ({e}); "
+                          "each of them is fitted alone", stacklevel=2)
+            continue
+        for i, fitted in zip(idx, fits):
+            jobs[i] = replace(jobs[i], fitted=fitted)
+    return jobs
 
 
 # the ICL reference logits of the last (model, task, items, shots, seed, template, batch) seen
@@ -388,8 +430,8 @@ def run_cell(job: BenchJob) -> dict:
     row = dict(job.settings, key=job.key, n=len(items))
     t0 = time.perf_counter()
     try:
-        fitted = method.fit(model, task, seed=cfg.seed, template=cfg.template)
-        fit_seconds = time.perf_counter() - t0
+        fitted = job.fitted or method.fit(model, task, seed=cfg.seed, template=cfg.template)
+        fit_seconds = fitted.fit_seconds if job.fitted else time.perf_counter() - t0
         res = score_fitted(model, task, items, fitted, reference=reference,
                            template=cfg.template, batch_size=cfg.batch_size, labels=labels)
         row.update({k: res[k] for k in ("first_token_acc", "exact_match", "dntp",
