@@ -73,6 +73,8 @@ ADDED = {cmd: {f: {"flags": [f], "required": False, "switch": False, **spec} for
 # ... and bench's joint fits of the site cells (issue 44)
 ADDED["bench"] = {"--joint": {"flags": ["--joint"], "required": False, "switch": False, "default": 1,
                               "choices": None}}
+ADDED["figures"] = {"--joint": {"flags": ["--joint"], "required": False, "switch": True, "default": False,
+                                "choices": None}}
 
 
 def test_every_command_keeps_its_options_and_defaults():

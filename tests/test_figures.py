@@ -210,3 +210,33 @@ def test_target_centred_and_by_family():
     assert set(out) == {"A"}  # B has one task
     assert out["A"]["from_same_family"] == pytest.approx(0.55)
     assert out["A"]["from_other_families"] == pytest.approx(0.15)
+
+
+JOINT_ATOL = 1e-5  # as tests/test_joint_tasks.py: a joint pass sums the same float32 terms in another order
+
+
+def test_fit_jointly_saves_the_one_task_fits(tmp_path, monkeypatch):
+    from sitelens.models import load_model
+
+    model = load_model("tiny-random")
+    keys = ("tasks", "intra_tasks", "effect_tasks", "heatmap_task", "limit", "sparsity", "n_examples",
+            "n_prompts", "n_shots")
+    cfg = F.FigureConfig(**{k: SMALL[k] for k in keys}, joint=True).resolved()
+    cells = F.figure_cells(cfg)
+    fits = [c for c in cells if c.kind == "fit"]
+    assert F.fit_jointly(model, tmp_path / "joint", cfg) == len(fits) == 7  # 2 tasks at λ=0, 5 at λ=2
+    assert F.fit_jointly(model, tmp_path / "joint", cfg) == 0  # saved: nothing left to fit
+    tasks = {n: F.load_task(n) for n in cfg.tasks}
+    store_j = F._cell_store(model, tmp_path / "joint", lambda m: None)
+    store_a = F._cell_store(model, tmp_path / "alone", lambda m: None)
+    alone = {(c.task, c.sparsity): F.fit_cell(model, tasks[c.task], c.sparsity, cfg, store_a) for c in fits}
+    monkeypatch.setattr(F, "fit_site", lambda *a, **k: pytest.fail("refitted a jointly fitted cell"))
+    moved = 0
+    for c in fits:
+        j = F.fit_cell(model, tasks[c.task], c.sparsity, cfg, store_j)  # found, not refitted
+        a = alone[(c.task, c.sparsity)]
+        assert j.meta["joint_tasks"] > 1 and "joint_tasks" not in a.meta
+        assert torch.allclose(j.alpha, a.alpha, rtol=0, atol=JOINT_ATOL), c
+        assert j.meta["best_step"] == a.meta["best_step"], c
+        moved += a.meta["best_step"] > 0
+    assert moved >= 3  # fits that moved from their start: not a comparison of initial α

@@ -435,6 +435,8 @@ class FiguresCommand(Compute):
     no_png: bool = option(False, help="HTML + CSV only")
     quiet: bool = option(False, help="no progress output")
     executor: str = executor_option("the fits and patching cells")
+    joint: bool = option(False, help="fit the missing adapters of each λ all tasks at once, in this "
+                         "process (equal to one-task fits up to float rounding)")
 
 
 @config

@@ -72,7 +72,8 @@ def cmd_figures(args) -> int:
         n_examples=args.n_examples, n_prompts=args.n_prompts, n_shots=args.n_shots,
         effect_prompts=args.effect_prompts, n_random_seeds=args.n_random_seeds, n_boot=args.n_boot,
         formats=("html",) if args.no_png else ("png", "html"), threads=args.threads,
-        progress=not args.quiet, executor=args.executor, load=load_spec(args), **kw,
+        progress=not args.quiet, executor=args.executor, load=load_spec(args), joint=args.joint,
+        **kw,
     )
     s = res.summary
     if s.get("png_error"):

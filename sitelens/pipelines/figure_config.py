@@ -64,6 +64,10 @@ class FigureConfig:
     inter_k: int = 10  # top-k heads of the inter-task "topk" mode (and the Jaccard similarity)
     gap_ks: tuple[str | int, ...] = (10, "5%")  # k at which the high- vs low-α gap is reported
     formats: tuple[str, ...] = ("png", "html")
+    # True: the missing fits of each λ run all their tasks in one joint stage 2
+    # (:func:`sitelens.site.joint.fit_alpha_tasks`), each equal to its one-task fit up to float
+    # rounding and saved in the same cell (its adapter's meta says ``joint_tasks``).
+    joint: bool = False
 
     def __post_init__(self) -> None:
         for name in _TUPLE_FIELDS:

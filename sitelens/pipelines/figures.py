@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sitelens.errors import OutputError
+from sitelens.errors import OutputError, SitelensError
 from sitelens.io import atomic_write
 from sitelens.models import LoadSpec
 from sitelens.patching import inter_task, intra_task
@@ -87,6 +87,8 @@ from sitelens.pipelines.report import (
 from sitelens.pipelines.store import CellStore, slug
 from sitelens.provenance import NUMERICS_VERSION, config_with_overrides, task_hash
 from sitelens.site import SiteAdapter, fit_site, task_embedding
+from sitelens.site.adapter import adapter_of
+from sitelens.site.joint import fit_alpha_tasks
 from sitelens.tasks import DEFAULT_TEMPLATE, Task, load_task
 from sitelens.viz.export import FigureWriter, notebook_renderer, png_export_error
 
@@ -147,6 +149,46 @@ def fit_cell(model, task: Task, sparsity: float, cfg: FigureConfig, cells: CellS
     cells.log(f"  fitted {task.name} λ={sparsity:g} in {time.perf_counter() - t0:.1f}s "
               f"(best step {ad.meta['best_step']}, valid loss {ad.meta['final_valid_loss']:.3f})")
     return ad
+
+
+def fit_jointly(model, runs_dir: str | Path, config: FigureConfig | None = None, *,
+                log: Callable[[str], None] | None = None) -> int:
+    """The fit cells of one model's run (under ``runs_dir``) not saved yet, each λ's tasks in one
+    joint stage 2 (:func:`sitelens.site.joint.fit_alpha_tasks`) on their stage-1 embedding cells,
+    saved where :func:`fit_cell` finds them; returns how many were fitted. Each adapter equals its
+    one-task fit up to float rounding; its recorded stage-2 seconds are an even share of the joint
+    run. A λ with one missing fit, or whose joint fit fails, is left to :func:`fit_cell`."""
+    cfg = (config or FigureConfig()).resolved()
+    log = log or (lambda msg: None)
+    cells = _cell_store(model, runs_dir, log)
+    tasks = {name: load_task(name, seed=cfg.seed) for name in cfg.tasks}
+    missing: dict[float, list[Task]] = {}
+    for c in _of_kind(figure_cells(cfg), "fit"):
+        path = _adapter_path(tasks[c.task], c.sparsity, cfg, cells)
+        if SiteAdapter.load_matching(path, model, on_error=lambda e: None) is None:
+            missing.setdefault(c.sparsity, []).append(tasks[c.task])
+    n = 0
+    for lam, todo in missing.items():
+        if len(todo) < 2:
+            continue
+        t0 = time.perf_counter()
+        embs = [_embedding(model, t, cfg, cells) for t in todo]  # [n_layers, n_heads, d_head] each
+        t1 = time.perf_counter()
+        fc = cfg.fit_config(lam)
+        try:
+            results = fit_alpha_tasks(model, todo, embs, fc)
+        except SitelensError as e:
+            log(f"  joint fit at λ={lam:g} failed ({e}); fitting one task at a time")
+            continue
+        share = (time.perf_counter() - t1) / len(todo)
+        for task, emb, res in zip(todo, embs, results):
+            ad = adapter_of(model, task, emb, res, fc, template=DEFAULT_TEMPLATE, n_prompts=cfg.n_prompts,
+                            n_shots=cfg.n_shots, stage1_seconds=(t1 - t0) / len(todo))
+            ad.save(_adapter_path(task, lam, cfg, cells))
+            cells.record(f"fit/{task.name}/{lambda_tag(lam)}", share)  # stage 2
+        log(f"  fitted {len(todo)} tasks jointly at λ={lam:g} in {time.perf_counter() - t1:.1f}s")
+        n += len(todo)
+    return n
 
 
 def _cell_store(model, runs_dir: str | Path, log: Callable[[str], None]) -> CellStore:
@@ -456,6 +498,8 @@ def make_figures(
             t0 = time.perf_counter()
             model = load_model(name, spec=load)
             log(f"{name}: loaded in {time.perf_counter() - t0:.1f}s")
+            if cfg.joint:  # in this process, before any other cell needs the adapters
+                fit_jointly(model, out / ".runs" / slug(name), cfg, log=log)
             if not ex.in_process:
                 run_cells(model, name, out / ".runs" / slug(name), cfg, ex, log=log, load=load)
             run = run_model(model, out / ".runs" / slug(name), cfg, log=log)
@@ -484,7 +528,7 @@ def make_figures(
 __all__ = [
     "DEFAULT_MODELS", "FIGURE_TASKS", "INTRA_TASKS", "HEATMAP_TASK", "EFFECT_TASKS",
     "DEFAULT_SPARSITY", "FigureConfig", "ModelRun", "FigureCell", "figure_cells",
-    "FiguresResult", "FigureWriter", "fit_cell", "run_model", "intra_mean", "intra_gaps",
+    "FiguresResult", "FigureWriter", "fit_cell", "fit_jointly", "run_model", "intra_mean", "intra_gaps",
     "summarize_model", "summary_rows", "model_figures", "make_figures", "run_cells",
     "run_figure_cell", "FigureJob", "gap_k", "intra_ks",
     "png_export_error", "notebook_renderer", "headline", "target_centred", "by_target_family",
