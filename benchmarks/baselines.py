@@ -92,6 +92,22 @@ def notes(full: pd.DataFrame) -> list[str]:
             md_table(t), ""]
 
 
+def versions_line(df: pd.DataFrame) -> str:
+    """Which numerics version (``sitelens.provenance.NUMERICS_HISTORY``) made the rows of which
+    tasks: the unkeyed rows are version 1."""
+    v = pd.to_numeric(df["numerics_version"], errors="coerce").fillna(1).astype(int)
+    parts = []
+    for k in sorted(v.unique()):
+        tasks = sorted(df.task[v == k].unique())
+        what = f"{len(tasks)} tasks" if len(tasks) > 5 else ", ".join(tasks)
+        parts.append(f"version {k}: {what}" + (" (rows from before results were keyed)" if k == 1 else ""))
+    return ("Numerics versions of the rows: " + "; ".join(parts) + ". Versions 1 and 2 compute the "
+            "same numbers; version 3 scores each answer on its first token that carries text, which "
+            "moves only answers whose first token is whitespace (those starting with a digit here): "
+            "the tasks of such answers that are still of an older version are listed in "
+            "[answer_token_rerun.md](answer_token_rerun.md).") if len(parts) > 1 else ""
+
+
 def summarize(path: Path, png: bool = True) -> str:
     df = read_results(path)
     dup = df.duplicated(["model", "task", "method", "seed"], keep=False)
@@ -112,7 +128,8 @@ def summarize(path: Path, png: bool = True) -> str:
         "Summarized by `python benchmarks/baselines.py`; test split capped at 50 items, one torch thread on "
         f"the shared 2-core CPU. Means over the {len(tasks)} of {df['task'].nunique()} tasks where every "
         f"method finished: {', '.join(tasks)}. Exact match and first-token accuracy are fractions; dNTP = "
-        "KL(P_icl ‖ P_method) at the answer position (ICL's is 0).", "", *targets(full), "",
+        "KL(P_icl ‖ P_method) at the answer position (ICL's is 0).", "", versions_line(df), "",
+        *targets(full), "",
         summary_markdown(full).strip(), "", *paired_lines(paired), *notes(full)]))
     fig = dntp_accuracy_figure(full)
     write_figure_html(fig, f"{stem}.dntp.html")  # + plotly.min.js beside it (offline)
