@@ -75,6 +75,13 @@ def k_star_table(df: pd.DataFrame, threshold: float = 0.9) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _span(v: pd.Series) -> str:
+    """``"3"`` when every value is 3, ``"2–3"`` when they range from 2 to 3 (replicates per task
+    while the study is partly done)."""
+    lo, hi = int(v.min()), int(v.max())
+    return str(lo) if lo == hi else f"{lo}–{hi}"
+
+
 def stability_table(df: pd.DataFrame, sets: pd.DataFrame | None = None,
                     n_total: Callable[[str], int] = heads_total) -> pd.DataFrame:
     """Per model, task, selector and k: the stability of S_k by
@@ -245,7 +252,7 @@ class FrontierStudy(Experiment):
                    .agg(stability=("stability", "mean"), stability_sd=("stability", "std"),
                         n_values=("stability", "count"), pairs_per_value=("n_pairs", "median"),
                         raw_jaccard=("raw_jaccard", "mean"), chance_jaccard=("chance_jaccard", "mean"),
-                        seeds=("seeds", "max"), bootstraps=("bootstraps", "max")).reset_index())
+                        seeds=("seeds", _span), bootstraps=("bootstraps", _span)).reset_index())
         reached = ks[ks.k_star.map(lambda v: isinstance(v, int))]
         per_sel = per_sel.merge(
             reached.groupby(["model", "selector"]).agg(
@@ -301,7 +308,9 @@ class FrontierStudy(Experiment):
             "Per model and selector: `stability` is the mean over tasks and budgets of the per-(task, "
             "budget) means, `stability_sd` their standard deviation over those `n_values`, each a mean "
             "over `pairs_per_value` pairs (median); `raw_jaccard` and `chance_jaccard` are the raw "
-            "overlap and what random sets would share, for reading the two apart; `k_star_reached` and "
+            "overlap and what random sets would share, for reading the two apart; `seeds` and "
+            "`bootstraps` are the fit seeds and resamples compared per task (a range where tasks "
+            "differ: the study resumes task by task); `k_star_reached` and "
             "`unstable_at_k_star` count (task, injection) pairs:", "", md_table(per_sel), "",
             "Per task (mean over budgets):", "", md_table(stab), "",
             f"## Overlap between selectors at k = {K_CMP} (Jaccard of S_{K_CMP}, seed 0, mean over tasks)",
