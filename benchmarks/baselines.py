@@ -96,10 +96,14 @@ def versions_line(df: pd.DataFrame) -> str:
     """Which numerics version (``sitelens.provenance.NUMERICS_HISTORY``) made the rows of which
     tasks: the unkeyed rows are version 1."""
     v = pd.to_numeric(df["numerics_version"], errors="coerce").fillna(1).astype(int)
+    per_task = df.groupby("task").size()
     parts = []
     for k in sorted(v.unique()):
-        tasks = sorted(df.task[v == k].unique())
-        what = f"{len(tasks)} tasks" if len(tasks) > 5 else ", ".join(tasks)
+        rows = df.task[v == k].value_counts()
+        tasks = sorted(rows.index)
+        mixed = [t for t in tasks if rows[t] < per_task[t]]  # a task rerun for some methods only
+        what = (f"{len(tasks)} tasks" if len(tasks) > 5 else ", ".join(tasks)) + "".join(
+            f"; {t}: {rows[t]} of its {per_task[t]} methods" for t in mixed)
         parts.append(f"version {k}: {what}" + (" (rows from before results were keyed)" if k == 1 else ""))
     return ("Numerics versions of the rows: " + "; ".join(parts) + ". Versions 1 and 2 compute the "
             "same numbers; version 3 scores each answer on its first token that carries text, which "

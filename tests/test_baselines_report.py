@@ -24,3 +24,11 @@ def test_versions_line_names_the_rerun_tasks_and_counts_the_rest():
 def test_versions_line_is_empty_when_one_version_made_every_row():
     assert B.versions_line(frame({"a": 3.0, "b": 3.0})) == ""
     assert B.versions_line(frame({"a": float("nan")})) == ""
+
+
+def test_versions_line_says_when_a_task_is_rerun_for_some_methods_only():
+    df = frame({"a": float("nan"), "b": float("nan"), "squad_val": 3.0})
+    df.loc[len(df)] = {"task": "squad_val", "numerics_version": float("nan")}  # one method not rerun
+    line = B.versions_line(df)
+    assert "version 1: a, b, squad_val; squad_val: 1 of its 3 methods" in line
+    assert "version 3: squad_val; squad_val: 2 of its 3 methods" in line
