@@ -282,7 +282,7 @@ OPTIONS = {
     "eval": COMMON + [("--methods", "eval_methods"), ("--limit", "pos"), ("--n-shots", "pos")],
     "bench": [("--models", "models"), ("--tasks", "bench_tasks"), ("--methods", "bench_methods"),
               ("--limit", "pos"), ("--seed", "seed"), ("--threads", "threads"), ("--n-ctx", "pos"),
-              ("--executor", "executor")] + DEVICE,
+              ("--executor", "executor"), ("--joint", "pos")] + DEVICE,
     "demo": COMMON + [("--limit", "pos")],
     "run": COMMON + FIT + [("--methods", "eval_methods"), ("--limit", "pos")],
     "patch intra": COMMON + FIT + [("--ks", "ks"), ("--n-random-seeds", "pos"), ("--limit", "pos"),
