@@ -154,6 +154,11 @@ class FitParts:
     state: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
 
+    def fitted(self, name: str, fit_seconds: float) -> Fitted:
+        """These parts as the :class:`Fitted` of method ``name`` that took ``fit_seconds``."""
+        return Fitted(name, intervention=self.intervention, prompt_fn=self.prompt_fn,
+                      n_params=self.n_params, fit_seconds=fit_seconds, state=self.state, meta=self.meta)
+
 
 @dataclass(kw_only=True)
 class Method:
@@ -176,11 +181,7 @@ class Method:
         runs). ``fit_seconds`` is the wall time of the whole call."""
         t0 = time.perf_counter()
         parts = self._fit(model, task, seed=seed, template=template, progress=progress)
-        return Fitted(
-            self.name, intervention=parts.intervention, prompt_fn=parts.prompt_fn,
-            n_params=parts.n_params, fit_seconds=time.perf_counter() - t0, state=parts.state,
-            meta=parts.meta,
-        )
+        return parts.fitted(self.name, time.perf_counter() - t0)
 
     def _fit(self, model, task: Task, seed: int, template: Template, progress: bool) -> FitParts:
         """The method's own work: what it runs (intervention or prompts), its trainable-parameter

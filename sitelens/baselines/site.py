@@ -45,12 +45,7 @@ class SITE(Method):
                                   config=replace(self.config, seed=seed), template=template,
                                   progress=progress)
         share = (time.perf_counter() - t0) / max(1, len(tasks))
-        out = []
-        for adapter in adapters:
-            parts = self._parts(adapter)
-            out.append(Fitted(self.name, intervention=parts.intervention, n_params=parts.n_params,
-                              fit_seconds=share, state=parts.state, meta=parts.meta))
-        return out
+        return [self._parts(adapter).fitted(self.name, share) for adapter in adapters]
 
     @staticmethod
     def _parts(adapter) -> FitParts:
