@@ -19,8 +19,10 @@ chose to ``{out}/frontier_study_sets.csv``; the report's stability is the Jaccar
 seed 0's cell and each replicate, and a k* whose sets are unstable (mean raw Jaccard at k* below
 :data:`RAW_UNSTABLE_BELOW`) is marked so. These tables choose k* on test and mark stability on the
 raw Jaccard; ``sitelens frontier`` (:func:`sitelens.lenses.frontier.frontier`) chooses k* on valid
-and marks stability on the chance-adjusted index. ``--tiny``: a smoke test on a tiny
-random model."""
+and marks stability on the chance-adjusted index. ``--joint``: the stability cells of
+one model and replicate fitted together (one joint full SITE fit for all their tasks, equal to
+one-task fits up to float rounding; the sets table's ``joint_tasks`` says how many shared it).
+``--tiny``: a smoke test on a tiny random model (its first task, unless ``--tasks`` names them)."""
 
 from __future__ import annotations
 
@@ -44,7 +46,8 @@ VALID_COLUMNS = ("valid_acc", "full_site_valid", "zero_shot_valid")
 # set_stability's figures: the adjusted Jaccard's mean, sd and pairs; the raw mean and its chance level
 STABILITY = ["stability", "stability_sd", "n_pairs", "raw_jaccard", "chance_jaccard"]
 SET_COLUMNS = ["key", "model", "task", "replicate", "index", "selector", "k", "heads", "forward_passes",
-               "backward_passes", "seconds"]
+               "backward_passes", "seconds", "joint_tasks"]
+OLDER_SET_COLUMNS = [SET_COLUMNS[:-1]]  # before --joint: every fit one task alone (joint_tasks blank)
 
 
 def _jaccard(a: str, b: str) -> float:
@@ -175,17 +178,23 @@ class FrontierStudy(Experiment):
                        help=f"selection-only cells for fit seeds 1..S per (model, task) ({SETS}.csv)")
         p.add_argument("--n-bootstrap", type=int, default=0,
                        help=f"selection-only cells for bootstrap resamples 0..B-1 ({SETS}.csv)")
+        p.add_argument("--joint", action="store_true",
+                       help="the selection-only cells of one model and replicate (fit seed s, or resample b) "
+                            "to run, their full SITE fits in one joint fit (frontier_sets_tasks; equal to "
+                            "one-task fits up to float rounding), then each task's selectors")
         p.add_argument("--tiny", action="store_true", help="tiny random model, budgets 1,2,5 (smoke test)")
 
     def cells(self, args):
         models = ["tiny-random"] if args.tiny else args.models
+        # --tiny: the first task only, unless --tasks names the tasks
+        names = args.tasks[:1] if args.tiny and args.tasks == list(TASKS) else args.tasks
         for m in models:
-            for t in args.tasks[: 1 if args.tiny else None]:
+            for t in names:
                 for seed in range(args.seeds):
                     yield Job(f"{m}/{t}/{seed}", f"{m} {t} seed {seed}",
                               {"model": m, "task": t, "seed": seed})
         for m in models:  # after every scored cell: the stability replicates
-            for t in args.tasks[: 1 if args.tiny else None]:
+            for t in names:
                 for s in range(1, args.stability_seeds + 1):
                     yield Job(f"{m}/{t}/select-seed{s}", f"{m} {t} sets of seed {s}",
                               {"model": m, "task": t, "seed": s, "replicate": "seed", "index": s})
@@ -194,7 +203,30 @@ class FrontierStudy(Experiment):
                               {"model": m, "task": t, "seed": 0, "replicate": "bootstrap", "index": b})
 
     def sets_store(self):
-        return self.store(SETS, SET_COLUMNS)
+        from sitelens.pipelines.store import ResultsStore
+
+        return ResultsStore(self.out / f"{SETS}.csv", SET_COLUMNS, key="key", older=OLDER_SET_COLUMNS)
+
+    def batch(self, todo: list[Job]) -> list[Job]:
+        """With ``--joint``: the selection-only cells of one (model, replicate kind, index) as one
+        job, in the place of the first (it appends each cell's sets under the cell's own key as
+        the cell finishes, so a stopped group resumes with the cells not done); else each cell
+        alone."""
+        if not self.args.joint:
+            return todo
+        out, groups = [], {}
+        for j in todo:
+            if "replicate" not in j.params:
+                out.append(j)
+                continue
+            g = (j["model"], j["replicate"], j["index"])
+            if g not in groups:
+                groups[g] = Job(f"{j['model']}/joint-{j['replicate']}{j['index']}",
+                                f"{j['model']} sets of {j['replicate']} {j['index']}, tasks fitted jointly",
+                                {**j.params, "cells": []})
+                out.append(groups[g])
+            groups[g]["cells"].append((j.key, j["task"]))
+        return out
 
     def done_keys(self) -> set[str]:
         return self.store().keys() | self.sets_store().keys()
@@ -213,24 +245,35 @@ class FrontierStudy(Experiment):
 
     def run(self, job: Job) -> list[dict]:
         from sitelens.heads import head_label
-        from sitelens.lenses.frontier import frontier, frontier_sets
+        from sitelens.lenses.frontier import frontier, frontier_sets, resample_selection_items
+        from sitelens.lenses.selectors import fit_site_counted_tasks
         from sitelens.pipelines.executors import cached_model
         from sitelens.tasks import load_task
 
-        model, task = cached_model(job["model"]), load_task(job["task"])
+        model = cached_model(job["model"])
+        task = load_task(job["task"])
         budgets = [int(k) for k in self.args.budgets.split(",")]
         budgets = [k for k in budgets if k <= model.cfg.n_layers * model.cfg.n_heads]
-        if "replicate" in job.params:  # a stability cell: the sets only, in their own table
+        if "replicate" in job.params:  # stability cells: the sets only, in their own table
             boot = job["index"] if job["replicate"] == "bootstrap" else None
-            sels = frontier_sets(model, task, budgets=budgets, seed=job["seed"], bootstrap=boot,
-                                 config=self.config())
-            H = model.cfg.n_heads
-            self.sets_store().append(
-                {"key": job.key, "model": job["model"], "task": task.name, "replicate": job["replicate"],
-                 "index": job["index"], "selector": s.selector, "k": k,
-                 "heads": "" if h is None else ";".join(head_label(j, H) for j in h),
-                 "forward_passes": s.forward_passes, "backward_passes": s.backward_passes,
-                 "seconds": round(s.seconds, 2)} for s in sels for k, h in s.sets.items())
+            cfg, H = self.config(), model.cfg.n_heads
+            if "cells" in job.params:  # --joint: the cells of one replicate, their fits made together
+                keys, names = zip(*job["cells"])
+                tasks = [load_task(n) for n in names]
+                fitted = tasks if boot is None else [resample_selection_items(t, boot) for t in tasks]
+                fits = fit_site_counted_tasks(model, fitted, cfg, job["seed"])
+            else:
+                keys, tasks, fits = (job.key,), [task], [None]
+            for key, t, fit in zip(keys, tasks, fits):  # each cell stored as it finishes
+                sels = frontier_sets(model, t, budgets=budgets, seed=job["seed"], bootstrap=boot, config=cfg,
+                                     fit=fit)
+                self.sets_store().append(
+                    {"key": key, "model": job["model"], "task": t.name, "replicate": job["replicate"],
+                     "index": job["index"], "selector": s.selector, "k": k,
+                     "heads": "" if h is None else ";".join(head_label(j, H) for j in h),
+                     "forward_passes": s.forward_passes, "backward_passes": s.backward_passes,
+                     "seconds": round(s.seconds, 2), "joint_tasks": s.meta.get("fit_joint_tasks", "")}
+                    for s in sels for k, h in s.sets.items())
             return []
         res = frontier(model, task, budgets=budgets, seeds=[job["seed"]], config=self.config())
         res.to_dir(self.out / "frontier_study" / job["model"] / f"{job['task']}_seed{job['seed']}")

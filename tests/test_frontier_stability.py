@@ -13,8 +13,8 @@ from bench_util import bench_module
 from test_frontier import CFG, _ctx
 
 from sitelens import load_task
-from sitelens.lenses.frontier import frontier, frontier_sets, resample_selection_items
-from sitelens.lenses.selectors import select
+from sitelens.lenses.frontier import frontier, frontier_sets, frontier_sets_tasks, resample_selection_items
+from sitelens.lenses.selectors import fit_site_counted, select
 
 study = bench_module("frontier_study")  # benchmarks/frontier_study.py
 FAST = ("alpha", "alpha-grad", "atp")
@@ -41,6 +41,38 @@ def test_bootstrap_replicate_selects_on_the_resampled_items(tiny_mha, task):
     got = frontier_sets(tiny_mha, task, budgets=(1, 2), seed=0, bootstrap=3, selectors=FAST, config=CFG)
     ctx = _ctx(tiny_mha, rs, CFG, 0)  # independently: fit and select on the resampled task
     assert [s.sets for s in got] == [select(ctx, name, (1, 2)).sets for name in FAST]
+
+
+# The joint fit's α against the one-task fit's: 1e-5 absolute, the tolerance of
+# tests/test_joint_tasks.py (float32 rows summed in another order, carried through Adam's few
+# steps); fitting one task on another's items moves α by far more (checked below).
+ATOL_JOINT = 1e-5
+
+
+def test_joint_sets_fit_each_task_as_alone(tiny_mha, task):
+    """frontier_sets_tasks on a bootstrap resample: each task's full fit equals its one-task fit on
+    the same resampled items (α within ATOL_JOINT; ``alpha``'s S_k, α's top k in order, equal to
+    the one-task α's), and its ``alpha`` cost is a share of the joint fit."""
+    import torch
+
+    from sitelens.heads import ranking
+    from sitelens.lenses.selectors import fit_site_counted_tasks
+
+    tasks = [task, load_task("country_capital")]
+    resampled = [resample_selection_items(t, 3) for t in tasks]
+    alone = [fit_site_counted(tiny_mha, t, CFG, 0)[0].alpha for t in resampled]
+    # the two tasks' α (and an unresampled task's) differ by far more than the tolerance, so a
+    # joint fit that gave a task another task's α, or fitted the items before resampling, fails
+    assert (alone[0] - alone[1]).abs().max() > 100 * ATOL_JOINT
+    assert (fit_site_counted(tiny_mha, task, CFG, 0)[0].alpha - alone[0]).abs().max() > 100 * ATOL_JOINT
+    for (ad, cost), a in zip(fit_site_counted_tasks(tiny_mha, resampled, CFG, 0), alone):
+        assert torch.allclose(ad.alpha, a, rtol=0, atol=ATOL_JOINT)
+        assert cost["joint_tasks"] == 2
+    got = frontier_sets_tasks(tiny_mha, tasks, budgets=(1, 2, 5), seed=0, bootstrap=3, selectors=("alpha",),
+                              config=CFG)
+    for a, (sel,) in zip(alone, got):
+        assert sel.sets == {k: ranking(a)[:k] for k in (1, 2, 5)}
+        assert sel.meta["fit_joint_tasks"] == 2 and sel.backward_passes > 0
 
 
 def _main_rows(task, sets):
@@ -104,6 +136,39 @@ def test_study_stability_cells_run_resume_and_report(tmp_path, monkeypatch):
     assert cells["stability"] != "nan" and cells["raw_jaccard"] != "nan"  # measured
     # two seed sets (the scored cell's and one replicate) and one resample: 2 pairs per value
     assert (cells["seeds"], cells["bootstraps"], cells["pairs_per_value"]) == ("2", "1", "2.0")
+
+
+def test_study_joint_cells_fit_together_resume_and_keep_old_rows(tmp_path, monkeypatch):
+    """``--joint``: the stability cells of one replicate (here 2 tasks × seed 1, and 2 tasks ×
+    resample 0) share one joint fit each (``joint_tasks`` = 2 on their rows); a sets table written
+    before the column existed is read and kept (its rows' ``joint_tasks`` blank); a rerun fits
+    nothing."""
+    import sitelens.lenses.selectors as S
+    from sitelens.pipelines.experiment import main
+
+    old = pd.DataFrame([{"key": "m/t/select-seed9", "model": "m", "task": "t", "replicate": "seed",
+                         "index": 9, "selector": "alpha", "k": 1, "heads": "L0H0", "forward_passes": 1,
+                         "backward_passes": 1, "seconds": 0.1}])
+    old.to_csv(tmp_path / "frontier_study_sets.csv", index=False)
+    assert list(old.columns) == study.OLDER_SET_COLUMNS[0]
+    calls = []
+    real = S.fit_site_counted_tasks
+    monkeypatch.setattr(S, "fit_site_counted_tasks", lambda m, tasks, *a, **k: calls.append(
+        [t.name for t in tasks]) or real(m, tasks, *a, **k))
+    argv = ["--tiny", "--tasks", "antonym,country_capital", "--seeds", "0", "--budgets", "1,2", "--out",
+            str(tmp_path), "--threads", "0", "--stability-seeds", "1", "--n-bootstrap", "1", "--joint"]
+    assert main(study.FrontierStudy(), argv) == 0
+    assert calls == [["antonym", "country_capital"]] * 2  # one joint fit per replicate
+    sets = pd.read_csv(tmp_path / "frontier_study_sets.csv")
+    assert list(sets.columns) == study.SET_COLUMNS
+    new = sets[sets.key != "m/t/select-seed9"]
+    assert set(new.key) == {f"tiny-random/{t}/select-{r}" for t in ("antonym", "country_capital")
+                            for r in ("seed1", "boot0")}
+    assert (new.joint_tasks == 2).all() and sets[sets.key == "m/t/select-seed9"].joint_tasks.isna().all()
+    first = (tmp_path / "frontier_study_sets.csv").read_text()
+    monkeypatch.setattr(S, "fit_site_counted_tasks", lambda *a, **k: pytest.fail("a done group was refitted"))
+    assert main(study.FrontierStudy(), argv) == 0
+    assert (tmp_path / "frontier_study_sets.csv").read_text() == first
 
 
 def test_config_bootstrap_in_frontier_uses_the_same_replicates(tiny_mha, task):

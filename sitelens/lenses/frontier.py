@@ -72,10 +72,12 @@ from sitelens.lenses.selectors import (
     check_budgets,
     check_task_splits,
     fit_site_counted,
+    fit_site_counted_tasks,
     select,
 )
 from sitelens.models import model_name
 from sitelens.patching.engine import BackwardPassCounter, ForwardPassCounter, row_grid, run_rows
+from sitelens.site import SiteAdapter
 from sitelens.site.injection import HeadMix
 from sitelens.site.training import LastTokenSet
 from sitelens.stats import (
@@ -351,13 +353,17 @@ class _Replicate:
     store only when a part that needs it is not already stored, and the selectors' sets."""
 
     def __init__(self, model, task: Task, cfg: FrontierConfig, seed: int, *, bootstrap: int | None,
-                 store: CellStore | None, log: StageLog | None, progress: bool, name: str):
+                 store: CellStore | None, log: StageLog | None, progress: bool, name: str,
+                 fit: tuple[SiteAdapter, dict] | None = None):
         self.model, self.cfg, self.seed, self.bootstrap = model, cfg, seed, bootstrap
         self.task = task if bootstrap is None else resample_selection_items(task, bootstrap)
         self.store, self.log, self.progress, self.name = store, log, progress, name
         self.fit_key = store.key(part="fit", seed=seed, bootstrap=bootstrap) if store else None
         self._ctx: SelectionContext | None = None
         self._fit_cost: dict | None = None
+        self._given = fit  # a full fit made elsewhere (a joint fit of many tasks): used as is
+        if fit is not None:
+            self._fit_cost = fit[1]
 
     def say(self, text: str) -> None:
         if self.log is not None:
@@ -373,8 +379,13 @@ class _Replicate:
 
     def context(self) -> SelectionContext:
         if self._ctx is None:
-            got = self.store.fit(self.fit_key) if self.store is not None else None
+            got = self._given
             if got is not None:
+                adapter, self._fit_cost = got
+                self.say(f"full SITE fit given (fitted jointly with {got[1].get('joint_tasks', 1)} task(s))")
+                if self.store is not None:
+                    self.store.put_fit(self.fit_key, adapter, self._fit_cost)
+            elif self.store is not None and (got := self.store.fit(self.fit_key)) is not None:
                 adapter, self._fit_cost = got
                 self.say("full SITE fit read from an earlier run")
             else:
@@ -462,11 +473,14 @@ def frontier_sets(
     model, task: Task, *, budgets: Sequence[int] = DEFAULT_BUDGETS,
     selectors: Sequence[str] = SELECTORS, seed: int = 0, bootstrap: int | None = None,
     config: FrontierConfig | None = None, progress: bool = False,
+    fit: tuple[SiteAdapter, dict] | None = None,
 ) -> list[Selection]:
     """Only the selection half of :func:`frontier`: full SITE fitted at ``seed``, then every
     selector's S_k, nothing injected on test. ``bootstrap``: b, fit and select on
     :func:`resample_selection_items` ``(task, b)`` instead. The replicates whose Jaccard with the
-    first seed's sets is the stability; ``alpha``'s cost includes the fit. Bad input raises before
+    first seed's sets is the stability; ``alpha``'s cost includes the fit. ``fit``: that full fit
+    made already, ``(adapter, cost)`` (:func:`frontier_sets_tasks` gives each task its share of
+    one joint fit); it must be the fit of this task, seed and resample. Bad input raises before
     any work, as :func:`frontier` does."""
     cfg = config or FrontierConfig()
     selectors = parse_selectors(selectors)
@@ -475,14 +489,39 @@ def frontier_sets(
     name = f"seed {seed}" if bootstrap is None else f"resample {bootstrap} (seed {seed})"
     log = StageLog(f"frontier sets [{task.name}]", enabled=progress)
     rep = _Replicate(model, task, cfg, seed, bootstrap=bootstrap, store=None, log=log, progress=progress,
-                     name=name)
+                     name=name, fit=fit)
     with log.watch(model):
         out, _ = rep.select(selectors, budgets)
     for s in out:
         if s.selector == "alpha":
             for key in COST:
                 setattr(s, key, getattr(s, key) + rep.fit_cost.get(key, 0))
+        if "joint_tasks" in rep.fit_cost:
+            s.meta["fit_joint_tasks"] = rep.fit_cost["joint_tasks"]
     return out
+
+
+def frontier_sets_tasks(
+    model, tasks: Sequence[Task], *, budgets: Sequence[int] = DEFAULT_BUDGETS,
+    selectors: Sequence[str] = SELECTORS, seed: int = 0, bootstrap: int | None = None,
+    config: FrontierConfig | None = None, progress: bool = False,
+) -> list[list[Selection]]:
+    """:func:`frontier_sets` for each of ``tasks`` (same seed and resample), their full SITE fits
+    made in one joint fit (:func:`~sitelens.lenses.selectors.fit_site_counted_tasks`: the same
+    fits up to float rounding, every task's rows in each stage-2 pass); then each task's
+    selectors, one task at a time. Each ``alpha`` selection's cost counts its even share of the
+    joint fit, and every selection's ``meta["fit_joint_tasks"]`` says how many tasks shared it.
+    Bad input (any task) raises before any work."""
+    cfg = config or FrontierConfig()
+    tasks = list(tasks)
+    parse_selectors(selectors)
+    check_budgets(budgets, model.cfg.n_layers * model.cfg.n_heads)
+    for t in tasks:
+        check_task_splits(t)
+    fitted = tasks if bootstrap is None else [resample_selection_items(t, bootstrap) for t in tasks]
+    fits = fit_site_counted_tasks(model, fitted, cfg, seed, progress=progress)
+    return [frontier_sets(model, t, budgets=budgets, selectors=selectors, seed=seed, bootstrap=bootstrap,
+                          config=cfg, progress=progress, fit=f) for t, f in zip(tasks, fits)]
 
 
 def _refit_all(ctx: SelectionContext, sets: list[tuple[int, ...]], cfg: FrontierConfig) -> dict:
@@ -771,5 +810,5 @@ def frontier(
 
 
 __all__ = ["COLUMNS", "INJECTIONS", "NOT_REACHED", "SITE_NOT_ABOVE_ZERO_SHOT", "THRESHOLD", "UNSTABLE_BELOW",
-           "FrontierResult", "frontier", "frontier_sets", "inject_scores", "k_star", "mean_jaccard",
-           "resample_selection_items"]
+           "FrontierResult", "frontier", "frontier_sets", "frontier_sets_tasks", "inject_scores", "k_star",
+           "mean_jaccard", "resample_selection_items"]

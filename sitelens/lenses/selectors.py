@@ -179,8 +179,8 @@ class Selection:
     selector: str
     seed: int
     sets: dict[int, list[int] | None]
-    forward_passes: int = 0
-    backward_passes: int = 0
+    forward_passes: float = 0  # whole, but for a share of a joint fit (fit_site_counted_tasks)
+    backward_passes: float = 0
     seconds: float = 0.0
     meta: dict = field(default_factory=dict)
     n_heads: int | None = None  # the model's n_heads: how a flat index reads as L{l}H{h}
@@ -212,6 +212,26 @@ def fit_site_counted(model, task: Task, config: FrontierConfig, seed: int, *, pr
                            config=replace(config.fit, seed=seed), template=config.template,
                            progress=progress)
     return adapter, {"forward_passes": fwd.count, "backward_passes": bwd.count, "seconds": fwd.seconds}
+
+
+def fit_site_counted_tasks(model, tasks: Sequence[Task], config: FrontierConfig, seed: int, *,
+                           progress: bool = False) -> list[tuple[SiteAdapter, dict]]:
+    """:func:`fit_site_counted` for every task of ``tasks`` in one joint fit
+    (:func:`sitelens.site.fit_site_tasks`: stage 1 pooled, stage 2 with every task's rows in each
+    pass; each adapter equals its one-task fit up to float rounding). A joint pass serves every
+    task, so each task's cost is an even share of the joint run's passes and seconds (its
+    ``forward_passes`` need not be whole), and ``joint_tasks`` says how many shared it."""
+    from sitelens.site import fit_site_tasks
+
+    tasks = list(tasks)
+    with ForwardPassCounter(model) as fwd, BackwardPassCounter(model) as bwd:
+        adapters = fit_site_tasks(model, tasks, n_prompts=config.n_prompts, n_shots=config.n_shots,
+                                  config=replace(config.fit, seed=seed), template=config.template,
+                                  progress=progress)
+    n = max(1, len(tasks))
+    cost = {"forward_passes": fwd.count / n, "backward_passes": bwd.count / n, "seconds": fwd.seconds / n,
+            "joint_tasks": len(tasks)}
+    return [(a, dict(cost)) for a in adapters]
 
 
 def _top_sets(ranked: list[int], budgets: Sequence[int]) -> dict[int, list[int]]:
@@ -376,6 +396,6 @@ def select(ctx: SelectionContext, selector: str, budgets: Sequence[int]) -> Sele
 __all__ = [
     "FrontierConfig", "Selection", "SelectionContext", "alpha_grad_sets", "alpha_sets", "alpha_sparse_sets",
     "atp_sets", "best_candidate", "check_budgets", "check_task_splits", "effect_sets", "fit_site_counted",
-    "greedy_sets", "greedy_step_scores", "select", "sparse_sets", "straight_through_topk",
-    "straight_through_topk_rows", "topk_mask",
+    "fit_site_counted_tasks", "greedy_sets", "greedy_step_scores", "select", "sparse_sets",
+    "straight_through_topk", "straight_through_topk_rows", "topk_mask",
 ]
