@@ -19,7 +19,9 @@ and backward, and counts from the real shapes:
 copy and triad; :func:`roofline_row` puts a stage's counts, its measured seconds and the machine's
 peaks together (attainable = min(peak, intensity · bandwidth)). :class:`Roofline`, the
 experiment: ``python benchmarks/roofline.py`` -> results/roofline.csv, .md (and model_reuse.csv:
-seconds per bench cell, model reused or reloaded).
+seconds per bench cell, model reused or reloaded). Its stages: stage 1, stage 2, stage 2 of the
+cell's task and ``--joint-tasks`` fitted jointly (:func:`sitelens.site.fit_alpha_tasks`, their
+stage 1 made first and not timed), and each method's evaluation.
 """
 
 from __future__ import annotations
@@ -246,6 +248,9 @@ class Roofline(Experiment):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--n-ctx", type=int, default=None, help="context length (default: load_model's)")
+        parser.add_argument("--joint-tasks", default="antonym,english-french,present-past",
+                            help="FV tasks fitted with the cell's task in the joint stage-2 row "
+                                 "(blank: no such row)")
         parser.add_argument("--reuse-cells", type=int, default=8,
                             help="test items per cell of the model-reuse measurement (0: skip it)")
 
@@ -293,10 +298,12 @@ class Roofline(Experiment):
         store.append(rows)
         return []
 
-    def stages(self, model, task):
-        """(name, thunk) of each stage, in order; later thunks use what earlier ones made."""
+    def stages(self, model, task, others):
+        """(name, thunk) of each stage, in order; later thunks use what earlier ones made.
+        ``others``: (task, embedding) of the tasks that join the cell's task in the joint stage 2
+        (its rate against the one-task stage 2's is what fitting a sweep jointly buys)."""
         from sitelens.eval.evaluation import evaluate
-        from sitelens.site import fit_site, task_embedding
+        from sitelens.site import fit_alpha_tasks, fit_site, task_embedding
 
         made = {}
 
@@ -306,9 +313,13 @@ class Roofline(Experiment):
         def stage2():
             made["adapter"] = fit_site(model, task, embedding=made["emb"])
 
+        def joint():
+            fit_alpha_tasks(model, [task, *(t for t, _ in others)], [made["emb"], *(e for _, e in others)])
+
         def method(m):
             return lambda: evaluate(model, task, methods=[m], adapter=made["adapter"])
         return [("stage 1", stage1), ("stage 2", stage2),
+                *([(f"stage 2, {1 + len(others)} tasks jointly", joint)] if others else []),
                 *((f"eval {m}", method(m)) for m in ("zero-shot", "icl", "site"))]
 
     def run(self, job: Job) -> list[dict]:
@@ -317,17 +328,21 @@ class Roofline(Experiment):
 
         if job.key == "model reuse":
             return self.reuse(job)
+        from sitelens.site import task_embedding
+
         model = load_model(job["model"], n_ctx=self.args.n_ctx)
         task = load_task(self.args.data_root / "fv" / job["task"])
+        others = [load_task(self.args.data_root / "fv" / n) for n in xp.split_list(self.args.joint_tasks)]
+        others = [(t, task_embedding(model, t)) for t in others if t.name != task.name]  # not timed
         machine = self.machine()
         timed = {}
         la = xp.load_avg()
-        for name, thunk in self.stages(model, task):  # timed, uninstrumented
+        for name, thunk in self.stages(model, task, others):  # timed, uninstrumented
             with Clock() as c:
                 thunk()
             timed[name] = (c.wall, c.cpu)
         rows, evals = [], []
-        for name, thunk in self.stages(model, task):  # counted
+        for name, thunk in self.stages(model, task, others):  # counted
             with OpCounter(model_weights(model)) as counter:
                 thunk()
             rows.append(self.row(job, name, counter, timed[name], machine))

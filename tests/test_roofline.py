@@ -112,3 +112,33 @@ def test_an_embedding_lookup_reads_only_its_rows():
     c = _counted(lambda: table[ids], [table])
     assert c.weight_bytes == 3 * 8 * 4  # three rows, not the 1,000-row table
     assert c.bytes == 2 * 3 * 8 * 4 + ids.numel() * 8  # rows read, rows written, the ids
+
+
+
+def test_the_stages_include_stage_2_fitted_jointly(monkeypatch):
+    """The joint stage-2 row fits the cell's task with the others, each with its own embedding
+    (the cell's from stage 1); without others there is no such row. Small fits on the tiny model."""
+    import sitelens.site as site
+    from sitelens import FitConfig, load_task
+    from sitelens.models import load_model
+    from sitelens.site.embedding import task_embedding
+    from sitelens.site.joint import fit_alpha_tasks
+
+    model = load_model("tiny-random")
+    task, other = load_task("antonym"), load_task("country_capital")
+    small = FitConfig(n_examples=16, n_valid=8)
+    emb_other = task_embedding(model, other, n_prompts=4, n_shots=2)
+    seen = []
+    real_fit = site.fit_site
+    monkeypatch.setattr(site, "task_embedding", lambda m, t: task_embedding(m, t, n_prompts=4, n_shots=2))
+    monkeypatch.setattr(site, "fit_site", lambda m, t, **k: real_fit(m, t, config=small, **k))
+    monkeypatch.setattr(site, "fit_alpha_tasks", lambda m, ts, es: seen.append(
+        ([t.name for t in ts], es)) or fit_alpha_tasks(m, ts, es, small))
+    stages = rl.Roofline().stages(model, task, [(other, emb_other)])
+    assert [n for n, _ in stages][:3] == ["stage 1", "stage 2", "stage 2, 2 tasks jointly"]
+    for _, thunk in stages[:3]:
+        thunk()
+    ((names, embs),) = seen
+    assert names == ["antonym", "country_capital"] and embs[1] is emb_other
+    assert embs[0].shape == (model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
+    assert not any("jointly" in n for n, _ in rl.Roofline().stages(model, task, []))
