@@ -59,14 +59,16 @@ def _jaccard(a: str, b: str) -> float:
 
 def k_star_table(df: pd.DataFrame, threshold: float = 0.9) -> pd.DataFrame:
     """Per model, task, selector and injection: k* from the seed-averaged accuracy, chosen on
-    valid (``chosen_on = "valid"``) where the cell scored valid, else on test (the cells scored
-    before the frontier measured valid: ``chosen_on = "test"``, the report marks them); the test
-    accuracy at k* beside it."""
+    valid (``chosen_on = "valid"``) where the cell scored valid (its full SITE's valid accuracy is
+    recorded; a budget a selector did not reach, greedy's past its stop, has no valid accuracy and
+    does not reach k*), else on test (the cells scored before the frontier measured valid:
+    ``chosen_on = "test"``, the report marks them); the test accuracy at k* beside it."""
     from sitelens.lenses.frontier import k_star
 
     rows = []
     for (m, t, sel, inj), d in df.groupby(["model", "task", "selector", "injection"], sort=False):
-        on_valid = "valid_acc" in d and bool(pd.to_numeric(d.valid_acc, errors="coerce").notna().all())
+        on_valid = ("full_site_valid" in d
+                    and bool(pd.to_numeric(d.full_site_valid, errors="coerce").notna().all()))
         acc_col, full_col = ("valid_acc", "full_site_valid") if on_valid else ("first_token_acc", "full_site")
         acc = d.groupby("k")[acc_col].mean()
         ks = k_star(acc.index.tolist(), acc.tolist(), float(d[full_col].mean()), threshold)

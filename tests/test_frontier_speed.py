@@ -130,6 +130,23 @@ def test_study_k_star_and_stability_tables():
     assert st.stability.tolist() == pytest.approx([-1 / 3, 1.0], abs=1e-12)
 
 
+def test_study_k_star_is_chosen_on_valid_past_greedys_stop():
+    """A cell that scored valid chooses k* on valid for every selector, greedy too, whose budgets
+    past its stop have no set and no accuracies (they cannot reach k*); a cell without valid
+    scores (scored before the frontier measured it) chooses on test."""
+    import pandas as pd
+
+    nan = float("nan")
+    rows = [{**r, "selector": "greedy", "full_site_valid": 0.6, "zero_shot_valid": 0.0,
+             "valid_acc": {1: 0.3, 2: 0.6, 5: nan}[r["k"]]}
+            for r in _rows("m", "t", 0, {1: "L0H0", 2: "L0H0;L0H1", 5: ""}, {1: 0.2, 2: 0.7, 5: nan})]
+    old = _rows("m", "u", 0, {1: "L0H0", 2: "L0H0;L0H1"}, {1: 0.5, 2: 0.75})
+    ks = study.k_star_table(pd.DataFrame(rows + old)).set_index("task")
+    assert ks.loc["t", "chosen_on"] == "valid" and ks.loc["t", "k_star"] == 2  # 0.6 >= 0.9 × 0.6
+    assert ks.loc["t", "test_acc_at_k_star"] == 0.7
+    assert ks.loc["u", "chosen_on"] == "test" and ks.loc["u", "k_star"] == 2
+
+
 def test_study_unstable_mark_is_chance_adjusted():
     """Two 4-head sets of 6 sharing 3 (raw Jaccard 3/5 = 0.6, above 0.5) are still marked unstable:
     random 4-sets of 6 share 0.52 on average (overlap 2, 3, 4 with probability 6/15, 8/15, 1/15:
