@@ -247,8 +247,7 @@ class FrontierStudy(Experiment):
 
     def run(self, job: Job) -> list[dict]:
         from sitelens.heads import head_label
-        from sitelens.lenses.frontier import frontier, frontier_sets, resample_selection_items
-        from sitelens.lenses.selectors import fit_site_counted_tasks
+        from sitelens.lenses.frontier import frontier, frontier_sets, joint_full_fits
         from sitelens.pipelines.executors import cached_model
         from sitelens.tasks import load_task
 
@@ -262,8 +261,7 @@ class FrontierStudy(Experiment):
             if "cells" in job.params:  # --joint: the cells of one replicate, their fits made together
                 keys, names = zip(*job["cells"])
                 tasks = [load_task(n) for n in names]
-                fitted = tasks if boot is None else [resample_selection_items(t, boot) for t in tasks]
-                fits = fit_site_counted_tasks(model, fitted, cfg, job["seed"])
+                fits = joint_full_fits(model, tasks, cfg, job["seed"], bootstrap=boot)
             else:
                 keys, tasks, fits = (job.key,), [task], [None]
             for key, t, fit in zip(keys, tasks, fits):  # each cell stored as it finishes

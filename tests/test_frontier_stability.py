@@ -143,7 +143,7 @@ def test_study_joint_cells_fit_together_resume_and_keep_old_rows(tmp_path, monke
     resample 0) share one joint fit each (``joint_tasks`` = 2 on their rows); a sets table written
     before the column existed is read and kept (its rows' ``joint_tasks`` blank); a rerun fits
     nothing."""
-    import sitelens.lenses.selectors as S
+    import sitelens.lenses.frontier as S  # where joint_full_fits finds fit_site_counted_tasks
     from sitelens.pipelines.experiment import main
 
     old = pd.DataFrame([{"key": "m/t/select-seed9", "model": "m", "task": "t", "replicate": "seed",

@@ -501,6 +501,15 @@ def frontier_sets(
     return out
 
 
+def joint_full_fits(model, tasks: Sequence[Task], config: FrontierConfig, seed: int, *,
+                    bootstrap: int | None = None, progress: bool = False) -> list[tuple[SiteAdapter, dict]]:
+    """The full SITE fits ``(adapter, cost)`` of ``tasks`` at ``seed`` (on resample ``bootstrap``
+    of each task's selection items, as :func:`frontier_sets` fits them) in one joint fit
+    (:func:`~sitelens.lenses.selectors.fit_site_counted_tasks`), each to pass as its ``fit``."""
+    fitted = tasks if bootstrap is None else [resample_selection_items(t, bootstrap) for t in tasks]
+    return fit_site_counted_tasks(model, fitted, config, seed, progress=progress)
+
+
 def frontier_sets_tasks(
     model, tasks: Sequence[Task], *, budgets: Sequence[int] = DEFAULT_BUDGETS,
     selectors: Sequence[str] = SELECTORS, seed: int = 0, bootstrap: int | None = None,
@@ -518,8 +527,7 @@ def frontier_sets_tasks(
     check_budgets(budgets, model.cfg.n_layers * model.cfg.n_heads)
     for t in tasks:
         check_task_splits(t)
-    fitted = tasks if bootstrap is None else [resample_selection_items(t, bootstrap) for t in tasks]
-    fits = fit_site_counted_tasks(model, fitted, cfg, seed, progress=progress)
+    fits = joint_full_fits(model, tasks, cfg, seed, bootstrap=bootstrap, progress=progress)
     return [frontier_sets(model, t, budgets=budgets, selectors=selectors, seed=seed, bootstrap=bootstrap,
                           config=cfg, progress=progress, fit=f) for t, f in zip(tasks, fits)]
 
@@ -810,5 +818,5 @@ def frontier(
 
 
 __all__ = ["COLUMNS", "INJECTIONS", "NOT_REACHED", "SITE_NOT_ABOVE_ZERO_SHOT", "THRESHOLD", "UNSTABLE_BELOW",
-           "FrontierResult", "frontier", "frontier_sets", "frontier_sets_tasks", "inject_scores", "k_star",
-           "mean_jaccard", "resample_selection_items"]
+           "FrontierResult", "frontier", "frontier_sets", "frontier_sets_tasks", "inject_scores",
+           "joint_full_fits", "k_star", "mean_jaccard", "resample_selection_items"]
