@@ -57,14 +57,38 @@ def _jaccard(a: str, b: str) -> float:
     return jaccard(a.split(";"), b.split(";"))
 
 
-def k_star_table(df: pd.DataFrame, threshold: float = 0.9) -> pd.DataFrame:
+NO_K_STAR = "no k*"  # full SITE does not clearly beat zero-shot on the cell's test items
+
+
+def cell_summaries(out, df: pd.DataFrame) -> dict[tuple[str, str, int], dict]:
+    """Each scored cell's ``summary.json`` (:attr:`sitelens.lenses.frontier.FrontierResult.summary`)
+    by (model, task, seed), where the cell wrote one under ``{out}/frontier_study/``."""
+    import json
+
+    found = {}
+    for m, t, s in df[["model", "task", "seed"]].drop_duplicates().itertuples(index=False):
+        path = out / "frontier_study" / m / f"{t}_seed{int(s)}" / "summary.json"
+        if path.exists():
+            found[(m, t, int(s))] = json.loads(path.read_text(encoding="utf-8"))
+    return found
+
+
+def k_star_table(df: pd.DataFrame, threshold: float = 0.9,
+                 summaries: dict[tuple[str, str, int], dict] | None = None) -> pd.DataFrame:
     """Per model, task, selector and injection: k* from the seed-averaged accuracy, chosen on
     valid (``chosen_on = "valid"``) where the cell scored valid (its full SITE's valid accuracy is
     recorded; a budget a selector did not reach, greedy's past its stop, has no valid accuracy and
     does not reach k*), else on test (the cells scored before the frontier measured valid:
-    ``chosen_on = "test"``, the report marks them); the test accuracy at k* beside it."""
-    from sitelens.lenses.frontier import k_star
+    ``chosen_on = "test"``, the report marks them); the test accuracy at k* beside it.
 
+    With the cells' ``summaries`` (:func:`cell_summaries`): :data:`NO_K_STAR` where a scored cell's
+    full SITE does not clearly beat zero-shot (its status ``site_not_above_zero_shot``: the paired
+    interval over test items reaches 0), and, with one scored seed, k*'s bootstrap interval over
+    valid items (``k_star_low``, ``k_star_high``) and the Wilson interval of the test accuracy at
+    k* (``test_ci_low``, ``test_ci_high``), as the library's frontier gives them."""
+    from sitelens.lenses.frontier import SITE_NOT_ABOVE_ZERO_SHOT, k_star
+
+    summaries = summaries or {}
     rows = []
     for (m, t, sel, inj), d in df.groupby(["model", "task", "selector", "injection"], sort=False):
         on_valid = ("full_site_valid" in d
@@ -73,10 +97,22 @@ def k_star_table(df: pd.DataFrame, threshold: float = 0.9) -> pd.DataFrame:
         acc = d.groupby("k")[acc_col].mean()
         ks = k_star(acc.index.tolist(), acc.tolist(), float(d[full_col].mean()), threshold)
         test = d.groupby("k").first_token_acc.mean()
-        rows.append({"model": m, "task": t, "selector": sel, "injection": inj, "k_star": ks,
-                     "chosen_on": "valid" if on_valid else "test",
-                     "test_acc_at_k_star": float(test[ks]) if isinstance(ks, int) else float("nan"),
-                     "full_site": float(d.full_site.mean()), "zero_shot": float(d.zero_shot.mean())})
+        cells = [summaries.get((m, t, int(s))) for s in sorted(d.seed.unique())]
+        if on_valid and cells and all(c is not None for c in cells) and any(
+                c.get("status") == SITE_NOT_ABOVE_ZERO_SHOT for c in cells):
+            ks = NO_K_STAR
+        row = {"model": m, "task": t, "selector": sel, "injection": inj, "k_star": ks,
+               "chosen_on": "valid" if on_valid else "test",
+               "test_acc_at_k_star": float(test[ks]) if isinstance(ks, int) else float("nan"),
+               "full_site": float(d.full_site.mean()), "zero_shot": float(d.zero_shot.mean())}
+        one = cells[0] if len(cells) == 1 and on_valid else None
+        at = (one or {}).get("selectors", {}).get(sel, {}).get("at_k_star", {}).get(inj, {})
+        interval = at.get("k_star_interval") if ks != NO_K_STAR else None
+        row["k_star_low"], row["k_star_high"] = interval if interval else ("", "")
+        at_k = d[d.k == ks] if isinstance(ks, int) and len(cells) == 1 and "ci_low" in d else d.iloc[:0]
+        row["test_ci_low"] = float(at_k.ci_low.iloc[0]) if len(at_k) else float("nan")
+        row["test_ci_high"] = float(at_k.ci_high.iloc[0]) if len(at_k) else float("nan")
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -146,8 +182,13 @@ def mark_unstable(ks: pd.DataFrame, st: pd.DataFrame) -> pd.DataFrame:
         ks[c] = [getattr(at[(r.model, r.task, r.selector, r.k_star)], c)
                  if isinstance(r.k_star, int) and (r.model, r.task, r.selector, r.k_star) in at
                  else float("nan") for r in ks.itertuples()]
-    ks["k_star_marked"] = [f"{r.k_star} (unstable)" if r.stability < UNSTABLE_BELOW else str(r.k_star)
-                           for r in ks.itertuples()]
+    def marked(r) -> str:
+        text = str(r.k_star)
+        if isinstance(r.k_star, int) and str(getattr(r, "k_star_low", "")) not in ("", "nan"):
+            text += f" [{r.k_star_low}, {r.k_star_high}]"
+        return f"{text} (unstable)" if r.stability < UNSTABLE_BELOW else text
+
+    ks["k_star_marked"] = [marked(r) for r in ks.itertuples()]
     return ks
 
 
@@ -284,7 +325,7 @@ class FrontierStudy(Experiment):
         from sitelens.viz.export import FigureWriter
 
         st = stability_table(df, self.sets_store().read())
-        ks = mark_unstable(k_star_table(df), st)
+        ks = mark_unstable(k_star_table(df, summaries=cell_summaries(self.out, df)), st)
         wide = ks.pivot_table(index=["model", "task"], columns=["selector", "injection"],
                               values="k_star_marked", aggfunc="first").reset_index()
         wide.columns = [c if isinstance(c, str) else "/".join(x for x in c if x) for c in wide.columns]
@@ -329,16 +370,23 @@ class FrontierStudy(Experiment):
         finally:
             w.close()
         n = df.groupby(["model", "task"]).ngroups
+        n_test = int((ks.chosen_on == "test").sum())
         paper = cited("paper_top10_alpha")
         return "\n".join([
             f"{n} (model, task) pair(s), {df.seed.nunique()} scored seed(s); every selector's sets chosen on "
             "train/valid, accuracy on test (first token; intervals and exact match: `frontier_study.csv`). "
             "k* = the smallest budget whose accuracy reaches 90% of full SITE's (`not reached` within the "
-            "budgets), chosen on valid where a cell scored valid; "
-            f"{int((ks.chosen_on == 'test').sum())} of {len(ks)} (model, task, selector, injection) values "
-            "here come from cells scored before the frontier measured valid, and for them k* is chosen on "
-            "test (`chosen_on` in `frontier_study_kstar.csv`): the accuracy at such a k* is the best of a "
-            "search over budgets on the same items, not an estimate on held-out ones.", "",
+            "budgets), chosen on valid where a cell scored valid, with its percentile bootstrap interval "
+            "over the valid items in brackets (one scored seed: the cell's `summary.json`); its test "
+            "accuracy and Wilson interval are in `frontier_study_kstar.csv`. "
+            f"`{NO_K_STAR}`: the cell's full SITE does not clearly beat zero-shot (the paired interval of "
+            "full SITE − zero-shot over its test items reaches 0), so 90% of it says nothing about heads. "
+            + (f"{n_test} of {len(ks)} (model, task, selector, injection) values here come from cells "
+               "scored before the frontier measured valid, and for them k* is chosen on test (`chosen_on` "
+               "in `frontier_study_kstar.csv`): the accuracy at such a k* is the best of a search over "
+               "budgets on the same items, not an estimate on held-out ones." if n_test else
+               f"Every one of the {len(ks)} (model, task, selector, injection) values is chosen on valid."),
+            "",
             "## k* per selector (alpha1 = α = 1 on S_k; refit = α re-fitted on S_k)", "", md_table(wide),
             "", "## Stability of S_k (chance-adjusted Jaccard)", "",
             "Per (task, selector, budget), `sitelens.lenses.frontier.set_stability`: the chance-adjusted "
@@ -386,7 +434,8 @@ class FrontierStudy(Experiment):
                                      text=p.to_numpy(), texttemplate="%{text}", colorscale="Viridis",
                                      showscale=i == 1, colorbar={"title": "log10 k*"}),
                           row=1, col=i)
-        fig.update_layout(title="k*: the fewest heads reaching 90% of full SITE (α = 1; blank: not reached)")
+        fig.update_layout(title="k*: the fewest heads reaching 90% of full SITE "
+                                "(α = 1; blank: not reached, or no k*)")
         return fig
 
 

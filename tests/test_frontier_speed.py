@@ -147,6 +147,30 @@ def test_study_k_star_is_chosen_on_valid_past_greedys_stop():
     assert ks.loc["u", "chosen_on"] == "test" and ks.loc["u", "k_star"] == 2
 
 
+def test_study_reads_no_k_star_and_the_interval_from_the_cells_summaries():
+    """A cell whose summary says full SITE does not clearly beat zero-shot gets no k* (not the k*
+    its valid curve would give, and not counted as reached); another cell's k* carries the
+    bootstrap interval its summary holds, and the Wilson interval of its test row at k*."""
+    import pandas as pd
+
+    def valid(rows):
+        return [{**r, "full_site_valid": 0.6, "zero_shot_valid": 0.0, "valid_acc": r["first_token_acc"],
+                 "ci_low": r["first_token_acc"] - 0.1, "ci_high": r["first_token_acc"] + 0.1} for r in rows]
+
+    rows = valid(_rows("m", "t", 0, {1: "L0H0", 2: "L0H0;L0H1"}, {1: 0.2, 2: 0.7})
+                 + _rows("m", "u", 0, {1: "L0H0", 2: "L0H0;L0H1"}, {1: 0.2, 2: 0.7}))
+    at = {"alpha": {"at_k_star": {"alpha1": {"k_star": 2, "k_star_interval": [1, 2]}}}}
+    summaries = {("m", "t", 0): {"status": "ok", "selectors": at},
+                 ("m", "u", 0): {"status": "site_not_above_zero_shot", "selectors": at}}
+    ks = study.k_star_table(pd.DataFrame(rows), summaries=summaries).set_index("task")
+    assert ks.loc["t", "k_star"] == 2 and (ks.loc["t", "k_star_low"], ks.loc["t", "k_star_high"]) == (1, 2)
+    assert (ks.loc["t", "test_ci_low"], ks.loc["t", "test_ci_high"]) == pytest.approx((0.6, 0.8))
+    assert ks.loc["u", "k_star"] == study.NO_K_STAR and ks.loc["u", "k_star_low"] == ""
+    st = study.stability_table(pd.DataFrame(rows), n_total=lambda m: 4)
+    marked = study.mark_unstable(ks.reset_index(), st).set_index("task").k_star_marked
+    assert marked["t"].startswith("2 [1, 2]") and marked["u"] == study.NO_K_STAR
+
+
 def test_study_unstable_mark_is_chance_adjusted():
     """Two 4-head sets of 6 sharing 3 (raw Jaccard 3/5 = 0.6, above 0.5) are still marked unstable:
     random 4-sets of 6 share 0.52 on average (overlap 2, 3, 4 with probability 6/15, 8/15, 1/15:
