@@ -87,6 +87,9 @@ class ScheduleCompare(Experiment):
         p.add_argument("--candidate", choices=sorted(set(SCHEDULES) - {"default"}), default=None,
                        help="--phase test: the schedule chosen on the development tasks")
         p.add_argument("--cache", default="/tmp/sitelens_schedule_cache", help="stage-1 embeddings")
+        # as benchmarks/site_fv.py: squad_val's 10-shot prompts run past 2,048 tokens on SmolLM2;
+        # the context length only bounds the prompts, it changes no number of a shorter one
+        p.add_argument("--n-ctx", type=int, default=4096, help="the model's context length")
 
     def done_keys(self) -> set[str]:
         df = self.read()
@@ -105,7 +108,7 @@ class ScheduleCompare(Experiment):
     def run(self, job: Job) -> list[dict]:
         args, name, sched = self.args, job["task"], job["schedule"]
         model_name = args.models[0]
-        model = cached_model(model_name)
+        model = cached_model(model_name, n_ctx=args.n_ctx)
         task = load_task(args.data_root / "fv" / name, dedupe=True)
         stage1 = self.cache(args.cache).get(
             "embedding", {"model": model_name, "task": name, "seed": 0},
