@@ -21,8 +21,9 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-# skips no job can lift: no CI job has a GPU; an upstream bug the test names as a known failure
-ALLOWED = re.compile(r"\bGPUs?\b|\bCUDA\b|known failure")
+# skips no job can lift: no CI job has a GPU; an upstream bug the test names as a known failure;
+# a machine without the offline mirror of the public reference code (tests/test_reference_bench.py)
+ALLOWED = re.compile(r"\bGPUs?\b|\bCUDA\b|known failure|offline mirror of .* is absent")
 BACKEND = re.compile(r"^(hooked|bridge)$")
 
 
