@@ -160,3 +160,18 @@ def test_first_token_is_not_the_space_in_training(tiny_mha):
     lts = LastTokenSet.build(tiny_mha, task.valid)
     space = tiny_mha.tokenizer(" ", add_special_tokens=False)["input_ids"][0]
     assert not bool((lts.answers == torch.tensor(space)).any())
+
+
+def test_numerics_touches_follows_each_bumps_rule():
+    """Version 3 touched only tasks with an answer whose first token is whitespace only: under a
+    tokenizer that merges " 150" a task of such answers is untouched, one of words (" hot" splits
+    into ' ', 'h', ...) is touched; a version with no rule (1) touches everything."""
+    from sitelens.provenance import NUMERICS_VERSION, numerics_touches
+
+    model = SimpleNamespace(tokenizer=merging_tokenizer())
+    merged = task_from_pairs("merged", [(str(n), "150") for n in range(12)])
+    words = task_from_pairs("words", [(str(n), "hot") for n in range(12)])
+    assert not numerics_touches(model, merged, since=2)
+    assert numerics_touches(model, words, since=2)
+    assert not numerics_touches(model, words, since=NUMERICS_VERSION)  # nothing since
+    assert numerics_touches(model, merged, since=0)  # version 1: no rule, everything moved

@@ -266,3 +266,88 @@ def test_atlas_joint_fits_equal_one_task_fits(atlas, tmp_path):
     saved = glob.glob(str(tmp_path / "**" / "adapter.json"), recursive=True)
     assert len(saved) == len(tasks)
     assert all(SiteAdapter.load(p.rsplit("/", 1)[0]).meta["joint_tasks"] == len(tasks) for p in saved)
+
+
+# --- carrying tables across a numerics bump (sitelens.atlas.carry) ---------------------------------
+
+
+def _as_made_at(data: AtlasData, version: int, **tables) -> AtlasData:
+    """The fixture's tables as if made at numerics ``version`` (``tables`` replace its own)."""
+    from dataclasses import replace
+
+    return replace(data, summary={**data.summary, "numerics_version": version}, **tables)
+
+
+def _bump_touching(monkeypatch, *names: str) -> int:
+    """A pretend bump from the current version to the next whose rule touches ``names`` only
+    (the tables are then "made" at the current version, one below the bumped one)."""
+    import sitelens.provenance as prov
+
+    monkeypatch.setattr(prov, "NUMERICS_VERSION", prov.NUMERICS_VERSION + 1)
+    monkeypatch.setitem(prov.NUMERICS_TOUCHES, prov.NUMERICS_VERSION,
+                        lambda model, task, template: task.name in names)
+    return prov.NUMERICS_VERSION
+
+
+def test_carry_measures_again_only_what_the_bump_touched(atlas, tmp_path, monkeypatch):
+    """A bump touching ``synonym``: every transfer row with synonym as source or target and its
+    lenses and tokens are measured again (and equal the full build's, which ran the same code), the
+    other rows are the previous tables' own (marked here with an impossible answer_prob of -1, so
+    a carry that measured everything again, or nothing, fails)."""
+    from sitelens.atlas.carry import carry_atlas_data
+
+    model, tasks, data, _, _ = atlas
+    version = _bump_touching(monkeypatch, "synonym")
+    marked = data.transfer.assign(answer_prob=-1.0)
+    previous = _as_made_at(data, version - 1, transfer=marked)
+    new = carry_atlas_data(model, tasks, previous, SMALL, cache_dir=tmp_path, n_check=1)
+
+    c = new.summary["carried"]
+    assert new.summary["numerics_version"] == version and c["from_numerics_version"] == version - 1
+    assert c["refitted"] == ["synonym"] and sorted(c["carried"]) == sorted(set(TASKS) - {"synonym"})
+    assert len(c["check"]["tasks"]) == 1 and c["check"]["tasks"][0] != "synonym"
+    assert c["check"]["max_abs_alpha_difference"] <= c["check"]["tolerance"]
+    assert new.tasks == data.tasks and len(new.transfer) == len(data.transfer)
+    key = ["source_task", "target_task", "mode"]
+    got = new.transfer.set_index(key).sort_index()
+    want = data.transfer.set_index(key).sort_index()
+    touched = (got.index.get_level_values(0) == "synonym") | (got.index.get_level_values(1) == "synonym")
+    assert (got.answer_prob[~touched] == -1).all()  # carried, not measured
+    # measured again: the same code as the full build, in other batches (float32 rounding of the
+    # batched products, ~1e-7 on probabilities of this size; accuracy is an argmax of the same)
+    assert np.allclose(got.answer_prob[touched], want.answer_prob[touched], rtol=0, atol=1e-5)
+    assert (got.accuracy[touched] == want.accuracy[touched]).all()
+    pd.testing.assert_frame_equal(new.alpha, data.alpha, check_dtype=False, atol=1e-4)
+    for name in ("lenses", "tokens"):
+        a, b = (getattr(d, name).sort_values(list(getattr(d, name).columns[:4])).reset_index(drop=True)
+                for d in (new, data))
+        pd.testing.assert_frame_equal(a, b, check_dtype=False, atol=1e-4)
+
+
+def test_carry_refuses_when_an_untouched_task_moved(atlas, tmp_path, monkeypatch):
+    """The rule is checked on the data: previous tables whose untouched α differ from a refit (here
+    shifted by 0.01, a hundred times the tolerance) are refused, naming the rule."""
+    from sitelens.atlas.carry import carry_atlas_data
+    from sitelens.errors import OutputError
+
+    model, tasks, data, _, _ = atlas
+    version = _bump_touching(monkeypatch, "synonym")
+    shifted = data.alpha.assign(alpha=lambda d: np.where(d.task == "synonym", d.alpha,
+                                                         (d.alpha + 0.01).clip(0, 1)))
+    previous = _as_made_at(data, version - 1, alpha=shifted)
+    with pytest.raises(OutputError, match="NUMERICS_TOUCHES misses a change"):
+        carry_atlas_data(model, tasks, previous, SMALL, cache_dir=tmp_path, n_check=1)
+
+
+def test_carry_refuses_tables_of_another_config_or_none(atlas, tmp_path):
+    from dataclasses import replace
+
+    from sitelens.atlas import _carry
+    from sitelens.atlas.carry import carry_atlas_data
+    from sitelens.errors import OutputError
+
+    model, tasks, data, _, _ = atlas
+    with pytest.raises(OutputError, match="made with"):
+        carry_atlas_data(model, tasks, data, replace(SMALL, k=3), cache_dir=tmp_path)
+    with pytest.raises(OutputError, match="--carry needs the tables"):
+        _carry(model, tasks, tmp_path / "nothing", SMALL)

@@ -75,7 +75,7 @@ def refit_atlas(
     config: AtlasConfig | None = None, *, cache_dir: str | Path = "runs/atlas",
     heads_results: str | Path | None = "benchmarks/results",
     log: Callable[[str], None] | None = None, n_ctx: int = 4096, executor=None,
-    load: LoadSpec | None = None, joint: bool = False,
+    load: LoadSpec | None = None, joint: bool = False, carry: bool = False,
 ) -> list[AtlasData]:
     """Fit (or reuse) and measure every model's atlas and save it under ``data_dir/{model}``
     (default: :data:`DEFAULT_DATA_DIR`, where the shipped tables live).
@@ -85,7 +85,10 @@ def refit_atlas(
     causal mask, and is not part of the fit cache key). ``executor``: where the fits run
     (:func:`sitelens.pipelines.executors.make_executor`; default in this process). ``load``: how
     every model loads, here and in the workers (:class:`~sitelens.models.LoadSpec`). ``joint``: the
-    fits of this process run all tasks at once (:func:`build_atlas_data`)."""
+    fits of this process run all tasks at once (:func:`build_atlas_data`). ``carry``: the tables
+    already under ``data_dir/{model}`` are brought to the current numerics version by measuring
+    only the tasks the bumps since touched (:func:`sitelens.atlas.carry.carry_atlas_data`; tables
+    already current are left as they are)."""
     from sitelens.models import load_model, model_name
     from sitelens.pipelines.executors import make_executor
     from sitelens.tasks import load_task
@@ -99,6 +102,10 @@ def refit_atlas(
             which = ATLAS_MODELS.get(mname, "all")
             tasks = [load_task(p, dedupe=True) for p in atlas_task_dirs(tasks_dir, which)]
             lenses = lens_rows_from_heads(heads_results, mname) if heads_results else None
+            if carry:
+                out.append(_carry(model, tasks, Path(data_dir or DEFAULT_DATA_DIR) / mname, config,
+                                  cache_dir=cache_dir, lenses=lenses, log=log, joint=joint))
+                continue
             data = build_atlas_data(model, tasks, config, cache_dir=cache_dir, lenses=lenses,
                                     log=log, executor=ex, model_spec=name, n_ctx=n_ctx, load=load,
                                     joint=joint)
@@ -108,6 +115,24 @@ def refit_atlas(
         if ex is not executor:
             ex.close()
     return out
+
+
+def _carry(model, tasks, directory: Path, config, **kw) -> AtlasData:
+    from sitelens.atlas.carry import carry_atlas_data
+    from sitelens.errors import OutputError
+    from sitelens.provenance import NUMERICS_VERSION
+
+    if not (directory / "summary.json").is_file():
+        raise OutputError(f"--carry needs the tables to carry under {directory}, and there are none: "
+                          "refit without --carry.")
+    previous = AtlasData.load(directory)
+    if previous.summary.get("numerics_version") == NUMERICS_VERSION:
+        (kw.get("log") or (lambda m: None))(f"{previous.model}: tables already at numerics "
+                                            f"{NUMERICS_VERSION}; nothing to carry")
+        return previous
+    data = carry_atlas_data(model, tasks, previous, config, **kw)
+    data.save(directory)
+    return data
 
 
 def explore(data_dir: str | Path | None = None, models: Sequence[str] | None = None):

@@ -28,6 +28,7 @@ def cmd_atlas(args) -> int:
         with make_executor(args.executor, threads=args.threads) as executor:
             refit_atlas(models or list(ATLAS_MODELS), args.tasks_dir, args.data, cfg,
                         cache_dir=args.cache_dir, executor=executor, load=load_spec(args), joint=args.joint,
+                        carry=args.carry,
                         log=lambda m: print(m, file=sys.stderr, flush=True))
     datas = load_atlas(args.data, models)
     page = build_atlas_html(payload(datas), plotly=args.plotly)

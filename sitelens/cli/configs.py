@@ -464,6 +464,10 @@ class AtlasCommand(Compute):
     joint: bool = option(False, read_by=("compute",), help="--refit's fits in this process run all tasks "
                          "at once per seed (sitelens.site.fit_site_tasks: the same fits up to float "
                          "rounding, the rows of many tasks in every pass)")
+    carry: bool = option(False, read_by=("compute",), help="--refit brings the tables under --data to "
+                         "the current numerics version, measuring only the tasks the bumps since "
+                         "touched (sitelens.provenance.numerics_touches; a few untouched tasks are "
+                         "refitted to check the rule) and carrying every other row")
     plotly: str = option("auto", choices=("auto", "cartesian", "full"), help="the plotly.js inlined: its "
                          "cartesian bundle (fetched by scripts/setup.sh; opens in about half the time), "
                          "the full one, or auto (cartesian when present)")

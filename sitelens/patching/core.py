@@ -279,12 +279,16 @@ def inter_task(
     seed: int = 0,
     n_boot: int = 1000,
     batch_size: int = 128,
+    sources: Sequence[str] | None = None,
+    targets: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """Inject task B's embedding through task A's head weights, for every ordered pair (A, B).
 
     ``mode="alpha"``: weights = A's α; ``mode="topk"``: α = 1 on A's top-k heads (``k`` defaults
     to min(10, all heads)). Accuracy: first-token accuracy on B's zero-shot ``split`` prompts
-    (B's template). The diagonal (A = B) is SITE itself (alpha) or B's own top-k.
+    (B's template). The diagonal (A = B) is SITE itself (alpha) or B's own top-k. ``sources`` /
+    ``targets``: only the pairs whose A / B is among these task names (default: all); a row is the
+    same whichever other pairs are measured, up to float rounding of the batched products.
 
     Returns a long DataFrame: ``model, source_task, target_task, mode, k`` (``<NA>`` for alpha),
     ``accuracy, ci_low, ci_high, answer_prob, n, zero_shot`` (B's accuracy without injection)."""
@@ -293,6 +297,11 @@ def inter_task(
     for t in tasks:
         _check_adapter(model, amap[t.name], t.name)
     names = [t.name for t in tasks]
+    for which, given in (("sources", sources), ("targets", targets)):
+        unknown = sorted(set(given or ()) - set(names))
+        if unknown:
+            raise TaskError(f"inter_task {which} {', '.join(map(repr, unknown))} are not among the "
+                            "tasks; pass names of tasks in `tasks`.")
     alpha0 = amap[names[0]].alpha
     n_total = _n_total(alpha0)
     k = min(10, n_total) if k is None else int(k)
@@ -303,6 +312,8 @@ def inter_task(
     conds: list[tuple[str | None, str]] = [(None, "zero_shot")]
     weights = [torch.zeros_like(alpha0, dtype=torch.float32).cpu()]
     for a in names:
+        if sources is not None and a not in sources:
+            continue
         alpha_a = amap[a].alpha.detach().float().cpu()
         conds += [(a, "alpha"), (a, "topk")]
         weights += [alpha_a, selection_weights(alpha_a, "top", k)]
@@ -310,6 +321,8 @@ def inter_task(
 
     rows = []
     for tb in tasks:
+        if targets is not None and tb.name not in targets:
+            continue
         ad_b = amap[tb.name]
         template = ad_b.template
         items, correct, prob, lo, hi = _score_conditions(
@@ -335,7 +348,8 @@ def inter_task(
                     "zero_shot": zs,
                 }
             )
-    df = pd.DataFrame(rows)
+    df = pd.DataFrame(rows, columns=["model", "source_task", "target_task", "mode", "k", "accuracy",
+                                     "ci_low", "ci_high", "answer_prob", "n", "zero_shot"])
     df["k"] = pd.array(df["k"], dtype="Int64")
     return df
 
