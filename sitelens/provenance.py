@@ -140,6 +140,6 @@ def config_with_overrides(
 
 
 __all__ = [
-    "NUMERICS_VERSION", "NUMERICS_HISTORY", "NUMERICS_TOUCHES", "numerics_touches", "canonical", "settings_hash", "task_hash",
-    "config_with_overrides",
+    "NUMERICS_VERSION", "NUMERICS_HISTORY", "NUMERICS_TOUCHES", "numerics_touches", "canonical",
+    "settings_hash", "task_hash", "config_with_overrides",
 ]
