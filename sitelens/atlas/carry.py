@@ -242,13 +242,18 @@ def carry_atlas_data(
 def _carry_minimal(model, data: AtlasData, minimal: pd.DataFrame, touched, cache_dir, log
                    ) -> pd.DataFrame:
     """``minimal.csv`` at the new version: the touched tasks' rows measured again
-    (:func:`sitelens.atlas.minimal.build_minimal`), the others carried."""
-    from sitelens.atlas.minimal import build_minimal
+    (:func:`sitelens.atlas.minimal.build_minimal`), the others carried. The table records its
+    budgets (``k``) and its test items (``n_test``) but not its config: the budgets are the ones it
+    holds, and the test limit its largest ``n_test`` (a limit no task reaches changes nothing, so
+    this reproduces a table made without one too)."""
+    from sitelens.atlas.minimal import MinimalConfig, build_minimal
     from sitelens.provenance import NUMERICS_VERSION
 
     names = [t.name for t in touched]
-    fresh = build_minimal(model, data, touched, cache_dir=cache_dir, log=log, progress=False) if touched \
-        else minimal.iloc[:0]
+    budgets = tuple(sorted(int(k) for k in minimal.k.dropna().unique()))
+    cfg = MinimalConfig(budgets=budgets, test_limit=int(minimal.n_test.max()))
+    fresh = (build_minimal(model, data, touched, cfg, cache_dir=cache_dir, log=log, progress=False)
+             if touched else minimal.iloc[:0])
     kept = minimal[~minimal.task.isin(names) & minimal.task.isin(data.tasks)].assign(
         numerics_version=NUMERICS_VERSION)
     pos = {n: i for i, n in enumerate(data.tasks)}
