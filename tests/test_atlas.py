@@ -351,3 +351,29 @@ def test_carry_refuses_tables_of_another_config_or_none(atlas, tmp_path):
         carry_atlas_data(model, tasks, data, replace(SMALL, k=3), cache_dir=tmp_path)
     with pytest.raises(OutputError, match="--carry needs the tables"):
         _carry(model, tasks, tmp_path / "nothing", SMALL)
+
+
+def test_carry_measures_again_the_touched_minimal_rows(atlas, tmp_path, monkeypatch):
+    """minimal.csv across the bump: synonym's rows are measured again with the table's own budgets
+    and test limit (equal to a fresh build's), the others carried (all marked -1 before) at the new
+    version."""
+    from dataclasses import replace
+
+    from sitelens.atlas.carry import carry_atlas_data
+    from sitelens.atlas.minimal import MinimalConfig, build_minimal
+
+    model, tasks, data, _, cache = atlas
+    cfg = MinimalConfig(budgets=(1, 2), test_limit=3)
+    made = build_minimal(model, data, tasks, cfg, cache_dir=tmp_path / "m", progress=False)
+    version = _bump_touching(monkeypatch, "synonym")
+    marked = made.assign(first_token_acc=-1.0)  # every row: a carry that measured nothing fails too
+    previous = replace(_as_made_at(data, version - 1), minimal=marked)
+    new = carry_atlas_data(model, tasks, previous, SMALL, cache_dir=cache, n_check=1)
+    got = new.minimal
+    assert list(got.columns) == list(made.columns) and len(got) == len(made)
+    assert (got.numerics_version == version).all()
+    assert (got.first_token_acc[got.task != "synonym"] == -1).all()  # carried
+    syn = got[got.task == "synonym"].reset_index(drop=True)
+    want = made[made.task == "synonym"].reset_index(drop=True)
+    assert syn.k.tolist() == want.k.tolist() and (syn.n_test <= 3).all()
+    assert np.array_equal(syn.first_token_acc, want.first_token_acc)  # the same injected rows
