@@ -2,7 +2,8 @@
 test items: the reference (github.com/SNU-DRL/Soft_Injection, its ``eval.py`` with the settings of
 its ``eval_scripts/construct_scripts.ipynb``: 50 prompts of 10 shots, 400 α epochs of batch 1, lr
 0.2, 20 new tokens, exact match), ``sitelens run`` with the default protocol and ``sitelens run
---protocol official``, each a fresh process timed whole, with the 1-minute load average before it.
+--protocol official``, each with float32 and with bfloat16 weights (``--dtype bfloat16``), each a
+fresh process timed whole, with the 1-minute load average before it.
 
     python benchmarks/reference.py --reference DIR [--baukit DIR] [--task country-capital]
     python benchmarks/reference.py --reference DIR --tiny    # a smoke run, results in the scratch
@@ -50,7 +51,12 @@ HF_NAME = "SmolLM2-135M-Instruct"  # the folder's name, which the reference read
 PINNED = ("torch", "transformers", "tokenizers", "safetensors", "huggingface_hub", "numpy",
           "pandas", "tqdm")
 UNPINNED = ("scikit-learn", "pillow")  # preprocess.py imports sklearn, models.py PIL
-SIDES = ("reference", "sitelens default", "sitelens official")
+# sitelens's sides: (name, protocol, extra flags); bfloat16 weights (`--dtype bfloat16`) run this
+# CPU's matmuls several times faster (benchmarks/dtype_compare.py has their accuracy on the FV tasks)
+OURS = (("sitelens default", "default", ()), ("sitelens official", "official", ()),
+        ("sitelens default bfloat16", "default", ("--dtype", "bfloat16")),
+        ("sitelens official bfloat16", "official", ("--dtype", "bfloat16")))
+SIDES = ("reference", *(name for name, _, _ in OURS))
 
 # ------------------------------------------------------------------------------------------------
 # the CPU patches: pure functions of a source text; each fails when its anchor is missing, so a
@@ -288,12 +294,12 @@ def run(args) -> None:
 
     ours_versions = versions(Path(sys.executable), ("torch", "transformers", "transformer_lens",
                                                     "numpy")) + f" sitelens=={sitelens.__version__}"
-    for side, proto in (("sitelens default", "default"), ("sitelens official", "official")):
+    for side, proto, extra in OURS:
         d = scratch / side.replace(" ", "_")
         shutil.rmtree(d, ignore_errors=True)
         cmd = [sys.executable, "-m", "sitelens.cli", "run", "--model", MODEL, "--task",
                str(site / "dataset" / task), "--protocol", proto, "--methods", "site", "--seed",
-               str(args.seed), "--threads", threads, *ours_sched, "--out", str(d), "--json"]
+               str(args.seed), "--threads", threads, *extra, *ours_sched, "--out", str(d), "--json"]
         wall, load, stdout, stderr = timed(cmd, REPO, os.environ | {"PYTHONPATH": str(REPO)},
                                            scratch / f"{d.name}.log")
         got = pd.read_csv(d / "items.csv", keep_default_na=False, na_values=[""])

@@ -333,6 +333,29 @@ def test_inter_task_accepts_adapter_list_and_checks_missing(model, three):
         P.inter_task(model, tasks, {tasks[0].name: adapters[tasks[0].name]}, limit=2)
 
 
+def test_inter_task_sources_and_targets_measure_only_those_pairs(model, three):
+    """``sources`` / ``targets`` restrict the pairs; each row equals the full table's (the same
+    conditions in other batches: prob_tolerance at these prompts' logit scale), and an unknown
+    name is refused."""
+    from sitelens.errors import TaskError
+
+    tasks, adapters = three
+    a, b = tasks[0].name, tasks[2].name
+    full = P.inter_task(model, tasks, adapters, k=3, limit=4, n_boot=0)
+    part = P.inter_task(model, tasks, adapters, k=3, limit=4, n_boot=0, sources=[a], targets=[b, a])
+    assert sorted(set(zip(part.source_task, part.target_task))) == [(a, a), (a, b)]
+    assert len(part) == 2 * 2  # two pairs, alpha and topk
+    key = ["source_task", "target_task", "mode"]
+    want = full.set_index(key).loc[part.set_index(key).index]
+    scale = _scale(model, _prompts(tasks[2], 4)[0], adapters[b])
+    for (src, tgt, mode), row in part.set_index(key).iterrows():
+        assert row.zero_shot == want.loc[(src, tgt, mode)].zero_shot
+        assert_probs_close(row.answer_prob, want.loc[(src, tgt, mode)].answer_prob, model,
+                           scale=scale, what=f"{src} -> {tgt} {mode}: restricted vs full")
+    with pytest.raises(TaskError, match="not among the tasks"):
+        P.inter_task(model, tasks, adapters, limit=2, sources=["nope"])
+
+
 def test_alpha_similarity():
     g = torch.Generator().manual_seed(0)
     a = torch.rand(3, 4, generator=g)
