@@ -37,6 +37,7 @@ from sitelens.atlas.data import (
     _cell_store,
     _fit_all,
     _lens_table,
+    _round_lens,
     _statistics,
     _tokens_table,
     depth_profile,
@@ -204,11 +205,15 @@ def carry_atlas_data(
     fast = list(cfg.fast_lenses)
     lens_old = previous.lenses[previous.lenses.task.isin(kept_names)
                                & previous.lenses.lens.isin(fast)]
-    lens_parts = [lens_old, _lens_table(model, touched, first, cfg, cells, None)]
+    lens_new = _lens_table(model, touched, first, cfg, cells, None)
+    # as build_atlas_data lays it out: the fast lenses task by task, then the other lenses' rows
+    lens_rows = pd.concat([p for p in (lens_old, lens_new) if len(p)], ignore_index=True)
+    lens_rows = (lens_rows.assign(_o=lens_rows.task.map(pos)).sort_values("_o", kind="stable")
+                 .drop(columns="_o"))
     if lenses is not None and len(lenses):
-        extra = lenses[lenses.task.isin(names) & ~lenses.lens.isin(fast)]
-        lens_parts.append(extra[list(lens_old.columns)])
-    lens_rows = pd.concat([p for p in lens_parts if len(p)], ignore_index=True)
+        extra = lenses[lenses.task.isin(names) & ~lenses.lens.isin(fast)][list(lens_old.columns)]
+        lens_rows = pd.concat([lens_rows, _round_lens(extra.copy())], ignore_index=True)
+    lens_rows = lens_rows.reset_index(drop=True)
     lens_seconds = time.perf_counter() - t2
     tokens = pd.concat([previous.tokens[previous.tokens.task.isin(kept_names)],
                         _tokens_table(model, first, cfg) if first else previous.tokens.iloc[:0]],

@@ -430,6 +430,11 @@ def _lens_table(model, tasks, first: dict, cfg: AtlasConfig, cells, lenses) -> p
     if lenses is not None and len(lenses):
         extra = lenses[lenses.task.isin(list(first))][cols]
         rows = pd.concat([rows, extra[~extra.lens.isin(cfg.fast_lenses)]], ignore_index=True)
+    return _round_lens(rows)
+
+
+def _round_lens(rows: pd.DataFrame) -> pd.DataFrame:
+    """The lens table's scores and intervals at 4 significant digits (what the atlas shows)."""
     num = ["score", "ci_low", "ci_high"]
     rows[num] = rows[num].astype(float).map(lambda x: float(f"{x:.4g}"))
     return rows
