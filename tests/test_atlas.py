@@ -308,6 +308,10 @@ def test_carry_measures_again_only_what_the_bump_touched(atlas, tmp_path, monkey
     assert len(c["check"]["tasks"]) == 1 and c["check"]["tasks"][0] != "synonym"
     assert c["check"]["max_abs_alpha_difference"] <= c["check"]["tolerance"]
     assert new.tasks == data.tasks and len(new.transfer) == len(data.transfer)
+    # the seconds are the cells' own (the ledger's): a carry again from the same cache reports them
+    assert all(v is not None and v > 0 for v in new.summary["seconds"].values())
+    again = carry_atlas_data(model, tasks, previous, SMALL, cache_dir=tmp_path, n_check=1)
+    assert again.summary["seconds"] == new.summary["seconds"]
     key = ["source_task", "target_task", "mode"]
     got = new.transfer.set_index(key).sort_index()
     want = data.transfer.set_index(key).sort_index()

@@ -124,6 +124,7 @@ def carry_atlas_data(
     from sitelens.errors import OutputError
     from sitelens.patching import inter_task
     from sitelens.patching.analysis import alpha_similarity
+    from sitelens.pipelines.store import slug
     from sitelens.provenance import NUMERICS_VERSION, numerics_touches, task_hash
 
     cfg = config or AtlasConfig()
@@ -229,8 +230,14 @@ def carry_atlas_data(
         **_statistics(sim, transfer, names, cfg),
         "families": {t: task_family(t) for t in names},
         "depth_profile": depth_profile(data).round(5).to_dict(orient="list"),
-        "seconds": {"fits": round(fit_seconds, 1), "transfer": round(transfer_seconds, 1),
-                    "fast_lenses": round(lens_seconds, 1)},
+        # what the cells this table used cost when they were computed (the cell store's ledger, so a
+        # rebuild from the cache still reports them); this process's own wall times beside
+        "seconds": _ledger(cells, {
+            "fits": [f"fit/{t.name}/s{s}" for t in touched + checked for s in cfg.seeds],
+            "transfer": ["transfer_carried"] if touched else [],
+            "fast_lenses": [f"lenses/{t.name}" for t in touched]}),
+        "seconds_this_process": {"fits": round(fit_seconds, 1), "transfer": round(transfer_seconds, 1),
+                                 "fast_lenses": round(lens_seconds, 1)},
         "threads": torch.get_num_threads(),
         "carried": {
             "from_numerics_version": since, "refitted": new_names, "carried": kept_names,
@@ -241,7 +248,20 @@ def carry_atlas_data(
     }
     if previous.minimal is not None:
         data.minimal = _carry_minimal(model, data, previous.minimal, touched, cache_dir, log)
+        ledger = _cell_store(model, cache_dir, lambda m: None)  # read again: build_minimal wrote it
+        data.summary["seconds"]["minimal"] = _ledger(
+            ledger, {"m": [f"minimal/{slug(t.name)}" for t in touched]})["m"]
     return data
+
+
+def _ledger(cells, parts: dict[str, list[str]]) -> dict[str, float | None]:
+    """Per part, the summed seconds the cell store's ledger records for its cells (``None`` when
+    one of them has no record, e.g. fitted on a worker)."""
+    out = {}
+    for part, names in parts.items():
+        got = [cells.timings.get(n) for n in names]
+        out[part] = None if any(g is None for g in got) else round(float(sum(got)), 1)
+    return out
 
 
 def _carry_minimal(model, data: AtlasData, minimal: pd.DataFrame, touched, cache_dir, log
