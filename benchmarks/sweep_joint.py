@@ -165,6 +165,7 @@ class SweepJoint(Experiment):
         left = sorted(set(df.task) - both)
         tot = d.groupby("arm")[list(STAGES)].sum()
         tot["total"] = tot.sum(axis=1)
+        bound = tot.loc["one-by-one", "total"] / tot.loc["one-by-one", STAGES[0]]
         tab = pd.DataFrame({
             "stage": ["stage 1 (task embedding)", "stage 2 (α fit)", "SITE evaluation", "whole sweep"],
             "one-by-one s": [f"{tot.loc['one-by-one', c]:.0f}" for c in (*STAGES, "total")],
@@ -194,6 +195,14 @@ class SweepJoint(Experiment):
             "divided evenly, so its sums are its wall times):",
             "",
             md_table(tab),
+            "",
+            # Amdahl: stage 1 is a few long prompts per task in full batches already, bound by
+            # arithmetic, so pooling them across tasks cannot speed it up; with stage 1 at its
+            # one-by-one time and everything else free, the sweep is at most this much faster
+            "Bound: with stage 1 at its one-by-one seconds and stage 2 and the evaluation taking no "
+            f"time at all, the joint sweep would be {bound:.2f}× "
+            "faster than one by one (whole sweep over stage 1, one-by-one): the most joint fitting "
+            "can give while stage 1 gains nothing from pooling.",
             "",
             f"Accuracy: mean exact match one-by-one {pct(means.loc['one-by-one', 'exact_match'])}%, joint "
             f"{pct(means.loc['joint', 'exact_match'])}%; paired over tasks (joint − one-by-one, "
