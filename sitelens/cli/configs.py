@@ -467,7 +467,8 @@ class AtlasCommand(Compute):
     carry: bool = option(False, read_by=("compute",), help="--refit brings the tables under --data to "
                          "the current numerics version, measuring only the tasks the bumps since "
                          "touched (sitelens.provenance.numerics_touches; a few untouched tasks are "
-                         "refitted to check the rule) and carrying every other row; its fits run in this process")
+                         "refitted to check the rule) and carrying every other row; its fits run "
+                         "in this process")
     plotly: str = option("auto", choices=("auto", "cartesian", "full"), help="the plotly.js inlined: its "
                          "cartesian bundle (fetched by scripts/setup.sh; opens in about half the time), "
                          "the full one, or auto (cartesian when present)")

@@ -49,7 +49,10 @@ def capture_last(
             # keyed by the requested name: on a TransformerBridge ``hook.name`` is the canonical
             # name behind an alias such as ``blocks.{l}.hook_resid_post``
             def grab(x, hook=None):
-                buf[name] = x[:, -1].detach().float()  # [batch, ...], on the hook's device
+                # a copy: x[:, -1] of a float32 x is a view, and .float() of float32 returns it as
+                # is, so keeping it would keep every position of the batch alive until the end
+                # (gigabytes over a pooled sweep's prompts, tests/test_embedding_memory.py)
+                buf[name] = x[:, -1].detach().to(torch.float32, copy=True)  # [batch, ...]
 
             return grab
 
