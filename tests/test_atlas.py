@@ -296,10 +296,10 @@ def test_carry_measures_again_only_what_the_bump_touched(atlas, tmp_path, monkey
     a carry that measured everything again, or nothing, fails)."""
     from sitelens.atlas.carry import carry_atlas_data
 
-    model, tasks, data, _, _ = atlas
+    model, tasks, data, folder, _ = atlas
     version = _bump_touching(monkeypatch, "synonym")
-    marked = data.transfer.assign(answer_prob=-1.0)
-    previous = _as_made_at(data, version - 1, transfer=marked)
+    loaded = AtlasData.load(folder)  # as a carry reads them: from the CSVs
+    previous = _as_made_at(loaded, version - 1, transfer=loaded.transfer.assign(answer_prob=-1.0))
     new = carry_atlas_data(model, tasks, previous, SMALL, cache_dir=tmp_path, n_check=1)
 
     c = new.summary["carried"]
@@ -308,6 +308,7 @@ def test_carry_measures_again_only_what_the_bump_touched(atlas, tmp_path, monkey
     assert len(c["check"]["tasks"]) == 1 and c["check"]["tasks"][0] != "synonym"
     assert c["check"]["max_abs_alpha_difference"] <= c["check"]["tolerance"]
     assert new.tasks == data.tasks and len(new.transfer) == len(data.transfer)
+    assert new.transfer.k.dtype == data.transfer.k.dtype  # the CSV keeps "10", never "10.0"
     # the seconds are the cells' own (the ledger's): a carry again from the same cache reports them
     assert all(v is not None and v > 0 for v in new.summary["seconds"].values())
     again = carry_atlas_data(model, tasks, previous, SMALL, cache_dir=tmp_path, n_check=1)

@@ -200,6 +200,7 @@ def carry_atlas_data(
                         _m=lambda d: d["mode"].map({"alpha": 0, "topk": 1}))
                 .sort_values(["_t", "_s", "_m"]).drop(columns=["_t", "_s", "_m"])
                 .reset_index(drop=True))
+    transfer["k"] = pd.array(transfer["k"], dtype="Int64")  # as inter_task writes it ("10", not "10.0")
     transfer_seconds = time.perf_counter() - t1
 
     t2 = time.perf_counter()
