@@ -75,6 +75,9 @@ ADDED["bench"] = {"--joint": {"flags": ["--joint"], "required": False, "switch":
                               "choices": None}}
 ADDED["figures"] = {"--joint": {"flags": ["--joint"], "required": False, "switch": True, "default": False,
                                 "choices": None}}
+# ... and the atlas's carry across a numerics bump (issue 42: the atlas at numerics 3)
+ADDED["atlas"] = {"--carry": {"flags": ["--carry"], "required": False, "switch": True, "default": False,
+                              "choices": None}}
 
 
 def test_every_command_keeps_its_options_and_defaults():
