@@ -30,37 +30,9 @@ NUMERICS_HISTORY = {
     3: "answers scored on their first token that carries text: whitespace-only leading tokens "
        "(the space of ' 150' under digit-splitting tokenizers) end the prompt instead",
 }
+# What each bump moved, as a rule over tasks: sitelens.tasks.numerics.NUMERICS_TOUCHES (it reads
+# answer tokens, a layer above this module).
 
-
-def _answers_with_leading_whitespace(model, task, template) -> bool:
-    """Version 3's rule: it moved only prompts and answer tokens of items whose answer starts with a
-    whitespace-only token (:func:`sitelens.tasks.answer_parts` gives a non-empty ``lead``)."""
-    from sitelens.tasks import answer_parts
-
-    return any(answer_parts(model, ex.output, template)[0]
-               for split in ("train", "valid", "test") for ex in getattr(task, split))
-
-
-# What a bump moved, as a rule over (model, task, template): a task its rule does not touch has
-# the same numbers before and after it. A version without a rule here touched everything (its
-# change, e.g. of the attention path, reaches every task); version 2 changed no number.
-NUMERICS_TOUCHES = {2: lambda model, task, template: False, 3: _answers_with_leading_whitespace}
-
-
-def numerics_touches(model, task, since: int, template=None) -> bool:
-    """Whether a result of ``task`` on ``model`` made at numerics version ``since`` can differ at
-    :data:`NUMERICS_VERSION`: whether some bump after ``since`` has no rule in
-    :data:`NUMERICS_TOUCHES`, or its rule touches the task (``template``: of its prompts and answer
-    tokens, default :data:`sitelens.tasks.DEFAULT_TEMPLATE`). Lets a table made at an older
-    version be brought up to date by measuring only the tasks a bump touched
-    (:func:`sitelens.atlas.carry_atlas_data`)."""
-    if template is None:
-        from sitelens.tasks import DEFAULT_TEMPLATE as template
-    for version in range(int(since) + 1, NUMERICS_VERSION + 1):
-        rule = NUMERICS_TOUCHES.get(version)
-        if rule is None or rule(model, task, template):
-            return True
-    return False
 
 
 OMIT_DEFAULT = "omit_default"  # field metadata: left out of canonical() while at its default
@@ -140,6 +112,6 @@ def config_with_overrides(
 
 
 __all__ = [
-    "NUMERICS_VERSION", "NUMERICS_HISTORY", "NUMERICS_TOUCHES", "numerics_touches", "canonical",
-    "settings_hash", "task_hash", "config_with_overrides",
+    "NUMERICS_VERSION", "NUMERICS_HISTORY", "canonical", "settings_hash", "task_hash",
+    "config_with_overrides",
 ]

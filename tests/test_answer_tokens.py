@@ -166,7 +166,8 @@ def test_numerics_touches_follows_each_bumps_rule():
     """Version 3 touched only tasks with an answer whose first token is whitespace only: under a
     tokenizer that merges " 150" a task of such answers is untouched, one of words (" hot" splits
     into ' ', 'h', ...) is touched; a version with no rule (1) touches everything."""
-    from sitelens.provenance import NUMERICS_VERSION, numerics_touches
+    from sitelens.provenance import NUMERICS_VERSION
+    from sitelens.tasks.numerics import numerics_touches
 
     model = SimpleNamespace(tokenizer=merging_tokenizer())
     merged = task_from_pairs("merged", [(str(n), "150") for n in range(12)])

@@ -282,9 +282,10 @@ def _bump_touching(monkeypatch, *names: str) -> int:
     """A pretend bump from the current version to the next whose rule touches ``names`` only
     (the tables are then "made" at the current version, one below the bumped one)."""
     import sitelens.provenance as prov
+    from sitelens.tasks.numerics import NUMERICS_TOUCHES
 
     monkeypatch.setattr(prov, "NUMERICS_VERSION", prov.NUMERICS_VERSION + 1)
-    monkeypatch.setitem(prov.NUMERICS_TOUCHES, prov.NUMERICS_VERSION,
+    monkeypatch.setitem(NUMERICS_TOUCHES, prov.NUMERICS_VERSION,
                         lambda model, task, template: task.name in names)
     return prov.NUMERICS_VERSION
 
@@ -310,7 +311,9 @@ def test_carry_measures_again_only_what_the_bump_touched(atlas, tmp_path, monkey
     assert new.tasks == data.tasks and len(new.transfer) == len(data.transfer)
     assert new.transfer.k.dtype == data.transfer.k.dtype  # the CSV keeps "10", never "10.0"
     # the seconds are the cells' own (the ledger's): a carry again from the same cache reports them
-    assert all(v is not None and v > 0 for v in new.summary["seconds"].values())
+    # (every part recorded; on this tiny model a part may round to 0.0 s, so only the sum is > 0)
+    secs = new.summary["seconds"]
+    assert all(v is not None for v in secs.values()) and sum(secs.values()) > 0
     again = carry_atlas_data(model, tasks, previous, SMALL, cache_dir=tmp_path, n_check=1)
     assert again.summary["seconds"] == new.summary["seconds"]
     key = ["source_task", "target_task", "mode"]

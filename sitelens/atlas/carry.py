@@ -1,7 +1,7 @@
 """Bring atlas tables made at an older numerics version up to date by measuring only what changed.
 
 A full refit costs hours per model on a CPU (:data:`sitelens.atlas.tables.REFIT_COST`). A numerics
-bump names the tasks it can move (:func:`sitelens.provenance.numerics_touches`: version 3 moved only
+bump names the tasks it can move (:func:`sitelens.tasks.numerics.numerics_touches`: version 3 moved only
 tasks with an answer whose first token is whitespace only), so :func:`carry_atlas_data`:
 
 1. checks that ``previous`` was made with this model's weights and the same :class:`AtlasConfig`;
@@ -125,7 +125,8 @@ def carry_atlas_data(
     from sitelens.patching import inter_task
     from sitelens.patching.analysis import alpha_similarity
     from sitelens.pipelines.store import slug
-    from sitelens.provenance import NUMERICS_VERSION, numerics_touches, task_hash
+    from sitelens.provenance import NUMERICS_VERSION, task_hash
+    from sitelens.tasks.numerics import numerics_touches
 
     cfg = config or AtlasConfig()
     log = log or (lambda msg: None)
@@ -157,7 +158,7 @@ def carry_atlas_data(
             raise OutputError(
                 f"{task.name} is untouched by the numerics changes since version {since}, yet its refit α "
                 f"differs from the carried one by {diff:.3g} (> {ALPHA_TOLERANCE:g}): the rule of "
-                "sitelens.provenance.NUMERICS_TOUCHES misses a change. Refit without carrying.")
+                "sitelens.tasks.numerics.NUMERICS_TOUCHES misses a change. Refit without carrying.")
     touched = [t for t in touched if t.name in adapters]
     fresh = {t.name: adapters[t.name] for t in touched}
     kept_names = [t.name for t in kept]

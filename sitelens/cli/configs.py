@@ -466,7 +466,7 @@ class AtlasCommand(Compute):
                          "rounding, the rows of many tasks in every pass)")
     carry: bool = option(False, read_by=("compute",), help="--refit brings the tables under --data to "
                          "the current numerics version, measuring only the tasks the bumps since "
-                         "touched (sitelens.provenance.numerics_touches; a few untouched tasks are "
+                         "touched (sitelens.tasks.numerics.numerics_touches; a few untouched tasks are "
                          "refitted to check the rule) and carrying every other row; its fits run "
                          "in this process")
     plotly: str = option("auto", choices=("auto", "cartesian", "full"), help="the plotly.js inlined: its "
