@@ -56,6 +56,16 @@ def _jsonable(config) -> dict:
     return json.loads(json.dumps(asdict(config) if isinstance(config, AtlasConfig) else config))
 
 
+def _in_task_order(df: pd.DataFrame, names: Sequence[str], cols: Sequence[str] = ("task",),
+                   then: Sequence[str] = ()) -> pd.DataFrame:
+    """``df``'s rows in the order of the tasks ``names`` (by each of ``cols`` in turn), then by
+    ``then``; stable, so rows that tie keep their order: the layout of a full build."""
+    pos = {n: i for i, n in enumerate(names)}
+    keys = [f"_order{i}" for i in range(len(cols))]
+    out = df.assign(**{k: df[c].map(pos) for k, c in zip(keys, cols)})
+    return out.sort_values([*keys, *then], kind="stable").drop(columns=keys).reset_index(drop=True)
+
+
 def _check_previous(model, previous: AtlasData, cfg: AtlasConfig, tasks) -> int:
     from sitelens.errors import OutputError
     from sitelens.models import fingerprint, model_name
@@ -164,9 +174,8 @@ def carry_atlas_data(
     kept_names = [t.name for t in kept]
     names = [t.name for t in tasks if t.name in fresh or t.name in kept_names]
     alpha_new = _alpha_table(fresh, L, H).round(5) if fresh else previous.alpha.iloc[:0]
-    alpha = (pd.concat([previous.alpha[previous.alpha.task.isin(kept_names)], alpha_new])
-             .assign(order=lambda d: d.task.map({n: i for i, n in enumerate(names)}))
-             .sort_values(["order", "layer", "head"]).drop(columns="order").reset_index(drop=True))
+    alpha = _in_task_order(pd.concat([previous.alpha[previous.alpha.task.isin(kept_names)], alpha_new]),
+                           names, then=("layer", "head"))
     mean_alpha = {t: torch.tensor(alpha[alpha.task == t].alpha.to_numpy(np.float32)).reshape(L, H)
                   for t in names}  # [n_layers, n_heads] each
     sim = alpha_similarity(mean_alpha)["spearman"]
@@ -195,12 +204,8 @@ def carry_atlas_data(
                   & old.source_task.isin(names) & old.target_task.isin(names)]
     if len(measured):  # the zero-shot column is a property of the target: carried rows keep theirs
         measured = measured.astype({c: old[c].dtype for c in old.columns if c in measured})
-    pos = {n: i for i, n in enumerate(names)}
-    transfer = (pd.concat([carried, measured], ignore_index=True)
-                .assign(_t=lambda d: d.target_task.map(pos), _s=lambda d: d.source_task.map(pos),
-                        _m=lambda d: d["mode"].map({"alpha": 0, "topk": 1}))
-                .sort_values(["_t", "_s", "_m"]).drop(columns=["_t", "_s", "_m"])
-                .reset_index(drop=True))
+    transfer = _in_task_order(pd.concat([carried, measured], ignore_index=True), names,
+                              cols=("target_task", "source_task"), then=("mode",))
     transfer["k"] = pd.array(transfer["k"], dtype="Int64")  # as inter_task writes it ("10", not "10.0")
     transfer_seconds = time.perf_counter() - t1
 
@@ -211,8 +216,7 @@ def carry_atlas_data(
     lens_new = _lens_table(model, touched, first, cfg, cells, None)
     # as build_atlas_data lays it out: the fast lenses task by task, then the other lenses' rows
     lens_rows = pd.concat([p for p in (lens_old, lens_new) if len(p)], ignore_index=True)
-    lens_rows = (lens_rows.assign(_o=lens_rows.task.map(pos)).sort_values("_o", kind="stable")
-                 .drop(columns="_o"))
+    lens_rows = _in_task_order(lens_rows, names)
     if lenses is not None and len(lenses):
         extra = lenses[lenses.task.isin(names) & ~lenses.lens.isin(fast)][list(lens_old.columns)]
         lens_rows = pd.concat([lens_rows, _round_lens(extra.copy())], ignore_index=True)
@@ -221,8 +225,7 @@ def carry_atlas_data(
     tokens = pd.concat([previous.tokens[previous.tokens.task.isin(kept_names)],
                         _tokens_table(model, first, cfg) if first else previous.tokens.iloc[:0]],
                        ignore_index=True)
-    tokens = (tokens.assign(_o=tokens.task.map(pos)).sort_values(["_o", "layer", "head", "rank"])
-              .drop(columns="_o").reset_index(drop=True))
+    tokens = _in_task_order(tokens, names, then=("layer", "head", "rank"))
 
     data = AtlasData(previous.model, L, H, alpha, sim.round(5), transfer, tokens, lens_rows)
     skipped = {**previous.summary.get("skipped", {}), **skipped}
@@ -283,10 +286,7 @@ def _carry_minimal(model, data: AtlasData, minimal: pd.DataFrame, touched, cache
              if touched else minimal.iloc[:0])
     kept = minimal[~minimal.task.isin(names) & minimal.task.isin(data.tasks)].assign(
         numerics_version=NUMERICS_VERSION)
-    pos = {n: i for i, n in enumerate(data.tasks)}
-    out = pd.concat([kept, fresh[list(minimal.columns)]], ignore_index=True)
-    return (out.assign(_o=out.task.map(pos)).sort_values("_o", kind="stable").drop(columns="_o")
-            .reset_index(drop=True))
+    return _in_task_order(pd.concat([kept, fresh[list(minimal.columns)]], ignore_index=True), data.tasks)
 
 
 __all__ = ["ALPHA_TOLERANCE", "carry_atlas_data"]
