@@ -8,8 +8,10 @@ CPU seconds.
     python benchmarks/dtype_compare.py --models gemma-3-270m --abstractive --threads 1
     python benchmarks/dtype_compare.py --report
 
-Why: on this machine's CPUs (AVX-512 BF16) a bfloat16 matmul runs several times the float32 rate,
-and stage 1, the evaluation and most of stage 2 are matmuls; `--dtype bfloat16` casts the weights
+Why: on a CPU with AVX-512 BF16 (or AMX) a bfloat16 matmul runs several times the float32 rate,
+and stage 1, the evaluation and most of stage 2 are matmuls; on one without, PyTorch converts on
+the fly and bfloat16 runs slower than float32, so each row records which kind of CPU it ran on
+(``cpu_bf16``) and the CPU seconds are summed per kind; `--dtype bfloat16` casts the weights
 (so the forward passes, KV caches and activations), while the embedding, α and Adam's state stay
 float32 ([Scaling up](../docs/scaling.md)). The tasks run in a seeded order, both dtypes of a task
 one after the other, so a run stopped early has compared a random subset of tasks in pairs.
@@ -21,11 +23,12 @@ import random
 import time
 
 import pandas as pd
+import torch
 
 from sitelens import FitConfig, fit_site, load_task, summarize
 from sitelens.eval.evaluation import evaluate
 from sitelens.io import atomic_write_csv
-from sitelens.models import LoadSpec, load_model
+from sitelens.models import LoadSpec, cpu_native_matmul, load_model
 from sitelens.pipelines.bench import FV_EXTRACTIVE
 from sitelens.pipelines.experiment import Experiment, Job, load_avg, main, md_table, pct
 from sitelens.stats import paired_difference
@@ -33,7 +36,13 @@ from sitelens.stats import paired_difference
 DTYPES = ("float32", "bfloat16")
 FIELDS = ["model", "task", "dtype", "exact_match", "first_token_acc", "n", "stage1_seconds",
           "stage2_seconds", "eval_seconds", "stage1_cpu_seconds", "stage2_cpu_seconds",
-          "eval_cpu_seconds", "best_step", "load_avg"]
+          "eval_cpu_seconds", "best_step", "load_avg", "cpu_bf16"]
+# rows written before cpu_bf16 existed (the 2026-12-06 runs) read it blank: "not recorded"
+OLDER = [FIELDS[:-1]]
+# cpu_bf16: whether the CPU multiplies bfloat16 matrices in hardware (AVX-512 BF16 or AMX,
+# sitelens.models.cpu_native_matmul); without, bfloat16 runs slower than float32, so the CPU
+# seconds of the two kinds are never summed together
+CPU_KINDS = {True: "native", False: "emulated", None: "unknown"}
 COMMANDS = ("python benchmarks/dtype_compare.py --models smollm2-135m-instruct --threads 1",
             "python benchmarks/dtype_compare.py --models gemma-3-270m --abstractive --threads 1")
 _MODELS: dict = {}
@@ -72,7 +81,7 @@ class _Timed:
 
 class DtypeCompare(Experiment):
     name, title = "dtype_compare", "SITE in bfloat16 against float32 on the FV tasks"
-    columns, key, per_model, limit = FIELDS, None, True, 50
+    columns, older, key, per_model, limit = FIELDS, OLDER, None, True, 50
 
     def add_arguments(self, p) -> None:
         p.add_argument("--abstractive", action="store_true", help="the 29 abstractive tasks only")
@@ -110,7 +119,8 @@ class DtypeCompare(Experiment):
                  "n": r.n, "stage1_seconds": round(s1.wall, 2), "stage2_seconds": round(s2.wall, 2),
                  "eval_seconds": round(ev.wall, 2), "stage1_cpu_seconds": round(s1.cpu, 2),
                  "stage2_cpu_seconds": round(s2.cpu, 2), "eval_cpu_seconds": round(ev.cpu, 2),
-                 "best_step": adapter.meta["best_step"], "load_avg": la}]
+                 "best_step": adapter.meta["best_step"], "load_avg": la,
+                 "cpu_bf16": CPU_KINDS[cpu_native_matmul(torch.bfloat16)]}]
 
     def write_report(self) -> str:
         tables = sorted(p for p in self.out.glob("dtype_compare_*.csv")
@@ -125,24 +135,42 @@ class DtypeCompare(Experiment):
                 "the tasks of both models. Commands:", "", *[f"    {c}" for c in COMMANDS], ""]
         paired, summary = [], []
         for path in tables:
-            df = pd.read_csv(path)
+            df = pd.read_csv(path).reindex(columns=FIELDS)  # an older header: cpu_bf16 blank
+            df["cpu_bf16"] = df.cpu_bf16.fillna("not recorded")
             both = df.groupby("task").dtype.nunique()
             d = df[df.task.isin(both[both == len(DTYPES)].index)]
             if d.empty:
                 continue
             model, n = d.model.iloc[0], d.task.nunique()
+            lines = [f"## {model}: {n} task(s) with both dtypes", "",
+                     "CPU seconds by the CPU the tasks ran on (`cpu_bf16`: native = AVX-512 BF16 or AMX, "
+                     "emulated = neither; not recorded = the rows of 2026-12-06, before the column):", ""]
             cols = ["exact_match", "first_token_acc", "stage1_cpu_seconds", "stage2_cpu_seconds",
                     "eval_cpu_seconds"]
-            sums = d.groupby("dtype")[cols].agg({**{c: "mean" for c in cols[:2]},
-                                                  **{c: "sum" for c in cols[2:]}}).loc[list(DTYPES)]
-            total = sums[cols[2:]].sum(axis=1)
-            table = pd.DataFrame({
-                "mean EM": sums.exact_match.map(pct), "mean FT": sums.first_token_acc.map(pct),
-                **{f"{c.split('_')[0].replace('stage', 'stage ')} CPU s": sums[c].map("{:.0f}".format)
-                   for c in cols[2:]},
-                "all CPU s": total.map("{:.0f}".format),
-                "float32 / this": (total["float32"] / total).map("{:.2f}×".format)})
-            lines = [f"## {model}: {n} task(s) with both dtypes", "", md_table(table.reset_index()), ""]
+            for kind, g in d.groupby("cpu_bf16", sort=False):
+                sums = g.groupby("dtype")[cols].agg({**{c: "mean" for c in cols[:2]},
+                                                      **{c: "sum" for c in cols[2:]}}).loc[list(DTYPES)]
+                total = sums[cols[2:]].sum(axis=1)
+                table = pd.DataFrame({
+                    "mean EM": sums.exact_match.map(pct), "mean FT": sums.first_token_acc.map(pct),
+                    **{f"{c.split('_')[0].replace('stage', 'stage ')} CPU s": sums[c].map("{:.0f}".format)
+                       for c in cols[2:]},
+                    "all CPU s": total.map("{:.0f}".format),
+                    "float32 / this": (total["float32"] / total).map("{:.2f}×".format)})
+                k = g.task.nunique()
+                lines += [f"### cpu_bf16 {kind}: {k} task(s)", "", md_table(table.reset_index()), ""]
+                for stage in cols[2:]:
+                    summary.append({"model": model, "cpu_bf16": kind, "n_tasks": k, "stage": stage,
+                                    "ratio": sums.loc["float32", stage] / sums.loc["bfloat16", stage],
+                                    "float32": sums.loc["float32", stage],
+                                    "bfloat16": sums.loc["bfloat16", stage]})
+                summary.append({"model": model, "cpu_bf16": kind, "n_tasks": k, "stage": "all_cpu_seconds",
+                                "ratio": total["float32"] / total["bfloat16"], "float32": total["float32"],
+                                "bfloat16": total["bfloat16"]})
+            # accuracy over every task: both dtypes of a task run one after the other in one process,
+            # so each pair was measured on one CPU
+            lines.append("Accuracy over all the tasks with both dtypes:")
+            lines.append("")
             for metric in ("exact_match", "first_token_acc"):
                 w = d.pivot_table(index="task", columns="dtype", values=metric)
                 r = paired_difference(w["bfloat16"].to_numpy(), w["float32"].to_numpy(), over="tasks")
@@ -152,14 +180,6 @@ class DtypeCompare(Experiment):
                 lines.append(f"- bfloat16 − float32, {metric.replace('_', ' ')}: {100 * r.diff:+.1f} "
                              f"points [{100 * r.ci_low:+.1f}, {100 * r.ci_high:+.1f}], n = {r.n} tasks "
                              f"(bfloat16 ahead on {r.a_ahead}, float32 on {r.b_ahead})")
-            for stage in cols[2:]:
-                ratio = sums.loc["float32", stage] / sums.loc["bfloat16", stage]
-                summary.append({"model": model, "n_tasks": n, "stage": stage, "ratio": ratio,
-                                "float32": sums.loc["float32", stage],
-                                "bfloat16": sums.loc["bfloat16", stage]})
-            summary.append({"model": model, "n_tasks": n, "stage": "all_cpu_seconds",
-                            "ratio": total["float32"] / total["bfloat16"], "float32": total["float32"],
-                            "bfloat16": total["bfloat16"]})
             lines.append(f"- load average at the cells {d.load_avg.min():.2f}–{d.load_avg.max():.2f}")
             body += lines + [""]
         if paired:

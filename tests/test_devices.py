@@ -494,3 +494,39 @@ def test_smollm2_bfloat16_end_to_end(smollm2):
                   b, what="SmolLM2 validation loss", scale=scale)
     df = sl.evaluate(m16, task, adapter=a16, methods=["zero-shot", "site"], limit=4)
     assert len(df) == 8 and df["prediction"].map(len).gt(0).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# half precision on a CPU without matrix instructions for it: a warning naming the fix
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_slow_cpu_dtype_warns_only_without_native_matmuls(monkeypatch, native):
+    """bfloat16 weights on the CPU warn (SlowDtypeWarning, naming float32 as the fix) exactly when
+    the CPU probe says there are no bfloat16 matrix instructions; float32 never warns."""
+    import warnings
+
+    monkeypatch.setattr(devices_module.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    if native:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            sl.load_model("tiny-random", dtype="bfloat16")
+    else:
+        with pytest.warns(devices_module.SlowDtypeWarning, match=r"AVX-512 BF16.*float32"):
+            sl.load_model("tiny-random", dtype="bfloat16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sl.load_model("tiny-random", dtype="float32")
+
+
+def test_cpu_native_matmul_reads_the_probe(monkeypatch):
+    """AMX alone counts for bfloat16; off x86 the probe cannot tell (None, and no warning)."""
+    monkeypatch.setattr(devices_module.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    assert devices_module.cpu_native_matmul(torch.bfloat16) is True
+    assert devices_module.cpu_native_matmul(torch.float32) is True
+    monkeypatch.setattr(devices_module.platform, "machine", lambda: "aarch64")
+    assert devices_module.cpu_native_matmul(torch.bfloat16) is None

@@ -48,7 +48,9 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported on fir
     from sitelens.models.cache import CACHE_FORMAT, cache_dir
     from sitelens.models.devices import (
         DTYPES,
+        SlowDtypeWarning,
         accumulation_dtype,
+        cpu_native_matmul,
         dtype_name,
         input_device,
         is_multi_device,
@@ -133,7 +135,7 @@ __getattr__, __dir__ = lazy_names(__name__, {
     "sitelens.models.devices": ("DTYPES", "accumulation_dtype", "dtype_name", "input_device",
         "is_multi_device", "layer_devices", "memory_budget", "model_devices", "output_device",
         "pipeline_plan", "place_layer_rows", "place_pipeline", "resolve_device", "resolve_dtype",
-        "resolve_n_devices", "stacked_weight"),
+        "resolve_n_devices", "stacked_weight", "SlowDtypeWarning", "cpu_native_matmul"),
     "sitelens.models.gguf": ("llama_config_from_hf", "load_hf_reference"),
     "sitelens.models.hooks": ("act_name", "canonical_hook_name", "check_z_shape", "forward_until",
         "is_bridge", "position_wise", "self_check", "wrap_hook", "z_hook_name"),
@@ -178,7 +180,7 @@ __all__ = [
     "DTYPES", "accumulation_dtype", "dtype_name", "input_device", "is_multi_device",
     "layer_devices", "memory_budget", "model_devices", "output_device", "pipeline_plan",
     "place_layer_rows", "place_pipeline", "resolve_device", "resolve_dtype", "resolve_n_devices",
-    "stacked_weight",
+    "stacked_weight", "SlowDtypeWarning", "cpu_native_matmul",
     # cache, gguf
     "CACHE_FORMAT", "cache_dir", "llama_config_from_hf", "load_hf_reference",
 ]

@@ -30,6 +30,8 @@
 from __future__ import annotations
 
 import importlib
+import platform
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -69,6 +71,48 @@ def resolve_dtype(dtype) -> torch.dtype | None:
         f"Unknown dtype {dtype!r}; use one of {', '.join(DTYPES)} (bfloat16 halves the memory of "
         "float32 and keeps its range; float16 needs a GPU to be fast)."
     )
+
+
+class SlowDtypeWarning(UserWarning):
+    """Half-precision weights on a CPU that has no matrix instructions for them."""
+
+
+def cpu_native_matmul(dtype: torch.dtype) -> bool | None:
+    """Whether this CPU multiplies ``dtype`` matrices in hardware, as PyTorch's CPU feature probe
+    reports: bfloat16 with AVX-512 BF16 or AMX, float16 with AMX-FP16; float32 and float64
+    always. ``None`` where the probe cannot tell (not x86, or a torch without the probe).
+    Without them PyTorch converts on the fly and a half-precision matmul runs several times slower
+    than float32 (docs/benchmarks.md, "bfloat16 weights on the CPU", has SITE's stages measured on
+    CPUs with and without AVX-512 BF16)."""
+    if dtype in (torch.float32, torch.float64):
+        return True
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None  # the probes below are x86 feature flags
+    # torch.cpu's probes are private (torch 2.x has no public one); getattr: a torch without them
+    probes = {torch.bfloat16: ("_is_avx512_bf16_supported", "_is_amx_tile_supported"),
+              torch.float16: ("_is_amx_fp16_supported",)}.get(dtype, ())
+    found = [getattr(torch.cpu, name, None) for name in probes]
+    if not found or any(f is None for f in found):
+        return None
+    return any(f() for f in found)
+
+
+def warn_slow_cpu_dtype(model) -> None:
+    """:class:`SlowDtypeWarning` when a placed model's weights are bfloat16 or float16 on a CPU
+    that has no matrix instructions for them (:func:`cpu_native_matmul` is False): a speed trap,
+    not an error (the numbers are right, only slower than float32 here). Read off the weights
+    themselves, so it holds however the model was loaded, cast or dispatched."""
+    w = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if w is None or w.device.type != "cpu" or w.dtype not in (torch.bfloat16, torch.float16):
+        return
+    if cpu_native_matmul(w.dtype) is False:
+        name = dtype_name(w.dtype)
+        need = "AVX-512 BF16 or AMX" if w.dtype == torch.bfloat16 else "AMX-FP16"
+        warnings.warn(
+            f"{name} weights on this CPU, which has no {need} instructions: PyTorch converts its "
+            f"matmuls on the fly, several times slower than float32. Leave --dtype out (float32) on "
+            f"this machine; {name} pays off on a GPU or on a CPU with {need}.",
+            SlowDtypeWarning, stacklevel=3)
 
 
 def dtype_name(dtype: torch.dtype | None) -> str:

@@ -8,7 +8,7 @@ models of :mod:`sitelens.testing`) ends here.
 from __future__ import annotations
 
 from sitelens.models.attention import enable_fast_attention
-from sitelens.models.devices import _place
+from sitelens.models.devices import _place, warn_slow_cpu_dtype
 from sitelens.models.hooks import is_bridge, self_check
 
 
@@ -19,6 +19,7 @@ def prepare_model(model, *, device=None, dtype=None, n_devices: int = 1, fast_at
     padding (the EOS token pads where there is no pad token); the z-hook self-check. Returns
     ``model``."""
     _place(model, bridge=is_bridge(model), device=device, dtype=dtype, n_devices=n_devices)
+    warn_slow_cpu_dtype(model)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
