@@ -153,6 +153,23 @@ class SweepJoint(Experiment):
         load1 = load_avg()
         return [dict(r, **self.common(), load_avg_before=load0, load_avg_after=load1) for r in rows]
 
+    def full_bound(self) -> list[str]:
+        """The same bound over every FV task of the model, from the one-task SITE fits of
+        benchmarks/site_fv.py (the same fit, the evaluation of the first 50 test items, one thread;
+        its stage seconds per task): this run's chunk holds the short-prompt tasks, whose stage 1
+        is the smaller share."""
+        path = self.out / f"site_fv_{self.args.models[0]}.csv"
+        if not path.exists():
+            return []
+        s = pd.read_csv(path).query("method == 'site'")
+        s1, s2, ev = s.stage1_seconds.sum(), s.stage2_seconds.sum(), (s.seconds_per_item * s.n).sum()
+        n, bound = len(s), (s1 + s2 + ev) / s1
+        return [f"Over all {n} FV tasks, one task at a time (`{path.name}`, its `site` rows: the same "
+                f"fit and evaluation on the first {int(s.n.max())} test items, one thread, made by "
+                f"`benchmarks/site_fv.py` in earlier runs): stage 1 {s1:.0f} s, stage 2 {s2:.0f} s, the "
+                f"evaluation {ev:.0f} s, so with stage 1 gaining nothing, joint fitting could make the "
+                f"whole {n}-task sweep at most {bound:.2f}× faster.", ""]
+
     def report(self, df: pd.DataFrame) -> str:
         # complete chunks only: a joint row's seconds are an even share of its chunk's wall time
         ones = set(df[df.arm == "one-by-one"].task)
@@ -204,6 +221,7 @@ class SweepJoint(Experiment):
             "faster than one by one (whole sweep over stage 1, one-by-one): the most joint fitting "
             "can give while stage 1 gains nothing from pooling.",
             "",
+            *self.full_bound(),
             f"Accuracy: mean exact match one-by-one {pct(means.loc['one-by-one', 'exact_match'])}%, joint "
             f"{pct(means.loc['joint', 'exact_match'])}%; paired over tasks (joint − one-by-one, "
             f"`sitelens.stats.paired_difference`, 95% bootstrap interval): exact match "
