@@ -277,7 +277,7 @@ def run(args) -> None:
                  ["--num_example", "50", "--epoch", "400"])
     ours_sched = ["--n-prompts", "5", "--n-examples", "16", "--limit", str(limit)] if args.tiny else []
     common = dict(model=MODEL, task=task, n_items=len(test), seed=args.seed, threads=args.threads,
-                  host=platform.node(), cpus=os.cpu_count(), tiny=args.tiny)
+                  host=platform.node(), cpus=os.cpu_count(), tiny=args.tiny, cpu_bf16=cpu_bf16())
     rows, items = [], []
 
     out = site / "site_out"
@@ -341,6 +341,23 @@ def summarize(df: pd.DataFrame, items: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def cpu_bf16() -> str:
+    """native: this CPU multiplies bfloat16 matrices in hardware (AVX-512 BF16 or AMX), so the
+    bfloat16 sides run faster than float32; emulated: it does not, and they run slower
+    (sitelens.models.cpu_native_matmul); unknown: the probe cannot tell."""
+    import torch
+
+    from sitelens.models import cpu_native_matmul
+
+    return {True: "native", False: "emulated", None: "unknown"}[cpu_native_matmul(torch.bfloat16)]
+
+
+def bf16_note(r) -> str:
+    """The CPU's bfloat16 kind for the report; a table from before the column has none."""
+    kind = r.get("cpu_bf16")
+    return "" if pd.isna(kind) else f" (bfloat16 matmuls: {kind})"
+
+
 def report(res_dir: Path = RES) -> str:
     """``reference.md`` from ``reference.csv``: every figure read from the CSV."""
     df = pd.read_csv(res_dir / "reference.csv").set_index("side")
@@ -348,8 +365,8 @@ def report(res_dir: Path = RES) -> str:
     md = [f"# The public SITE reference code against `sitelens run`, one run, same items\n\n"
           f"Made by `python benchmarks/reference.py --reference DIR` ({r.model}, {r.task}, its "
           f"{int(r.n_items)} test items, seed {int(r.seed)}, torch threads: {int(r.threads)} each, host "
-          f"{r.host} with {int(r.cpus)} CPUs, shared: the 1-minute load average before each side "
-          f"says how busy it was){' — a --tiny smoke run' if bool(r.tiny) else ''}. Each side is "
+          f"{r.host} with {int(r.cpus)} CPUs{bf16_note(r)}, shared: the 1-minute load average before "
+          f"each side says how busy it was){' — a --tiny smoke run' if bool(r.tiny) else ''}. Each side is "
           "a fresh process timed whole (interpreter start to exit); the stages are as each side "
           "reports them (the reference's `time_cost`: stage 1 its mean activations, stage 2 its α "
           "optimization with validation, eval its test generation; it reports no load time).\n",
