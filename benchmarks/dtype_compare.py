@@ -148,6 +148,12 @@ class DtypeCompare(Experiment):
             cols = ["exact_match", "first_token_acc", "stage1_cpu_seconds", "stage2_cpu_seconds",
                     "eval_cpu_seconds"]
             for kind, g in d.groupby("cpu_bf16", sort=False):
+                # a task whose two dtypes ran on different kinds of CPU (a run resumed on another
+                # machine between them) counts for accuracy only
+                pair = g.groupby("task").dtype.nunique()
+                g = g[g.task.isin(pair[pair == len(DTYPES)].index)]
+                if g.empty:
+                    continue
                 sums = g.groupby("dtype")[cols].agg({**{c: "mean" for c in cols[:2]},
                                                       **{c: "sum" for c in cols[2:]}}).loc[list(DTYPES)]
                 total = sums[cols[2:]].sum(axis=1)
@@ -167,8 +173,8 @@ class DtypeCompare(Experiment):
                 summary.append({"model": model, "cpu_bf16": kind, "n_tasks": k, "stage": "all_cpu_seconds",
                                 "ratio": total["float32"] / total["bfloat16"], "float32": total["float32"],
                                 "bfloat16": total["bfloat16"]})
-            # accuracy over every task: both dtypes of a task run one after the other in one process,
-            # so each pair was measured on one CPU
+            # accuracy over every task with both dtypes (both run one after the other in one
+            # process, unless a run was resumed on another machine in between)
             lines.append("Accuracy over all the tasks with both dtypes:")
             lines.append("")
             for metric in ("exact_match", "first_token_acc"):

@@ -28,7 +28,9 @@ def report(tmp_path):
     # rows from before the cpu_bf16 column read it blank (the store rewrites the older header)
     rows = [_row("a", "float32", 0.5, 30.0, None), _row("a", "bfloat16", 0.5, 10.0, None),
             _row("b", "float32", 0.6, 20.0, "emulated"), _row("b", "bfloat16", 0.4, 80.0, "emulated"),
-            _row("c", "float32", 0.7, 10.0, "emulated")]  # c: one dtype only, left out
+            _row("c", "float32", 0.7, 10.0, "emulated"),  # c: one dtype only, left out
+            # d: resumed on another CPU between its dtypes: in the accuracy, not in the seconds
+            _row("d", "float32", 0.3, 500.0, None), _row("d", "bfloat16", 0.4, 5.0, "emulated")]
     pd.DataFrame(rows, columns=dc.FIELDS).to_csv(tmp_path / f"dtype_compare_{MODEL}.csv", index=False)
     assert dc.main(dc.DtypeCompare(), ["--report", "--out", str(tmp_path)]) == 0
     return tmp_path
@@ -47,7 +49,7 @@ def test_cpu_seconds_are_summed_per_cpu_kind(report):
 def test_accuracy_pairs_every_task_with_both_dtypes(report):
     p = pd.read_csv(report / "dtype_compare_paired.csv").set_index("metric")
     em = p.loc["exact_match"]
-    assert em.n == 2  # a and b; c has one dtype only
-    assert em["diff"] == pytest.approx((0.0 + -0.2) / 2)
+    assert em.n == 3  # a, b and d; c has one dtype only
+    assert em["diff"] == pytest.approx((0.0 - 0.2 + 0.1) / 3)
     md = (report / "dtype_compare.md").read_text()
     assert "### cpu_bf16 emulated: 1 task(s)" in md and "### cpu_bf16 not recorded: 1 task(s)" in md
