@@ -23,12 +23,12 @@ import random
 import time
 
 import pandas as pd
-import torch
+from lib.cpu import cpu_bf16
 
 from sitelens import FitConfig, fit_site, load_task, summarize
 from sitelens.eval.evaluation import evaluate
 from sitelens.io import atomic_write_csv
-from sitelens.models import LoadSpec, cpu_native_matmul, load_model
+from sitelens.models import LoadSpec, load_model
 from sitelens.pipelines.bench import FV_EXTRACTIVE
 from sitelens.pipelines.experiment import Experiment, Job, load_avg, main, md_table, pct
 from sitelens.stats import paired_difference
@@ -39,10 +39,8 @@ FIELDS = ["model", "task", "dtype", "exact_match", "first_token_acc", "n", "stag
           "eval_cpu_seconds", "best_step", "load_avg", "cpu_bf16"]
 # rows written before cpu_bf16 existed (the 2026-12-06 runs) read it blank: "not recorded"
 OLDER = [FIELDS[:-1]]
-# cpu_bf16: whether the CPU multiplies bfloat16 matrices in hardware (AVX-512 BF16 or AMX,
-# sitelens.models.cpu_native_matmul); without, bfloat16 runs slower than float32, so the CPU
-# seconds of the two kinds are never summed together
-CPU_KINDS = {True: "native", False: "emulated", None: "unknown"}
+# cpu_bf16 (lib.cpu.cpu_bf16): without bfloat16 matrix instructions bfloat16 runs slower than
+# float32, so the CPU seconds of the two kinds are never summed together
 COMMANDS = ("python benchmarks/dtype_compare.py --models smollm2-135m-instruct --threads 1",
             "python benchmarks/dtype_compare.py --models gemma-3-270m --abstractive --threads 1")
 _MODELS: dict = {}
@@ -120,7 +118,7 @@ class DtypeCompare(Experiment):
                  "eval_seconds": round(ev.wall, 2), "stage1_cpu_seconds": round(s1.cpu, 2),
                  "stage2_cpu_seconds": round(s2.cpu, 2), "eval_cpu_seconds": round(ev.cpu, 2),
                  "best_step": adapter.meta["best_step"], "load_avg": la,
-                 "cpu_bf16": CPU_KINDS[cpu_native_matmul(torch.bfloat16)]}]
+                 "cpu_bf16": cpu_bf16()}]
 
     def write_report(self) -> str:
         tables = sorted(p for p in self.out.glob("dtype_compare_*.csv")

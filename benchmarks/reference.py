@@ -38,6 +38,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pandas as pd
+from lib.cpu import cpu_bf16
 
 from sitelens.eval.scoring import exact_match, official_exact_match
 from sitelens.io import atomic_write_csv, atomic_write_text
@@ -339,17 +340,6 @@ def summarize(df: pd.DataFrame, items: pd.DataFrame) -> pd.DataFrame:
                     f"mcnemar_p{sfx}": mc.p_value}
         out.append(row)
     return pd.DataFrame(out)
-
-
-def cpu_bf16() -> str:
-    """native: this CPU multiplies bfloat16 matrices in hardware (AVX-512 BF16 or AMX), so the
-    bfloat16 sides run faster than float32; emulated: it does not, and they run slower
-    (sitelens.models.cpu_native_matmul); unknown: the probe cannot tell."""
-    import torch
-
-    from sitelens.models import cpu_native_matmul
-
-    return {True: "native", False: "emulated", None: "unknown"}[cpu_native_matmul(torch.bfloat16)]
 
 
 def bf16_note(r) -> str:
