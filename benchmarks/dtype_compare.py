@@ -134,7 +134,7 @@ class DtypeCompare(Experiment):
         paired, summary = [], []
         for path in tables:
             df = pd.read_csv(path).reindex(columns=FIELDS)  # an older header: cpu_bf16 blank
-            df["cpu_bf16"] = df.cpu_bf16.fillna("not recorded")
+            df["cpu_bf16"] = df.cpu_bf16.astype(object).fillna("not recorded")  # all-blank reads as float
             both = df.groupby("task").dtype.nunique()
             d = df[df.task.isin(both[both == len(DTYPES)].index)]
             if d.empty:
