@@ -205,3 +205,30 @@ def test_bridge_is_left_alone():
     assert is_bridge(bridge)
     assert enable_fast_attention(bridge) is bridge
     assert not fast_attention_enabled(bridge)
+
+
+
+
+def test_cached_last_token_pass_traces_as_one_graph():
+    """SITE's stage-2 step on a frozen prefix cache (the α-mix at the last token, then the loss)
+    never reads the padding mask on the host, so ``torch.compile`` traces the pass whole, with no
+    graph break (``benchmarks/compile_step.py`` times it on SmolLM2). Reading
+    ``attention_mask.all()`` before the cache offset decided the kernel broke the graph in every
+    layer. The targets are one row per layer, as stage 2 places them."""
+    from sitelens.site.alpha import alpha_logit_rows, first_token_loss, site_mix
+    from sitelens.site.training import LastTokenSet
+
+    model = _hooked_tiny(n_key_value_heads=2)
+    rows = LastTokenSet.from_prompts(model, PROMPTS, [5, 6, 7])  # left-padded: the masked kernel
+    L, H, D = model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head
+    target = list(torch.randn(L, H, D, generator=torch.Generator().manual_seed(0)))  # L × [H, D]
+    a = alpha_logit_rows(model, 0.0)
+
+    def loss_of(a):
+        return first_token_loss(model, rows.cache, rows.last, rows.answers,
+                                site_mix([torch.sigmoid(r) for r in a], target))
+
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(loss_of)(a)
+    torch._dynamo.reset()
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons

@@ -135,8 +135,10 @@ def _fast_forward(
     n_q, n_k = q.shape[1], k.shape[1]
     if n_q + offset != n_k:
         raise ValueError(f"query length {n_q} + cache offset {offset} != key length {n_k}")
-    padded = attention_mask is not None and not bool(attention_mask.all())
-    plain_causal = offset == 0 and self.attn_type != "local" and not padded
+    # the padding is read (a host sync, and a graph break under torch.compile) only where it
+    # decides the kernel: a pass with a cached prefix always takes the masked one
+    plain_causal = offset == 0 and self.attn_type != "local" and (
+        attention_mask is None or bool(attention_mask.all()))
     qh = q.transpose(1, 2)  # [b, h, pos, d_head]
     kh = k.transpose(1, 2).to(qh.dtype)  # [b, kv_h, kv_pos, d_head]
     vh = v.transpose(1, 2).to(qh.dtype)  # [b, kv_h, kv_pos, d_head]
