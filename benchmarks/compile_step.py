@@ -1,5 +1,5 @@
 """Stage 2's training step compiled with ``torch.compile`` against the eager step (issue 44: the
-lever left for the official protocol, whose 400 batch-1 steps run about twice their memory floor).
+lever left for the official protocol's 400 batch-1 steps, whose eager ops each cost a dispatch).
 
     python benchmarks/compile_step.py --threads 1
     python benchmarks/compile_step.py --report
