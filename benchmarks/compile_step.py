@@ -1,7 +1,7 @@
 """Stage 2's training step compiled with ``torch.compile`` against the eager step (issue 44: the
 lever left for the official protocol's 400 batch-1 steps, whose eager ops each cost a dispatch).
 
-    python benchmarks/compile_step.py --threads 1
+    python benchmarks/compile_step.py --threads 1            # both bundled models
     python benchmarks/compile_step.py --report
 
 The step is SITE's: the first-token loss of B zero-shot items under the α-mix, re-running only the
@@ -98,21 +98,18 @@ def inner(batch: int, steps: int, rounds: int, model_name: str, task_dir: str) -
 
 class CompileStep(Experiment):
     name, title = "compile_step", "Stage 2's step: torch.compile against eager"
-    columns = ("model task batch cache threads load_avg_1min eager_ms_per_step compiled_ms_per_step "
+    columns = ("key model task batch cache threads load_avg_1min eager_ms_per_step compiled_ms_per_step "
                "speedup compile_s break_even_steps graphs graph_breaks loss_abs_diff "
                "grad_max_abs_diff grad_max_abs torch").split()
-    key, replace = None, True
+    models = ("smollm2-135m-instruct", "gemma-3-270m")
 
     def add_arguments(self, p) -> None:
-        from sitelens.models import DEFAULT_MODEL
-
-        p.add_argument("--model", default=DEFAULT_MODEL)
         p.add_argument("--task", default="country-capital")
         p.add_argument("--steps", type=int, default=10, help="steps per timed round")
         p.add_argument("--rounds", type=int, default=5)
 
     def cells(self, args):
-        return [Job(f"{args.model}/{args.task}")]
+        return [Job(f"{m}/{args.task}", params={"model": m}) for m in args.models]
 
     def run(self, job: Job) -> list[dict]:
         a = self.args
@@ -124,13 +121,14 @@ class CompileStep(Experiment):
                     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache,
                            "SITELENS_BENCH_THREADS": str(a.threads or 1)}
                     load0 = load_avg()
-                    spec = json.dumps([batch, a.steps, a.rounds, a.model, task_dir])
+                    spec = json.dumps([batch, a.steps, a.rounds, job["model"], task_dir])
                     proc = subprocess.run([sys.executable, __file__, "--inner", spec], env=env,
                                           capture_output=True, text=True, check=True)
                     r = json.loads(proc.stdout.strip().splitlines()[-1])
                     gain = r["eager_ms"] - r["compiled_ms"]
                     out.append(dict(
-                        model=a.model, task=a.task, batch=batch, cache=kind, threads=a.threads or 1,
+                        key=job.key, model=job["model"], task=a.task, batch=batch, cache=kind,
+                        threads=a.threads or 1,
                         load_avg_1min=load0, eager_ms_per_step=round(r["eager_ms"], 1),
                         compiled_ms_per_step=round(r["compiled_ms"], 1),
                         speedup=round(r["eager_ms"] / r["compiled_ms"], 2),
@@ -146,12 +144,12 @@ class CompileStep(Experiment):
 
     def report(self, df) -> str:
         c = df.iloc[0]
-        return (f"`{c.model}`, `{c.task}`, {c.threads} torch thread(s), PyTorch {c.torch}; "
+        return (f"`{c.task}`, {c.threads} torch thread(s), PyTorch {c.torch}; "
                 f"{self.args.rounds} interleaved rounds of {self.args.steps} steps per process, "
                 "medians. Each row is a fresh process; `cold`: an empty Inductor cache, `warm`: the "
                 "cache the cold process filled. Load average: the 1-minute average before each "
                 "process (a moving average that lags the machine).\n\n"
-                f"{md_table(df)}\n\n"
+                f"{md_table(df.drop(columns=['key']))}\n\n"
                 "What the columns mean: the script's docstring.\n")
 
 
