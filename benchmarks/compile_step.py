@@ -35,7 +35,7 @@ from sitelens.pipelines.experiment import Experiment, Job, load_avg, main, md_ta
 BATCHES = (1, 8)
 
 
-def inner(batch: int, steps: int, rounds: int, model_name: str, task_dir: str) -> dict:
+def inner(batch: int, steps: int, rounds: int, model_name: str, task_dir: str, threads: int) -> dict:
     """One process's measurement (its Inductor cache folder comes from the environment)."""
     import torch
 
@@ -45,7 +45,7 @@ def inner(batch: int, steps: int, rounds: int, model_name: str, task_dir: str) -
     from sitelens.site.training import LastTokenSet
     from sitelens.tasks import load_task
 
-    torch.set_num_threads(int(os.environ.get("SITELENS_BENCH_THREADS", "1")))
+    torch.set_num_threads(threads)
     model = load_model(model_name)
     task = load_task(task_dir)
     target = place_layer_rows(task_embedding(model, task, n_prompts=8), model, dtype=torch.float32)
@@ -118,10 +118,9 @@ class CompileStep(Experiment):
         for batch in BATCHES:
             with tempfile.TemporaryDirectory(prefix="sitelens-inductor-") as cache:
                 for kind in ("cold", "warm"):  # the warm process finds what the cold one wrote
-                    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache,
-                           "SITELENS_BENCH_THREADS": str(a.threads or 1)}
+                    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
                     load0 = load_avg()
-                    spec = json.dumps([batch, a.steps, a.rounds, job["model"], task_dir])
+                    spec = json.dumps([batch, a.steps, a.rounds, job["model"], task_dir, a.threads or 1])
                     proc = subprocess.run([sys.executable, __file__, "--inner", spec], env=env,
                                           capture_output=True, text=True, check=True)
                     r = json.loads(proc.stdout.strip().splitlines()[-1])
